@@ -1,0 +1,86 @@
+"""Wiring, in start order: config -> logging -> storage + recovery -> writer ->
+broker (reaper) -> server -> signals; stopped in reverse."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import gevent
+from gevent.event import Event
+from loguru import logger
+
+from . import __version__
+from .broker import Broker
+from .commands import ServerState
+from .config import Settings, parse_settings
+from .server import EzraServer
+from .storage import StorageError, open_database
+
+SHUTDOWN_GRACE = 5.0  # seconds busy connections get to finish at shutdown
+
+
+def setup_logging(level: str) -> None:
+    logger.remove()
+    logger.add(sys.stderr, level=level,
+               format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} ezra: {message}")
+
+
+class App:
+    """One running EZRA: database, broker and listener."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.db = None
+        self.broker = None
+        self.server = None
+
+    def start(self) -> int:
+        """Open the database, recover, start serving; returns the bound port."""
+        settings = self.settings
+        self.db = open_database(settings.data_dir, settings.durability)
+        recovered = self.db.recover()  # before the port opens: in-flight -> available
+        if recovered:
+            logger.info("recovered {} in-flight tasks to available", recovered)
+        self.broker = Broker(self.db, settings)
+        self.server = EzraServer(ServerState(self.broker, settings))
+        self.server.start()
+        self.broker.start_reaper()
+        logger.info("ezra {} listening on {}:{}, data in {} (durability {})", __version__, settings.bind,
+                    self.server.port, self.db.path, settings.durability)
+        if settings.bind not in ("127.0.0.1", "localhost", "::1") and not settings.password:
+            logger.warning("listening on {} without a password: anyone who can reach this port can read "
+                           "and change every queue (set --password)", settings.bind)
+        return self.server.port
+
+    def stop(self) -> None:
+        """Stop accepting, answer what is under way, commit, close the database."""
+        logger.info("stopping")
+        self.server.stop_listening()
+        self.broker.cancel_waiters()
+        self.server.close_connections(SHUTDOWN_GRACE)
+        self.broker.stop()
+        self.db.close()
+        logger.info("stopped cleanly")
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    setup_logging(settings.log_level)
+    logger.info("config: port={} bind={} data_dir={} visibility_timeout={}s max_attempts={} "
+                "retention={} durability={} max_task_size={} password={}", settings.port, settings.bind,
+                settings.data_dir, settings.visibility_timeout, settings.max_attempts,
+                settings.retention_seconds, settings.durability, settings.max_task_size,
+                "set" if settings.password else "unset")
+    app = App(settings)
+    try:
+        app.start()
+    except (StorageError, OSError) as exc:
+        logger.error("cannot start: {}", exc)
+        sys.exit(1)
+    stop_requested = Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, stop_requested.set)  # only set a flag: stop in order below
+    stop_requested.wait()
+    app.stop()
+    sys.exit(0)

@@ -1,0 +1,582 @@
+"""The command table: one short function per command, no business logic.
+
+Each handler parses its arguments, calls the broker and returns a reply value
+(see resp.py), or a `Deferred` when the answer comes from the writer: the
+connection waits for it after reading the rest of a pipeline, so pipelined
+XADDs share one commit. Arity is declared once per command, as Redis does
+(positive: exact, negative: at least), so arity errors are uniform.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import os
+import platform
+import resource
+import sys
+import time
+
+from loguru import logger
+
+from . import __version__, errors, lifecycle
+from .broker import DEFAULT_READ_COUNT, MAX_READ_COUNT
+from .errors import CommandError
+from .lifecycle import parse_id, split_queue
+from .resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString, Verbatim
+
+REDIS_COMPAT_VERSION = "7.0.15"  # what clients see: the Redis version whose replies EZRA matches
+RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
+
+
+class Deferred:
+    """A reply that the writer will produce: `transform(result)` once it commits."""
+
+    __slots__ = ("request", "transform")
+
+    def __init__(self, request, transform=None):
+        self.request = request
+        self.transform = transform
+
+    def resolve(self):
+        result = self.request.wait()
+        return result if self.transform is None else self.transform(result)
+
+
+class ServerState:
+    """What every connection shares: the broker, settings, and figures for INFO."""
+
+    def __init__(self, broker, settings):
+        self.broker = broker
+        self.settings = settings
+        self.started = time.time()
+        self.client_ids = itertools.count(1)
+        self.sessions: dict[int, "Session"] = {}
+        self.total_connections = 0
+        self.total_commands = 0
+        self.rejected_connections = 0
+        self.port = settings.port
+
+
+class Session:
+    """One connection's state: protocol, name, authentication."""
+
+    __slots__ = ("server", "id", "proto", "name", "lib_name", "lib_ver", "authenticated",
+                 "closing", "addr", "created", "wait", "flush")
+
+    def __init__(self, server: ServerState, addr: str, wait, flush):
+        self.server = server
+        self.id = next(server.client_ids)
+        self.proto = 2
+        self.name = None
+        self.lib_name = self.lib_ver = None
+        self.authenticated = not server.settings.password
+        self.closing = False
+        self.addr = addr
+        self.created = time.time()
+        self.wait = wait    # wait(event, seconds) -> True | False (timeout) | None (hung up)
+        self.flush = flush  # send the replies computed so far (before blocking)
+
+
+COMMANDS: dict[bytes, tuple] = {}
+NO_AUTH_NEEDED = {b"AUTH", b"HELLO", b"QUIT"}
+
+
+def command(name: str, arity: int):
+    def register(fn):
+        COMMANDS[name.encode()] = (fn, arity, name.lower())
+        return fn
+    return register
+
+
+def dispatch(session: Session, args: list[bytes]):
+    """Run one command: a reply value, a Deferred, or an ErrorReply."""
+    session.server.total_commands += 1
+    name = args[0].upper()
+    entry = COMMANDS.get(name)
+    try:
+        if entry is None:
+            raise errors.unknown_command(args[0], args[1:])
+        fn, arity, lower = entry
+        if (len(args) != arity) if arity > 0 else (len(args) < -arity):
+            raise errors.wrong_arity(lower)
+        if not session.authenticated and name not in NO_AUTH_NEEDED:
+            raise errors.NOAUTH
+        return fn(session, args)
+    except ErrorReply as exc:
+        return exc
+    except Exception as exc:
+        logger.opt(exception=exc).error("command {!r} from {} failed: {}", args[0], session.addr, exc)
+        return errors.INTERNAL
+
+
+# ---------------------------------------------------------------- argument helpers
+
+def to_int(arg: bytes, error: CommandError = errors.NOT_INTEGER) -> int:
+    try:
+        return int(arg)
+    except ValueError:
+        raise error from None
+
+
+def ids_of(args: list[bytes]) -> list[tuple]:
+    return [parse_id(arg) for arg in args]
+
+
+def live_queue(name: bytes) -> bytes:
+    queue, dead = split_queue(name)
+    if dead:
+        raise errors.err(f"'{name.decode('utf-8', 'replace')}' is the read-only dead-letter view of "
+                         f"'{queue.decode('utf-8', 'replace')}': use XRANGE, XLEN or XDEL on it")
+    return queue
+
+
+def broker(session: Session):
+    return session.server.broker
+
+
+# ---------------------------------------------------------------- connection commands
+
+@command("PING", -1)
+def ping(session, args):
+    """PING [message]"""
+    if len(args) > 2:
+        raise errors.wrong_arity("ping")
+    return args[1] if len(args) == 2 else SimpleString("PONG")
+
+
+@command("ECHO", 2)
+def echo(session, args):
+    """ECHO message"""
+    return args[1]
+
+
+@command("QUIT", -1)
+def quit_(session, args):
+    """QUIT: reply OK, then close."""
+    session.closing = True
+    return OK
+
+
+@command("SELECT", 2)
+def select(session, args):
+    """SELECT 0: EZRA has one database."""
+    if to_int(args[1]) != 0:
+        raise errors.SELECT_ONLY_ZERO
+    return OK
+
+
+@command("AUTH", -2)
+def auth(session, args):
+    """AUTH [username] password"""
+    if len(args) > 3:
+        raise errors.SYNTAX
+    if not session.server.settings.password:
+        raise errors.AUTH_NOT_CONFIGURED
+    check_password(session, args[1] if len(args) == 3 else b"default", args[-1])
+    return OK
+
+
+def check_password(session: Session, user: bytes, password: bytes) -> None:
+    expected = session.server.settings.password
+    if expected and not (user == b"default" and hmac.compare_digest(password, expected.encode())):
+        logger.warning("failed authentication from {}", session.addr)
+        raise errors.WRONGPASS
+    session.authenticated = True
+
+
+@command("HELLO", -1)
+def hello(session, args):
+    """HELLO [protover [AUTH username password] [SETNAME clientname]]"""
+    proto = session.proto
+    if len(args) > 1:
+        proto = to_int(args[1], errors.err("Protocol version is not an integer or out of range"))
+        if proto not in (2, 3):
+            raise errors.NOPROTO
+    rest, name = args[2:], None
+    while rest:
+        option = rest[0].upper()
+        if option == b"AUTH" and len(rest) >= 3:
+            check_password(session, rest[1], rest[2])
+            rest = rest[3:]
+        elif option == b"SETNAME" and len(rest) >= 2:
+            name, rest = rest[1], rest[2:]
+        else:
+            raise errors.err(f"Syntax error in HELLO option '{rest[0].decode('utf-8', 'replace')}'")
+    if not session.authenticated:
+        raise CommandError("NOAUTH HELLO must be called with the client already authenticated, otherwise "
+                           "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
+                           "client and select the RESP protocol version at the same time")
+    if name is not None:
+        session.name = valid_client_name(name)
+    session.proto = proto
+    return {"server": "ezra", "version": REDIS_COMPAT_VERSION, "proto": proto, "id": session.id,
+            "mode": "standalone", "role": "master", "modules": []}
+
+
+def valid_client_name(name: bytes) -> bytes:
+    if any(c <= 32 or c >= 127 for c in name):
+        raise errors.err("Client names cannot contain spaces, newlines or special characters.")
+    return name
+
+
+@command("CLIENT", -2)
+def client(session, args):
+    """CLIENT SETNAME name | GETNAME | ID | SETINFO LIB-NAME|LIB-VER value"""
+    sub = args[1].upper()
+    if sub == b"SETNAME" and len(args) == 3:
+        session.name = valid_client_name(args[2]) or None
+        return OK
+    if sub == b"GETNAME" and len(args) == 2:
+        return session.name
+    if sub == b"ID" and len(args) == 2:
+        return session.id
+    if sub == b"SETINFO" and len(args) == 4:
+        attr = args[2].upper()
+        if attr == b"LIB-NAME":
+            session.lib_name = args[3]
+        elif attr == b"LIB-VER":
+            session.lib_ver = args[3]
+        else:
+            raise errors.err(f"Unrecognized option '{args[2].decode('utf-8', 'replace')}'")
+        return OK
+    if sub in (b"SETNAME", b"GETNAME", b"ID", b"SETINFO"):
+        raise errors.err(f"wrong number of arguments for 'client|{sub.decode().lower()}' command")
+    raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "CLIENT")
+
+
+@command("COMMAND", -1)
+def command_(session, args):
+    """COMMAND [COUNT | INFO name... | DOCS [name...] | LIST]: enough for clients that ask."""
+    sub = args[1].upper() if len(args) > 1 else None
+    if sub is None:
+        return [command_info(name) for name in COMMANDS]
+    if sub == b"COUNT":
+        return len(COMMANDS)
+    if sub == b"LIST":
+        return [entry[2] for entry in COMMANDS.values()]
+    if sub == b"INFO":
+        return [command_info(name.upper()) if name.upper() in COMMANDS else None for name in args[2:]]
+    if sub == b"DOCS":
+        return {}
+    raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "COMMAND")
+
+
+def command_info(name: bytes) -> list:
+    fn, arity, lower = COMMANDS[name]
+    keyed = name.startswith(b"X") and name not in (b"XREADGROUP", b"XGROUP", b"XINFO")
+    first = 1 if keyed else 0
+    return [lower, arity, [SimpleString("write" if keyed else "fast")], first, first, 1 if keyed else 0]
+
+
+# ---------------------------------------------------------------- queue commands
+
+@command("XADD", -5)
+def xadd(session, args):
+    """XADD queue [NOMKSTREAM] <* | id> field value [field value ...]"""
+    queue = live_queue(args[1])
+    i, nomkstream = 2, False
+    while i < len(args):
+        option = args[i].upper()
+        if option == b"NOMKSTREAM":
+            nomkstream = True
+        elif option in (b"MAXLEN", b"MINID"):
+            raise errors.TRIM_REFUSED
+        else:
+            break
+        i += 1
+    fields = args[i + 1:]
+    if not fields or len(fields) % 2:
+        raise errors.wrong_arity("xadd")
+    size = sum(map(len, fields))
+    limit = session.server.settings.max_task_size
+    if size > limit:
+        raise errors.task_too_large(size, limit)
+    return Deferred(broker(session).push(queue, args[i], fields, nomkstream))
+
+
+@command("XREADGROUP", -7)
+def xreadgroup(session, args):
+    """XREADGROUP GROUP group worker [COUNT n] [BLOCK ms] [NOACK] STREAMS q [q ...] id [id ...]"""
+    if args[1].upper() != b"GROUP":
+        raise errors.SYNTAX
+    worker, count, block_ms, noack = args[3], None, None, False
+    i = 4
+    while i < len(args):
+        option = args[i].upper()
+        if option == b"COUNT" and i + 1 < len(args):
+            count = to_int(args[i + 1])
+            i += 2
+        elif option == b"BLOCK" and i + 1 < len(args):
+            block_ms = to_int(args[i + 1], errors.err("timeout is not an integer or out of range"))
+            if block_ms < 0:
+                raise errors.TIMEOUT_NEGATIVE
+            i += 2
+        elif option == b"NOACK":
+            noack, i = True, i + 1
+        elif option == b"STREAMS":
+            break
+        else:
+            raise errors.SYNTAX
+    streams = args[i + 1:]
+    if i >= len(args) or not streams:
+        raise errors.wrong_arity("xreadgroup")
+    if len(streams) % 2:
+        raise errors.UNBALANCED_STREAMS
+    half = len(streams) // 2
+    queues = [live_queue(name) for name in streams[:half]]
+    ids = [read_id(arg) for arg in streams[half:]]
+    count = read_count(count)
+    if all(stream_id is None for stream_id in ids):
+        if block_ms is not None:
+            session.flush()  # a blocked client has its earlier pipelined replies already
+        result = broker(session).read(queues, worker, count, noack, block_ms, session.wait)
+        return NULL_ARRAY if result is None else result
+    return read_mixed(session, queues, ids, worker, count, noack)
+
+
+def read_id(arg: bytes):
+    """None for '>' (new tasks), else the id after which to re-read pending ones."""
+    if arg == b">":
+        return None
+    if arg == b"$":
+        raise errors.DOLLAR_IN_XREADGROUP
+    return parse_id(arg)
+
+
+def read_count(count: int | None) -> int:
+    if count is None or count <= 0:
+        return DEFAULT_READ_COUNT
+    return min(count, MAX_READ_COUNT)
+
+
+def read_mixed(session, queues, ids, worker, count, noack):
+    """XREADGROUP with explicit ids: pending tasks come back even when empty (as Redis)."""
+    result = PairsMap()
+    for queue, after in zip(queues, ids):
+        if after is None:
+            claimed = broker(session).read([queue], worker, count, noack, None, session.wait)
+            if claimed:
+                result.update(claimed)
+        else:
+            result[queue] = broker(session).reread(queue, worker, after, count).wait()
+    return result or NULL_ARRAY
+
+
+@command("XACK", -4)
+def xack(session, args):
+    """XACK queue group id [id ...]: integer, how many were in flight and are now done."""
+    ids = ids_of(args[3:])
+    queue, dead = split_queue(args[1])
+    if dead:
+        return 0
+    return Deferred(broker(session).ack(queue, ids))
+
+
+@command("XNACK", -4)
+def xnack(session, args):
+    """XNACK queue group <SILENT|FAIL|FATAL> IDS numids id... [RETRYCOUNT n] [FORCE] | XNACK queue group id..."""
+    queue = live_queue(args[1])
+    mode = args[3].upper().decode("latin-1")
+    if mode not in lifecycle.NACK_MODES:
+        return Deferred(broker(session).fail(queue, ids_of(args[3:])))
+    if len(args) < 7 or args[4].upper() != b"IDS":
+        raise errors.SYNTAX
+    numids = to_int(args[5])
+    if numids <= 0 or 6 + numids > len(args):
+        raise errors.err("numids must be a positive integer matching the ids given")
+    ids = ids_of(args[6:6 + numids])
+    retry_count, force, rest = None, False, args[6 + numids:]
+    while rest:
+        option = rest[0].upper()
+        if option == b"RETRYCOUNT" and len(rest) >= 2:
+            retry_count = to_int(rest[1])
+            if retry_count < 0:
+                raise errors.err("RETRYCOUNT must be zero or positive")
+            rest = rest[2:]
+        elif option == b"FORCE":
+            force, rest = True, rest[1:]
+        else:
+            raise errors.SYNTAX
+    return Deferred(broker(session).fail(queue, ids, mode, retry_count, force))
+
+
+@command("XDEL", -3)
+def xdel(session, args):
+    """XDEL queue id...: a failure report (the task is kept for retry); on queue::dead, delete."""
+    ids = ids_of(args[2:])
+    queue, dead = split_queue(args[1])
+    if dead:
+        return Deferred(broker(session).delete_dead(queue, ids))
+    return Deferred(broker(session).fail(queue, ids))
+
+
+@command("XLEN", 2)
+def xlen(session, args):
+    """XLEN queue: tasks not done (available + in flight); on queue::dead, dead tasks."""
+    queue, dead = split_queue(args[1])
+    return Deferred(broker(session).length(queue, dead))
+
+
+def range_command(session, args, reverse: bool):
+    queue, dead = split_queue(args[1])
+    low, high = (args[3], args[2]) if reverse else (args[2], args[3])
+    start = lifecycle.parse_range_bound(low, True)
+    end = lifecycle.parse_range_bound(high, False)
+    count = RANGE_DEFAULT_COUNT
+    if len(args) == 6 and args[4].upper() == b"COUNT":
+        count = min(max(to_int(args[5]), 0), RANGE_DEFAULT_COUNT)
+        if count == 0:
+            return []
+    elif len(args) != 4:
+        raise errors.SYNTAX
+    if start > end:
+        return []
+    return Deferred(broker(session).range(queue, dead, start, end, count, reverse))
+
+
+@command("XRANGE", -4)
+def xrange(session, args):
+    """XRANGE queue start end [COUNT n]: available, in-flight and retained done tasks."""
+    return range_command(session, args, reverse=False)
+
+
+@command("XREVRANGE", -4)
+def xrevrange(session, args):
+    """XREVRANGE queue end start [COUNT n]"""
+    return range_command(session, args, reverse=True)
+
+
+@command("XPENDING", -3)
+def xpending(session, args):
+    """XPENDING queue group [[IDLE min-idle] start end count [worker]]"""
+    queue = live_queue(args[1])
+    if len(args) == 3:
+        return Deferred(broker(session).pending_summary(queue), pending_summary_reply)
+    rest, min_idle = args[3:], None
+    if rest[0].upper() == b"IDLE":
+        if len(rest) < 2:
+            raise errors.SYNTAX
+        min_idle, rest = to_int(rest[1]), rest[2:]
+    if len(rest) not in (3, 4):
+        raise errors.SYNTAX
+    start = lifecycle.parse_range_bound(rest[0], True)
+    end = lifecycle.parse_range_bound(rest[1], False)
+    count = min(to_int(rest[2]), RANGE_DEFAULT_COUNT)
+    worker = rest[3] if len(rest) == 4 else None
+    if count <= 0 or start > end:
+        return []
+    return Deferred(broker(session).pending_entries(queue, start, end, count, worker, min_idle))
+
+
+def pending_summary_reply(summary) -> list:
+    first, last, workers = summary
+    if not workers:
+        return [0, None, None, NULL_ARRAY]
+    return [sum(n for _, n in workers), b"%d-%d" % first, b"%d-%d" % last,
+            [[worker, str(n).encode()] for worker, n in workers]]
+
+
+@command("XGROUP", -2)
+def xgroup(session, args):
+    """XGROUP CREATE queue group id [MKSTREAM]: accepted (one implicit group per queue)."""
+    sub = args[1].upper()
+    if sub == b"CREATE" and len(args) >= 5:
+        mkstream = any(arg.upper() == b"MKSTREAM" for arg in args[5:])
+        return Deferred(broker(session).create_queue(live_queue(args[2]), not mkstream),
+                        lambda _: OK)
+    if sub == b"SETID" and len(args) >= 5:
+        return OK
+    if sub == b"CREATECONSUMER" and len(args) == 5:
+        return 1
+    if sub in (b"DELCONSUMER", b"DESTROY") and len(args) in (4, 5):
+        return 0  # groups and consumers are implicit: nothing to delete, no task is dropped
+    if sub == b"HELP":
+        return [SimpleString(line) for line in XGROUP_HELP]
+    if sub in (b"CREATE", b"SETID", b"CREATECONSUMER", b"DELCONSUMER", b"DESTROY"):
+        raise errors.err(f"wrong number of arguments for 'xgroup|{sub.decode().lower()}' command")
+    raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XGROUP")
+
+
+XGROUP_HELP = [
+    "XGROUP <subcommand> [<arg> [value] [opt] ...]. EZRA has one implicit group per queue:",
+    "CREATE <key> <groupname> <id|$> [MKSTREAM]",
+    "    Accepted; with MKSTREAM the queue is created.",
+    "SETID, CREATECONSUMER, DELCONSUMER, DESTROY",
+    "    Accepted and ignored: no task is ever dropped.",
+]
+
+
+# ---------------------------------------------------------------- INFO
+
+@command("INFO", -1)
+def info(session, args):
+    """INFO [section ...]: server, clients, memory, persistence, stats, queues."""
+    wanted = {arg.decode("utf-8", "replace").lower() for arg in args[1:]} or {"default"}
+    everything = bool(wanted & {"all", "everything", "default"})
+    sections = []
+    for name, build in INFO_SECTIONS:
+        if everything or name in wanted:
+            lines = build(session.server)
+            sections.append(f"# {name.capitalize()}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in lines))
+    return Verbatim("\r\n".join(sections))
+
+
+def info_server(state: ServerState):
+    uptime = int(time.time() - state.started)
+    return [("redis_version", REDIS_COMPAT_VERSION), ("ezra_version", __version__),
+            ("redis_mode", "standalone"), ("os", f"{platform.system()} {platform.release()} {platform.machine()}"),
+            ("arch_bits", 64), ("multiplexing_api", "gevent"), ("python_version", platform.python_version()),
+            ("process_id", os.getpid()), ("tcp_port", state.port), ("uptime_in_seconds", uptime),
+            ("uptime_in_days", uptime // 86400), ("executable", sys.argv[0]),
+            ("config_file", state.settings.config or "")]
+
+
+def info_clients(state: ServerState):
+    return [("connected_clients", len(state.sessions)), ("blocked_clients", state.broker.blocked_clients()),
+            ("maxclients", state.settings.max_clients)]
+
+
+def info_memory(state: ServerState):
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    current = rss
+    try:
+        with open("/proc/self/statm") as statm:
+            current = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        pass  # not Linux: the peak is the best figure we have
+    return [("used_memory", current), ("used_memory_rss", current), ("used_memory_peak", rss),
+            ("maxmemory", 0)]
+
+
+def info_persistence(state: ServerState):
+    path = state.broker.db.path
+    size = sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+    writer = state.broker.writer
+    return [("loading", 0), ("database_file", path), ("database_bytes", size),
+            ("durability", state.settings.durability), ("commit_batches", writer.batches),
+            ("committed_requests", writer.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0)]
+
+
+def info_stats(state: ServerState):
+    stats = state.broker.stats
+    return [("total_connections_received", state.total_connections),
+            ("total_commands_processed", state.total_commands),
+            ("rejected_connections", state.rejected_connections),
+            ("tasks_pushed", stats["pushed"]), ("tasks_delivered", stats["delivered"]),
+            ("tasks_acked", stats["acked"]), ("tasks_failed", stats["failed"]),
+            ("tasks_expired", stats["expired"]), ("tasks_dead", stats["dead"])]
+
+
+def info_queues(state: ServerState):
+    lines = []
+    for name, counts in sorted(state.broker.queue_counts().items()):
+        shown = name.decode("utf-8", "replace").translate(INFO_NAME_SAFE)
+        lines.append((f"queue_{shown}", ",".join(f"{state}={n}" for state, n in counts.items())))
+    return lines
+
+
+INFO_NAME_SAFE = str.maketrans({"\r": "?", "\n": "?", ",": "?"})
+
+INFO_SECTIONS = [("server", info_server), ("clients", info_clients), ("memory", info_memory),
+                 ("persistence", info_persistence), ("stats", info_stats), ("queues", info_queues)]

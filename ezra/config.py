@@ -1,0 +1,102 @@
+"""Every option once: flag, environment variable, default, help.
+
+Precedence (configargparse): command-line flag > EZRA_* environment variable >
+config file > default. `parse_settings` returns a frozen `Settings`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import configargparse
+
+from . import __version__
+
+DURABILITY_MODES = ("full", "normal")
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class Settings:
+    port: int = 42002
+    bind: str = "127.0.0.1"
+    data_dir: str = "./data"
+    visibility_timeout: float = 30.0
+    max_attempts: int = 3
+    retention_seconds: float | None = None
+    password: str | None = None
+    config: str | None = None
+    log_level: str = "INFO"
+    durability: str = "full"
+    max_task_size: int = 1024 * 1024
+    max_clients: int = 10000
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise configargparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise configargparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise configargparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise configargparse.ArgumentTypeError(f"must be 0..65535 (0 picks a free port), got {text}")
+    return value
+
+
+def build_parser() -> configargparse.ArgParser:
+    parser = configargparse.ArgParser(
+        prog="ezra",
+        description="EZRA: a persistent task queue that speaks the Redis protocol "
+                    "(XADD / XREADGROUP / XACK / XNACK), stored in one SQLite file.",
+        formatter_class=configargparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--config", is_config_file=True, env_var="EZRA_CONFIG",
+        help="config file with 'option = value' lines (e.g. 'port = 42002')")
+    add("--port", type=port_number, default=Settings.port, env_var="EZRA_PORT", help="TCP port")
+    add("--bind", default=Settings.bind, env_var="EZRA_BIND", help="address to listen on")
+    add("--data-dir", default=Settings.data_dir, env_var="EZRA_DATA_DIR",
+        help="directory holding ezra.db (created 0700)")
+    add("--visibility-timeout", type=positive_float, default=Settings.visibility_timeout,
+        env_var="EZRA_VISIBILITY_TIMEOUT",
+        help="seconds a delivered task may stay unacknowledged before it is redelivered")
+    add("--max-attempts", type=positive_int, default=Settings.max_attempts, env_var="EZRA_MAX_ATTEMPTS",
+        help="deliveries before a failing task goes to <queue>::dead")
+    add("--retention-seconds", type=non_negative_float, default=None, env_var="EZRA_RETENTION_SECONDS",
+        help="seconds a done task is kept (unset: forever; 0: purged right after the ack)")
+    add("--password", default=None, env_var="EZRA_PASSWORD",
+        help="require AUTH <password> (or HELLO 3 AUTH default <password>)")
+    add("--log-level", default=Settings.log_level, type=str.upper, choices=LOG_LEVELS,
+        env_var="EZRA_LOG_LEVEL", help="stderr log level")
+    add("--durability", default=Settings.durability, choices=DURABILITY_MODES, env_var="EZRA_DURABILITY",
+        help="full: replies after fsync (survives power loss); normal: no fsync per commit "
+             "(survives an EZRA crash, not a machine crash)")
+    add("--max-task-size", type=positive_int, default=Settings.max_task_size, env_var="EZRA_MAX_TASK_SIZE",
+        help="largest task in bytes (all field names and values together); 100 KB is recommended")
+    add("--max-clients", type=positive_int, default=Settings.max_clients, env_var="EZRA_MAX_CLIENTS",
+        help="connections served at once; more are refused with Redis's error")
+    add("--version", action="version", version=f"ezra {__version__}")
+    return parser
+
+
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    """Settings from flags, environment and config file (exits on bad input, like argparse)."""
+    namespace = build_parser().parse_args(argv)
+    return Settings(**{name: getattr(namespace, name) for name in Settings.__dataclass_fields__})

@@ -1,0 +1,83 @@
+"""Every error EZRA answers, with Redis's prefixes and wording.
+
+Clients map the first word to an exception class (redis-py's
+`EXCEPTION_CLASSES`), so prefixes are API: keep them as Redis has them.
+"""
+
+from .resp import ErrorReply
+
+SUPPORTED = (
+    "XADD XREADGROUP XACK XNACK XDEL XLEN XRANGE XREVRANGE XPENDING XGROUP XINFO "
+    "HELLO AUTH PING ECHO QUIT SELECT CLIENT INFO COMMAND"
+)
+
+
+class CommandError(ErrorReply):
+    """A command's own error: the client gets it, the connection stays."""
+
+
+def err(message: str) -> CommandError:
+    return CommandError("ERR " + message)
+
+
+def wrong_arity(name: str) -> CommandError:
+    return err(f"wrong number of arguments for '{name.lower()}' command")
+
+
+def unknown_command(name, args: list[bytes]) -> CommandError:
+    # Redis's wording first (clients and people recognise it), then the hint.
+    shown = "".join(f"'{_printable(a)}' " for a in args[:20])
+    return err(
+        f"unknown command '{_printable(name)}', with args beginning with: {shown}"
+        f"(EZRA is a task queue; supported: {SUPPORTED})"
+    )
+
+
+def unknown_subcommand(sub: str, command: str) -> CommandError:
+    return err(f"unknown subcommand '{_printable(sub)}'. Try {command.upper()} HELP.")
+
+
+def _printable(value) -> str:
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return text[:128]
+
+
+NOT_INTEGER = err("value is not an integer or out of range")
+INVALID_ID = err("Invalid stream ID specified as stream command argument")
+SYNTAX = err("syntax error")
+ID_TOO_SMALL = err("The ID specified in XADD is equal or smaller than the target stream top item")
+ID_ZERO = err("The ID specified in XADD must be greater than 0-0")
+TIMEOUT_NEGATIVE = err("timeout is negative")
+DOLLAR_IN_XREADGROUP = err(
+    "The $ ID is meaningless in the context of XREADGROUP: you want to read the history of this "
+    "consumer by specifying a proper ID, or use the > ID to get new messages. The $ ID would just "
+    "return an empty result set."
+)
+UNBALANCED_STREAMS = err(
+    "Unbalanced XREAD list of streams: for each stream key an ID or '$' must be specified."
+)
+NO_SUCH_KEY = err("no such key")
+XGROUP_NEEDS_KEY = err(
+    "The XGROUP subcommand requires the key to exist. Note that for CREATE you may want to use "
+    "the MKSTREAM option to create an empty stream automatically."
+)
+DB_OUT_OF_RANGE = err("DB index is out of range")
+SELECT_ONLY_ZERO = err("EZRA has one database: only SELECT 0 is allowed")
+TRIM_REFUSED = err("EZRA never drops tasks: MAXLEN/MINID trimming is not supported (XTRIM too)")
+INTERNAL = err("internal error (logged on the server)")
+NOAUTH = CommandError("NOAUTH Authentication required.")
+WRONGPASS = CommandError("WRONGPASS invalid username-password pair or user is disabled.")
+AUTH_NOT_CONFIGURED = err(
+    "AUTH <password> called without any password configured for the default user. "
+    "Are you sure your configuration is correct?"
+)
+NOPROTO = CommandError("NOPROTO unsupported protocol version")
+MAX_CLIENTS = err("max number of clients reached")
+
+
+def task_too_large(size: int, limit: int) -> CommandError:
+    return err(f"task too large: {size} bytes in fields, the limit is {limit} (--max-task-size)")
+
+
+def storage_failed(reason: str) -> CommandError:
+    return err(f"storage error, nothing was changed: {reason}")

@@ -1,0 +1,156 @@
+"""The task state machine: states, transitions, the attempts rule, ids. No I/O.
+
+    [push] -> available -> in_flight (claim) -> done (ack)
+                           in_flight -> available   (nack, timeout, worker gone: attempts left)
+                           in_flight -> dead        (nack or timeout: no attempts left)
+              dead -> available (requeue) ; done/dead -> purged (retention / TTL)
+
+    transition   from        to                         attempts
+    push         -           available                  0
+    claim        available   in_flight (worker, lease)  +1 (every delivery counts)
+    reread       in_flight   in_flight (lease renewed)  +1 (as Redis counts re-reads with id 0)
+    ack          in_flight   done                       =
+    fail         in_flight   available | dead           = (dead once attempts >= max)
+    silent       in_flight   available                  -1 (the attempt is given back)
+    fatal        in_flight   dead                       =
+    expire       in_flight   = fail (a timeout is a failure nobody reported)
+    recover      in_flight   available (server restart, never dead)   =
+    requeue      dead        available                  0
+
+Times are integer milliseconds since the epoch and always passed in (`now`),
+so tests move time instead of waiting.
+"""
+
+from __future__ import annotations
+
+from . import errors
+
+AVAILABLE = "available"
+IN_FLIGHT = "in_flight"
+DONE = "done"
+DEAD = "dead"
+STATES = (AVAILABLE, IN_FLIGHT, DONE, DEAD)
+
+# XNACK modes (Redis 8.8 syntax): how a reported failure treats the attempt.
+FAIL = "FAIL"
+SILENT = "SILENT"
+FATAL = "FATAL"
+NACK_MODES = (FAIL, SILENT, FATAL)
+
+DEAD_SUFFIX = "::dead"
+
+MAX_ID_PART = 2 ** 63 - 1  # SQLite integers are signed 64-bit; Redis allows 2**64-1
+
+StreamId = tuple  # (ms, seq)
+
+
+def after_failure(attempts: int, max_attempts: int, mode: str = FAIL) -> tuple[str, int]:
+    """New (state, attempts) of an in-flight task whose attempt failed."""
+    if mode == FATAL:
+        return DEAD, attempts
+    if mode == SILENT:
+        return AVAILABLE, max(attempts - 1, 0)
+    return (DEAD if attempts >= max_attempts else AVAILABLE), attempts
+
+
+def lease_deadline(now: int, visibility_timeout_s: float) -> int:
+    """When an in-flight task claimed at `now` is redelivered if not acked."""
+    return now + int(visibility_timeout_s * 1000)
+
+
+def split_queue(name: bytes) -> tuple[bytes, bool]:
+    """('q', True) for 'q::dead', the read-only view of q's dead tasks."""
+    suffix = DEAD_SUFFIX.encode()
+    if name.endswith(suffix) and len(name) > len(suffix):
+        return name[: -len(suffix)], True
+    return name, False
+
+
+# ---------------------------------------------------------------- ids
+
+def format_id(stream_id: StreamId) -> bytes:
+    return b"%d-%d" % stream_id
+
+
+def parse_id(arg: bytes, missing_seq: int = 0) -> StreamId:
+    """'5-3' -> (5, 3); '5' -> (5, missing_seq). Raises the Redis id error."""
+    ms, sep, seq = arg.partition(b"-")
+    try:
+        stream_id = (_id_part(ms), _id_part(seq) if sep else missing_seq)
+    except ValueError:
+        raise errors.INVALID_ID from None
+    return stream_id
+
+
+def _id_part(text: bytes) -> int:
+    if not text.isdigit():
+        raise ValueError(text)
+    value = int(text)
+    if value > MAX_ID_PART:
+        raise ValueError(text)
+    return value
+
+
+def parse_range_bound(arg: bytes, is_start: bool) -> StreamId:
+    """An XRANGE bound: '-', '+', an id, or '(id' (exclusive), as an inclusive id."""
+    if arg == b"-":
+        return (0, 0)
+    if arg == b"+":
+        return (MAX_ID_PART, MAX_ID_PART)
+    exclusive = arg.startswith(b"(")
+    if exclusive:
+        arg = arg[1:]
+    stream_id = parse_id(arg, 0 if is_start else MAX_ID_PART)
+    if not exclusive:
+        return stream_id
+    return _next_id(stream_id) if is_start else _previous_id(stream_id)
+
+
+def _next_id(stream_id: StreamId) -> StreamId:
+    ms, seq = stream_id
+    if seq < MAX_ID_PART:
+        return (ms, seq + 1)
+    if ms < MAX_ID_PART:
+        return (ms + 1, 0)
+    raise errors.err("invalid start ID for the interval")
+
+
+def _previous_id(stream_id: StreamId) -> StreamId:
+    ms, seq = stream_id
+    if seq > 0:
+        return (ms, seq - 1)
+    if ms > 0:
+        return (ms - 1, MAX_ID_PART)
+    raise errors.err("invalid end ID for the interval")
+
+
+def new_id(requested: bytes, last: StreamId, now: int) -> StreamId:
+    """The id of a pushed task: '*', 'ms-*' or explicit, strictly above `last`."""
+    if requested == b"*":
+        if now > last[0]:
+            return (now, 0)
+        return _next_id_or_error(last)
+    ms_part, sep, seq_part = requested.partition(b"-")
+    if sep and seq_part == b"*":
+        try:
+            ms = _id_part(ms_part)
+        except ValueError:
+            raise errors.INVALID_ID from None
+        if ms > last[0]:
+            return (ms, 0)
+        if ms < last[0]:
+            raise errors.ID_TOO_SMALL
+        return _next_id_or_error(last)
+    stream_id = parse_id(requested)
+    if stream_id == (0, 0):
+        raise errors.ID_ZERO
+    if stream_id <= last:
+        raise errors.ID_TOO_SMALL
+    return stream_id
+
+
+def _next_id_or_error(last: StreamId) -> StreamId:
+    try:
+        return _next_id(last)
+    except errors.CommandError:
+        raise errors.err("The stream has exhausted the last possible ID, unable to add more items") from None

@@ -1,0 +1,268 @@
+"""The Redis wire format, and nothing else.
+
+Reading: `RequestReader` turns bytes from a client into commands (lists of
+bytes), from RESP multibulk frames or inline lines as typed into `nc`. Every
+declared length is checked against a cap *before* anything is allocated for
+it, so a hostile `*2147483647` or `$999999999999` costs nothing.
+
+Writing: command handlers return typed Python values; `encode` turns them into
+RESP3 bytes, or RESP2 where the two differ:
+
+    Python value            RESP3                     RESP2
+    bytes / str             $ bulk string             same
+    int                     : integer                 same
+    None                    _ null                    $-1 (null bulk)
+    NULL_ARRAY              _ null                    *-1 (null array)
+    list / tuple            * array                   same
+    dict                    % map                     flat * array
+    PairsMap                % map                     * array of [key, value] pairs
+    SimpleString            + simple string           same
+    Verbatim                = verbatim "txt:"         $ bulk string
+    ErrorReply              - error                   same
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """A frame the server cannot parse; the connection is closed after the reply."""
+
+
+class SimpleString(str):
+    """A status reply such as +OK or +PONG."""
+
+
+class Verbatim(str):
+    """Text meant for humans (INFO): a verbatim string in RESP3, bulk in RESP2."""
+
+
+class PairsMap(dict):
+    """A map that RESP2 sends as an array of [key, value] pairs (XREAD/XREADGROUP)."""
+
+
+class ErrorReply(Exception):
+    """An error reply. `message` starts with the Redis prefix (ERR, NOAUTH...)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class _NullArray:
+    """The null array: *-1 in RESP2 (XREADGROUP with nothing to return)."""
+
+    def __repr__(self):
+        return "NULL_ARRAY"
+
+
+NULL_ARRAY = _NullArray()
+OK = SimpleString("OK")
+
+
+# ---------------------------------------------------------------- reading
+
+class RequestReader:
+    """Incremental parser of client requests with caps on every length."""
+
+    def __init__(self, max_bulk_len: int, max_args: int = 1024 * 1024, max_inline_len: int = 64 * 1024):
+        self.max_bulk_len = max_bulk_len
+        self.max_args = max_args
+        self.max_inline_len = max_inline_len
+        self._buf = bytearray()
+        self._pos = 0
+        # A multibulk frame being read: the arguments so far and how many are due.
+        self._args: list[bytes] | None = None
+        self._due = 0
+
+    def feed(self, data: bytes) -> None:
+        """Add bytes received from the socket."""
+        if self._pos:
+            del self._buf[:self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def buffered(self) -> int:
+        """Bytes received but not yet parsed (for the slow-client caps)."""
+        return len(self._buf) - self._pos
+
+    def next_command(self) -> list[bytes] | None:
+        """The next complete command, or None until more bytes arrive."""
+        while True:
+            if self._args is None:
+                if self._pos >= len(self._buf):
+                    return None
+                if self._buf[self._pos] != 0x2A:  # not '*': an inline command
+                    cmd = self._read_inline()
+                    if cmd is None or cmd:
+                        return cmd
+                    continue  # a blank line is ignored, as Redis does
+                count = self._read_length(b"multibulk", self.max_args)
+                if count is None:
+                    return None
+                if count <= 0:
+                    continue  # '*0' and '*-1' are ignored, as Redis does
+                self._args, self._due = [], count
+            while self._due:
+                arg = self._read_bulk()
+                if arg is None:
+                    return None
+                self._args.append(arg)
+                self._due -= 1
+            args, self._args = self._args, None
+            return args
+
+    def _read_line(self, limit: int, error: str) -> bytes | None:
+        end = self._buf.find(b"\r\n", self._pos)
+        if end < 0:
+            if len(self._buf) - self._pos > limit:
+                raise ProtocolError(error)
+            return None
+        line = bytes(self._buf[self._pos:end])
+        self._pos = end + 2
+        return line
+
+    def _read_length(self, kind: bytes, cap: int) -> int | None:
+        start = self._pos
+        error = f"Protocol error: invalid {kind.decode()} length"
+        line = self._read_line(32, error)
+        if line is None:
+            return None
+        try:
+            value = int(line[1:])
+        except ValueError:
+            value = None
+        if value is None or value > cap:
+            self._pos = start
+            raise ProtocolError(error)
+        return value
+
+    def _read_bulk(self) -> bytes | None:
+        if self._pos >= len(self._buf):
+            return None
+        if self._buf[self._pos] != 0x24:  # '$'
+            got = chr(self._buf[self._pos])
+            raise ProtocolError(f"Protocol error: expected '$', got '{got}'")
+        start = self._pos
+        size = self._read_length(b"bulk", self.max_bulk_len)
+        if size is None:
+            return None
+        if size < 0:
+            raise ProtocolError("Protocol error: invalid bulk length")
+        end = self._pos + size
+        if len(self._buf) < end + 2:
+            self._pos = start  # re-read the header once the payload is in
+            return None
+        if self._buf[end:end + 2] != b"\r\n":
+            raise ProtocolError("Protocol error: bulk string not terminated by CRLF")
+        value = bytes(self._buf[self._pos:end])
+        self._pos = end + 2
+        return value
+
+    def _read_inline(self) -> list[bytes] | None:
+        end = self._buf.find(b"\n", self._pos)
+        if end < 0:
+            if len(self._buf) - self._pos > self.max_inline_len:
+                raise ProtocolError("Protocol error: too big inline request")
+            return None
+        line = bytes(self._buf[self._pos:end]).rstrip(b"\r")
+        self._pos = end + 1
+        return split_inline(line)
+
+
+def split_inline(line: bytes) -> list[bytes]:
+    """Split an inline command like Redis: spaces separate, quotes group."""
+    args: list[bytes] = []
+    i, n = 0, len(line)
+    while True:
+        while i < n and line[i] in b" \t":
+            i += 1
+        if i >= n:
+            return args
+        if line[i] in b"\"'":
+            quote, i, arg = line[i], i + 1, bytearray()
+            while True:
+                if i >= n:
+                    raise ProtocolError("Protocol error: unbalanced quotes in request")
+                c = line[i]
+                if c == quote:
+                    i += 1
+                    break
+                if c == 0x5C and quote == 0x22 and i + 1 < n:  # backslash escape in "..."
+                    i += 1
+                    c = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("0"): 0}.get(line[i], line[i])
+                arg.append(c)
+                i += 1
+            if i < n and line[i] not in b" \t":
+                raise ProtocolError("Protocol error: unbalanced quotes in request")
+            args.append(bytes(arg))
+        else:
+            start = i
+            while i < n and line[i] not in b" \t":
+                i += 1
+            args.append(line[start:i])
+
+
+# ---------------------------------------------------------------- writing
+
+def encode(value, proto: int) -> bytes:
+    """Encode one reply for a connection speaking RESP `proto` (2 or 3)."""
+    out: list[bytes] = []
+    _encode(value, proto == 3, out)
+    return b"".join(out)
+
+
+def _encode(value, resp3: bool, out: list) -> None:
+    kind = type(value)
+    if kind is bytes:
+        out.append(b"$%d\r\n%s\r\n" % (len(value), value))
+    elif kind is int:
+        out.append(b":%d\r\n" % value)
+    elif kind is list or kind is tuple:
+        out.append(b"*%d\r\n" % len(value))
+        for item in value:
+            _encode(item, resp3, out)
+    elif kind is str:
+        data = value.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    elif value is None or value is NULL_ARRAY:
+        out.append(b"_\r\n" if resp3 else (b"$-1\r\n" if value is None else b"*-1\r\n"))
+    elif kind is SimpleString:
+        out.append(b"+%s\r\n" % value.encode())
+    elif isinstance(value, ErrorReply):
+        out.append(b"-%s\r\n" % _one_line(value.message))
+    elif isinstance(value, dict):
+        _encode_map(value, resp3, out)
+    elif kind is Verbatim:
+        data = value.encode()
+        if resp3:
+            out.append(b"=%d\r\ntxt:%s\r\n" % (len(data) + 4, data))
+        else:
+            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    elif kind is bool:
+        _encode(int(value), resp3, out)
+    else:
+        raise TypeError(f"cannot encode reply of type {kind.__name__}")
+
+
+def _encode_map(value: dict, resp3: bool, out: list) -> None:
+    if resp3:
+        out.append(b"%%%d\r\n" % len(value))
+        for key, item in value.items():
+            _encode(key, resp3, out)
+            _encode(item, resp3, out)
+    elif type(value) is PairsMap:
+        out.append(b"*%d\r\n" % len(value))
+        for key, item in value.items():
+            out.append(b"*2\r\n")
+            _encode(key, resp3, out)
+            _encode(item, resp3, out)
+    else:
+        out.append(b"*%d\r\n" % (2 * len(value)))
+        for key, item in value.items():
+            _encode(key, resp3, out)
+            _encode(item, resp3, out)
+
+
+def _one_line(message: str) -> bytes:
+    # An error is one line on the wire: a CR or LF inside would break the frame.
+    return message.replace("\r", " ").replace("\n", " ").encode("utf-8", "replace")
