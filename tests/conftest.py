@@ -1,0 +1,126 @@
+"""Fixtures that start the real server (`python -m ezra`) on a free port in a temp dir."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+LISTENING = re.compile(r"listening on [^ ]+:(\d+),")
+
+
+def wait_until(condition, timeout=10.0, interval=0.01, message="condition"):
+    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+class EzraProcess:
+    """A real EZRA server process; `port` is known once it listens."""
+
+    def __init__(self, data_dir: Path, *args: str, env: dict | None = None):
+        self.data_dir = Path(data_dir)
+        self.args = list(args)
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.log_path = self.data_dir.parent / f"{self.data_dir.name}-{uuid.uuid4().hex[:6]}.log"
+
+    def start(self, timeout: float = 20.0) -> "EzraProcess":
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **(self.env or {}))
+        self.log_file = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ezra", "--port", "0", "--data-dir", str(self.data_dir), *self.args],
+            stdout=self.log_file, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+
+        def port_in_log():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"ezra exited with {self.proc.returncode}:\n{self.log()}")
+            match = LISTENING.search(self.log())
+            return int(match.group(1)) if match else None
+
+        self.port = wait_until(port_in_log, timeout, message="ezra to listen")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def client(self, protocol: int = 2, **kwargs) -> redis.Redis:
+        return redis.Redis(port=self.port, protocol=protocol, socket_timeout=30, **kwargs)
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.log_file.close()
+        return code
+
+    def kill9(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> "EzraProcess":
+        self.stop()
+        return self.start()
+
+
+@pytest.fixture
+def ezra_factory(tmp_path):
+    """Start servers with extra flags: ezra_factory('--visibility-timeout', '1')."""
+    started = []
+
+    def make(*args, data_dir=None, env=None):
+        server = EzraProcess(data_dir or tmp_path / f"data{len(started)}", *args, env=env)
+        started.append(server)
+        return server.start()
+
+    yield make
+    for server in started:
+        server.stop(signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory):
+    """One server for the tests that use their own queue names."""
+    server = EzraProcess(tmp_path_factory.mktemp("shared") / "data",
+                         "--visibility-timeout", "30", "--max-attempts", "3").start()
+    yield server
+    assert server.stop() == 0, server.log()
+
+
+@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
+def protocol(request):
+    return request.param
+
+
+@pytest.fixture
+def r(shared_server, protocol):
+    """A redis-py client of the shared server, in RESP2 and in RESP3."""
+    client = shared_server.client(protocol)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def queue(request):
+    """A queue name no other test uses."""
+    return f"q-{request.node.name}-{uuid.uuid4().hex[:8]}"

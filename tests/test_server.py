@@ -1,0 +1,255 @@
+"""Server-level behaviour: timeouts, restarts, signals, config, bad input, auth."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sqlite3
+import stat
+import threading
+
+import pytest
+import redis
+
+from conftest import wait_until
+from test_queue import claim, entries_of
+
+
+def raw_exchange(port: int, payload: bytes, expect_close: bool = False) -> bytes:
+    """Send raw bytes; read until the server stops sending (or closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(payload)
+        data = b""
+        sock.settimeout(0.5 if not expect_close else 10)
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except socket.timeout:
+                return data
+            if not chunk:
+                return data
+            data += chunk
+
+
+def test_visibility_timeout_redelivers_then_dead(ezra_factory, protocol):
+    server = ezra_factory("--visibility-timeout", "0.3", "--max-attempts", "2")
+    r = server.client(protocol)
+    task_id = r.xadd("q", {"n": 1})
+    [(first, _)] = claim(r, "q", worker="slow")
+    assert first == task_id
+    # Not acked: after the timeout another worker gets it, as its second attempt.
+    redelivered = wait_until(lambda: claim(r, "q", worker="other"), message="redelivery")
+    assert redelivered[0][0] == task_id
+    assert r.xack("q", "g", task_id) == 1
+    # A task that is never acked goes dead after max attempts, not lost.
+    poison = r.xadd("q", {"n": 2})
+    claim(r, "q", worker="slow")
+    wait_until(lambda: claim(r, "q", worker="slow"), message="second delivery")
+    wait_until(lambda: r.xlen("q::dead") == 1, message="dead after max attempts")
+    assert r.xrange("q::dead")[0][0] == poison
+    assert r.xack("q", "g", first) == 0, "a stale ack counts 0"
+
+
+def test_blocked_reader_gets_a_task_released_by_timeout(ezra_factory):
+    server = ezra_factory("--visibility-timeout", "0.5")
+    r = server.client()
+    task_id = r.xadd("q", {"n": 1})
+    claim(r, "q", worker="crashed")
+    reply = r.xreadgroup("g", "patient", {"q": ">"}, count=1, block=15000)
+    assert entries_of(reply, "q")[0][0] == task_id
+
+
+def test_kill9_with_tasks_in_flight_loses_nothing(ezra_factory, protocol):
+    server = ezra_factory("--max-attempts", "1")
+    r = server.client(protocol)
+    ids = [r.xadd("jobs", {"n": i}) for i in range(20)]
+    claimed = claim(r, "jobs", worker="w", count=5)
+    r.xack("jobs", "g", claimed[0][0])
+    server.kill9()
+    server.start()
+    r = server.client(protocol)
+    assert r.xlen("jobs") == 19
+    # In-flight tasks came back as available (never dead, even with max-attempts 1).
+    assert r.xpending("jobs", "g")["pending"] == 0
+    assert r.xlen("jobs::dead") == 0
+    rest = claim(r, "jobs", worker="w2", count=100)
+    assert [i for i, _ in rest] == ids[1:]
+    new_id = r.xadd("jobs", {"n": "after"})
+    assert new_id > ids[-1], "ids keep growing across restarts"
+
+
+def test_sigterm_stops_cleanly_and_keeps_everything(ezra_factory):
+    server = ezra_factory()
+    r = server.client()
+    ids = [r.xadd("q", {"n": i}) for i in range(10)]
+    claim(r, "q", count=3)
+    assert server.stop(signal.SIGTERM) == 0
+    log = server.log()
+    assert "stopped cleanly" in log
+    db = sqlite3.connect(server.data_dir / "ezra.db")
+    states = dict(db.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
+    db.close()
+    assert states == {"available": 7, "in_flight": 3}
+    server.start()
+    assert server.client().xlen("q") == 10
+
+
+def test_sigterm_answers_a_blocked_reader(ezra_factory):
+    server = ezra_factory()
+    r = server.client()
+    result = {}
+
+    def read():
+        try:
+            result["reply"] = r.xreadgroup("g", "w", {"q": ">"}, block=0)
+        except redis.ConnectionError as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    probe = server.client()
+    wait_until(lambda: int(probe.info("clients")["blocked_clients"]) == 1, message="blocked reader")
+    probe.close()
+    assert server.stop(signal.SIGTERM) == 0
+    thread.join(10)
+    assert not thread.is_alive()
+
+
+def test_database_is_readable_by_a_person(ezra_factory):
+    server = ezra_factory()
+    r = server.client()
+    task_id = r.xadd("emails", {"to": "a@example.com"})
+    claim(r, "emails", worker="worker-1")
+    db = sqlite3.connect(server.data_dir / "ezra.db")
+    row = db.execute("SELECT queue, id, state, fields, attempts, worker FROM tasks").fetchone()
+    assert row == ("emails", task_id.decode(), "in_flight", '["to", "a@example.com"]', 1, "worker-1")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+    mode = stat.S_IMODE(os.stat(server.data_dir / "ezra.db").st_mode)
+    assert mode == 0o600
+    assert stat.S_IMODE(os.stat(server.data_dir).st_mode) == 0o700
+
+
+def test_refuses_a_foreign_database(ezra_factory, tmp_path):
+    data_dir = tmp_path / "foreign"
+    data_dir.mkdir()
+    db = sqlite3.connect(data_dir / "ezra.db")
+    db.execute("CREATE TABLE invoices (id INTEGER)")
+    db.commit()
+    db.close()
+    with pytest.raises(AssertionError, match="not an EZRA database"):
+        ezra_factory(data_dir=data_dir)
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "ezra.db").write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(AssertionError, match="ezra.db"):
+        ezra_factory(data_dir=tmp_path / "garbage")
+    db = sqlite3.connect(data_dir / "ezra.db")
+    assert db.execute("SELECT name FROM sqlite_master").fetchall() == [("invoices",)], "left untouched"
+    db.close()
+
+
+def test_config_precedence_flag_env_file(ezra_factory, tmp_path):
+    config = tmp_path / "ezra.conf"
+    config.write_text("max-attempts = 7\nvisibility-timeout = 11\nmax-task-size = 100\n")
+    server = ezra_factory("--config", str(config), "--max-task-size", "200",
+                          env={"EZRA_VISIBILITY_TIMEOUT": "12"})
+    log = server.log()
+    assert "max_attempts=7" in log  # from the file
+    assert "visibility_timeout=12.0s" in log  # env beats the file
+    assert "max_task_size=200" in log  # flag beats everything
+    r = server.client()
+    with pytest.raises(redis.ResponseError, match="task too large"):
+        r.xadd("q", {"x": "y" * 200})
+
+
+def test_inline_commands_and_pipelines(shared_server):
+    assert raw_exchange(shared_server.port, b"PING\r\n") == b"+PONG\r\n"
+    assert raw_exchange(shared_server.port, b"ECHO \"a b\"\r\n") == b"$3\r\na b\r\n"
+    pipeline = b"*1\r\n$4\r\nPING\r\n" * 3 + b"*2\r\n$4\r\nECHO\r\n$2\r\nhi\r\n"
+    assert raw_exchange(shared_server.port, pipeline) == b"+PONG\r\n" * 3 + b"$2\r\nhi\r\n"
+
+
+def test_hello_3_applies_to_commands_pipelined_behind_it(shared_server):
+    payload = b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n*2\r\n$6\r\nCLIENT\r\n$7\r\nGETNAME\r\n"
+    reply = raw_exchange(shared_server.port, payload)
+    assert reply.startswith(b"%7\r\n")
+    assert reply.endswith(b"_\r\n"), "GETNAME after HELLO 3 answers a RESP3 null"
+
+
+@pytest.mark.parametrize("frame, error", [
+    (b"*abc\r\n", b"-ERR Protocol error: invalid multibulk length\r\n"),
+    (b"*99999999999\r\n", b"-ERR Protocol error: invalid multibulk length\r\n"),
+    (b"*1\r\n$99999999999\r\n", b"-ERR Protocol error: invalid bulk length\r\n"),
+    (b"*1\r\n+PING\r\n", b"-ERR Protocol error: expected '$', got '+'\r\n"),
+    (b"*1\r\n$4\r\nPINGxx", b"-ERR Protocol error: bulk string not terminated by CRLF\r\n"),
+])
+def test_broken_frames_get_an_error_and_the_connection_closes(shared_server, frame, error):
+    assert raw_exchange(shared_server.port, frame, expect_close=True) == error
+    assert shared_server.client().ping(), "other clients are unaffected"
+
+
+def test_huge_declared_length_allocates_nothing(shared_server):
+    """A client declaring a 1 MiB bulk but sending little keeps the server serving others."""
+    with socket.create_connection(("127.0.0.1", shared_server.port), timeout=10) as slow:
+        slow.sendall(b"*3\r\n$4\r\nXADD\r\n$1\r\nq\r\n$1000000\r\nabc")
+        assert shared_server.client().ping()
+
+
+def test_password_protects_every_command(ezra_factory):
+    server = ezra_factory("--password", "s3cret")
+    anonymous = server.client()
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.xlen("q")
+    with pytest.raises(redis.AuthenticationError):
+        server.client(password="wrong").ping()
+    assert server.client(password="s3cret").xadd("q", {"a": 1})
+    assert server.client(password="s3cret", username="default", protocol=3).xlen("q") == 1
+    reply = raw_exchange(server.port, b"XLEN q\r\nAUTH default nope\r\nAUTH s3cret\r\nXLEN q\r\n")
+    assert reply == (b"-NOAUTH Authentication required.\r\n"
+                     b"-WRONGPASS invalid username-password pair or user is disabled.\r\n+OK\r\n:1\r\n")
+
+
+def test_connection_commands(r):
+    assert r.ping() is True
+    assert r.echo("hi") == b"hi"
+    assert r.client_setname("worker-7")
+    assert r.client_getname() in (b"worker-7", "worker-7")
+    assert isinstance(r.client_id(), int)
+    assert r.execute_command("CLIENT", "SETINFO", "LIB-NAME", "x") in (b"OK", "OK", True)
+    assert r.execute_command("SELECT", 0) in (b"OK", "OK", True)
+    with pytest.raises(redis.ResponseError, match="unknown subcommand"):
+        r.execute_command("CLIENT", "FOO")
+    assert r.command_count() > 10
+
+
+def test_info_reports_real_figures(r, queue):
+    r.xadd(queue, {"a": 1})
+    r.xadd(queue, {"a": 2})
+    claim(r, queue, count=1)
+    info = r.info("everything")
+    assert info["redis_version"] == "7.0.15"
+    assert info["loading"] == 0
+    assert info["connected_clients"] >= 1
+    assert info["used_memory"] > 1_000_000
+    assert info["total_commands_processed"] > 0
+    counts = info[f"queue_{queue}"]
+    assert counts == {"available": 1, "in_flight": 1, "done": 0, "dead": 0}
+
+
+def test_max_clients_refuses_with_redis_error(ezra_factory):
+    server = ezra_factory("--max-clients", "2")
+    first, second = server.client(), server.client()
+    first.ping()
+    second.ping()
+    with pytest.raises(redis.ConnectionError, match="max number of clients"):
+        server.client().ping()
+    first.close()
+    wait_until(lambda: _can_connect(server), message="a free slot")
+
+
+def _can_connect(server):
+    try:
+        return server.client().ping()
+    except redis.ConnectionError:
+        return False
