@@ -38,7 +38,7 @@ class App:
     def start(self) -> int:
         """Open the database, recover, start serving; returns the bound port."""
         settings = self.settings
-        self.db = open_database(settings.data_dir, settings.durability)
+        self.db = open_database(settings.data_dir)
         recovered = self.db.recover()  # before the port opens: in-flight -> available
         if recovered:
             logger.info("recovered {} in-flight tasks to available", recovered)

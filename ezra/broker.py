@@ -84,8 +84,11 @@ class Broker:
         self.queues: dict[bytes, QueueState] = {}
         self.blocked: dict[bytes, OrderedDict] = {}
         self._served: list[Waiter] = []
+        # No lease can expire before this: the reaper skips its query until then.
+        self._earliest_deadline = 0
         self._reload()
-        self.writer = Writer(db, on_rollback=self._reload, after_batch=self._after_batch)
+        self.writer = Writer(db, fsync_durable=settings.durability == "full",
+                             on_rollback=self._reload, after_batch=self._after_batch)
         self._reaper = None
         self.stats = {"pushed": 0, "delivered": 0, "acked": 0, "failed": 0, "expired": 0, "dead": 0}
 
@@ -96,7 +99,7 @@ class Broker:
 
     def cancel_waiters(self) -> None:
         """Shutdown: every blocked reader gets a null reply now."""
-        self.writer.call(self._tx_cancel_waiters)
+        self.writer.call(self._tx_cancel_waiters, durable=False)
 
     def stop(self) -> None:
         """Stop the reaper, then commit and answer whatever is queued."""
@@ -108,7 +111,7 @@ class Broker:
         while True:
             gevent.sleep(REAPER_INTERVAL)
             try:
-                self.writer.call(self._tx_maintain)
+                self.writer.call(self._tx_maintain, durable=False)
             except Exception as exc:
                 logger.opt(exception=exc).error("reaper pass failed: {}", exc)
 
@@ -126,15 +129,15 @@ class Broker:
         a timeout, or None when the client hung up.
         """
         if block_ms is None:
-            return self.writer.call(self._tx_claim, queues, worker, count, noack, None)
+            return self.writer.call(self._tx_claim, queues, worker, count, noack, None, durable=False)
         waiter = Waiter(queues, worker, count, noack)
-        result = self.writer.call(self._tx_claim, queues, worker, count, noack, waiter)
+        result = self.writer.call(self._tx_claim, queues, worker, count, noack, waiter, durable=False)
         if result is not None:
             return result
         woken = wait(waiter.event, block_ms / 1000 if block_ms else None)
         if not woken:
             # Served in a batch that committed just now, or still waiting: ask the writer.
-            result = self.writer.call(self._tx_unblock, waiter)
+            result = self.writer.call(self._tx_unblock, waiter, durable=False)
             if woken is None and result:
                 self._release_unsent(result)
                 return None
@@ -145,7 +148,7 @@ class Broker:
 
     def reread(self, queue: bytes, worker: bytes, after: tuple, count: int | None):
         """XREADGROUP with an id: this worker's own in-flight tasks after `after`."""
-        return self.writer.submit(self._tx_reread, queue, worker, after, count)
+        return self.writer.submit(self._tx_reread, queue, worker, after, count, durable=False)
 
     def ack(self, queue: bytes, ids: list[tuple]):
         return self.writer.submit(self._tx_ack, queue, ids)
@@ -162,21 +165,22 @@ class Broker:
         return self.writer.submit(self._tx_create_queue, queue, must_exist)
 
     def length(self, queue: bytes, dead: bool):
-        return self.writer.submit(self._tx_length, queue, dead)
+        return self.writer.submit(self._tx_length, queue, dead, durable=False)
 
     def range(self, queue: bytes, dead: bool, start, end, count, reverse: bool):
-        return self.writer.submit(self._tx_range, queue, dead, start, end, count, reverse)
+        return self.writer.submit(self._tx_range, queue, dead, start, end, count, reverse, durable=False)
 
     def pending_summary(self, queue: bytes):
         """XPENDING summary: (first id, last id, [(worker, count)]) of in-flight tasks."""
-        return self.writer.submit(self._tx_pending_summary, queue)
+        return self.writer.submit(self._tx_pending_summary, queue, durable=False)
 
     def pending_entries(self, queue: bytes, start, end, count, worker, min_idle_ms):
-        return self.writer.submit(self._tx_pending_entries, queue, start, end, count, worker, min_idle_ms)
+        return self.writer.submit(self._tx_pending_entries, queue, start, end, count, worker, min_idle_ms,
+                                  durable=False)
 
     def queue_counts(self) -> dict[bytes, dict[str, int]]:
         """A snapshot of every queue's counts by state (INFO)."""
-        return self.writer.call(self._tx_counts)
+        return self.writer.call(self._tx_counts, durable=False)
 
     def blocked_clients(self) -> int:
         return len({id(w) for fifo in list(self.blocked.values()) for w in list(fifo.values())})
@@ -186,9 +190,10 @@ class Broker:
     def _reload(self) -> None:
         """Rebuild the caches from the database (start-up, and after a rollback)."""
         queues = {}
-        for name, ms, seq, vt, attempts, retention in self.db.load_queues():
+        for name, saved_id, newest_id, vt, attempts, retention in self.db.load_queues():
             key = name_bytes(name)
-            queues[key] = QueueState(key, (ms, seq), vt, attempts, retention)
+            last_id = max(saved_id, newest_id or (0, 0))  # pushes do not save it: see _save_last_id
+            queues[key] = QueueState(key, last_id, vt, attempts, retention)
         for name, state, count in self.db.count_states():
             queue = queues.get(name_bytes(name))
             if queue is not None:
@@ -235,7 +240,6 @@ class Broker:
             return None
         task_id = lifecycle.new_id(id_arg, queue.last_id, now)
         self.db.insert_task(name, task_id, fields, now, now)
-        self.db.save_last_id(name, task_id)
         queue.last_id = task_id
         queue.counts[AVAILABLE] += 1
         self.stats["pushed"] += 1
@@ -246,6 +250,8 @@ class Broker:
         state = DONE if noack else IN_FLIGHT
         deadline = None if noack else lifecycle.lease_deadline(now, self._visibility_timeout(queue))
         rows = self.db.claim(queue.name, worker, count, now, deadline, state)
+        if rows and deadline is not None:
+            self._earliest_deadline = min(self._earliest_deadline, deadline)
         queue.move(AVAILABLE, state, len(rows))
         self.stats["delivered"] += len(rows)
         return rows
@@ -316,6 +322,7 @@ class Broker:
             return []
         now = self.clock()
         deadline = lifecycle.lease_deadline(now, self._visibility_timeout(queue))
+        self._earliest_deadline = min(self._earliest_deadline, deadline)
         return [entry(row) for row in self.db.reread(name, worker, after, count, now, deadline)]
 
     def _tx_ack(self, name: bytes, ids: list[tuple]) -> int:
@@ -352,10 +359,16 @@ class Broker:
                 self.stats["dead"] += 1
         self._serve_waiters(queue, now)
 
+    def _save_last_id(self, queue: QueueState) -> None:
+        # A push does not write the last id (a page write saved per push): the
+        # newest task holds it. Before tasks are deleted, the queue row keeps it.
+        self.db.save_last_id(queue.name, queue.last_id)
+
     def _tx_delete_dead(self, name: bytes, ids: list[tuple]) -> int:
         queue = self.queues.get(name)
         if queue is None:
             return 0
+        self._save_last_id(queue)
         deleted = self.db.delete_dead(name, ids)
         queue.counts[DEAD] -= deleted
         return deleted
@@ -390,6 +403,17 @@ class Broker:
     def _tx_maintain(self) -> None:
         """The reaper's pass: expire leases (as failures), purge old done tasks."""
         now = self.clock()
+        if now >= self._earliest_deadline:
+            self._expire(now)
+        for queue in list(self.queues.values()):
+            retention = self._retention(queue)
+            if retention is not None and queue.counts[DONE]:
+                self._save_last_id(queue)
+                purged = self.db.purge_done(queue.name, now - int(retention * 1000), PURGE_BATCH)
+                queue.counts[DONE] -= purged
+
+    def _expire(self, now: int) -> None:
+        """In-flight tasks whose lease ran out fail, through the same rule as a nack."""
         expired = self.db.expired(now, EXPIRE_BATCH)
         by_queue: dict[bytes, list] = {}
         for row in expired:
@@ -399,8 +423,6 @@ class Broker:
             if queue is not None:
                 self._apply_failures(queue, rows, lifecycle.FAIL, None, now)
                 self.stats["expired"] += len(rows)
-        for queue in list(self.queues.values()):
-            retention = self._retention(queue)
-            if retention is not None and queue.counts[DONE]:
-                purged = self.db.purge_done(queue.name, now - int(retention * 1000), PURGE_BATCH)
-                queue.counts[DONE] -= purged
+        next_deadline = self.db.next_deadline()
+        self._earliest_deadline = now if len(expired) == EXPIRE_BATCH else (
+            next_deadline if next_deadline is not None else float("inf"))

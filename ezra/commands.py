@@ -555,6 +555,7 @@ def info_persistence(state: ServerState):
     writer = state.broker.writer
     return [("loading", 0), ("database_file", path), ("database_bytes", size),
             ("durability", state.settings.durability), ("commit_batches", writer.batches),
+            ("wal_fsyncs", writer.fsyncs),
             ("committed_requests", writer.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0)]
 
 

@@ -87,6 +87,10 @@ class RequestReader:
 
     def next_command(self) -> list[bytes] | None:
         """The next complete command, or None until more bytes arrive."""
+        if self._args is None:
+            args = self._whole_frame()
+            if args is not None:
+                return args
         while True:
             if self._args is None:
                 if self._pos >= len(self._buf):
@@ -110,6 +114,42 @@ class RequestReader:
                 self._due -= 1
             args, self._args = self._args, None
             return args
+
+    def _whole_frame(self) -> list[bytes] | None:
+        """Fast path: a complete, well-formed multibulk frame in one go, else None.
+
+        Anything unusual (incomplete, malformed, over a cap) returns None and the
+        step-by-step reader below handles it, errors included.
+        """
+        buf, pos, n = self._buf, self._pos, len(self._buf)
+        if pos >= n or buf[pos] != 0x2A:
+            return None
+        end = buf.find(b"\r\n", pos, pos + 24)
+        if end < 0:
+            return None
+        try:
+            count = int(buf[pos + 1:end])
+            if not 0 < count <= self.max_args:
+                return None
+            pos = end + 2
+            args = []
+            for _ in range(count):
+                if pos >= n or buf[pos] != 0x24:  # '$'
+                    return None
+                end = buf.find(b"\r\n", pos, pos + 24)
+                if end < 0:
+                    return None
+                size = int(buf[pos + 1:end])
+                start = end + 2
+                stop = start + size
+                if not 0 <= size <= self.max_bulk_len or stop + 2 > n or buf[stop:stop + 2] != b"\r\n":
+                    return None
+                args.append(bytes(buf[start:stop]))
+                pos = stop + 2
+        except ValueError:
+            return None
+        self._pos = pos
+        return args
 
     def _read_line(self, limit: int, error: str) -> bytes | None:
         end = self._buf.find(b"\r\n", self._pos)
@@ -169,6 +209,10 @@ class RequestReader:
         return split_inline(line)
 
 
+INLINE_ESCAPES = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("b"): 8, ord("a"): 7}
+HEX_DIGITS = b"0123456789abcdefABCDEF"
+
+
 def split_inline(line: bytes) -> list[bytes]:
     """Split an inline command like Redis: spaces separate, quotes group."""
     args: list[bytes] = []
@@ -187,9 +231,15 @@ def split_inline(line: bytes) -> list[bytes]:
                 if c == quote:
                     i += 1
                     break
-                if c == 0x5C and quote == 0x22 and i + 1 < n:  # backslash escape in "..."
+                if c == 0x5C and quote == 0x27 and line[i + 1:i + 2] == b"'":  # \' in '...'
+                    c, i = 0x27, i + 1
+                elif c == 0x5C and quote == 0x22 and i + 1 < n:  # backslash escape in "..."
                     i += 1
-                    c = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("0"): 0}.get(line[i], line[i])
+                    hex_digits = line[i + 1:i + 3]
+                    if line[i] == 0x78 and len(hex_digits) == 2 and all(d in HEX_DIGITS for d in hex_digits):
+                        c, i = int(hex_digits, 16), i + 2  # \xHH
+                    else:
+                        c = INLINE_ESCAPES.get(line[i], line[i])
                 arg.append(c)
                 i += 1
             if i < n and line[i] not in b" \t":

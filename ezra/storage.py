@@ -26,8 +26,8 @@ DB_FILENAME = "ezra.db"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
     name                TEXT PRIMARY KEY,  -- queue name (BLOB if not UTF-8)
-    last_id_ms          INTEGER NOT NULL DEFAULT 0,  -- last id handed out: ids never repeat
-    last_id_seq         INTEGER NOT NULL DEFAULT 0,
+    last_id_ms          INTEGER NOT NULL DEFAULT 0,  -- the last id handed out, saved before
+    last_id_seq         INTEGER NOT NULL DEFAULT 0,  -- tasks are deleted: ids never repeat
     visibility_timeout  REAL,     -- seconds; NULL = the server's --visibility-timeout
     max_attempts        INTEGER,  -- NULL = the server's --max-attempts
     retention_seconds   REAL,     -- NULL = the server's --retention-seconds
@@ -51,13 +51,13 @@ CREATE TABLE IF NOT EXISTS tasks (
     PRIMARY KEY (queue, id_ms, id_seq)
 );
 
+-- Few indexes on purpose: every index costs a page write per state change.
 -- Claims take the oldest available task of a queue: FIFO.
 CREATE INDEX IF NOT EXISTS tasks_available ON tasks (queue, id_ms, id_seq) WHERE state = 'available';
--- The reaper finds expired leases; XPENDING and XREADGROUP 0 find a worker's tasks.
-CREATE INDEX IF NOT EXISTS tasks_in_flight ON tasks (deadline) WHERE state = 'in_flight';
-CREATE INDEX IF NOT EXISTS tasks_by_worker ON tasks (queue, worker) WHERE state = 'in_flight';
--- Retention purges finished tasks oldest first.
-CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (finished_at) WHERE state = 'done';
+-- XREADGROUP 0, XPENDING and the reaper look at in-flight tasks (few: leased ones).
+CREATE INDEX IF NOT EXISTS tasks_in_flight ON tasks (queue, worker, id_ms, id_seq) WHERE state = 'in_flight';
+-- Retention purges a queue's done tasks, oldest first.
+CREATE INDEX IF NOT EXISTS tasks_done ON tasks (queue, finished_at) WHERE state = 'done';
 """
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
@@ -94,7 +94,7 @@ def entry(row) -> list:
 
 # ---------------------------------------------------------------- opening
 
-def open_database(data_dir: str, durability: str) -> "Database":
+def open_database(data_dir: str) -> "Database":
     """Open (or create) data_dir/ezra.db; refuse a file that is not EZRA's."""
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
     path = os.path.join(data_dir, DB_FILENAME)
@@ -108,17 +108,27 @@ def open_database(data_dir: str, durability: str) -> "Database":
         os.umask(old_umask)
     try:
         _check_owner(conn, path, existed)
-        _set_pragmas(conn, durability)
+        _set_pragmas(conn)
         conn.executescript(SCHEMA)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a fresh WAL; the file exists from here on
     except sqlite3.Error as exc:
         conn.close()
         raise StorageError(f"{path} is not a usable SQLite database: {exc}") from exc
     except StorageError:
         conn.close()
         raise
+    _fsync_directory(data_dir)  # the new files' names are durable too
     return Database(conn, path)
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _check_owner(conn, path: str, existed: bool) -> None:
@@ -135,11 +145,13 @@ def _check_owner(conn, path: str, existed: bool) -> None:
                            "refusing to touch it")
 
 
-def _set_pragmas(conn, durability: str) -> None:
+def _set_pragmas(conn) -> None:
     conn.execute("PRAGMA journal_mode = WAL").fetchone()
-    # FULL: a commit returns after the WAL is fsynced, so replies promise durability.
-    # NORMAL: survives a crash of EZRA, not of the machine (documented weaker mode).
-    conn.execute("PRAGMA synchronous = " + ("FULL" if durability == "full" else "NORMAL"))
+    # Commits write the WAL without fsync; the writer's fsync thread makes durable
+    # batches durable (writer.Syncer), and checkpoints, which EZRA runs itself
+    # off the event loop, fsync as NORMAL prescribes.
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
     conn.execute("PRAGMA foreign_keys = OFF")
     conn.execute("PRAGMA temp_store = MEMORY")
     conn.execute("PRAGMA cache_size = -16000")  # 16 MB page cache: bounded memory
@@ -152,6 +164,7 @@ class Database:
     def __init__(self, conn: sqlite3.Connection, path: str):
         self.conn = conn
         self.path = path
+        self.wal_path = path + "-wal"
 
     # -- transactions (driven by writer.py)
 
@@ -168,6 +181,16 @@ class Database:
     def close(self) -> None:
         self.conn.close()
 
+    def wal_size(self) -> int:
+        try:
+            return os.path.getsize(self.wal_path)
+        except OSError:
+            return 0
+
+    def checkpoint(self) -> None:
+        """Copy the WAL into the database file (fsyncing both) and empty the WAL."""
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+
     # -- start-up
 
     def recover(self) -> int:
@@ -178,9 +201,14 @@ class Database:
         return cur.rowcount
 
     def load_queues(self) -> list[tuple]:
-        return self.conn.execute(
-            "SELECT name, last_id_ms, last_id_seq, visibility_timeout, max_attempts, "
-            "retention_seconds FROM queues").fetchall()
+        """(name, saved last id, newest task id or None, visibility_timeout, max_attempts, retention)."""
+        newest = ("(SELECT {} FROM tasks WHERE tasks.queue = queues.name "
+                  "ORDER BY id_ms DESC, id_seq DESC LIMIT 1)")
+        rows = self.conn.execute(
+            f"SELECT name, last_id_ms, last_id_seq, {newest.format('id_ms')}, {newest.format('id_seq')}, "
+            "visibility_timeout, max_attempts, retention_seconds FROM queues").fetchall()
+        return [(name, (ms, seq), None if top_ms is None else (top_ms, top_seq), *settings)
+                for name, ms, seq, top_ms, top_seq, *settings in rows]
 
     def count_states(self) -> list[tuple]:
         """(queue, state, count) for every queue; start-up builds the counters from it."""

@@ -1,16 +1,28 @@
 """The single writer: every database operation goes through here, in order.
 
 Greenlets `submit` a function; a committer greenlet takes everything queued so
-far as one batch and runs it on a native thread inside one transaction (group
-commit: one fsync for the whole batch), so the event loop keeps serving other
-connections while SQLite works. Each caller then gets its function's result or
-exception. Whatever is queued when `stop` is called is still committed and
-answered.
+far as one batch, runs it inside one transaction and commits (group commit).
+The commit itself only writes the WAL (synchronous=NORMAL); the fsync that
+makes it durable runs on a native thread, the `Syncer`, while the event loop
+serves other connections and the next batch runs. A durable request (XADD,
+XACK, XNACK...) is answered once an fsync that started after its commit has
+finished; claims and reads are answered right after the commit: losing a
+claim in a power cut only makes the task available again.
+
+Why the SQL runs on the event loop and not on a thread: statements and a
+no-fsync commit take microseconds, while handing each batch to a thread cost
+two GIL hand-offs per statement under load (the other thread waits up to the
+5 ms switch interval for the GIL each time). Measured in BENCHMARKS.md. Only
+the slow parts, fsync and checkpoints, leave the loop.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+
 import gevent
+from gevent import get_hub
 from gevent.event import Event
 from gevent.threadpool import ThreadPool
 from loguru import logger
@@ -18,15 +30,18 @@ from loguru import logger
 from . import errors
 from .storage import Database
 
+CHECKPOINT_WAL_BYTES = 16 * 1024 * 1024  # fold the WAL into the database past this size
+
 
 class Request:
     """One submitted function; `wait` returns its result or raises its error."""
 
-    __slots__ = ("fn", "args", "result", "error", "done")
+    __slots__ = ("fn", "args", "durable", "result", "error", "done")
 
-    def __init__(self, fn, args):
+    def __init__(self, fn, args, durable):
         self.fn = fn
         self.args = args
+        self.durable = durable
         self.result = None
         self.error: BaseException | None = None
         self.done = Event()
@@ -38,45 +53,113 @@ class Request:
         return self.result
 
 
+class Syncer:
+    """A native thread that fsyncs the WAL for batches of durable requests."""
+
+    def __init__(self, wal_path: str):
+        self._fd = os.open(wal_path, os.O_RDONLY)
+        self._cond = threading.Condition()
+        self._waiting: list[Request] = []  # committed, not yet synced
+        self._synced: list[tuple[list[Request], OSError | None]] = []
+        self._stopping = False
+        self._wakeup = get_hub().loop.async_()
+        self._wakeup.start(self._answer_synced)
+        self._thread = threading.Thread(target=self._run, name="ezra-fsync", daemon=True)
+        self._thread.start()
+        self.fsyncs = 0
+
+    def after_sync(self, requests: list[Request]) -> None:
+        """Answer these committed requests once the WAL is on disk."""
+        with self._cond:
+            self._waiting.extend(requests)
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+        self._answer_synced()
+        self._wakeup.stop()
+        self._wakeup.close()
+        os.close(self._fd)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._stopping:
+                    self._cond.wait()
+                if not self._waiting:
+                    return
+                batch, self._waiting = self._waiting, []
+            error = None
+            try:
+                os.fdatasync(self._fd)  # everything committed before this call is durable after it
+                self.fsyncs += 1
+            except OSError as exc:
+                error = exc
+            with self._cond:
+                self._synced.append((batch, error))
+            self._wakeup.send()  # thread-safe: the event loop runs _answer_synced
+
+    def _answer_synced(self) -> None:
+        with self._cond:
+            synced, self._synced = self._synced, []
+        for batch, error in synced:
+            if error is not None:
+                logger.error("fsync of the WAL failed, {} replies fail: {}", len(batch), error)
+            for request in batch:
+                if error is not None:
+                    request.result, request.error = None, errors.storage_failed(f"fsync failed: {error}")
+                request.done.set()
+
+
 class Writer:
     """Owns the database connection; runs submitted functions in batches."""
 
-    def __init__(self, db: Database, on_rollback=None, after_batch=None):
+    def __init__(self, db: Database, fsync_durable: bool = True, on_rollback=None, after_batch=None):
         self.db = db
-        # Hooks for the broker: rebuild its caches on the writer thread after a
-        # rollback; signal served blocked readers from the event loop after a batch.
+        # Hooks for the broker: rebuild its caches after a rollback; wake the
+        # blocked readers a batch served.
         self._on_rollback = on_rollback or (lambda: None)
         self._after_batch = after_batch or (lambda ok: None)
         self._queue: list[Request] = []
         self._has_work = Event()
         self._stopping = False
-        self._thread = ThreadPool(1)  # always the same native thread for SQLite
+        self._syncer = Syncer(db.wal_path) if fsync_durable else None
+        self._slow_work = ThreadPool(1)  # checkpoints: they fsync the database file
         self._committer = gevent.spawn(self._commit_loop)
         self.batches = 0
         self.committed_requests = 0
 
-    def submit(self, fn, *args) -> Request:
-        """Queue `fn(*args)` to run on the writer thread in the next batch."""
+    @property
+    def fsyncs(self) -> int:
+        return self._syncer.fsyncs if self._syncer else 0
+
+    def submit(self, fn, *args, durable: bool = True) -> Request:
+        """Queue `fn(*args)` for the next batch; a durable one is answered after fsync."""
         if self._stopping:
             raise errors.err("server is shutting down")
-        request = Request(fn, args)
+        request = Request(fn, args, durable)
         self._queue.append(request)
         self._has_work.set()
         return request
 
-    def call(self, fn, *args):
+    def call(self, fn, *args, durable: bool = True):
         """Submit and wait: the result of `fn(*args)` once its batch committed."""
-        return self.submit(fn, *args).wait()
+        return self.submit(fn, *args, durable=durable).wait()
 
     def pending(self) -> int:
         return len(self._queue)
 
     def stop(self) -> None:
-        """Commit and answer everything queued, then stop the thread."""
+        """Commit and answer everything queued, then stop the fsync thread."""
         self._stopping = True
         self._has_work.set()
         self._committer.join()
-        self._thread.kill()
+        if self._syncer is not None:
+            self._syncer.stop()
+        self._slow_work.kill()
 
     def _commit_loop(self) -> None:
         while True:
@@ -84,15 +167,30 @@ class Writer:
             self._has_work.clear()
             batch, self._queue = self._queue, []
             if batch:
-                ok = self._thread.apply(self._run_batch, (batch,))
-                for request in batch:
-                    request.done.set()
-                self._after_batch(ok)
+                self._commit(batch)
+                gevent.sleep(0)  # let connections run and queue more before the next batch
             elif self._stopping:
                 return
 
+    def _commit(self, batch: list[Request]) -> None:
+        ok = self._run_batch(batch)
+        if ok and self._syncer is not None:
+            durable = [request for request in batch if request.durable]
+            if durable:
+                self._syncer.after_sync(durable)
+            for request in batch:
+                if not request.durable:
+                    request.done.set()
+        else:
+            for request in batch:
+                request.done.set()
+        self._after_batch(ok)
+        # Checking the WAL's size is a stat(): every 64 batches is often enough.
+        if ok and self.batches % 64 == 0 and self.db.wal_size() > CHECKPOINT_WAL_BYTES:
+            self._checkpoint()
+
     def _run_batch(self, batch: list[Request]) -> bool:
-        """On the writer thread: run the batch in one transaction. False if rolled back."""
+        """Run the batch in one transaction. False if it was rolled back."""
         db = self.db
         try:
             db.begin()
@@ -122,3 +220,10 @@ class Writer:
             self._on_rollback()
         except Exception as hook_exc:
             logger.opt(exception=hook_exc).error("reloading state after rollback failed: {}", hook_exc)
+
+    def _checkpoint(self) -> None:
+        """Fold the WAL into the database on a thread; batches wait, the loop does not."""
+        try:
+            self._slow_work.apply(self.db.checkpoint)
+        except Exception as exc:
+            logger.opt(exception=exc).error("checkpoint failed (will retry): {}", exc)
