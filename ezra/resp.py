@@ -128,7 +128,7 @@ class RequestReader:
         if end < 0:
             return None
         try:
-            count = int(buf[pos + 1:end])
+            count = strict_int(buf[pos + 1:end])
             if not 0 < count <= self.max_args:
                 return None
             pos = end + 2
@@ -139,7 +139,7 @@ class RequestReader:
                 end = buf.find(b"\r\n", pos, pos + 24)
                 if end < 0:
                     return None
-                size = int(buf[pos + 1:end])
+                size = strict_int(buf[pos + 1:end])
                 start = end + 2
                 stop = start + size
                 if not 0 <= size <= self.max_bulk_len or stop + 2 > n or buf[stop:stop + 2] != b"\r\n":
@@ -168,7 +168,7 @@ class RequestReader:
         if line is None:
             return None
         try:
-            value = int(line[1:])
+            value = strict_int(line[1:])
         except ValueError:
             value = None
         if value is None or value > cap:
@@ -207,6 +207,14 @@ class RequestReader:
         line = bytes(self._buf[self._pos:end]).rstrip(b"\r")
         self._pos = end + 1
         return split_inline(line)
+
+
+def strict_int(text) -> int:
+    """A length as Redis reads it: plain decimal, no sign but '-', no spaces or leading zeros."""
+    value = int(text)
+    if b"%d" % value != text:
+        raise ValueError(text)
+    return value
 
 
 INLINE_ESCAPES = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("b"): 8, ord("a"): 7}
