@@ -1,0 +1,845 @@
+#!/usr/bin/env python3
+"""Benchmark EZRA against redis-server and beanstalkd, side by side on loopback.
+
+    python scripts/bench.py                      # everything, medians of 3 runs
+    python scripts/bench.py --servers ezra,redis-always --workloads cycle-4x4 --runs 5
+    python scripts/bench.py --smoke --json /tmp/x.json   # tiny run, EZRA only
+
+Every server is started fresh for every (workload, run) on a free port in a
+temporary data dir, and stopped with SIGTERM afterwards.  Producers and workers
+are separate processes using redis-py + hiredis (a tiny raw-socket client for
+beanstalkd).  Every workload checks that each task was acknowledged exactly
+once and that nothing is left pending.  The script installs nothing.
+"""
+import argparse
+import base64
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import queue as queue_mod
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import hiredis
+import redis
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOST = "127.0.0.1"
+GROUP = "g"
+PAYLOAD_BYTES = 200
+BACKLOG_DRAIN = 5000  # tasks drained at the head of the backlog (and from an empty queue)
+now = time.monotonic  # CLOCK_MONOTONIC: comparable across processes on Linux
+ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "push-drain", "push-drain-batched",
+                 "latency", "idle-waiters", "backlog", "footprint"]
+ALIASES = {"push-only": "push-drain", "drain": "push-drain"}
+BEANSTALK_WORKLOADS = {"cycle-4x4", "push-drain", "latency"}
+INSTALL_HINT = "apt-get install redis-server beanstalkd"
+
+
+# --------------------------------------------------------------------------- clients
+def encode(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a if isinstance(a, bytes) else str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class Resp:
+    """Raw RESP connection for setup and checks (fill, admin, idle waiters): exact replies."""
+
+    def __init__(self, port, timeout=30):
+        self.sock = socket.create_connection((HOST, port), timeout=timeout)
+        self.reader = hiredis.Reader()
+
+    def send(self, cmds):
+        self.sock.sendall(b"".join(encode(*c) for c in cmds))
+
+    def read(self, n=1):
+        out = []
+        while len(out) < n:
+            r = self.reader.gets()
+            if r is False:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    raise ConnectionError("server closed the connection")
+                self.reader.feed(data)
+            else:
+                out.append(r)
+        return out
+
+    def call(self, *args):
+        self.send([args])
+        return self.read(1)[0]
+
+    def close(self):
+        self.sock.close()
+
+
+class RedisQueue:
+    """The measured client for RESP servers: redis-py + hiredis, one connection."""
+
+    def __init__(self, port, q):
+        self.r = redis.Redis(host=HOST, port=port, socket_timeout=30, driver_info=None)
+        self.q = q
+
+    def push(self, payloads):
+        if len(payloads) == 1:
+            return [self.r.xadd(self.q, {"d": payloads[0]})]
+        pipe = self.r.pipeline(transaction=False)
+        for p in payloads:
+            pipe.xadd(self.q, {"d": p})
+        return pipe.execute()
+
+    def pop(self, consumer, count, block_ms):
+        reply = self.r.xreadgroup(GROUP, consumer, {self.q: ">"}, count=count, block=block_ms)
+        return [(mid, fields[b"d"]) for mid, fields in reply[0][1]] if reply else []
+
+    def ack(self, ids):
+        return self.r.xack(self.q, GROUP, *ids)
+
+
+class BeanQueue:
+    """Minimal beanstalkd client: put / reserve-with-timeout / delete / stats-tube."""
+
+    def __init__(self, port, q):
+        self.sock = socket.create_connection((HOST, port), timeout=30)
+        self.buf = b""
+        for line in (b"use " + q.encode(), b"watch " + q.encode(), b"ignore default"):
+            self.cmd(line)
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("beanstalkd closed the connection")
+            self.buf += data
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _body(self, n):
+        while len(self.buf) < n + 2:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("beanstalkd closed the connection")
+            self.buf += data
+        body, self.buf = self.buf[:n], self.buf[n + 2:]
+        return body
+
+    def cmd(self, line):
+        self.sock.sendall(line + b"\r\n")
+        return self._line()
+
+    def push(self, payloads):
+        ids = []
+        for p in payloads:
+            self.sock.sendall(b"put 1024 0 60 %d\r\n%s\r\n" % (len(p), p))
+            reply = self._line()
+            if not reply.startswith(b"INSERTED "):
+                raise RuntimeError("put -> %r" % reply)
+            ids.append(reply.split()[1])
+        return ids
+
+    def pop(self, consumer, count, block_ms):
+        reply = self.cmd(b"reserve-with-timeout %d" % max(1, math.ceil(block_ms / 1000)))
+        if reply.startswith(b"RESERVED "):
+            _, jid, n = reply.split()
+            return [(jid, self._body(int(n)))]
+        if reply in (b"TIMED_OUT", b"DEADLINE_SOON"):
+            return []
+        raise RuntimeError("reserve-with-timeout -> %r" % reply)
+
+    def ack(self, ids):
+        return sum(self.cmd(b"delete " + jid) == b"DELETED" for jid in ids)
+
+    def stats_tube(self, q):
+        head = self.cmd(b"stats-tube " + q.encode())
+        if head == b"NOT_FOUND":  # beanstalkd drops a tube once it is empty and unwatched
+            return {}
+        if not head.startswith(b"OK "):
+            raise RuntimeError("stats-tube -> %r" % head)
+        body = self._body(int(head.split()[1])).decode()
+        return dict(l.split(": ", 1) for l in body.splitlines() if ": " in l)
+
+    def close(self):
+        self.sock.close()
+
+
+def make_client(proto, port, q):
+    return (RedisQueue if proto == "resp" else BeanQueue)(port, q)
+
+
+def payload(seq, t=0.0):
+    """200 bytes: seq, send time, then random base64 padding (so disk sizes are not flattered by
+    compression)."""
+    head = b"%d %.6f " % (seq, t)
+    return head + base64.b64encode(os.urandom(PAYLOAD_BYTES))[:PAYLOAD_BYTES - len(head)]
+
+
+# --------------------------------------------------------------------------- servers
+def free_port():
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def rss_bytes(pid):
+    """VmRSS of the server process itself (not of forked children such as Redis's AOF rewrite,
+    whose copy-on-write pages would be counted twice)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
+
+
+def cpu_seconds(pid):
+    """utime + stime of the server process, plus those of its children it has reaped."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+class Server:
+    """One server process on a fresh temp data dir; can be restarted on the same dir."""
+
+    def __init__(self, name, proto, argv_fn):
+        self.name, self.proto, self.argv_fn = name, proto, argv_fn
+        self.tmp = tempfile.mkdtemp(prefix=f"ezra-bench-{name}-")
+        self.data = os.path.join(self.tmp, "data")
+        os.mkdir(self.data)
+        self.port, self.proc, self.t_popen, self._admin = free_port(), None, None, None
+
+    def start(self):
+        log = open(os.path.join(self.tmp, "server.log"), "ab")
+        self.t_popen = now()
+        self.proc = subprocess.Popen(self.argv_fn(self.port, self.data), cwd=REPO, stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        return self.t_popen
+
+    def wait_ready(self, timeout=30):
+        deadline, last = now() + timeout, None
+        while now() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                if self.proto == "resp":
+                    c = Resp(self.port, timeout=5)
+                    last = c.call("PING")
+                    c.close()
+                    if last == b"PONG":
+                        return
+                else:
+                    make_client("beanstalk", self.port, "default").close()
+                    return
+            except OSError as e:
+                last = e
+            time.sleep(0.01)  # poll interval, bounded by the deadline
+        raise RuntimeError(f"{self.name} not ready after {timeout}s (last: {last!r}): {self.log_tail()}")
+
+    def admin(self):
+        if self._admin is None:
+            self._admin = Resp(self.port) if self.proto == "resp" else BeanQueue(self.port, "default")
+        return self._admin
+
+    def stop(self, timeout=20):
+        if self._admin:
+            self._admin.close()
+            self._admin = None
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def cleanup(self):
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def log_tail(self, n=15):
+        try:
+            with open(os.path.join(self.tmp, "server.log"), errors="replace") as f:
+                return " | ".join(f.read().splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def server_specs(args):
+    ezra = shlex.split(args.ezra_cmd) if args.ezra_cmd else [sys.executable, "-m", "ezra"]
+
+    # max clients: room for the 10,000 footprint connections (both default to 10,000)
+    def ezra_fn(durability):
+        return lambda p, d: ezra + ["--port", str(p), "--data-dir", d, "--durability", durability,
+                                    "--log-level", "warning", "--max-clients", "12000"]
+
+    def redis_fn(fsync):
+        return lambda p, d: ["redis-server", "--port", str(p), "--bind", HOST, "--dir", d,
+                             "--appendonly", "yes", "--appendfsync", fsync, "--save", "",
+                             "--maxclients", "12000"]
+
+    return {  # name: (protocol, argv builder, binary that must be on PATH)
+        "ezra": ("resp", ezra_fn("full"), None),
+        "ezra-normal": ("resp", ezra_fn("normal"), None),
+        "redis-always": ("resp", redis_fn("always"), "redis-server"),
+        "redis-everysec": ("resp", redis_fn("everysec"), "redis-server"),
+        "beanstalkd": ("beanstalk", lambda p, d: ["beanstalkd", "-l", HOST, "-p", str(p),
+                                                   "-b", d, "-f", "0"], "beanstalkd"),
+    }
+
+
+# --------------------------------------------------------------------------- processes
+def producer_main(proto, port, q, lo, hi, batch, rate, barrier, deadline, resq):
+    res = {"role": "producer", "sent": 0, "t_end": None, "errors": []}
+    try:
+        c = make_client(proto, port, q)
+        barrier.wait(60)
+        t0, seq = now(), lo
+        while seq < hi and now() < deadline:
+            if rate:  # paced: task k is due at t0 + k/rate
+                delay = t0 + (seq - lo) / rate - now()
+                if delay > 0:
+                    time.sleep(delay)
+            n = min(batch, hi - seq)
+            ids = c.push([payload(s, now()) for s in range(seq, seq + n)])
+            if len(ids) != n or not all(ids):
+                raise RuntimeError(f"push of {n} tasks returned {ids[:3]!r}...")
+            res["sent"] += n
+            seq += n
+        res["t_end"] = now()
+        if seq < hi:
+            res["errors"].append(f"producer deadline: sent {seq - lo} of {hi - lo}")
+    except Exception as e:  # report, never hang the parent
+        res["errors"].append(f"producer: {e!r}")
+    resq.put(res)
+
+
+def worker_main(proto, port, q, consumer, count, n_total, done, barrier, deadline, resq):
+    res = {"role": "worker", "seqs": [], "acked": 0, "pop_lat": [], "ack_lat": [], "t_end": None, "errors": []}
+    try:
+        c = make_client(proto, port, q)
+        barrier.wait(60)
+        for _ in range(4 * n_total + 10_000):  # bounded in count and time
+            if done.value >= n_total or now() >= deadline:
+                break
+            items = c.pop(consumer, count, 1000)
+            if not items:
+                continue
+            t_pop = now()
+            n = c.ack([mid for mid, _ in items])
+            t_ack = now()
+            if n != len(items):
+                res["errors"].append(f"ack of {len(items)} ids returned {n!r}")
+            for _, p in items:
+                seq, ts = p.split(b" ", 2)[:2]
+                res["seqs"].append(int(seq))
+                res["pop_lat"].append(t_pop - float(ts))
+                res["ack_lat"].append(t_ack - float(ts))
+            res["acked"] += n
+            res["t_end"] = t_ack
+            with done.get_lock():
+                done.value += len(items)
+    except Exception as e:
+        res["errors"].append(f"worker {consumer}: {e!r}")
+    resq.put(res)
+
+
+def fill_main(proto, port, q, lo, hi, batch, barrier, deadline, resq):
+    """Untimed setup: raw pipelined XADDs, in seq order."""
+    res = {"role": "fill", "sent": 0, "t_end": None, "errors": []}
+    try:
+        c = Resp(port, timeout=120)
+        barrier.wait(60)
+        in_flight = 0  # keep two batches in flight: encode the next while the server works
+        for s in list(range(lo, hi, batch)) + [hi]:
+            if now() >= deadline:
+                raise RuntimeError(f"fill deadline after {res['sent']} tasks")
+            e = min(s + batch, hi)
+            if e > s:
+                c.send([("XADD", q, "*", "d", payload(i)) for i in range(s, e)])
+            if in_flight:
+                bad = [r for r in c.read(in_flight) if not isinstance(r, bytes)]
+                if bad:
+                    raise RuntimeError(f"XADD -> {bad[0]!r}")
+                res["sent"] += in_flight
+            in_flight = e - s
+        res["t_end"] = now()
+    except Exception as e:
+        res["errors"].append(f"fill: {e!r}")
+    resq.put(res)
+
+
+def run_procs(srv, specs, timeout, n_total=0):
+    """Start one process per (func, args), release them together, collect results.
+
+    Returns (results, elapsed to the last t_end, server CPU seconds, errors)."""
+    ctx = mp.get_context("fork")
+    resq, done, barrier = ctx.Queue(), ctx.Value("q", 0), ctx.Barrier(len(specs) + 1)
+    deadline = now() + timeout
+    procs = [ctx.Process(target=f, args=a + (barrier, deadline, resq) if f is not worker_main
+                         else a + (n_total, done, barrier, deadline, resq), daemon=True) for f, a in specs]
+    for p in procs:
+        p.start()
+    results, errors = [], []
+    cpu0 = cpu_seconds(srv.proc.pid)
+    try:
+        barrier.wait(60)
+    except threading.BrokenBarrierError:
+        errors.append("client processes did not start")
+    t0 = now()
+    for _ in procs:
+        try:
+            results.append(resq.get(timeout=max(1.0, deadline - now() + 15)))
+        except queue_mod.Empty:
+            errors.append("a client process did not report")
+            break
+    cpu = cpu_seconds(srv.proc.pid) - cpu0
+    for p in procs:
+        p.join(10)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+    for r in results:
+        errors.extend(r["errors"])
+    ends = [r["t_end"] for r in results if r["t_end"]]
+    return results, (max(ends) - t0 if ends else float("nan")), cpu, errors
+
+
+def phase(srv, q, n, producers=0, batch=1, rate=0, workers=0, count=1, timeout=120):
+    """Producers and/or workers on one queue; return measurements and worker results."""
+    specs = []
+    for k in range(producers):
+        lo, hi = n * k // producers, n * (k + 1) // producers
+        specs.append((producer_main, (srv.proto, srv.port, q, lo, hi, batch, rate)))
+    for k in range(workers):
+        specs.append((worker_main, (srv.proto, srv.port, q, f"w{k}", count)))
+    results, elapsed, cpu, errors = run_procs(srv, specs, timeout, n_total=n)
+    wres = [r for r in results if r["role"] == "worker"]
+    acked, sent = sum(r["acked"] for r in wres), sum(r.get("sent", 0) for r in results)
+    done = max(1, acked if workers else sent)  # what was actually done, even after a deadline
+    return {"rate": done / elapsed if elapsed > 0 else 0.0, "cpu_us": cpu * 1e6 / done, "elapsed": elapsed,
+            "seqs": [s for r in wres for s in r["seqs"]], "acked": acked, "sent": sent,
+            "pop_lat": [x for r in wres for x in r["pop_lat"]],
+            "ack_lat": [x for r in wres for x in r["ack_lat"]], "errors": errors}
+
+
+def fill(srv, q, lo, hi, timeout):
+    results, elapsed, _, errors = run_procs(srv, [(fill_main, ("resp", srv.port, q, lo, hi, 1000))], timeout)
+    if errors or sum(r["sent"] for r in results) != hi - lo:
+        raise RuntimeError(f"fill of {q} failed: {errors}")
+    return (hi - lo) / elapsed
+
+
+# --------------------------------------------------------------------------- checks
+def create_group(srv, q):
+    if srv.proto == "resp":
+        reply = srv.admin().call("XGROUP", "CREATE", q, GROUP, "0", "MKSTREAM")
+        if reply != b"OK" and "BUSYGROUP" not in str(reply):
+            raise RuntimeError(f"XGROUP CREATE {q} {GROUP} 0 MKSTREAM -> {reply!r}")
+
+
+def check_acks(m, expected, errors):
+    """Every expected task acked exactly once, by XACK count and by payload sequence number."""
+    errors.extend(m["errors"])
+    seqs = m["seqs"]
+    if m["acked"] != len(expected):
+        errors.append(f"acked {m['acked']} tasks, expected {len(expected)}")
+    if len(seqs) != len(set(seqs)):
+        errors.append(f"{len(seqs) - len(set(seqs))} tasks delivered more than once")
+    if set(seqs) != set(expected):
+        errors.append(f"delivered set differs: {len(set(expected) - set(seqs))} missing, "
+                      f"{len(set(seqs) - set(expected))} unexpected")
+
+
+def check_pending(srv, q, errors, all_consumed=True):
+    """Nothing pending (XPENDING summary count == 0) and, if all_consumed, nothing undelivered."""
+    a = srv.admin()
+    if srv.proto == "beanstalk":
+        st = a.stats_tube(q)
+        left = {k: st.get(k) for k in ("current-jobs-ready", "current-jobs-reserved",
+                                        "current-jobs-delayed", "current-jobs-buried") if st.get(k, "0") != "0"}
+        if left:
+            errors.append(f"stats-tube {q}: {left}")
+        return
+    reply = a.call("XPENDING", q, GROUP)
+    if not (isinstance(reply, list) and reply and reply[0] == 0):
+        errors.append(f"XPENDING {q} {GROUP} -> {reply!r} (expected count 0)")
+    if all_consumed:
+        reply = a.call("XREADGROUP", "GROUP", GROUP, "checker", "COUNT", "1", "STREAMS", q, ">")
+        if reply:
+            errors.append(f"undelivered task left in {q}: XREADGROUP -> {str(reply)[:200]}")
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[max(0, math.ceil(p * len(xs)) - 1)] * 1000 if xs else float("nan")
+
+
+def open_conns(port, n, first_cmds=None):
+    """n raw connections, in batches so the accept queue never overflows.  With first_cmds
+    (a function i -> command) the command is sent and not read; otherwise PING is answered."""
+    socks = []
+    for start in range(0, n, 200):
+        batch = [socket.create_connection((HOST, port), timeout=30) for _ in range(start, min(n, start + 200))]
+        for i, s in enumerate(batch, start):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST on close
+            s.sendall(encode(*first_cmds(i)) if first_cmds else b"*1\r\n$4\r\nPING\r\n")
+        if not first_cmds:
+            for s in batch:
+                reply = s.recv(64)
+                while reply and not reply.endswith(b"\r\n"):
+                    reply += s.recv(64) or b"\r\n"
+                if reply != b"+PONG\r\n":
+                    raise RuntimeError(f"PING on connection -> {reply!r}")
+        socks.extend(batch)
+    return socks
+
+
+def unexpected_data(socks):
+    for s in socks:
+        s.setblocking(False)
+        try:
+            data = s.recv(256, socket.MSG_PEEK)
+            return data or b"<closed by server>"
+        except BlockingIOError:
+            continue
+    return None
+
+
+# --------------------------------------------------------------------------- workloads
+def wl_cycle(srv, a, q, producers=4, batch=1, workers=4, count=1):
+    create_group(srv, q)
+    m, errors = phase(srv, q, a.tasks, producers, batch, 0, workers, count, a.timeout), []
+    check_acks(m, range(a.tasks), errors)
+    check_pending(srv, q, errors)
+    return {"tasks/s": m["rate"], "server CPU µs/task": m["cpu_us"]}, errors
+
+
+def wl_cycle_batched(srv, a, q):
+    return wl_cycle(srv, a, q, producers=2, batch=50, workers=2, count=50)
+
+
+def wl_push_drain(srv, a, q, producers=4, batch=1, workers=4, count=1):
+    create_group(srv, q)
+    errors = []
+    p = phase(srv, q, a.tasks, producers=producers, batch=batch, timeout=a.timeout)
+    errors.extend(p["errors"])
+    if p["sent"] != a.tasks:
+        errors.append(f"pushed {p['sent']} of {a.tasks}")
+    d = phase(srv, q, a.tasks, workers=workers, count=count, timeout=a.timeout)
+    check_acks(d, range(a.tasks), errors)
+    check_pending(srv, q, errors)
+    return {"push-only tasks/s": p["rate"], "push-only server CPU µs/task": p["cpu_us"],
+            "drain tasks/s": d["rate"], "drain server CPU µs/task": d["cpu_us"]}, errors
+
+
+def wl_push_drain_batched(srv, a, q):
+    return wl_push_drain(srv, a, q, producers=2, batch=50, workers=2, count=50)
+
+
+def wl_latency(srv, a, q):
+    create_group(srv, q)
+    n, errors = a.latency_tasks, []
+    m = phase(srv, q, n, producers=1, rate=a.latency_rate, workers=2, timeout=a.timeout + n / a.latency_rate)
+    check_acks(m, range(n), errors)
+    check_pending(srv, q, errors)
+    return {"push->pop p50 ms": pct(m["pop_lat"], 0.5), "push->pop p99 ms": pct(m["pop_lat"], 0.99),
+            "push->ack p50 ms": pct(m["ack_lat"], 0.5), "push->ack p99 ms": pct(m["ack_lat"], 0.99),
+            "achieved tasks/s": m["rate"]}, errors
+
+
+def wl_idle_waiters(srv, a, q):
+    n, adm = a.idle_conns, srv.admin()
+    names = [f"{q}-idle-{i}" for i in range(n)]
+    adm.send([("XGROUP", "CREATE", name, GROUP, "0", "MKSTREAM") for name in names])
+    bad = [r for r in adm.read(n) if r != b"OK" and "BUSYGROUP" not in str(r)]
+    if bad:
+        raise RuntimeError(f"XGROUP CREATE <idle queue> -> {bad[0]!r}")
+    socks = open_conns(srv.port, n, lambda i: ("XREADGROUP", "GROUP", GROUP, f"idle{i}", "COUNT", "1",
+                                               "BLOCK", "0", "STREAMS", names[i], ">"))
+    try:
+        deadline, blocked = now() + 30, None
+        while now() < deadline:  # confirm through INFO where the server has it
+            info = adm.call("INFO", "clients")
+            if not isinstance(info, bytes) or b"blocked_clients:" not in info:
+                adm.call("PING")  # no INFO: at least one round trip after all the sends
+                break
+            blocked = int(info.split(b"blocked_clients:")[1].split(b"\r\n")[0])
+            if blocked >= n:
+                break
+            time.sleep(0.01)
+        if blocked is not None and blocked < n:
+            raise RuntimeError(f"only {blocked} of {n} idle waiters blocked")
+        metrics, errors = wl_cycle(srv, a, q)
+        data = unexpected_data(socks)
+        if data:
+            errors.append(f"an idle waiter on another queue received {data[:120]!r}")
+        return metrics, errors
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wl_backlog(srv, a, q):
+    errors, metrics, h = [], {}, min(a.tasks, BACKLOG_DRAIN, a.backlog_n - 1)
+    small = q + "-small"  # the "empty queue": only the h tasks to drain
+    create_group(srv, small)
+    fill(srv, small, 0, h, a.timeout)
+    m = phase(srv, small, h, workers=4, timeout=a.timeout)
+    check_acks(m, range(h), errors)
+    check_pending(srv, small, errors)
+    create_group(srv, q)
+    metrics["fill tasks/s (pipelined)"] = fill(srv, q, 0, a.backlog_n, max(a.timeout, a.backlog_n / 2000))
+    metrics["RSS MB (backlog queued)"] = rss_bytes(srv.proc.pid) / 2**20
+    metrics["data dir MB"] = dir_bytes(srv.data) / 2**20  # while running (e.g. with the WAL)
+    srv.stop()
+    t0, deadline, c, last = srv.start(), now() + a.timeout, None, None
+    while now() < deadline:  # poll until the first task is served (not a fixed sleep)
+        try:
+            c = c or Resp(srv.port)
+            last = c.call("XREADGROUP", "GROUP", GROUP, "probe", "COUNT", "1", "STREAMS", q, ">")
+            if isinstance(last, list) and last:
+                break
+        except OSError as e:
+            c, last = None, e
+        if srv.proc.poll() is not None:
+            raise RuntimeError(f"server exited after restart: {srv.log_tail()}")
+        time.sleep(0.002)
+    else:
+        raise RuntimeError(f"no task served within {a.timeout}s of restart; last reply {last!r}")
+    metrics["restart -> first task s"] = now() - t0
+    mid, fields = last[0][1][0]
+    first = int(fields[1].split(b" ", 1)[0])
+    if first != 0:
+        errors.append(f"first task after restart has seq {first}, expected 0 (FIFO)")
+    if c.call("XACK", q, GROUP, mid) != 1:
+        errors.append("XACK of the probe task did not return 1")
+    c.close()
+    metrics["RSS MB after restart"] = rss_bytes(srv.proc.pid) / 2**20
+    m2 = phase(srv, q, h, workers=4, timeout=a.timeout)
+    # workers may take up to 3 tasks beyond h; the probe took seq 0: expect exactly seqs 1..k
+    check_acks(m2, range(1, 1 + max(h, len(m2["seqs"]))), errors)
+    check_pending(srv, q, errors, all_consumed=False)
+    metrics["drain tasks/s (empty queue)"] = m["rate"]
+    metrics["drain tasks/s (head of backlog)"] = m2["rate"]
+    metrics["head/empty drain ratio"] = m2["rate"] / m["rate"] if m["rate"] else float("nan")
+    return metrics, errors
+
+
+def wl_footprint(srv, a, q):
+    before = rss_bytes(srv.proc.pid)
+    socks = open_conns(srv.port, a.footprint_conns)
+    try:
+        after = rss_bytes(srv.proc.pid)
+    finally:
+        for s in socks:
+            s.close()
+    return {"idle RSS MB": before / 2**20,
+            "RSS KB per idle conn": (after - before) / a.footprint_conns / 1024}, []
+
+
+WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "push-drain": wl_push_drain,
+             "push-drain-batched": wl_push_drain_batched, "latency": wl_latency,
+             "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint}
+
+
+# --------------------------------------------------------------------------- driver
+DEFAULTS = {"servers": "ezra,ezra-normal,redis-always,redis-everysec,beanstalkd",
+            "workloads": ",".join(ALL_WORKLOADS), "tasks": 10000, "runs": 3, "backlog_n": 1_000_000,
+            "latency_tasks": 3000, "idle_conns": 1000, "footprint_conns": 10000, "timeout": 120.0}
+SMOKE = {"servers": "ezra", "tasks": 200, "runs": 1, "backlog_n": 2000, "latency_tasks": 200,
+         "idle_conns": 50, "footprint_conns": 200, "timeout": 60.0}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", help="comma list of ezra,ezra-normal,redis-always,redis-everysec,"
+                    "beanstalkd (default: all)")
+    ap.add_argument("--workloads", help=f"comma list of {','.join(ALL_WORKLOADS)} (default: all; "
+                    "push-only and drain are aliases of push-drain)")
+    ap.add_argument("--tasks", type=int, help="tasks per throughput workload (default 10000)")
+    ap.add_argument("--runs", type=int, help="runs per (server, workload); medians are reported (default 3)")
+    ap.add_argument("--backlog-n", type=int, help="tasks queued in the backlog workload (default 1000000)")
+    ap.add_argument("--latency-tasks", type=int, help="tasks in the latency workload (default 3000)")
+    ap.add_argument("--latency-rate", type=float, default=1000.0, help="paced producer rate (default 1000/s)")
+    ap.add_argument("--idle-conns", type=int, help="blocked idle waiters (default 1000)")
+    ap.add_argument("--footprint-conns", type=int, help="idle connections for footprint (default 10000)")
+    ap.add_argument("--timeout", type=float, help="deadline of each measured phase, s (default 120)")
+    ap.add_argument("--ezra-cmd", help="command that starts EZRA (default: python -m ezra, cwd = repo root); "
+                    "--port/--data-dir/--durability/--log-level/--max-clients are appended")
+    ap.add_argument("--json", default="bench-results.json", help="where to write the results")
+    ap.add_argument("--smoke", action="store_true", help="tiny run: EZRA only, 1 run, small N")
+    a = ap.parse_args(argv)
+    for k, v in {**DEFAULTS, **(SMOKE if a.smoke else {})}.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    a.latency_tasks = min(a.latency_tasks, max(a.tasks, 1))
+    a.servers = [s for s in a.servers.split(",") if s]
+    a.workloads = list(dict.fromkeys(ALIASES.get(w, w) for w in a.workloads.split(",") if w))
+    return ap, a
+
+
+def raise_fd_limit(need):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < need:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))  # works as root
+            return need
+        except (ValueError, OSError):
+            need = hard
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    return max(soft, need)
+
+
+def machine_info():
+    def out(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10, cwd=REPO).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+    with open("/proc/cpuinfo") as f:
+        cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), platform.processor())
+    return {"nproc": os.cpu_count(), "cpu": cpu, "kernel": platform.release(),
+            "python": platform.python_version(), "redis-py": redis.__version__, "hiredis": hiredis.__version__,
+            "redis-server": shutil.which("redis-server") and out(["redis-server", "--version"])
+            or "no redis-server", "beanstalkd": shutil.which("beanstalkd") and out(["beanstalkd", "-v"])
+            or "no beanstalkd",
+            "ezra git": out(["git", "describe", "--always", "--dirty"]) or "no commit"}
+
+
+def run_one(name, spec, wl, run, a):
+    proto, argv_fn, _ = spec
+    srv, t = Server(name, proto, argv_fn), now()
+    try:
+        srv.start()
+        srv.wait_ready()
+        metrics, errors = WORKLOADS[wl](srv, a, f"{wl}-r{run}")
+    except Exception as e:
+        metrics, errors = {}, [f"{type(e).__name__}: {e}"]
+    try:
+        if srv.proc and srv.proc.poll() is not None and not any("exited" in e for e in errors):
+            errors.append(f"server exited with {srv.proc.returncode}: {srv.log_tail()}")
+    finally:
+        srv.cleanup()
+    return {"server": name, "workload": wl, "run": run + 1, "ok": not errors, "errors": errors[:10],
+            "metrics": metrics, "seconds": round(now() - t, 2)}
+
+
+def lower_is_better(metric):
+    return metric.endswith((" ms", " s")) or any(u in metric for u in ("µs", "MB", "KB"))
+
+
+def summarize(records, servers):
+    rows, ok = {}, {}
+    for r in records:
+        ok[r["workload"], r["server"]] = ok.get((r["workload"], r["server"]), True) and r["ok"]
+        for k, v in r["metrics"].items():
+            if isinstance(v, (int, float)) and not math.isnan(v):
+                rows.setdefault((r["workload"], k), {}).setdefault(r["server"], []).append(v)
+    base = next((s for s in servers if s.startswith("ezra")), servers[0] if servers else None)
+    summary = []
+    for (wl, metric), vals in rows.items():
+        med = {s: statistics.median(vals[s]) for s in servers if s in vals}
+        ratios = {p: med[base] / med[p] for p in med if p != base and med.get(base) is not None and med[p]}
+        summary.append({"workload": wl, "metric": metric, "better": "lower" if lower_is_better(metric)
+                        else "higher", "median": med, "ratio": ratios, "runs": vals,
+                        "ok": {s: ok[wl, s] for s in med}})
+    idle, cyc = (next((r for r in summary if r["workload"] == w and r["metric"] == "tasks/s"), None)
+                 for w in ("idle-waiters", "cycle-4x4"))
+    if idle and cyc:
+        med = {s: 100 * idle["median"][s] / cyc["median"][s] for s in idle["median"] if cyc["median"].get(s)}
+        summary.append({"workload": "idle-waiters", "metric": "% of cycle-4x4 tasks/s", "better": "higher",
+                        "median": med, "ratio": {}, "runs": {}, "ok": idle["ok"]})
+    summary.sort(key=lambda r: ALL_WORKLOADS.index(r["workload"]))  # stable: metric order kept
+    return base, summary
+
+
+def fmt(v):
+    return "–" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def markdown(summary, servers, base, info, command, a):
+    shown = [s for s in servers if any(s in r["median"] for r in summary)]
+    peers = [s for s in shown if s != base]
+    lines = ["## EZRA benchmark", "", f"Command: `{command}`", "",
+             "Machine: {nproc} CPUs ({cpu}), Linux {kernel}, Python {python}, redis-py {redis-py}, "
+             "hiredis {hiredis}, {redis-server}, {beanstalkd}, EZRA {ezra git}".format(**info), "",
+             f"Medians of {a.runs} run(s); {a.tasks} tasks per throughput workload, {PAYLOAD_BYTES}-byte "
+             f"payloads; backlog {a.backlog_n:,} tasks; {a.idle_conns} idle waiters; {a.footprint_conns} "
+             f"idle connections for footprint. Ratio = {base}/peer. ✗ = a correctness check failed "
+             "(details in the JSON).", ""]
+    head = ["workload", "metric", "better"] + shown + [f"{base}/{p}" for p in peers]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
+    for r in summary:
+        cells = [fmt(r["median"].get(s)) + ("" if r["ok"].get(s, True) else " ✗") for s in shown]
+        ratios = [f"{r['ratio'][p]:.2f}×" if p in r["ratio"] else "–" for p in peers]
+        lines.append("| " + " | ".join([r["workload"], r["metric"], r["better"]] + cells + ratios) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap, a = parse_args(argv)
+    specs = server_specs(a)
+    bad = [s for s in a.servers if s not in specs] + [w for w in a.workloads if w not in WORKLOADS]
+    if bad or a.tasks < 1 or a.runs < 1 or a.backlog_n < 2:
+        ap.error(f"unknown or invalid: {bad or 'numbers'}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally: stops the servers
+    limit = raise_fd_limit(max(a.footprint_conns, a.idle_conns) + 1000)
+    if limit < max(a.footprint_conns, a.idle_conns) + 1000:
+        a.footprint_conns = min(a.footprint_conns, limit - 1000)
+        a.idle_conns = min(a.idle_conns, limit - 1000)
+        print(f"fd limit {limit}: using {a.footprint_conns} footprint / {a.idle_conns} idle connections",
+              file=sys.stderr)
+    servers = []
+    for s in a.servers:
+        binary = specs[s][2]
+        if binary and not shutil.which(binary):
+            print(f"{binary} not found on PATH: skipping {s}. Get it with: {INSTALL_HINT}", file=sys.stderr)
+        else:
+            servers.append(s)
+    if not servers:
+        print("no server to benchmark", file=sys.stderr)
+        return 1
+    command, info, records = "python " + shlex.join(sys.argv), machine_info(), []
+    for run in range(a.runs):
+        for wl in a.workloads:
+            for s in servers:
+                if specs[s][0] == "beanstalk" and wl not in BEANSTALK_WORKLOADS:
+                    continue
+                rec = run_one(s, specs[s], wl, run, a)
+                records.append(rec)
+                shown = ", ".join(f"{k}={fmt(v)}" for k, v in list(rec["metrics"].items())[:2])
+                print(f"[run {run + 1}/{a.runs}] {wl} @ {s}: {shown} {'ok' if rec['ok'] else 'FAILED'} "
+                      f"({rec['seconds']:.1f}s){'' if rec['ok'] else ' ' + '; '.join(rec['errors'][:3])}",
+                      file=sys.stderr, flush=True)
+    base, summary = summarize(records, servers)
+    print(markdown(summary, servers, base, info, command, a))
+    failed = [r for r in records if not r["ok"]]
+    for r in failed:
+        print(f"\nFAILED {r['workload']} @ {r['server']} run {r['run']}: " + "; ".join(r["errors"]))
+    with open(a.json, "w") as f:
+        json.dump({"command": command, "machine": info, "args": vars(a), "base": base,
+                   "summary": summary, "records": records}, f, indent=1, ensure_ascii=False)
+    print(f"\nJSON written to {a.json}", file=sys.stderr)
+    return 1 if failed or not records else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Smoke run of scripts/bench.py (tiny N, EZRA only) so the benchmark cannot rot.
+
+No timing assertion: only that it runs, that every correctness check passed and that the
+throughput figures are there and non-zero.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_smoke(tmp_path):
+    out = tmp_path / "x.json"
+    proc = subprocess.run([sys.executable, "scripts/bench.py", "--smoke", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| workload | metric |" in proc.stdout
+
+    result = json.loads(out.read_text())
+    records = [r for r in result["records"] if r["server"] == "ezra"]
+    assert records, result
+    assert {r["workload"] for r in records} >= {"cycle-4x4", "cycle-batched", "push-drain", "latency"}
+    for r in records:
+        assert r["ok"] is True and r["errors"] == [], r
+        for metric, value in r["metrics"].items():
+            if metric.endswith("tasks/s"):
+                assert value > 0, (r["workload"], metric, value)
