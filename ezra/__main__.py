@@ -1,6 +1,6 @@
-"""python -m ezra"""
+"""python -m ezra: the same program as the `ezra` command."""
 
-from .app import main
+from .entry import main
 
 if __name__ == "__main__":
     main()

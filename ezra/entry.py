@@ -1,0 +1,20 @@
+"""The `ezra` program: `ezra ping` is the health check, anything else runs the server.
+
+The binary, `python -m ezra` and the console script all start here. Subcommands
+are dispatched before the server's option parser sees the arguments, so
+`ezra ping` never imports gevent or opens the database.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run `ezra ping [options]` or the server (`ezra [options]`)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["ping"]:
+        from .healthcheck import main as ping
+        sys.exit(ping(args[1:]))
+    from .app import main as serve
+    serve(args)
