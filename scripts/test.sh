@@ -3,12 +3,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# redis-server: the vector harness checks itself against the real Redis.
-if ! command -v redis-server >/dev/null 2>&1; then
+# Debian packages the tests use: redis-server (the vector harness and parity
+# checks compare with the real Redis), binutils (strip/objcopy for the binary).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v objcopy >/dev/null 2>&1 || missing+=(binutils)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "note: redis-server is not installed; tests that compare with Redis will be skipped" >&2
+    echo "note: ${missing[*]} not installed; the tests that need them will be skipped" >&2
   fi
 fi
 
