@@ -43,6 +43,10 @@ class App:
         if recovered:
             logger.info("recovered {} in-flight tasks to available", recovered)
         self.broker = Broker(self.db, settings)
+        for name, changes in settings.queues or ():  # the config file's queue lines, applied at each start
+            self.broker.configure(name, changes).wait()
+            logger.info("queue {!r} configured: {}", name.decode("utf-8", "replace"),
+                        ", ".join(f"{column}={value}" for column, value in changes.items()))
         self.server = EzraServer(ServerState(self.broker, settings))
         self.server.start()
         self.broker.start_reaper()
@@ -65,12 +69,17 @@ class App:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["backup"]:
+        from .cli import backup_main  # `ezra backup <dest.db>`: a separate, short-lived program
+        sys.exit(backup_main(argv[1:]))
     settings = parse_settings(argv)
     setup_logging(settings.log_level)
     logger.info("config: port={} bind={} data_dir={} visibility_timeout={}s max_attempts={} "
-                "retention={} durability={} max_task_size={} password={}", settings.port, settings.bind,
-                settings.data_dir, settings.visibility_timeout, settings.max_attempts,
-                settings.retention_seconds, settings.durability, settings.max_task_size,
+                "retention={} backoff={} release_on_disconnect={} durability={} max_task_size={} password={}",
+                settings.port, settings.bind, settings.data_dir, settings.visibility_timeout,
+                settings.max_attempts, settings.retention_seconds, settings.backoff,
+                settings.release_on_disconnect, settings.durability, settings.max_task_size,
                 "set" if settings.password else "unset")
     app = App(settings)
     try:

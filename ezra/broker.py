@@ -1,16 +1,21 @@
-"""Push, claim, ack, nack, expire, purge; blocked readers; the reaper.
+"""Push, claim, ack, nack; blocked readers. The rest of the broker is in three mixins.
 
 The public methods run in connection greenlets. Each submits a transaction
-script (the `_tx_*` methods) to the writer, which runs it on the writer's
-thread in a batch; only those scripts touch `self.queues` (per-queue caches:
-last id, settings, counts) and `self.blocked` (the FIFO of blocked readers per
-queue), so no locks are needed.
+script (the `_tx_*` methods) to the writer, which runs it in a batch; only
+those scripts touch `self.queues` (per-queue caches: last id, settings, counts)
+and `self.blocked` (the FIFO of blocked readers per queue), so no locks are
+needed. The mixins follow the same rule:
+
+    leases.py       XCLAIM / XAUTOCLAIM / XREADGROUP CLAIM; release on disconnect
+    upkeep.py       the reaper: expiry, delayed tasks coming due, retention, TTL, vacuum
+    queue_admin.py  XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
 
 A blocked reader is served inside the transaction that makes a task available
-(push, nack, expiry): the task is claimed for the first waiter in the same
-batch and the waiter is woken after the batch commits. Waking one waiter costs
-O(1) however many are idle, and no wake-up can be lost between "nothing to
-claim" and "start waiting", since both happen on the writer thread.
+(push, nack, expiry, a delayed task coming due, requeue): the task is claimed
+for the first waiter in the same batch and the waiter is woken after the batch
+commits. Waking one waiter costs O(1) however many are idle, and no wake-up can
+be lost between "nothing to claim" and "start waiting", since both happen in
+the writer's batch.
 """
 
 from __future__ import annotations
@@ -18,21 +23,20 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-import gevent
 from gevent.event import Event
-from loguru import logger
 
-from . import errors, lifecycle
-from .lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT
+from . import errors, lifecycle, queue_settings
+from .leases import Leases
+from .lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from .queue_admin import QueueAdmin
 from .resp import PairsMap
-from .storage import Database, entry, name_bytes
+from .storage import SETTING_COLUMNS, Database, entry, name_bytes
+from .upkeep import Upkeep
 from .writer import Writer
 
 DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA caps it
 MAX_READ_COUNT = 10000
-EXPIRE_BATCH = 1000
-PURGE_BATCH = 500
-REAPER_INTERVAL = 0.1  # seconds between checks for expired leases and old done tasks
+INF = float("inf")
 
 
 def now_ms() -> int:
@@ -40,18 +44,25 @@ def now_ms() -> int:
 
 
 class QueueState:
-    """What the writer thread remembers about one queue."""
+    """What the broker remembers about one queue (settings as stored: None = the server's)."""
 
-    __slots__ = ("name", "last_id", "visibility_timeout", "max_attempts", "retention", "counts")
+    __slots__ = ("name", "last_id", "counts", "group", "last_delivered", "next_purge",
+                 "deleted", "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates",
+                 *SETTING_COLUMNS)
 
-    def __init__(self, name: bytes, last_id=(0, 0), visibility_timeout=None, max_attempts=None,
-                 retention=None):
+    def __init__(self, name: bytes, last_id=(0, 0)):
         self.name = name
         self.last_id = last_id
-        self.visibility_timeout = visibility_timeout
-        self.max_attempts = max_attempts
-        self.retention = retention
         self.counts = dict.fromkeys(lifecycle.STATES, 0)
+        self.group = None           # the name XGROUP CREATE gave
+        self.last_delivered = None  # newest id delivered; None: not known since start
+        self.next_purge = 0         # no done task is due for purging before this (ms)
+        self.deleted = 0            # tasks removed for good, and the newest of them
+        self.max_deleted = (0, 0)
+        self.deleted_dirty = False
+        self.iids_added = self.iids_duplicates = 0
+        for column in SETTING_COLUMNS:
+            setattr(self, column, None)
 
     def move(self, from_state: str, to_state: str, n: int = 1) -> None:
         self.counts[from_state] -= n
@@ -61,77 +72,79 @@ class QueueState:
 class Waiter:
     """A blocked XREADGROUP: woken with `result` (a PairsMap) or `error`."""
 
-    __slots__ = ("queues", "worker", "count", "noack", "event", "result", "error", "registered")
+    __slots__ = ("queues", "worker", "count", "noack", "claim_idle", "event", "result", "error",
+                 "registered")
 
-    def __init__(self, queues, worker, count, noack):
+    def __init__(self, queues, worker, count, noack, claim_idle=None):
         self.queues = queues
         self.worker = worker
         self.count = count
         self.noack = noack
+        self.claim_idle = claim_idle  # XREADGROUP CLAIM: entries carry [idle, deliveries] too
         self.event = Event()
         self.result = None
         self.error = None
         self.registered = False
 
 
-class Broker:
+class Broker(Leases, Upkeep, QueueAdmin):
     """The queue operations, as greenlets call them."""
 
     def __init__(self, db: Database, settings, clock=now_ms):
         self.db = db
         self.settings = settings
+        self.default_backoff = queue_settings.backoff_policy(settings.backoff)
         self.clock = clock
         self.queues: dict[bytes, QueueState] = {}
         self.blocked: dict[bytes, OrderedDict] = {}
         self._served: list[Waiter] = []
-        # No lease can expire before this: the reaper skips its query until then.
-        self._earliest_deadline = 0
+        self.stats = {"pushed": 0, "delivered": 0, "acked": 0, "failed": 0, "expired": 0, "dead": 0,
+                      "released": 0, "purged": 0}
+        Leases.__init__(self)
+        Upkeep.__init__(self)
         self._reload()
         self.writer = Writer(db, fsync_durable=settings.durability == "full",
                              on_rollback=self._reload, after_batch=self._after_batch)
-        self._reaper = None
-        self.stats = {"pushed": 0, "delivered": 0, "acked": 0, "failed": 0, "expired": 0, "dead": 0}
 
     # ------------------------------------------------------------ life
-
-    def start_reaper(self) -> None:
-        self._reaper = gevent.spawn(self._reap_forever)
 
     def cancel_waiters(self) -> None:
         """Shutdown: every blocked reader gets a null reply now."""
         self.writer.call(self._tx_cancel_waiters, durable=False)
 
     def stop(self) -> None:
-        """Stop the reaper, then commit and answer whatever is queued."""
-        if self._reaper is not None:
-            self._reaper.kill()
+        """Stop the reaper and release timers, then commit and answer whatever is queued."""
+        self.stop_reaper()
+        self.stop_release_timers()
+        try:
+            self.writer.call(self._tx_flush_deleted, durable=False)
+        except errors.CommandError:
+            pass  # the writer is stopping already
         self.writer.stop()
-
-    def _reap_forever(self) -> None:
-        while True:
-            gevent.sleep(REAPER_INTERVAL)
-            try:
-                self.writer.call(self._tx_maintain, durable=False)
-            except Exception as exc:
-                logger.opt(exception=exc).error("reaper pass failed: {}", exc)
 
     # ------------------------------------------------------------ greenlet API
 
-    def push(self, queue: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool = False):
-        """Submit XADD; the request's result is the new id (bytes) or None (NOMKSTREAM)."""
-        return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream)
+    def push(self, queue: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool = False,
+             delay_ms: int = 0, ttl_ms: int | None = None, idmp: tuple | None = None):
+        """Submit XADD; the request's result is the id (bytes) or None (NOMKSTREAM).
+
+        `idmp` is (producer, iid): a push already made with them returns the first id."""
+        return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp)
 
     def read(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
-             block_ms: int | None, wait):
+             block_ms: int | None, wait, claim_idle: int | None = None):
         """XREADGROUP with '>': claim, or block until a task comes or the time is up.
 
         `wait(event, seconds)` waits for the event and returns True, or False on
-        a timeout, or None when the client hung up.
+        a timeout, or None when the client hung up. With `claim_idle` (CLAIM ms),
+        tasks in flight for that long are taken over first.
         """
         if block_ms is None:
-            return self.writer.call(self._tx_claim, queues, worker, count, noack, None, durable=False)
-        waiter = Waiter(queues, worker, count, noack)
-        result = self.writer.call(self._tx_claim, queues, worker, count, noack, waiter, durable=False)
+            return self.writer.call(self._tx_claim, queues, worker, count, noack, None, claim_idle,
+                                    durable=False)
+        waiter = Waiter(queues, worker, count, noack, claim_idle)
+        result = self.writer.call(self._tx_claim, queues, worker, count, noack, waiter, claim_idle,
+                                  durable=False)
         if result is not None:
             return result
         woken = wait(waiter.event, block_ms / 1000 if block_ms else None)
@@ -161,8 +174,8 @@ class Broker:
     def delete_dead(self, queue: bytes, ids: list[tuple]):
         return self.writer.submit(self._tx_delete_dead, queue, ids)
 
-    def create_queue(self, queue: bytes, must_exist: bool):
-        return self.writer.submit(self._tx_create_queue, queue, must_exist)
+    def create_queue(self, queue: bytes, must_exist: bool, group: bytes | None = None):
+        return self.writer.submit(self._tx_create_queue, queue, must_exist, group)
 
     def length(self, queue: bytes, dead: bool):
         return self.writer.submit(self._tx_length, queue, dead, durable=False)
@@ -185,20 +198,61 @@ class Broker:
     def blocked_clients(self) -> int:
         return len({id(w) for fifo in list(self.blocked.values()) for w in list(fifo.values())})
 
-    # ------------------------------------------------------------ writer thread
+    # ------------------------------------------------------------ settings, as they apply now
+
+    def _visibility_timeout(self, queue: QueueState) -> float:
+        vt = queue.visibility_timeout
+        return self.settings.visibility_timeout if vt is None else vt
+
+    def _max_attempts(self, queue: QueueState) -> int:
+        attempts = queue.max_attempts
+        return self.settings.max_attempts if attempts is None else attempts
+
+    def _retention(self, queue: QueueState) -> float | None:
+        """Seconds done tasks are kept; None: forever."""
+        retention = queue.retention_seconds
+        if retention is None:
+            return self.settings.retention_seconds
+        return None if retention < 0 else retention
+
+    def _backoff(self, queue: QueueState):
+        text = queue.backoff
+        return self.default_backoff if text is None else queue_settings.backoff_policy(text)
+
+    def _release_grace(self, queue: QueueState) -> float | None:
+        """Seconds before a gone worker's tasks go back; None: never (off)."""
+        grace = queue.release_on_disconnect
+        if grace is None:
+            return self.settings.release_on_disconnect
+        return None if grace < 0 else grace
+
+    def _idmp_limits(self, queue: QueueState) -> tuple[int, int]:
+        """(IDMP-DURATION seconds, IDMP-MAXSIZE)."""
+        return (queue.idmp_duration or queue_settings.IDMP_DURATION_DEFAULT,
+                queue.idmp_maxsize or queue_settings.IDMP_MAXSIZE_DEFAULT)
+
+    # ------------------------------------------------------------ writer's batch
 
     def _reload(self) -> None:
         """Rebuild the caches from the database (start-up, and after a rollback)."""
         queues = {}
-        for name, saved_id, newest_id, vt, attempts, retention in self.db.load_queues():
-            key = name_bytes(name)
-            last_id = max(saved_id, newest_id or (0, 0))  # pushes do not save it: see _save_last_id
-            queues[key] = QueueState(key, last_id, vt, attempts, retention)
+        for row in self.db.load_queues():
+            key = name_bytes(row["name"])
+            newest = None if row["newest_ms"] is None else (row["newest_ms"], row["newest_seq"])
+            # Pushes do not save the last id (a page write saved per push): see _note_deleted.
+            queue = QueueState(key, max((row["last_id_ms"], row["last_id_seq"]), newest or (0, 0)))
+            for column in SETTING_COLUMNS:
+                setattr(queue, column, row[column])
+            queue.group = None if row["group_name"] is None else name_bytes(row["group_name"])
+            queue.deleted = row["deleted_count"]
+            queue.max_deleted = (row["max_deleted_ms"], row["max_deleted_seq"])
+            queues[key] = queue
         for name, state, count in self.db.count_states():
             queue = queues.get(name_bytes(name))
             if queue is not None:
                 queue.counts[state] = count
         self.queues = queues
+        self.reset_schedule()  # the reaper looks again at everything it keeps a time for
 
     def _after_batch(self, ok: bool) -> None:
         """In the event loop, after a batch: wake the readers it served."""
@@ -215,58 +269,76 @@ class Broker:
             queue = self.queues[name] = QueueState(name)
         return queue
 
-    def _visibility_timeout(self, queue: QueueState) -> float:
-        vt = queue.visibility_timeout
-        return self.settings.visibility_timeout if vt is None else vt
-
-    def _max_attempts(self, queue: QueueState) -> int:
-        attempts = queue.max_attempts
-        return self.settings.max_attempts if attempts is None else attempts
-
-    def _retention(self, queue: QueueState) -> float | None:
-        retention = queue.retention
-        return self.settings.retention_seconds if retention is None else retention
-
-    def _tx_create_queue(self, name: bytes, must_exist: bool) -> bool:
+    def _tx_create_queue(self, name: bytes, must_exist: bool, group: bytes | None) -> bool:
         if must_exist and name not in self.queues:
             raise errors.XGROUP_NEEDS_KEY
-        self._queue(name, self.clock())
+        queue = self._queue(name, self.clock())
+        if group is not None and group != queue.group:
+            self.db.save_group_name(name, group)
+            queue.group = group
         return True
 
-    def _tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool):
+    def _tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool,
+                 delay_ms: int, ttl_ms: int | None, idmp: tuple | None):
         now = self.clock()
         queue = self._queue(name, now, create=not nomkstream)
         if queue is None:
             return None
+        if idmp is not None:
+            first = self.db.idmp_lookup(name, idmp[0], idmp[1], now)
+            if first is not None:
+                queue.iids_duplicates += 1
+                return lifecycle.format_id(first)
         task_id = lifecycle.new_id(id_arg, queue.last_id, now)
-        self.db.insert_task(name, task_id, fields, now, now)
+        state, available_at = (DELAYED, now + delay_ms) if delay_ms > 0 else (AVAILABLE, now)
+        self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms)
+        if idmp is not None:
+            self._remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id
-        queue.counts[AVAILABLE] += 1
+        queue.counts[state] += 1
         self.stats["pushed"] += 1
-        self._serve_waiters(queue, now)
+        if state == DELAYED:
+            self.due_at(available_at)
+        else:
+            self._serve_waiters(queue, now)
         return lifecycle.format_id(task_id)
+
+    def _remember_push(self, queue: QueueState, idmp: tuple, task_id: tuple, now: int) -> None:
+        duration, maxsize = self._idmp_limits(queue)
+        expires_at = now + duration * 1000
+        self.db.idmp_record(queue.name, idmp[0], idmp[1], task_id, expires_at, maxsize)
+        queue.iids_added += 1
+        self.idmp_expires_at(expires_at)
 
     def _claim_rows(self, queue: QueueState, worker: bytes, count: int, noack: bool, now: int):
         state = DONE if noack else IN_FLIGHT
         deadline = None if noack else lifecycle.lease_deadline(now, self._visibility_timeout(queue))
         rows = self.db.claim(queue.name, worker, count, now, deadline, state)
-        if rows and deadline is not None:
-            self._earliest_deadline = min(self._earliest_deadline, deadline)
+        if rows:
+            if deadline is not None:
+                self.lease_until(deadline)
+            queue.last_delivered = max(queue.last_delivered or (0, 0), rows[-1][:2])
         queue.move(AVAILABLE, state, len(rows))
         self.stats["delivered"] += len(rows)
         return rows
 
     def _tx_claim(self, names: list[bytes], worker: bytes, count: int, noack: bool,
-                  waiter: Waiter | None):
+                  waiter: Waiter | None, claim_idle: int | None):
         now = self.clock()
         result = PairsMap()
         for name in names:
             queue = self.queues.get(name)
-            if queue is None or not queue.counts[AVAILABLE]:
+            if queue is None:
                 continue
-            rows = self._claim_rows(queue, worker, count, noack, now)
-            if rows:
-                result[name] = [entry(row) for row in rows]
+            entries = []
+            if claim_idle is not None and queue.counts[IN_FLIGHT]:
+                entries = self._take_idle(queue, worker, count, claim_idle, now)
+            room = count - len(entries)
+            if room > 0 and queue.counts[AVAILABLE]:
+                extra = [] if claim_idle is None else [0, 0]  # CLAIM: new tasks are idle 0, delivered 0 times
+                entries += [entry(row) + extra for row in self._claim_rows(queue, worker, room, noack, now)]
+            if entries:
+                result[name] = entries
         if result:
             return result
         if waiter is not None:
@@ -282,9 +354,10 @@ class Broker:
             waiter = next(iter(fifo.values()))
             rows = self._claim_rows(queue, waiter.worker, waiter.count, waiter.noack, now)
             if not rows:
-                return  # what is available is delayed
+                return
             self._unregister(waiter)
-            waiter.result = PairsMap({queue.name: [entry(row) for row in rows]})
+            extra = [] if waiter.claim_idle is None else [0, 0]
+            waiter.result = PairsMap({queue.name: [entry(row) + extra for row in rows]})
             self._served.append(waiter)
 
     def _unregister(self, waiter: Waiter) -> None:
@@ -313,7 +386,7 @@ class Broker:
     def _release_unsent(self, result: PairsMap) -> None:
         """The reader hung up after tasks were claimed for it: give them back unspent."""
         for name, entries in result.items():
-            ids = [lifecycle.parse_id(task_id) for task_id, _ in entries]
+            ids = [lifecycle.parse_id(task_id) for task_id, *_ in entries]
             self.writer.submit(self._tx_fail, name, ids, lifecycle.SILENT, None, False)
 
     def _tx_reread(self, name: bytes, worker: bytes, after: tuple, count: int | None):
@@ -322,56 +395,79 @@ class Broker:
             return []
         now = self.clock()
         deadline = lifecycle.lease_deadline(now, self._visibility_timeout(queue))
-        self._earliest_deadline = min(self._earliest_deadline, deadline)
+        self.lease_until(deadline)
         return [entry(row) for row in self.db.reread(name, worker, after, count, now, deadline)]
 
     def _tx_ack(self, name: bytes, ids: list[tuple]) -> int:
         queue = self.queues.get(name)
         if queue is None:
             return 0
+        deleted = []
+        if self._retention(queue) == 0:  # retention 0: the record goes with the ack
+            deleted = [task_id for task_id in dict.fromkeys(ids) if self.db.ack_delete(name, [task_id])]
+            queue.counts[IN_FLIGHT] -= len(deleted)
+            self._note_deleted(queue, deleted)
         acked = self.db.ack(name, ids, self.clock())
         queue.move(IN_FLIGHT, DONE, acked)
-        self.stats["acked"] += acked
-        return acked
+        self.stats["acked"] += acked + len(deleted)
+        return acked + len(deleted)
 
     def _tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None,
                  force: bool) -> int:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        states = (IN_FLIGHT, AVAILABLE) if force else (IN_FLIGHT,)
+        states = (IN_FLIGHT, AVAILABLE, DELAYED) if force else (IN_FLIGHT,)
         rows = self.db.in_flight_attempts(name, ids, states)
-        now = self.clock()
-        self._apply_failures(queue, rows, mode, retry_count, now)
+        self._apply_failures(queue, rows, mode, retry_count, self.clock())
         self.stats["failed"] += len(rows)
         return len(rows)
 
     def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int):
-        """The one place failed attempts are decided: nack, XDEL and expiry all come here."""
-        max_attempts = self._max_attempts(queue)
+        """The one place failed attempts are decided: nack, XDEL, expiry and release all come here."""
+        max_attempts, backoff = self._max_attempts(queue), self._backoff(queue)
         for rowid, attempts, state, *_ in rows:
             if retry_count is not None:
                 attempts = retry_count
             new_state, attempts = lifecycle.after_failure(attempts, max_attempts, mode)
-            self.db.set_outcome(rowid, new_state, attempts, now, now)
+            new_state, available_at = lifecycle.retry_state(new_state, attempts, mode, backoff, now)
+            self.db.set_outcome(rowid, new_state, attempts, now, available_at)
             queue.move(state, new_state)
-            if new_state == DEAD:
+            if new_state == DELAYED:
+                self.due_at(available_at)
+            elif new_state == DEAD:
                 self.stats["dead"] += 1
         self._serve_waiters(queue, now)
 
-    def _save_last_id(self, queue: QueueState) -> None:
-        # A push does not write the last id (a page write saved per push): the
-        # newest task holds it. Before tasks are deleted, the queue row keeps it.
-        self.db.save_last_id(queue.name, queue.last_id)
+    def _note_deleted(self, queue: QueueState, ids: list[tuple]) -> None:
+        """Tasks were removed for good: count them (XINFO) and keep ids from ever repeating."""
+        if not ids:
+            return
+        newest = max(ids)
+        if newest >= queue.last_id:
+            # A push does not write the last id (a page write saved per push): the newest
+            # task holds it. When that task goes, the queue row must.
+            self.db.save_last_id(queue.name, queue.last_id)
+        queue.deleted += len(ids)
+        queue.max_deleted = max(queue.max_deleted, newest)
+        queue.deleted_dirty = True
+        self.deleted_rows(len(ids))
+
+    def _tx_flush_deleted(self) -> None:
+        """Save the removed-task counters (XINFO's entries-added); the reaper calls it each second."""
+        for queue in self.queues.values():
+            if queue.deleted_dirty:
+                self.db.save_deleted(queue.name, queue.deleted, queue.max_deleted)
+                queue.deleted_dirty = False
 
     def _tx_delete_dead(self, name: bytes, ids: list[tuple]) -> int:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        self._save_last_id(queue)
         deleted = self.db.delete_dead(name, ids)
-        queue.counts[DEAD] -= deleted
-        return deleted
+        queue.counts[DEAD] -= len(deleted)
+        self._note_deleted(queue, deleted)
+        return len(deleted)
 
     def _tx_length(self, name: bytes, dead: bool) -> int:
         queue = self.queues.get(name)
@@ -379,10 +475,10 @@ class Broker:
             return 0
         if dead:
             return queue.counts[DEAD]
-        return queue.counts[AVAILABLE] + queue.counts[IN_FLIGHT]
+        return sum(queue.counts[state] for state in lifecycle.WAITING)
 
     def _tx_range(self, name: bytes, dead: bool, start, end, count, reverse):
-        states = (DEAD,) if dead else (AVAILABLE, IN_FLIGHT, DONE)
+        states = (DEAD,) if dead else (AVAILABLE, DELAYED, IN_FLIGHT, DONE)
         rows = self.db.range(name, states, start, end, count, reverse)
         return [entry(row) for row in rows]
 
@@ -399,30 +495,3 @@ class Broker:
 
     def _tx_counts(self) -> dict:
         return {name: dict(queue.counts) for name, queue in self.queues.items()}
-
-    def _tx_maintain(self) -> None:
-        """The reaper's pass: expire leases (as failures), purge old done tasks."""
-        now = self.clock()
-        if now >= self._earliest_deadline:
-            self._expire(now)
-        for queue in list(self.queues.values()):
-            retention = self._retention(queue)
-            if retention is not None and queue.counts[DONE]:
-                self._save_last_id(queue)
-                purged = self.db.purge_done(queue.name, now - int(retention * 1000), PURGE_BATCH)
-                queue.counts[DONE] -= purged
-
-    def _expire(self, now: int) -> None:
-        """In-flight tasks whose lease ran out fail, through the same rule as a nack."""
-        expired = self.db.expired(now, EXPIRE_BATCH)
-        by_queue: dict[bytes, list] = {}
-        for row in expired:
-            by_queue.setdefault(name_bytes(row[3]), []).append(row)
-        for name, rows in by_queue.items():
-            queue = self.queues.get(name)
-            if queue is not None:
-                self._apply_failures(queue, rows, lifecycle.FAIL, None, now)
-                self.stats["expired"] += len(rows)
-        next_deadline = self.db.next_deadline()
-        self._earliest_deadline = now if len(expired) == EXPIRE_BATCH else (
-            next_deadline if next_deadline is not None else float("inf"))

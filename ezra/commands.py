@@ -19,7 +19,7 @@ import time
 
 from loguru import logger
 
-from . import __version__, errors, lifecycle
+from . import __version__, errors, lifecycle, queue_settings
 from .broker import DEFAULT_READ_COUNT, MAX_READ_COUNT
 from .errors import CommandError
 from .lifecycle import parse_id, split_queue
@@ -59,10 +59,10 @@ class ServerState:
 
 
 class Session:
-    """One connection's state: protocol, name, authentication."""
+    """One connection's state: protocol, name, authentication, the worker names it used."""
 
     __slots__ = ("server", "id", "proto", "name", "lib_name", "lib_ver", "authenticated",
-                 "closing", "addr", "created", "wait", "flush")
+                 "closing", "addr", "created", "wait", "flush", "workers")
 
     def __init__(self, server: ServerState, addr: str, wait, flush):
         self.server = server
@@ -76,6 +76,20 @@ class Session:
         self.created = time.time()
         self.wait = wait    # wait(event, seconds) -> True | False (timeout) | None (hung up)
         self.flush = flush  # send the replies computed so far (before blocking)
+        self.workers: set[bytes] = set()  # consumer names this connection used (release on disconnect)
+
+    def use_worker(self, worker: bytes) -> bytes:
+        """This connection acts for `worker` (XREADGROUP, XCLAIM...): it holds the name while open."""
+        if worker not in self.workers:
+            self.workers.add(worker)
+            self.server.broker.worker_seen(worker)
+        return worker
+
+    def close(self) -> None:
+        """The connection closed: the worker names it used may be gone (release on disconnect)."""
+        workers, self.workers = self.workers, set()
+        for worker in workers:
+            self.server.broker.worker_gone(worker)
 
 
 COMMANDS: dict[bytes, tuple] = {}
@@ -127,7 +141,7 @@ def live_queue(name: bytes) -> bytes:
     queue, dead = split_queue(name)
     if dead:
         raise errors.err(f"'{name.decode('utf-8', 'replace')}' is the read-only dead-letter view of "
-                         f"'{queue.decode('utf-8', 'replace')}': use XRANGE, XLEN or XDEL on it")
+                         f"'{queue.decode('utf-8', 'replace')}': use XRANGE, XLEN, XDEL or XREQUEUE on it")
     return queue
 
 
@@ -161,7 +175,10 @@ def quit_(session, args):
 @command("SELECT", 2)
 def select(session, args):
     """SELECT 0: EZRA has one database."""
-    if to_int(args[1]) != 0:
+    index = to_int(args[1])
+    if not 0 <= index < 16:
+        raise errors.DB_OUT_OF_RANGE  # what Redis answers with its 16 databases
+    if index != 0:
         raise errors.SELECT_ONLY_ZERO
     return OK
 
@@ -273,18 +290,12 @@ def command_info(name: bytes) -> list:
 
 @command("XADD", -5)
 def xadd(session, args):
-    """XADD queue [NOMKSTREAM] <* | id> field value [field value ...]"""
+    """XADD queue [NOMKSTREAM] [IDMP producer iid | IDMPAUTO producer] [DELAY s] [TTL s] <* | id> field value ..."""
     queue = live_queue(args[1])
-    i, nomkstream = 2, False
-    while i < len(args):
-        option = args[i].upper()
-        if option == b"NOMKSTREAM":
-            nomkstream = True
-        elif option in (b"MAXLEN", b"MINID"):
-            raise errors.TRIM_REFUSED
-        else:
-            break
-        i += 1
+    options = PushOptions()
+    i = 2
+    while i < len(args) and options.take(args, i):
+        i = options.next
     fields = args[i + 1:]
     if not fields or len(fields) % 2:
         raise errors.wrong_arity("xadd")
@@ -292,20 +303,81 @@ def xadd(session, args):
     limit = session.server.settings.max_task_size
     if size > limit:
         raise errors.task_too_large(size, limit)
-    return Deferred(broker(session).push(queue, args[i], fields, nomkstream))
+    idmp = options.idempotency(args[i], fields)
+    return Deferred(broker(session).push(queue, args[i], fields, options.nomkstream, options.delay_ms,
+                                         options.ttl_ms, idmp))
+
+
+class PushOptions:
+    """XADD's options before the id: Redis's own, then EZRA's per-task DELAY and TTL."""
+
+    def __init__(self):
+        self.nomkstream = False
+        self.delay_ms = 0
+        self.ttl_ms = None
+        self.producer = self.iid = None
+        self.auto_iid = False
+        self.next = 0
+
+    def take(self, args: list[bytes], i: int) -> bool:
+        """Parse the option at args[i] (setting self.next past it); False at the id."""
+        option, left = args[i].upper(), len(args) - i - 1
+        if option == b"NOMKSTREAM":
+            self.nomkstream, self.next = True, i + 1
+        elif option in (b"MAXLEN", b"MINID"):
+            raise errors.TRIM_REFUSED
+        elif option in (b"KEEPREF", b"DELREF", b"ACKED"):
+            self.next = i + 1  # Redis 8.2's trimming policies: nothing is ever trimmed
+        elif option == b"IDMP" and left >= 3:
+            self._producer(args[i + 1], args[i + 2], auto=False)
+            self.next = i + 3
+        elif option == b"IDMPAUTO" and left >= 2:
+            self._producer(args[i + 1], None, auto=True)
+            self.next = i + 2
+        elif option in (b"DELAY", b"TTL") and left >= 2:
+            ms = lifecycle.to_ms(queue_settings.seconds(args[i + 1]))
+            if option == b"DELAY":
+                self.delay_ms = ms
+            else:
+                self.ttl_ms = ms
+            self.next = i + 2
+        else:
+            return False
+        return True
+
+    def _producer(self, producer: bytes, iid: bytes | None, auto: bool) -> None:
+        if self.producer is not None:
+            raise errors.err("IDMP/IDMPAUTO specified multiple times")
+        kind = "IDMPAUTO" if auto else "IDMP"
+        if not producer:
+            raise errors.err(f"{kind} requires a non-empty producer ID")
+        if not auto and not iid:
+            raise errors.err("IDMP requires a non-empty idempotent ID")
+        self.producer, self.iid, self.auto_iid = producer, iid, auto
+
+    def idempotency(self, id_arg: bytes, fields: list[bytes]) -> tuple | None:
+        """(producer, iid) for the broker, or None without IDMP/IDMPAUTO."""
+        if self.producer is None:
+            return None
+        if id_arg != b"*":
+            raise errors.err("IDMP/IDMPAUTO can be used only with auto-generated IDs")
+        return self.producer, lifecycle.idmp_auto_iid(fields) if self.auto_iid else self.iid
 
 
 @command("XREADGROUP", -7)
 def xreadgroup(session, args):
-    """XREADGROUP GROUP group worker [COUNT n] [BLOCK ms] [NOACK] STREAMS q [q ...] id [id ...]"""
+    """XREADGROUP GROUP group worker [COUNT n] [BLOCK ms] [CLAIM min-idle-ms] [NOACK] STREAMS q... id..."""
     if args[1].upper() != b"GROUP":
         raise errors.SYNTAX
-    worker, count, block_ms, noack = args[3], None, None, False
+    worker, count, block_ms, noack, claim_idle = session.use_worker(args[3]), None, None, False, None
     i = 4
     while i < len(args):
         option = args[i].upper()
         if option == b"COUNT" and i + 1 < len(args):
             count = to_int(args[i + 1])
+            i += 2
+        elif option == b"CLAIM" and i + 1 < len(args):
+            claim_idle = max(to_int(args[i + 1], errors.err("min-idle-time is not an integer")), 0)
             i += 2
         elif option == b"BLOCK" and i + 1 < len(args):
             block_ms = to_int(args[i + 1], errors.err("timeout is not an integer or out of range"))
@@ -330,9 +402,9 @@ def xreadgroup(session, args):
     if all(stream_id is None for stream_id in ids):
         if block_ms is not None:
             session.flush()  # a blocked client has its earlier pipelined replies already
-        result = broker(session).read(queues, worker, count, noack, block_ms, session.wait)
+        result = broker(session).read(queues, worker, count, noack, block_ms, session.wait, claim_idle)
         return NULL_ARRAY if result is None else result
-    return read_mixed(session, queues, ids, worker, count, noack)
+    return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
 
 
 def read_id(arg: bytes):
@@ -350,12 +422,12 @@ def read_count(count: int | None) -> int:
     return min(count, MAX_READ_COUNT)
 
 
-def read_mixed(session, queues, ids, worker, count, noack):
+def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
     """XREADGROUP with explicit ids: pending tasks come back even when empty (as Redis)."""
     result = PairsMap()
     for queue, after in zip(queues, ids):
         if after is None:
-            claimed = broker(session).read([queue], worker, count, noack, None, session.wait)
+            claimed = broker(session).read([queue], worker, count, noack, None, session.wait, claim_idle)
             if claimed:
                 result.update(claimed)
         else:
@@ -483,7 +555,7 @@ def xgroup(session, args):
     sub = args[1].upper()
     if sub == b"CREATE" and len(args) >= 5:
         mkstream = any(arg.upper() == b"MKSTREAM" for arg in args[5:])
-        return Deferred(broker(session).create_queue(live_queue(args[2]), not mkstream),
+        return Deferred(broker(session).create_queue(live_queue(args[2]), not mkstream, args[3]),
                         lambda _: OK)
     if sub == b"SETID" and len(args) >= 5:
         return OK
@@ -566,18 +638,26 @@ def info_stats(state: ServerState):
             ("rejected_connections", state.rejected_connections),
             ("tasks_pushed", stats["pushed"]), ("tasks_delivered", stats["delivered"]),
             ("tasks_acked", stats["acked"]), ("tasks_failed", stats["failed"]),
-            ("tasks_expired", stats["expired"]), ("tasks_dead", stats["dead"])]
+            ("tasks_expired", stats["expired"]), ("tasks_dead", stats["dead"]),
+            ("tasks_released", stats["released"]), ("tasks_purged", stats["purged"])]
 
 
 def info_queues(state: ServerState):
     lines = []
     for name, counts in sorted(state.broker.queue_counts().items()):
         shown = name.decode("utf-8", "replace").translate(INFO_NAME_SAFE)
-        lines.append((f"queue_{shown}", ",".join(f"{state}={n}" for state, n in counts.items())))
+        lines.append((f"queue_{shown}", ",".join(f"{state}={counts[state]}" for state in INFO_STATES)))
     return lines
+
+
+# INFO's queue lines keep the fields they always had; delayed tasks are in XINFO STREAM.
+INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD)
 
 
 INFO_NAME_SAFE = str.maketrans({"\r": "?", "\n": "?", ",": "?"})
 
 INFO_SECTIONS = [("server", info_server), ("clients", info_clients), ("memory", info_memory),
                  ("persistence", info_persistence), ("stats", info_stats), ("queues", info_queues)]
+
+
+from . import commands_ops  # noqa: F401  (registers XCFGSET, XCLAIM, XINFO... in COMMANDS)

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import configargparse
 
-from . import __version__
+from . import __version__, queue_settings
+from .errors import CommandError
 
 DURABILITY_MODES = ("full", "normal")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
@@ -30,6 +31,9 @@ class Settings:
     durability: str = "full"
     max_task_size: int = 1024 * 1024
     max_clients: int = 10000
+    backoff: str = "fixed 0"                   # retry delay of failed tasks (queue_settings)
+    release_on_disconnect: float | None = None  # grace seconds; None: off
+    queues: tuple = ()                          # ((name, {column: value}), ...) from --queue lines
 
 
 def positive_float(text: str) -> float:
@@ -60,11 +64,30 @@ def port_number(text: str) -> int:
     return value
 
 
+def backoff_policy(text: str) -> str:
+    try:
+        policy, used = queue_settings.parse_backoff(text.encode().split())
+    except (CommandError, IndexError) as exc:
+        message = exc.message.removeprefix("ERR ") if isinstance(exc, CommandError) else "missing values"
+        raise configargparse.ArgumentTypeError(f"{message}, got {text!r}") from None
+    if used != len(text.split()):
+        raise configargparse.ArgumentTypeError(f"unexpected words after the backoff policy in {text!r}")
+    return policy
+
+
+def queue_line(text: str) -> tuple:
+    try:
+        return queue_settings.parse_queue_line(text)
+    except ValueError as exc:
+        raise configargparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> configargparse.ArgParser:
     parser = configargparse.ArgParser(
         prog="ezra",
         description="EZRA: a persistent task queue that speaks the Redis protocol "
-                    "(XADD / XREADGROUP / XACK / XNACK), stored in one SQLite file.",
+                    "(XADD / XREADGROUP / XACK / XNACK), stored in one SQLite file. "
+                    "'ezra backup DEST.db' copies the live database (see 'ezra backup --help').",
         formatter_class=configargparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
@@ -92,6 +115,17 @@ def build_parser() -> configargparse.ArgParser:
         help="largest task in bytes (all field names and values together); 100 KB is recommended")
     add("--max-clients", type=positive_int, default=Settings.max_clients, env_var="EZRA_MAX_CLIENTS",
         help="connections served at once; more are refused with Redis's error")
+    add("--backoff", type=backoff_policy, default=Settings.backoff, env_var="EZRA_BACKOFF",
+        help="delay before a failed task with attempts left is offered again: 'fixed <seconds>' or "
+             "'exponential <base seconds> <max seconds>' (each queue can override it with XCFGSET)")
+    add("--release-on-disconnect", type=non_negative_float, default=None, metavar="GRACE_SECONDS",
+        env_var="EZRA_RELEASE_ON_DISCONNECT",
+        help="when the last connection that used a worker name closes, give that worker's tasks back "
+             "after this many seconds unless the name reconnects (unset: off; per queue: XCFGSET)")
+    add("--queue", dest="queues", action="append", type=queue_line, default=[], metavar="'NAME SETTING VALUE ...'",
+        env_var="EZRA_QUEUE",
+        help="per-queue settings applied at start, as XCFGSET takes them, e.g. 'emails VISIBILITY-TIMEOUT 60 "
+             "MAX-ATTEMPTS 5'; repeat for more queues (config file: queue = [emails ..., reports ...])")
     add("--version", action="version", version=f"ezra {__version__}")
     return parser
 
@@ -99,4 +133,5 @@ def build_parser() -> configargparse.ArgParser:
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """Settings from flags, environment and config file (exits on bad input, like argparse)."""
     namespace = build_parser().parse_args(argv)
+    namespace.queues = tuple(namespace.queues or ())
     return Settings(**{name: getattr(namespace, name) for name in Settings.__dataclass_fields__})

@@ -1,19 +1,25 @@
-"""The task state machine: states, transitions, the attempts rule, ids. No I/O.
+"""The task state machine: states, transitions, the attempts rule, backoff, ids. No I/O.
 
     [push] -> available -> in_flight (claim) -> done (ack)
-                           in_flight -> available   (nack, timeout, worker gone: attempts left)
+    [push DELAY] -> delayed -> available    (due)
+                           in_flight -> available | delayed   (nack, timeout, worker gone: attempts left;
+                                                               delayed while the queue's backoff runs)
                            in_flight -> dead        (nack or timeout: no attempts left)
               dead -> available (requeue) ; done/dead -> purged (retention / TTL)
 
     transition   from        to                         attempts
-    push         -           available                  0
+    push         -           available | delayed        0
+    promote      delayed     available (its time came)  =
     claim        available   in_flight (worker, lease)  +1 (every delivery counts)
     reread       in_flight   in_flight (lease renewed)  +1 (as Redis counts re-reads with id 0)
-    ack          in_flight   done                       =
-    fail         in_flight   available | dead           = (dead once attempts >= max)
-    silent       in_flight   available                  -1 (the attempt is given back)
+    renew        in_flight   in_flight (XCLAIM by the owner: a heartbeat)   =
+    take over    in_flight   in_flight (XCLAIM/XAUTOCLAIM/CLAIM by another) +1
+    ack          in_flight   done (or deleted: retention 0, XACKDEL)        =
+    fail         in_flight   available | delayed | dead  = (dead once attempts >= max)
+    silent       in_flight   available                  -1 (the attempt is given back; no backoff)
     fatal        in_flight   dead                       =
     expire       in_flight   = fail (a timeout is a failure nobody reported)
+    release      in_flight   = fail (the worker's last connection closed)
     recover      in_flight   available (server restart, never dead)   =
     requeue      dead        available                  0
 
@@ -23,13 +29,17 @@ so tests move time instead of waiting.
 
 from __future__ import annotations
 
+import hashlib
+
 from . import errors
 
 AVAILABLE = "available"
+DELAYED = "delayed"  # waits for its time (XADD DELAY, retry backoff), then becomes available
 IN_FLIGHT = "in_flight"
 DONE = "done"
 DEAD = "dead"
-STATES = (AVAILABLE, IN_FLIGHT, DONE, DEAD)
+STATES = (AVAILABLE, DELAYED, IN_FLIGHT, DONE, DEAD)
+WAITING = (AVAILABLE, DELAYED, IN_FLIGHT)  # not done yet: what XLEN counts
 
 # XNACK modes (Redis 8.8 syntax): how a reported failure treats the attempt.
 FAIL = "FAIL"
@@ -53,9 +63,45 @@ def after_failure(attempts: int, max_attempts: int, mode: str = FAIL) -> tuple[s
     return (DEAD if attempts >= max_attempts else AVAILABLE), attempts
 
 
+def retry_state(state: str, attempts: int, mode: str, backoff, now: int) -> tuple[str, int]:
+    """(state, available_at) of a failed task after `after_failure`: a counted failure with
+    attempts left waits out the queue's backoff (delayed), anything else is as decided."""
+    if state != AVAILABLE or mode == SILENT:
+        return state, now
+    delay = retry_delay(backoff, attempts)
+    return (DELAYED, now + to_ms(delay)) if delay > 0 else (AVAILABLE, now)
+
+
+# Backoff policies: ('fixed', seconds, seconds) or ('exponential', base seconds, max seconds).
+FIXED = "fixed"
+EXPONENTIAL = "exponential"
+NO_BACKOFF = (FIXED, 0.0, 0.0)
+
+
+def retry_delay(backoff, attempts: int) -> float:
+    """Seconds before a task that failed its `attempts`-th delivery is offered again."""
+    kind, base, cap = backoff
+    if kind == FIXED:
+        return base
+    return min(base * 2.0 ** min(max(attempts - 1, 0), 64), cap)
+
+
 def lease_deadline(now: int, visibility_timeout_s: float) -> int:
     """When an in-flight task claimed at `now` is redelivered if not acked."""
     return now + int(visibility_timeout_s * 1000)
+
+
+def to_ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def idmp_auto_iid(fields: list[bytes]) -> bytes:
+    """IDMPAUTO's idempotent id: a digest of the field/value pairs, in any order (as Redis 8.6)."""
+    pairs = sorted(zip(fields[::2], fields[1::2]))
+    digest = hashlib.blake2b(digest_size=16)
+    for name, value in pairs:
+        digest.update(b"%d:%s%d:%s" % (len(name), name, len(value), value))
+    return digest.digest()
 
 
 def split_queue(name: bytes) -> tuple[bytes, bool]:

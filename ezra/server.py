@@ -177,3 +177,4 @@ class EzraServer:
             state.sessions.pop(session.id, None)
             self.connections.discard(connection)
             sock.close()
+            session.close()  # release on disconnect: the worker names it used may be gone

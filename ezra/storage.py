@@ -2,7 +2,9 @@
 
 Only this module imports sqlite3. The methods here run on the writer's
 thread (see writer.py), except `open_database` and `recover`, which run at
-start-up before anything else touches the file. Every query is parameterised.
+start-up before anything else touches the file, and `backup_database`, which
+uses connections of its own (a native thread, or the `ezra backup` program).
+Every query is parameterised. `open_database` migrates an older file in place.
 
 Names (queues, workers) are stored as TEXT when they are valid UTF-8, so a
 person reading the file in a SQLite browser sees them; other names are stored
@@ -17,21 +19,34 @@ import json
 import os
 import sqlite3
 
+from loguru import logger
+
 from . import lifecycle
 
 APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers
 DB_FILENAME = "ezra.db"
+BUSY_TIMEOUT_MS = 5000
+CHECKPOINT_WAIT_MS = 200
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
-    name                TEXT PRIMARY KEY,  -- queue name (BLOB if not UTF-8)
-    last_id_ms          INTEGER NOT NULL DEFAULT 0,  -- the last id handed out, saved before
-    last_id_seq         INTEGER NOT NULL DEFAULT 0,  -- tasks are deleted: ids never repeat
-    visibility_timeout  REAL,     -- seconds; NULL = the server's --visibility-timeout
-    max_attempts        INTEGER,  -- NULL = the server's --max-attempts
-    retention_seconds   REAL,     -- NULL = the server's --retention-seconds
-    created_at          INTEGER NOT NULL  -- ms since the epoch
+    name                  TEXT PRIMARY KEY,  -- queue name (BLOB if not UTF-8)
+    last_id_ms            INTEGER NOT NULL DEFAULT 0,  -- the last id handed out, saved before
+    last_id_seq           INTEGER NOT NULL DEFAULT 0,  -- tasks are deleted: ids never repeat
+    -- Settings (XCFGSET, config file); NULL = the server's flag.
+    visibility_timeout    REAL,     -- seconds
+    max_attempts          INTEGER,
+    retention_seconds     REAL,     -- seconds a done task is kept; -1 = forever
+    backoff               TEXT,     -- 'fixed <s>' or 'exponential <base s> <max s>'
+    release_on_disconnect REAL,     -- grace seconds; -1 = off
+    idmp_duration         INTEGER,  -- seconds an idempotent id is remembered (NULL: 100)
+    idmp_maxsize          INTEGER,  -- idempotent ids kept per producer (NULL: 100)
+    group_name            TEXT,     -- the name XGROUP CREATE gave the queue's one group
+    deleted_count         INTEGER NOT NULL DEFAULT 0,  -- tasks removed for good (XINFO entries-added)
+    max_deleted_ms        INTEGER NOT NULL DEFAULT 0,  -- the newest removed id (XINFO
+    max_deleted_seq       INTEGER NOT NULL DEFAULT 0,  --   max-deleted-entry-id)
+    created_at            INTEGER NOT NULL  -- ms since the epoch
 );
 
 CREATE TABLE IF NOT EXISTS tasks (
@@ -39,15 +54,17 @@ CREATE TABLE IF NOT EXISTS tasks (
     id_ms         INTEGER NOT NULL,  -- the Redis stream id is id_ms-id_seq
     id_seq        INTEGER NOT NULL,
     id            TEXT    GENERATED ALWAYS AS (id_ms || '-' || id_seq) VIRTUAL,
-    state         TEXT    NOT NULL CHECK (state IN ('available', 'in_flight', 'done', 'dead')),
+    state         TEXT    NOT NULL
+                  CHECK (state IN ('available', 'delayed', 'in_flight', 'done', 'dead')),
     fields        TEXT    NOT NULL,  -- JSON array: [name, value, name, value, ...]
     attempts      INTEGER NOT NULL DEFAULT 0,  -- deliveries so far
     worker        TEXT,              -- the consumer holding it while in_flight
     created_at    INTEGER NOT NULL,  -- ms since the epoch
-    available_at  INTEGER NOT NULL,  -- not delivered before this (delay, backoff)
+    available_at  INTEGER NOT NULL,  -- delayed: becomes available then (DELAY, backoff)
     deadline      INTEGER,           -- in_flight: redelivered after this
     delivered_at  INTEGER,           -- last delivery (XPENDING idle time)
     finished_at   INTEGER,           -- when it became done or dead
+    ttl_ms        INTEGER,           -- XADD TTL: kept this long once done or dead (NULL: retention)
     PRIMARY KEY (queue, id_ms, id_seq)
 );
 
@@ -58,7 +75,37 @@ CREATE INDEX IF NOT EXISTS tasks_available ON tasks (queue, id_ms, id_seq) WHERE
 CREATE INDEX IF NOT EXISTS tasks_in_flight ON tasks (queue, worker, id_ms, id_seq) WHERE state = 'in_flight';
 -- Retention purges a queue's done tasks, oldest first.
 CREATE INDEX IF NOT EXISTS tasks_done ON tasks (queue, finished_at) WHERE state = 'done';
+-- The reaper makes delayed tasks available when their time comes (only delayed tasks are in it).
+CREATE INDEX IF NOT EXISTS tasks_delayed ON tasks (available_at) WHERE state = 'delayed';
+-- Finished tasks pushed with TTL, by expiry (tasks without TTL are never in it).
+CREATE INDEX IF NOT EXISTS tasks_ttl ON tasks (finished_at + ttl_ms)
+    WHERE ttl_ms IS NOT NULL AND state IN ('done', 'dead');
+
+-- Idempotent producers (XADD IDMP / IDMPAUTO): a retried push returns the first id.
+CREATE TABLE IF NOT EXISTS idempotency (
+    queue       TEXT    NOT NULL,
+    producer    TEXT    NOT NULL,  -- IDMP <producer>
+    iid         BLOB    NOT NULL,  -- the producer's idempotent id (IDMPAUTO: a digest of the fields)
+    id_ms       INTEGER NOT NULL,  -- the task the first push created
+    id_seq      INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,  -- ms; a push after this is new again
+    UNIQUE (queue, producer, iid)
+);
+CREATE INDEX IF NOT EXISTS idempotency_expiry ON idempotency (expires_at);
 """
+
+# Version 1's tasks table lacked 'delayed' in its CHECK and the ttl_ms column: it is
+# rebuilt (SQLite cannot change a CHECK in place); queues only gains columns.
+QUEUE_COLUMNS_V2 = {
+    "backoff": "TEXT", "release_on_disconnect": "REAL", "idmp_duration": "INTEGER",
+    "idmp_maxsize": "INTEGER", "group_name": "TEXT",
+    "deleted_count": "INTEGER NOT NULL DEFAULT 0", "max_deleted_ms": "INTEGER NOT NULL DEFAULT 0",
+    "max_deleted_seq": "INTEGER NOT NULL DEFAULT 0",
+}
+TASK_COLUMNS_V1 = ("queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, "
+                   "deadline, delivered_at, finished_at")
+SETTING_COLUMNS = ("visibility_timeout", "max_attempts", "retention_seconds", "backoff",
+                   "release_on_disconnect", "idmp_duration", "idmp_maxsize")
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
 
@@ -95,20 +142,16 @@ def entry(row) -> list:
 # ---------------------------------------------------------------- opening
 
 def open_database(data_dir: str) -> "Database":
-    """Open (or create) data_dir/ezra.db; refuse a file that is not EZRA's."""
+    """Open (or create) data_dir/ezra.db, migrate it; refuse a file that is not EZRA's."""
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
     path = os.path.join(data_dir, DB_FILENAME)
     existed = os.path.exists(path) and os.path.getsize(path) > 0
-    old_umask = os.umask(0o077)  # the file holds users' data: 0600
+    conn = _connect(path)
     try:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise StorageError(f"cannot open {path}: {exc}") from exc
-    finally:
-        os.umask(old_umask)
-    try:
-        _check_owner(conn, path, existed)
+        version = _check_owner(conn, path, existed)
         _set_pragmas(conn)
+        if version < SCHEMA_VERSION and _has_table(conn, "tasks"):
+            _migrate(conn, version, path)
         conn.executescript(SCHEMA)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -123,6 +166,16 @@ def open_database(data_dir: str) -> "Database":
     return Database(conn, path)
 
 
+def _connect(path: str) -> sqlite3.Connection:
+    old_umask = os.umask(0o077)  # the file holds users' data: 0600
+    try:
+        return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot open {path}: {exc}") from exc
+    finally:
+        os.umask(old_umask)
+
+
 def _fsync_directory(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -131,21 +184,63 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-def _check_owner(conn, path: str, existed: bool) -> None:
-    # Never build our schema over somebody else's database (or garbage).
+def _check_owner(conn, path: str, existed: bool) -> int:
+    """The file's schema version (0: new). Never build our schema over somebody else's database."""
     app_id = conn.execute("PRAGMA application_id").fetchone()[0]
     tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     if app_id == APPLICATION_ID:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StorageError(f"{path} was written by a newer EZRA (schema {version}); upgrade EZRA")
-        return
+        return version
     if existed and (app_id != 0 or tables):
         raise StorageError(f"{path} is not an EZRA database (application_id={app_id:#x}, {tables} objects); "
                            "refusing to touch it")
+    return 0
+
+
+def _has_table(conn, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (name,)).fetchone() is not None
+
+
+def _migrate(conn, version: int, path: str) -> None:
+    """Upgrade an older ezra.db in place, in one transaction: all of it or none of it."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if version < 2:
+            _migrate_to_v2(conn)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    logger.info("migrated {} from schema {} to {}", path, version, SCHEMA_VERSION)
+
+
+def _migrate_to_v2(conn) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(queues)")}
+    for column, kind in QUEUE_COLUMNS_V2.items():
+        if column not in have:
+            conn.execute(f"ALTER TABLE queues ADD COLUMN {column} {kind}")
+    task_sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()[0]
+    if "'delayed'" in task_sql:
+        return
+    # SQLite's documented way to change a table's constraints: build the new table, copy, swap.
+    for (index,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
+                                 "AND tbl_name = 'tasks' AND sql IS NOT NULL").fetchall():
+        conn.execute(f'DROP INDEX "{index}"')
+    conn.execute("ALTER TABLE tasks RENAME TO tasks_v1")
+    table = SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS tasks"):SCHEMA.index("-- Few indexes")]
+    conn.execute(table)
+    conn.execute(f"INSERT INTO tasks ({TASK_COLUMNS_V1}) SELECT {TASK_COLUMNS_V1} FROM tasks_v1")
+    conn.execute("DROP TABLE tasks_v1")
 
 
 def _set_pragmas(conn) -> None:
+    # Freed pages are reused; incremental vacuum (Database.vacuum_some) gives them back to the
+    # file system. Only takes effect on a new file (an existing one keeps its mode until VACUUM).
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
     conn.execute("PRAGMA journal_mode = WAL").fetchone()
     # Commits write the WAL without fsync; the writer's fsync thread makes durable
     # batches durable (writer.Syncer), and checkpoints, which EZRA runs itself
@@ -153,9 +248,46 @@ def _set_pragmas(conn) -> None:
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA wal_autocheckpoint = 0")
     conn.execute("PRAGMA foreign_keys = OFF")
+    # Deleted tasks are zeroed only where that costs no extra write (some builds default to
+    # ON, which writes every freed page again: as much I/O as the purged tasks themselves).
+    conn.execute("PRAGMA secure_delete = FAST")
     conn.execute("PRAGMA temp_store = MEMORY")
     conn.execute("PRAGMA cache_size = -16000")  # 16 MB page cache: bounded memory
-    conn.execute("PRAGMA busy_timeout = 5000")  # a backup or a browser may hold a read lock
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # a backup or a browser may hold a read lock
+
+
+def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
+    """Copy a live ezra.db through SQLite's online backup API; returns the copy's task counts.
+
+    Reads a consistent snapshot (one read transaction; writers carry on in WAL mode),
+    writes a self-contained file (rollback journal, no -wal beside it), fsyncs it, then
+    checks that the copy opens. Safe from another process or a thread: it uses its own
+    connections.
+    """
+    if os.path.exists(dest_path):
+        raise StorageError(f"{dest_path} exists already; refusing to overwrite it")
+    source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
+    dest = _connect(dest_path)
+    try:
+        source.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        source.backup(dest)  # pages=-1: the whole file in one step, one snapshot
+        dest.execute("PRAGMA journal_mode = DELETE").fetchone()
+        check = dest.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise StorageError(f"the copy in {dest_path} does not check out: {check}")
+        counts = dict(dest.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
+    except sqlite3.Error as exc:
+        raise StorageError(f"backup of {source_path} to {dest_path} failed: {exc}") from exc
+    finally:
+        source.close()
+        dest.close()
+    fd = os.open(dest_path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_directory(os.path.dirname(os.path.abspath(dest_path)))
+    return counts
 
 
 class Database:
@@ -189,7 +321,28 @@ class Database:
 
     def checkpoint(self) -> None:
         """Copy the WAL into the database file (fsyncing both) and empty the WAL."""
-        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        # A reader (a hot backup, a SQLite browser) may hold the WAL for a long time: wait
+        # for it briefly, not the 5 s busy timeout, while batches wait; the writer tries again.
+        self.conn.execute(f"PRAGMA busy_timeout = {CHECKPOINT_WAIT_MS}")
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
+    def incremental_vacuum_enabled(self) -> bool:
+        return self.conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
+
+    def free_pages(self) -> tuple[int, int]:
+        """(free pages, all pages) of the file."""
+        return (self.conn.execute("PRAGMA freelist_count").fetchone()[0],
+                self.conn.execute("PRAGMA page_count").fetchone()[0])
+
+    def vacuum_some(self, pages: int) -> None:
+        """Give up to `pages` free pages back to the file system (incremental vacuum)."""
+        for _ in range(pages):
+            # Each step of the pragma frees one page; Python's sqlite3 runs only the first
+            # step of a statement whose rows have no columns, so step it one call at a time.
+            self.conn.execute("PRAGMA incremental_vacuum(1)")
 
     # -- start-up
 
@@ -200,15 +353,15 @@ class Database:
             "WHERE state = 'in_flight'")
         return cur.rowcount
 
-    def load_queues(self) -> list[tuple]:
-        """(name, saved last id, newest task id or None, visibility_timeout, max_attempts, retention)."""
+    def load_queues(self) -> list[dict]:
+        """Every queue's row, with `newest_id`: the newest task's id (or None)."""
         newest = ("(SELECT {} FROM tasks WHERE tasks.queue = queues.name "
                   "ORDER BY id_ms DESC, id_seq DESC LIMIT 1)")
-        rows = self.conn.execute(
-            f"SELECT name, last_id_ms, last_id_seq, {newest.format('id_ms')}, {newest.format('id_seq')}, "
-            "visibility_timeout, max_attempts, retention_seconds FROM queues").fetchall()
-        return [(name, (ms, seq), None if top_ms is None else (top_ms, top_seq), *settings)
-                for name, ms, seq, top_ms, top_seq, *settings in rows]
+        cur = self.conn.execute(
+            f"SELECT *, {newest.format('id_ms')} AS newest_ms, {newest.format('id_seq')} AS newest_seq "
+            "FROM queues")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
 
     def count_states(self) -> list[tuple]:
         """(queue, state, count) for every queue; start-up builds the counters from it."""
@@ -225,23 +378,30 @@ class Database:
         self.conn.execute("UPDATE queues SET last_id_ms = ?, last_id_seq = ? WHERE name = ?",
                           (last_id[0], last_id[1], name_value(name)))
 
+    def save_deleted(self, name: bytes, count: int, max_id: tuple) -> None:
+        self.conn.execute("UPDATE queues SET deleted_count = ?, max_deleted_ms = ?, max_deleted_seq = ? "
+                          "WHERE name = ?", (count, max_id[0], max_id[1], name_value(name)))
+
+    def save_settings(self, name: bytes, changes: dict) -> None:
+        """Store XCFGSET's changes ({column: value}); columns come from SETTING_COLUMNS only."""
+        columns = [column for column in changes if column in SETTING_COLUMNS]
+        if columns:
+            self.conn.execute(f"UPDATE queues SET {', '.join(c + ' = ?' for c in columns)} WHERE name = ?",
+                              (*(changes[c] for c in columns), name_value(name)))
+
+    def save_group_name(self, name: bytes, group: bytes) -> None:
+        self.conn.execute("UPDATE queues SET group_name = ? WHERE name = ?",
+                          (name_value(group), name_value(name)))
+
     # -- tasks
 
     def insert_task(self, queue: bytes, task_id: tuple, fields: list[bytes], now: int,
-                    available_at: int) -> None:
+                    available_at: int, state: str = lifecycle.AVAILABLE, ttl_ms: int | None = None) -> None:
         self.conn.execute(
-            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-            "VALUES (?, ?, ?, 'available', ?, ?, ?)",
-            (name_value(queue), task_id[0], task_id[1], encode_fields(fields), now, available_at))
-
-    def insert_done_task(self, queue: bytes, task_id: tuple, fields: list[bytes], now: int,
-                         worker: bytes) -> None:
-        """A task delivered with NOACK: done at once, as Redis's NOACK means."""
-        self.conn.execute(
-            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, worker, created_at, "
-            "available_at, delivered_at, finished_at) VALUES (?, ?, ?, 'done', ?, 1, ?, ?, ?, ?, ?)",
-            (name_value(queue), task_id[0], task_id[1], encode_fields(fields), name_value(worker),
-             now, now, now, now))
+            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, ttl_ms) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (name_value(queue), task_id[0], task_id[1], state, encode_fields(fields), now, available_at,
+             ttl_ms))
 
     def claim(self, queue: bytes, worker: bytes, count: int, now: int, deadline: int,
               state: str = lifecycle.IN_FLIGHT) -> list[tuple]:
@@ -250,9 +410,9 @@ class Database:
             "UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, "
             "attempts = attempts + 1, finished_at = CASE WHEN ? = 'done' THEN ? END "
             "WHERE rowid IN (SELECT rowid FROM tasks WHERE queue = ? AND state = 'available' "
-            "AND available_at <= ? ORDER BY id_ms, id_seq LIMIT ?) "
+            "ORDER BY id_ms, id_seq LIMIT ?) "
             f"RETURNING {TASK_COLUMNS}",
-            (state, name_value(worker), deadline, now, state, now, name_value(queue), now, count),
+            (state, name_value(worker), deadline, now, state, now, name_value(queue), count),
         ).fetchall()
         rows.sort()
         return rows
@@ -280,6 +440,22 @@ class Database:
             [(now, q, ms, seq) for ms, seq in ids])
         return cur.rowcount
 
+    def ack_delete(self, queue: bytes, ids: list[tuple]) -> int:
+        """Retention 0: an acked task without its own TTL is deleted at once (then `ack` the rest)."""
+        q = name_value(queue)
+        cur = self.conn.executemany(
+            "DELETE FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ? AND state = 'in_flight' "
+            "AND ttl_ms IS NULL", [(q, ms, seq) for ms, seq in dict.fromkeys(ids)])
+        return cur.rowcount
+
+    def delete_finished(self, queue: bytes, task_id: tuple) -> str | None:
+        """XACKDEL: delete one in-flight or done task; its former state, or None."""
+        row = self.conn.execute(
+            "DELETE FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ? "
+            "AND state IN ('in_flight', 'done') RETURNING state",
+            (name_value(queue), task_id[0], task_id[1])).fetchone()
+        return row[0] if row else None
+
     def in_flight_attempts(self, queue: bytes, ids: list[tuple], states=(lifecycle.IN_FLIGHT,)) -> list[tuple]:
         """(rowid, attempts, state) of the given tasks that are in one of `states`."""
         q = name_value(queue)
@@ -292,6 +468,12 @@ class Database:
             if row:
                 found.append(row)
         return found
+
+    def held_by(self, queue: bytes, worker: bytes) -> list[tuple]:
+        """(rowid, attempts, state) of a worker's in-flight tasks in a queue (release on disconnect)."""
+        return self.conn.execute(
+            "SELECT rowid, attempts, state FROM tasks WHERE queue = ? AND worker = ? AND state = 'in_flight'",
+            (name_value(queue), name_value(worker))).fetchall()
 
     def expired(self, now: int, limit: int) -> list[tuple]:
         """(rowid, attempts, state, queue) of in-flight tasks whose lease ran out."""
@@ -310,20 +492,133 @@ class Database:
             "available_at = ?, finished_at = CASE WHEN ? = 'dead' THEN ? END WHERE rowid = ?",
             (state, attempts, available_at, state, now, rowid))
 
-    def delete_dead(self, queue: bytes, ids: list[tuple]) -> int:
-        q = name_value(queue)
-        cur = self.conn.executemany(
-            "DELETE FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ? AND state = 'dead'",
-            [(q, ms, seq) for ms, seq in dict.fromkeys(ids)])
-        return cur.rowcount
+    def promote_due(self, now: int, limit: int) -> list:
+        """Delayed tasks whose time came become available; the queue of each."""
+        return [row[0] for row in self.conn.execute(
+            "UPDATE tasks SET state = 'available' WHERE rowid IN (SELECT rowid FROM tasks "
+            "WHERE state = 'delayed' AND available_at <= ? ORDER BY available_at LIMIT ?) RETURNING queue",
+            (now, limit)).fetchall()]
 
-    def purge_done(self, queue: bytes, finished_before: int, limit: int) -> int:
-        """Delete up to `limit` done tasks of a queue finished before the cut-off."""
-        cur = self.conn.execute(
+    def next_due(self) -> int | None:
+        return self.conn.execute(
+            "SELECT min(available_at) FROM tasks WHERE state = 'delayed'").fetchone()[0]
+
+    def requeue(self, queue: bytes, ids: list[tuple] | None, now: int) -> int:
+        """dead -> available with attempts reset: the given ids, or all of the queue's (None)."""
+        sql = ("UPDATE tasks SET state = 'available', attempts = 0, worker = NULL, deadline = NULL, "
+               "finished_at = NULL, available_at = ? WHERE queue = ? AND state = 'dead'")
+        q = name_value(queue)
+        if ids is None:
+            return self.conn.execute(sql, (now, q)).rowcount
+        return self.conn.executemany(sql + " AND id_ms = ? AND id_seq = ?",
+                                     [(now, q, ms, seq) for ms, seq in dict.fromkeys(ids)]).rowcount
+
+    def delete_dead(self, queue: bytes, ids: list[tuple]) -> list[tuple]:
+        """Delete dead tasks for good; the ids deleted."""
+        q = name_value(queue)
+        deleted = []
+        for ms, seq in dict.fromkeys(ids):
+            if self.conn.execute("DELETE FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ? "
+                                 "AND state = 'dead'", (q, ms, seq)).rowcount:
+                deleted.append((ms, seq))
+        return deleted
+
+    def purge_done(self, queue: bytes, finished_before: int, limit: int) -> list[tuple]:
+        """Delete up to `limit` done tasks (without their own TTL) finished before the cut-off; their ids."""
+        return self.conn.execute(
             "DELETE FROM tasks WHERE rowid IN (SELECT rowid FROM tasks WHERE state = 'done' "
-            "AND finished_at < ? AND queue = ? ORDER BY finished_at LIMIT ?)",
-            (finished_before, name_value(queue), limit))
-        return cur.rowcount
+            "AND finished_at < ? AND queue = ? AND ttl_ms IS NULL ORDER BY finished_at LIMIT ?) "
+            "RETURNING id_ms, id_seq", (finished_before, name_value(queue), limit)).fetchall()
+
+    def oldest_done(self, queue: bytes) -> int | None:
+        """When the oldest done task (without its own TTL) of a queue finished."""
+        return self.conn.execute(
+            "SELECT min(finished_at) FROM tasks WHERE state = 'done' AND queue = ? AND ttl_ms IS NULL",
+            (name_value(queue),)).fetchone()[0]
+
+    def purge_expired_ttl(self, now: int, limit: int) -> list[tuple]:
+        """Delete finished tasks whose TTL ran out; (queue, state, id_ms, id_seq) of each."""
+        return self.conn.execute(
+            "DELETE FROM tasks WHERE rowid IN (SELECT rowid FROM tasks WHERE ttl_ms IS NOT NULL "
+            "AND state IN ('done', 'dead') AND finished_at + ttl_ms <= ? LIMIT ?) "
+            "RETURNING queue, state, id_ms, id_seq", (now, limit)).fetchall()
+
+    def next_ttl_expiry(self) -> int | None:
+        return self.conn.execute(
+            "SELECT min(finished_at + ttl_ms) FROM tasks WHERE ttl_ms IS NOT NULL "
+            "AND state IN ('done', 'dead')").fetchone()[0]
+
+    # -- leases: XCLAIM, XAUTOCLAIM, XREADGROUP CLAIM
+
+    LEASE_COLUMNS = "rowid, id_ms, id_seq, state, worker, delivered_at, attempts, fields"
+
+    def lease_rows(self, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
+        """The given tasks in one of `states`, in the order given (LEASE_COLUMNS)."""
+        q = name_value(queue)
+        marks = ",".join("?" * len(states))
+        rows = []
+        for ms, seq in dict.fromkeys(ids):
+            row = self.conn.execute(
+                f"SELECT {self.LEASE_COLUMNS} FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ? "
+                f"AND state IN ({marks})", (q, ms, seq, *states)).fetchone()
+            if row:
+                rows.append(row)
+        return rows
+
+    def in_flight_from(self, queue: bytes, start: tuple, limit: int) -> list[tuple]:
+        """In-flight tasks from `start` on, in id order (XAUTOCLAIM's scan)."""
+        return self.conn.execute(
+            f"SELECT {self.LEASE_COLUMNS} FROM tasks WHERE queue = ? AND state = 'in_flight' "
+            "AND (id_ms, id_seq) >= (?, ?) ORDER BY id_ms, id_seq LIMIT ?",
+            (name_value(queue), start[0], start[1], limit)).fetchall()
+
+    def idle_in_flight(self, queue: bytes, delivered_before: int, limit: int) -> list[tuple]:
+        """In-flight tasks idle since `delivered_before`, longest idle first (XREADGROUP CLAIM)."""
+        return self.conn.execute(
+            f"SELECT {self.LEASE_COLUMNS} FROM tasks WHERE queue = ? AND state = 'in_flight' "
+            "AND delivered_at <= ? ORDER BY delivered_at, id_ms, id_seq LIMIT ?",
+            (name_value(queue), delivered_before, limit)).fetchall()
+
+    def set_lease(self, rowid: int, worker: bytes, delivered_at: int, deadline: int, attempts: int) -> None:
+        self.conn.execute(
+            "UPDATE tasks SET state = 'in_flight', worker = ?, delivered_at = ?, deadline = ?, "
+            "attempts = ? WHERE rowid = ?", (name_value(worker), delivered_at, deadline, attempts, rowid))
+
+    # -- idempotent producers
+
+    def idmp_lookup(self, queue: bytes, producer: bytes, iid: bytes, now: int) -> tuple | None:
+        """The id a push with this producer/iid created, if still remembered."""
+        return self.conn.execute(
+            "SELECT id_ms, id_seq FROM idempotency WHERE queue = ? AND producer = ? AND iid = ? "
+            "AND expires_at > ?", (name_value(queue), name_value(producer), iid, now)).fetchone()
+
+    def idmp_record(self, queue: bytes, producer: bytes, iid: bytes, task_id: tuple, expires_at: int,
+                    maxsize: int) -> None:
+        """Remember a push; a producer keeps its `maxsize` newest iids (Redis's IDMP-MAXSIZE)."""
+        q, p = name_value(queue), name_value(producer)
+        self.conn.execute(
+            "INSERT OR REPLACE INTO idempotency (queue, producer, iid, id_ms, id_seq, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (q, p, iid, task_id[0], task_id[1], expires_at))
+        self.conn.execute(
+            "DELETE FROM idempotency WHERE rowid IN (SELECT rowid FROM idempotency "
+            "WHERE queue = ? AND producer = ? ORDER BY rowid DESC LIMIT -1 OFFSET ?)", (q, p, maxsize))
+
+    def idmp_forget(self, queue: bytes) -> None:
+        self.conn.execute("DELETE FROM idempotency WHERE queue = ?", (name_value(queue),))
+
+    def idmp_purge(self, now: int, limit: int) -> int:
+        return self.conn.execute(
+            "DELETE FROM idempotency WHERE rowid IN (SELECT rowid FROM idempotency "
+            "WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)", (now, limit)).rowcount
+
+    def next_idmp_expiry(self) -> int | None:
+        return self.conn.execute("SELECT min(expires_at) FROM idempotency").fetchone()[0]
+
+    def idmp_tracked(self, queue: bytes, now: int) -> tuple[int, int]:
+        """(producers, iids) remembered for a queue (XINFO STREAM pids-tracked, iids-tracked)."""
+        return self.conn.execute(
+            "SELECT count(DISTINCT producer), count(*) FROM idempotency WHERE queue = ? AND expires_at > ?",
+            (name_value(queue), now)).fetchone()
 
     # -- reads
 
@@ -369,12 +664,14 @@ class Database:
         params.append(count)
         return self.conn.execute(sql, params).fetchall()
 
-    # -- backup
+    def consumers(self, queue: bytes) -> list[tuple]:
+        """(worker, in-flight count, last delivery) per worker holding tasks (XINFO CONSUMERS)."""
+        return self.conn.execute(
+            "SELECT worker, count(*), max(delivered_at) FROM tasks WHERE queue = ? AND state = 'in_flight' "
+            "GROUP BY worker ORDER BY worker", (name_value(queue),)).fetchall()
 
-    def backup_to(self, dest_path: str) -> None:
-        """A consistent copy through SQLite's online backup API."""
-        dest = sqlite3.connect(dest_path)
-        try:
-            self.conn.backup(dest)
-        finally:
-            dest.close()
+    def last_delivered(self, queue: bytes) -> tuple | None:
+        """The newest id ever delivered (XINFO GROUPS last-delivered-id after a restart)."""
+        return self.conn.execute(
+            "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND attempts > 0 "
+            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1", (name_value(queue),)).fetchone()

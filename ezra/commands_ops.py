@@ -1,0 +1,240 @@
+"""The operations commands, in the same table as commands.py (imported by it to register).
+
+    XCFGSET queue SETTING value ...          per-queue settings (queue_settings.py)
+    XCLAIM / XAUTOCLAIM                       leases: heartbeats and take-overs (leases.py)
+    XACKDEL queue group [KEEPREF|DELREF|ACKED] IDS n id...   ack and drop the record
+    XREQUEUE queue ALL | IDS n id...          dead tasks back to available
+    XINFO STREAM|GROUPS|CONSUMERS|HELP        Redis's shapes, plus EZRA's counts and settings
+    BACKUP dest-path                          a hot backup of ezra.db, written by the server
+
+Same rules as commands.py: parse, call the broker, return a reply value.
+"""
+
+from __future__ import annotations
+
+from . import errors, lifecycle, queue_settings
+from .commands import Deferred, broker, command, ids_of, live_queue, to_int
+from .errors import CommandError
+from .lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
+from .resp import OK, SimpleString
+from .storage import StorageError
+
+AUTOCLAIM_DEFAULT_COUNT = 100
+AUTOCLAIM_MAX_COUNT = 10000
+
+
+def ids_block(args: list[bytes], i: int) -> tuple[list[tuple], int]:
+    """'IDS numids id ...' at args[i]: the ids and the index after them."""
+    if i >= len(args) or args[i].upper() != b"IDS" or i + 1 >= len(args):
+        raise errors.SYNTAX
+    numids = to_int(args[i + 1])
+    if numids <= 0:
+        raise errors.err("Number of IDs must be a positive integer")
+    if i + 2 + numids > len(args):
+        raise errors.err("The `numids` parameter must match the number of arguments")
+    return ids_of(args[i + 2:i + 2 + numids]), i + 2 + numids
+
+
+# ---------------------------------------------------------------- settings
+
+@command("XCFGSET", -2)
+def xcfgset(session, args):
+    """XCFGSET queue SETTING value [SETTING value ...]: OK; creates the queue if it does not exist."""
+    queue = live_queue(args[1])
+    changes = queue_settings.parse(args[2:])
+    return Deferred(broker(session).configure(queue, changes), lambda _: OK)
+
+
+# ---------------------------------------------------------------- leases
+
+@command("XCLAIM", -6)
+def xclaim(session, args):
+    """XCLAIM queue group worker min-idle-ms id... [IDLE ms] [TIME ms] [RETRYCOUNT n] [FORCE] [JUSTID] [LASTID id]"""
+    queue = live_queue(args[1])
+    worker = session.use_worker(args[3])
+    min_idle = max(to_int(args[4], errors.err("Invalid min-idle-time argument for XCLAIM")), 0)
+    i, ids = 5, []
+    while i < len(args):
+        try:
+            ids.append(parse_id(args[i]))
+        except CommandError:
+            break  # as Redis: the ids end where the options start
+        i += 1
+    opts = {"idle_ms": None, "time_ms": None, "retry_count": None, "force": False, "justid": False}
+    while i < len(args):
+        option, has_value = args[i].upper(), i + 1 < len(args)
+        if option in (b"IDLE", b"TIME", b"RETRYCOUNT") and has_value:
+            name = option.decode()
+            value = to_int(args[i + 1], errors.err(f"Invalid {name} option argument for XCLAIM"))
+            opts[{"IDLE": "idle_ms", "TIME": "time_ms", "RETRYCOUNT": "retry_count"}[name]] = max(value, 0)
+            i += 2
+        elif option in (b"FORCE", b"JUSTID"):
+            opts[option.decode().lower()] = True
+            i += 1
+        elif option == b"LASTID" and has_value:
+            parse_id(args[i + 1])  # the group's last id: EZRA's one group has none to set
+            i += 2
+        else:
+            raise errors.err(f"Unrecognized XCLAIM option '{args[i].decode('utf-8', 'replace')[:128]}'")
+    return Deferred(broker(session).claim_over(queue, worker, min_idle, ids, **opts))
+
+
+@command("XAUTOCLAIM", -6)
+def xautoclaim(session, args):
+    """XAUTOCLAIM queue group worker min-idle-ms start [COUNT n] [JUSTID]: [cursor, entries, deleted]"""
+    queue = live_queue(args[1])
+    worker = session.use_worker(args[3])
+    min_idle = max(to_int(args[4], errors.err("Invalid min-idle-time argument for XAUTOCLAIM")), 0)
+    start = lifecycle.parse_range_bound(args[5], True)
+    count, justid, i = AUTOCLAIM_DEFAULT_COUNT, False, 6
+    while i < len(args):
+        option = args[i].upper()
+        if option == b"COUNT" and i + 1 < len(args):
+            count = to_int(args[i + 1], errors.err("COUNT must be > 0"))
+            if count < 1:
+                raise errors.err("COUNT must be > 0")
+            count, i = min(count, AUTOCLAIM_MAX_COUNT), i + 2
+        elif option == b"JUSTID":
+            justid, i = True, i + 1
+        else:
+            raise errors.SYNTAX
+    return Deferred(broker(session).autoclaim(queue, worker, min_idle, start, count, justid))
+
+
+@command("XACKDEL", -6)
+def xackdel(session, args):
+    """XACKDEL queue group [KEEPREF | DELREF | ACKED] IDS numids id...: per id 1 (acked, deleted) or -1"""
+    queue = live_queue(args[1])
+    i = 3
+    if args[i].upper() in (b"KEEPREF", b"DELREF", b"ACKED"):
+        i += 1  # one implicit group: every policy means the same
+    ids, end = ids_block(args, i)
+    if end != len(args):
+        raise errors.SYNTAX
+    return Deferred(broker(session).ack_delete(queue, ids))
+
+
+# ---------------------------------------------------------------- redrive
+
+@command("XREQUEUE", -3)
+def xrequeue(session, args):
+    """XREQUEUE queue ALL | IDS numids id...: dead tasks back to available, attempts reset; how many."""
+    queue, _ = split_queue(args[1])  # 'q' and 'q::dead' both name q's dead tasks
+    if args[2].upper() == b"ALL" and len(args) == 3:
+        return Deferred(broker(session).requeue(queue, None))
+    ids, end = ids_block(args, 2)
+    if end != len(args):
+        raise errors.SYNTAX
+    return Deferred(broker(session).requeue(queue, ids))
+
+
+# ---------------------------------------------------------------- XINFO
+
+@command("XINFO", -2)
+def xinfo(session, args):
+    """XINFO STREAM queue [FULL [COUNT n]] | GROUPS queue | CONSUMERS queue group | HELP"""
+    sub = args[1].upper()
+    if sub == b"HELP" and len(args) == 2:
+        return [SimpleString(line) for line in XINFO_HELP]
+    arity = {b"STREAM": 3, b"GROUPS": 3, b"CONSUMERS": 4}.get(sub)
+    if arity is None:
+        raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XINFO")
+    if len(args) < arity or (sub != b"STREAM" and len(args) != arity):
+        raise errors.err(f"wrong number of arguments for 'xinfo|{sub.decode().lower()}' command")
+    queue = live_queue(args[2])
+    if sub == b"GROUPS":
+        return Deferred(broker(session).stream_info(queue), lambda info: [group_reply(info)])
+    if sub == b"CONSUMERS":
+        return Deferred(broker(session).stream_info(queue), consumers_reply)
+    full_count = stream_full_count(args[3:])
+    return Deferred(broker(session).stream_info(queue, full_count),
+                    stream_reply if full_count is None else stream_full_reply)
+
+
+def stream_full_count(rest: list[bytes]) -> int | None:
+    """None without FULL; else how many entries and pending entries to show (0: all)."""
+    if not rest:
+        return None
+    if rest[0].upper() != b"FULL" or len(rest) not in (1, 3):
+        raise errors.SYNTAX
+    if len(rest) == 3:
+        if rest[1].upper() != b"COUNT":
+            raise errors.SYNTAX
+        return max(to_int(rest[2]), 0)
+    return 10
+
+
+def stream_reply(info: dict) -> dict:
+    """Redis 7's ten fields, Redis 8.6's idempotency fields, then EZRA's counts and settings."""
+    reply = {key: info[key] for key in REDIS_STREAM_HEAD}
+    reply.update(groups=1, **{key: info[key] for key in ("first-entry", "last-entry")})
+    return reply | ezra_fields(info)
+
+
+def stream_full_reply(info: dict) -> dict:
+    reply = {key: info[key] for key in REDIS_STREAM_HEAD}
+    now_pending = info["pel"]
+    group = {
+        "name": info["group"], "last-delivered-id": info["last-delivered-id"],
+        "entries-read": info["entries-read"], "lag": info["lag"], "pel-count": info["pending"],
+        "pending": [[task_id, worker, info["now"] - idle, n] for task_id, worker, idle, n in now_pending],
+        "consumers": [{"name": worker, "seen-time": info["now"] - idle, "pel-count": n,
+                       "pending": [[task_id, info["now"] - pidle, pn] for task_id, owner, pidle, pn in now_pending
+                                   if owner == worker]}
+                      for worker, n, idle in info["consumers"]],
+    }
+    reply.update(entries=info["entries"], groups=[group])
+    return reply | ezra_fields(info)
+
+
+REDIS_STREAM_HEAD = ("length", "radix-tree-keys", "radix-tree-nodes", "last-generated-id",
+                     "max-deleted-entry-id", "entries-added", "recorded-first-entry-id")
+
+
+def ezra_fields(info: dict) -> dict:
+    duration, maxsize = info["idmp"]
+    counts = info["counts"]
+    return {
+        "idmp-duration": duration, "idmp-maxsize": maxsize, "pids-tracked": info["pids-tracked"],
+        "iids-tracked": info["iids-tracked"], "iids-added": info["iids-added"],
+        "iids-duplicates": info["iids-duplicates"],
+        "available": counts[lifecycle.AVAILABLE], "delayed": counts[DELAYED],
+        "in-flight": counts[IN_FLIGHT], "done": counts[DONE], "dead": counts[DEAD],
+        **info["settings"],
+    }
+
+
+def group_reply(info: dict) -> dict:
+    return {"name": info["group"], "consumers": len(info["consumers"]), "pending": info["pending"],
+            "last-delivered-id": info["last-delivered-id"], "entries-read": info["entries-read"],
+            "lag": info["lag"]}
+
+
+def consumers_reply(info: dict) -> list:
+    return [{"name": worker, "pending": n, "idle": idle} for worker, n, idle in info["consumers"]]
+
+
+XINFO_HELP = [
+    "XINFO <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "CONSUMERS <key> <groupname>",
+    "    Show consumers of <groupname>.",
+    "GROUPS <key>",
+    "    Show the stream consumer groups.",
+    "STREAM <key> [FULL [COUNT <count>]",
+    "    Show information about the stream.",
+    "HELP",
+    "    Prints this help.",
+]
+
+
+# ---------------------------------------------------------------- backup
+
+@command("BACKUP", 2)
+def backup(session, args):
+    """BACKUP dest-path: a consistent copy of ezra.db at dest-path (on the server), by SQLite's backup API."""
+    dest = args[1].decode("utf-8", "surrogateescape")
+    try:
+        broker(session).backup(dest)
+    except StorageError as exc:
+        raise errors.err(f"backup failed: {exc}") from None
+    return OK

@@ -1,0 +1,177 @@
+"""Leases: part of the Broker (a mixin). Taking tasks over, heartbeats, release on disconnect.
+
+    XCLAIM q g w <min-idle> id...     by the owner: renews the lease (a heartbeat, no attempt
+                                      counted); by another worker: takes over a task idle that
+                                      long (an attempt, as Redis counts a delivery)
+    XAUTOCLAIM q g w <min-idle> start  the same for the in-flight tasks from `start` on
+    XREADGROUP ... CLAIM <min-idle>   idle tasks first (longest idle first), then new ones
+
+Release on disconnect (beanstalkd's rule, per queue, off by default): connections
+report the worker names they use; when the last connection that used a name
+closes, its tasks in queues with RELEASE-ON-DISCONNECT go back after the grace
+period, through the failure rule (as a timeout would), unless the name comes back.
+Acks carry no worker name, so a pooled client may ack on any connection.
+"""
+
+from __future__ import annotations
+
+import gevent
+from loguru import logger
+
+from . import lifecycle
+from .lifecycle import AVAILABLE, IN_FLIGHT
+from .storage import decode_fields, name_bytes
+
+AUTOCLAIM_SCAN_FACTOR = 10  # XAUTOCLAIM looks at up to COUNT x 10 in-flight tasks, as Redis does
+
+
+def delivery_time(now: int, idle_ms: int | None, time_ms: int | None) -> int | None:
+    """XCLAIM's IDLE / TIME: when the task counts as last delivered (None: now)."""
+    if idle_ms is not None:
+        return now - idle_ms
+    return None if time_ms is None else min(time_ms, now)
+
+
+class Leases:
+    """Lease operations and the worker-name registry (mixed into Broker)."""
+
+    def __init__(self):
+        self.worker_connections: dict[bytes, int] = {}  # worker name -> open connections that used it
+        self._release_timers: dict[bytes, gevent.Greenlet] = {}
+
+    # ------------------------------------------------------------ greenlet API
+
+    def claim_over(self, queue: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms=None,
+                   time_ms=None, retry_count=None, force=False, justid=False):
+        """XCLAIM: entries (or ids with JUSTID) of the tasks now leased to `worker`."""
+        return self.writer.submit(self._tx_claim_over, queue, worker, min_idle, ids, idle_ms, time_ms,
+                                  retry_count, force, justid, durable=False)
+
+    def autoclaim(self, queue: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
+                  justid: bool):
+        """XAUTOCLAIM: [next cursor, entries or ids, deleted ids (always none in EZRA)]."""
+        return self.writer.submit(self._tx_autoclaim, queue, worker, min_idle, start, count, justid,
+                                  durable=False)
+
+    def worker_seen(self, worker: bytes) -> None:
+        """A connection started using this worker name."""
+        self.worker_connections[worker] = self.worker_connections.get(worker, 0) + 1
+        timer = self._release_timers.pop(worker, None)
+        if timer is not None:
+            timer.kill(block=False)  # the name came back within the grace period
+
+    def worker_gone(self, worker: bytes) -> None:
+        """A connection that used this worker name closed."""
+        left = self.worker_connections.get(worker, 0) - 1
+        if left > 0:
+            self.worker_connections[worker] = left
+            return
+        self.worker_connections.pop(worker, None)
+        graces = [g for g in map(self._release_grace, list(self.queues.values())) if g is not None]
+        if graces:
+            self._release_after(worker, min(graces), self.clock())
+
+    def stop_release_timers(self) -> None:
+        for timer in list(self._release_timers.values()):
+            timer.kill(block=False)
+        self._release_timers.clear()
+
+    def _release_after(self, worker: bytes, seconds: float, gone_at: int) -> None:
+        self._release_timers[worker] = gevent.spawn_later(seconds, self._release, worker, gone_at)
+
+    def _release(self, worker: bytes, gone_at: int) -> None:
+        self._release_timers.pop(worker, None)
+        if worker in self.worker_connections:
+            return
+        try:
+            later = self.writer.call(self._tx_release, worker, gone_at)
+        except Exception as exc:
+            logger.opt(exception=exc).error("releasing the tasks of worker {!r} failed: {}", worker, exc)
+            return
+        if later is not None:  # queues with a longer grace period
+            self._release_after(worker, later, gone_at)
+
+    # ------------------------------------------------------------ writer's batch
+
+    def _tx_release(self, worker: bytes, gone_at: int) -> float | None:
+        """Release the gone worker's tasks where the grace is over; seconds until the next, or None."""
+        if worker in self.worker_connections:
+            return None
+        now, wait = self.clock(), None
+        for queue in list(self.queues.values()):
+            grace = self._release_grace(queue)
+            if grace is None or not queue.counts[IN_FLIGHT]:
+                continue
+            due = gone_at + lifecycle.to_ms(grace)
+            if now < due:
+                wait = min(wait or float("inf"), (due - now) / 1000)
+                continue
+            rows = self.db.held_by(queue.name, worker)
+            if rows:
+                self._apply_failures(queue, rows, lifecycle.FAIL, None, now)
+                self.stats["released"] += len(rows)
+                logger.debug("released {} tasks of gone worker {!r} in {!r}", len(rows), worker, queue.name)
+        return wait
+
+    def _tx_claim_over(self, name: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms,
+                       time_ms, retry_count, force: bool, justid: bool) -> list:
+        queue = self.queues.get(name)
+        if queue is None:
+            return []
+        now = self.clock()
+        delivered_at = delivery_time(now, idle_ms, time_ms)
+        states = (IN_FLIGHT, AVAILABLE) if force else (IN_FLIGHT,)
+        claimed = []
+        for row in self.db.lease_rows(name, ids, states):
+            state, delivered = row[3], row[5]
+            if state == IN_FLIGHT and now - delivered < min_idle:
+                continue
+            claimed.append(self._take_lease(queue, row, worker, now, justid, retry_count, delivered_at))
+        return claimed
+
+    def _tx_autoclaim(self, name: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
+                      justid: bool) -> list:
+        queue = self.queues.get(name)
+        if queue is None:
+            return [b"0-0", [], []]
+        now = self.clock()
+        limit = count * AUTOCLAIM_SCAN_FACTOR
+        rows = self.db.in_flight_from(name, start, limit + 1)
+        claimed, examined = [], 0
+        for row in rows[:limit]:
+            if len(claimed) == count:
+                break
+            examined += 1
+            if now - row[5] >= min_idle:
+                claimed.append(self._take_lease(queue, row, worker, now, justid))
+        cursor = lifecycle.format_id(rows[examined][1:3]) if examined < len(rows) else b"0-0"
+        return [cursor, claimed, []]
+
+    def _take_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
+        """XREADGROUP CLAIM: take over tasks idle >= min_idle; entries with [idle, deliveries so far]."""
+        taken = []
+        for row in self.db.idle_in_flight(queue.name, now - min_idle, count):
+            idle, attempts = now - row[5], row[6]
+            # Redis counts a CLAIM as a delivery, even of the reader's own task.
+            taken.append(self._take_lease(queue, row, worker, now, count_attempt=True) + [idle, attempts])
+        return taken
+
+    def _take_lease(self, queue, row, worker: bytes, now: int, justid: bool = False, retry_count=None,
+                    delivered_at=None, count_attempt: bool = False) -> list | bytes:
+        """Lease one task (LEASE_COLUMNS row) to `worker` from now; its entry, or its id (JUSTID)."""
+        rowid, ms, seq, state, owner, _, attempts, fields = row
+        renewal = state == IN_FLIGHT and name_bytes(owner) == worker and not count_attempt
+        if retry_count is not None:
+            attempts = retry_count
+        elif not (justid or renewal):
+            attempts += 1  # a delivery to another worker counts, as Redis counts XCLAIM
+        deadline = lifecycle.lease_deadline(now, self._visibility_timeout(queue))
+        self.db.set_lease(rowid, worker, now if delivered_at is None else delivered_at, deadline, attempts)
+        self.lease_until(deadline)
+        if state == AVAILABLE:  # XCLAIM FORCE of a task nobody held
+            queue.move(AVAILABLE, IN_FLIGHT)
+            queue.last_delivered = max(queue.last_delivered or (0, 0), (ms, seq))
+        if not renewal:
+            self.stats["delivered"] += 1
+        task_id = lifecycle.format_id((ms, seq))
+        return task_id if justid else [task_id, decode_fields(fields)]

@@ -1,0 +1,156 @@
+"""Operators' side of the Broker (a mixin): settings, redrive, XACKDEL, XINFO's figures, backup.
+
+    configure      XCFGSET and the config file's queue lines: stored in `queues`, applied at once
+    requeue        XREQUEUE: dead tasks back to available, attempts reset, in one statement
+    ack_delete     XACKDEL: ack and drop the record
+    stream_info    the figures behind XINFO STREAM / GROUPS / CONSUMERS
+    backup         SQLite's online backup API on a native thread; writers carry on meanwhile
+"""
+
+from __future__ import annotations
+
+import math
+
+from gevent import get_hub
+
+from . import errors, lifecycle
+from .lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
+from .queue_settings import backoff_text, number, optional_seconds
+from .storage import backup_database, entry, name_bytes
+
+LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
+TOP = (MAX_ID_PART, MAX_ID_PART)
+STREAM_NODE_ENTRIES = 100  # Redis's stream-node-max-entries: XINFO's radix-tree figures estimate it
+XACKDEL_DELETED = 1
+XACKDEL_NOT_FOUND = -1
+
+
+class QueueAdmin:
+    """Operator commands (mixed into Broker)."""
+
+    # ------------------------------------------------------------ greenlet API
+
+    def configure(self, queue: bytes, changes: dict):
+        """XCFGSET: apply and store settings ({column: value}); creates the queue if needed."""
+        return self.writer.submit(self._tx_configure, queue, changes)
+
+    def requeue(self, queue: bytes, ids: list[tuple] | None):
+        """XREQUEUE: dead tasks (these ids, or all with None) back to available; how many moved."""
+        return self.writer.submit(self._tx_requeue, queue, ids)
+
+    def ack_delete(self, queue: bytes, ids: list[tuple]):
+        """XACKDEL: per id, 1 (acked and deleted) or -1 (not in flight nor done)."""
+        return self.writer.submit(self._tx_ack_delete, queue, ids)
+
+    def stream_info(self, queue: bytes, full_count: int | None = None):
+        """The figures of XINFO STREAM / GROUPS / CONSUMERS (a dict); ERR no such key if none."""
+        return self.writer.submit(self._tx_stream_info, queue, full_count, durable=False)
+
+    def backup(self, dest_path: str) -> dict:
+        """Copy the live database to dest_path (SQLite online backup); the copy's counts by state."""
+        return get_hub().threadpool.apply(backup_database, (self.db.path, dest_path))
+
+    # ------------------------------------------------------------ writer's batch
+
+    def _tx_configure(self, name: bytes, changes: dict) -> bool:
+        queue = self._queue(name, self.clock())
+        idmp_before = self._idmp_limits(queue)
+        for column, value in changes.items():
+            setattr(queue, column, value)
+        if self._idmp_limits(queue) != idmp_before:
+            self.db.idmp_forget(name)  # as Redis: other IDMP limits start from an empty map
+        self.db.save_settings(name, changes)
+        queue.next_purge = 0  # retention may have changed: the reaper looks again
+        return True
+
+    def _tx_requeue(self, name: bytes, ids: list[tuple] | None) -> int:
+        queue = self.queues.get(name)
+        if queue is None or not queue.counts[DEAD]:
+            return 0
+        now = self.clock()
+        moved = self.db.requeue(name, ids, now)
+        queue.move(DEAD, AVAILABLE, moved)
+        self._serve_waiters(queue, now)
+        return moved
+
+    def _tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[int]:
+        queue = self.queues.get(name)
+        if queue is None:
+            return [XACKDEL_NOT_FOUND] * len(ids)
+        replies, deleted = [], []
+        for task_id in ids:
+            state = self.db.delete_finished(name, task_id)
+            if state is None:
+                replies.append(XACKDEL_NOT_FOUND)
+                continue
+            queue.counts[state] -= 1
+            if state == IN_FLIGHT:
+                self.stats["acked"] += 1
+            deleted.append(task_id)
+            replies.append(XACKDEL_DELETED)
+        self._note_deleted(queue, deleted)
+        return replies
+
+    def _tx_stream_info(self, name: bytes, full_count: int | None) -> dict:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise errors.NO_SUCH_KEY
+        now = self.clock()
+        info = {**self._stream_figures(queue), **self._group_figures(queue, now),
+                **self._ezra_figures(queue, now), "now": now}
+        if full_count is not None:  # XINFO STREAM FULL: the entries and the pending list too
+            limit = full_count or None
+            info["entries"] = [entry(row) for row in self.db.range(name, LIVE_STATES, (0, 0), TOP, limit, False)]
+            info["pel"] = self._tx_pending_entries(name, (0, 0), TOP, limit or -1, None, None)
+        return info
+
+    def _stream_figures(self, queue) -> dict:
+        """Redis 7's XINFO STREAM fields, as they read for a queue."""
+        counts = queue.counts
+        first = self.db.range(queue.name, LIVE_STATES, (0, 0), TOP, 1, False)
+        last = self.db.range(queue.name, LIVE_STATES, (0, 0), TOP, 1, True)
+        nodes = math.ceil(sum(counts[state] for state in LIVE_STATES) / STREAM_NODE_ENTRIES)
+        return {
+            "length": sum(counts[state] for state in lifecycle.WAITING),
+            "radix-tree-keys": nodes, "radix-tree-nodes": nodes + 1,
+            "last-generated-id": lifecycle.format_id(queue.last_id),
+            "max-deleted-entry-id": lifecycle.format_id(queue.max_deleted),
+            "entries-added": sum(counts.values()) + queue.deleted,
+            "recorded-first-entry-id": lifecycle.format_id(first[0][:2]) if first else b"0-0",
+            "first-entry": entry(first[0]) if first else None,
+            "last-entry": entry(last[0]) if last else None,
+        }
+
+    def _group_figures(self, queue, now: int) -> dict:
+        """The one implicit group, and the workers holding its tasks (XINFO GROUPS / CONSUMERS)."""
+        if queue.last_delivered is None:  # not known since start: ask the file once
+            queue.last_delivered = self.db.last_delivered(queue.name) or (0, 0)
+        waiting = queue.counts[AVAILABLE] + queue.counts[lifecycle.DELAYED]
+        return {
+            "group": queue.group or b"default",
+            "pending": queue.counts[IN_FLIGHT],
+            "last-delivered-id": lifecycle.format_id(queue.last_delivered),
+            "entries-read": sum(queue.counts.values()) + queue.deleted - waiting,
+            "lag": waiting,
+            "consumers": [(name_bytes(worker), n, max(now - (seen or now), 0))
+                          for worker, n, seen in self.db.consumers(queue.name)],
+        }
+
+    def _ezra_figures(self, queue, now: int) -> dict:
+        """Redis 8.6's idempotency figures, EZRA's counts by state and the settings in force."""
+        pids, iids = self.db.idmp_tracked(queue.name, now)
+        return {
+            "idmp": self._idmp_limits(queue), "pids-tracked": pids, "iids-tracked": iids,
+            "iids-added": queue.iids_added, "iids-duplicates": queue.iids_duplicates,
+            "counts": dict(queue.counts), "settings": self._settings_shown(queue),
+        }
+
+    def _settings_shown(self, queue) -> dict:
+        """Every setting as it applies now, in the text XCFGSET takes (XINFO STREAM)."""
+        return {
+            "visibility-timeout": number(self._visibility_timeout(queue)),
+            "max-attempts": str(self._max_attempts(queue)),
+            "retention": optional_seconds(self._retention(queue), "forever"),
+            "backoff": backoff_text(self._backoff(queue)),
+            "release-on-disconnect": optional_seconds(self._release_grace(queue), "off"),
+        }

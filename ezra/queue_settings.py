@@ -1,0 +1,164 @@
+"""Per-queue settings: what XCFGSET and the config file's `queue` lines accept, parsed once.
+
+    XCFGSET queue <setting value> [<setting value> ...]
+
+    VISIBILITY-TIMEOUT <seconds>                    lease of a delivered task
+    MAX-ATTEMPTS <n>                                deliveries before a failing task is dead
+    RETENTION <seconds> | FOREVER                   how long done tasks are kept (0: deleted on ack)
+    BACKOFF FIXED <seconds>                         delay before a failed task is offered again
+    BACKOFF EXPONENTIAL <base seconds> <max seconds>   base, 2 x base, 4 x base ... up to max
+    RELEASE-ON-DISCONNECT <grace seconds> | OFF     a worker's tasks go back when its last connection closes
+    IDMP-DURATION <seconds>                         idempotent producers (Redis 8.6): 1..86400, default 100
+    IDMP-MAXSIZE <n>                                iids kept per producer: 1..10000, default 100
+
+Every value may also be DEFAULT: the server's flag applies again. A parsed
+setting is {column: value}; the column is the `queues` table's, the value is
+what that column stores (None: the server's default; -1: FOREVER / OFF).
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import errors
+from .lifecycle import EXPONENTIAL, FIXED
+
+FOREVER = -1.0  # RETENTION FOREVER, stored as -1
+OFF = -1.0      # RELEASE-ON-DISCONNECT OFF, stored as -1
+IDMP_DURATION_DEFAULT = 100
+IDMP_MAXSIZE_DEFAULT = 100
+MAX_SECONDS = 10 * 365 * 86400.0  # nothing EZRA waits for is longer than ten years
+
+COLUMNS = {  # XCFGSET token -> queues column
+    b"VISIBILITY-TIMEOUT": "visibility_timeout",
+    b"MAX-ATTEMPTS": "max_attempts",
+    b"RETENTION": "retention_seconds",
+    b"BACKOFF": "backoff",
+    b"RELEASE-ON-DISCONNECT": "release_on_disconnect",
+    b"IDMP-DURATION": "idmp_duration",
+    b"IDMP-MAXSIZE": "idmp_maxsize",
+}
+IDMP_COLUMNS = ("idmp_duration", "idmp_maxsize")
+
+
+def parse(args: list[bytes]) -> dict[str, object]:
+    """XCFGSET's arguments after the queue name -> {column: stored value}. Raises CommandError."""
+    if not args:
+        raise errors.err("At least one setting is required: " + ", ".join(t.decode() for t in COLUMNS))
+    changes: dict[str, object] = {}
+    i = 0
+    while i < len(args):
+        token = args[i].upper()
+        column = COLUMNS.get(token)
+        if column is None or i + 1 >= len(args):
+            raise errors.SYNTAX
+        if args[i + 1].upper() == b"DEFAULT":
+            changes[column], i = None, i + 2
+            continue
+        if column == "backoff":
+            changes[column], used = parse_backoff(args[i + 1:])
+        else:
+            changes[column], used = PARSERS[column](args[i + 1]), 1
+        i += 1 + used
+    return changes
+
+
+def parse_backoff(args: list[bytes]) -> tuple[str, int]:
+    """BACKOFF FIXED <s> | EXPONENTIAL <base> <max> -> (stored text, arguments used)."""
+    kind = args[0].upper()
+    if kind == b"FIXED" and len(args) >= 2:
+        return backoff_text((FIXED, seconds(args[1]), seconds(args[1]))), 2
+    if kind == b"EXPONENTIAL" and len(args) >= 3:
+        base, cap = seconds(args[1]), seconds(args[2])
+        if base <= 0 or cap < base:
+            raise errors.err("BACKOFF EXPONENTIAL needs 0 < base <= max seconds")
+        return backoff_text((EXPONENTIAL, base, cap)), 3
+    raise errors.err("BACKOFF takes FIXED <seconds> or EXPONENTIAL <base seconds> <max seconds>")
+
+
+def backoff_text(policy) -> str:
+    kind, base, cap = policy
+    return f"{FIXED} {number(base)}" if kind == FIXED else f"{EXPONENTIAL} {number(base)} {number(cap)}"
+
+
+def backoff_policy(text: str):
+    """The stored text ('fixed 5', 'exponential 1 60') as a policy tuple."""
+    kind, *values = text.split()
+    numbers = [float(v) for v in values]
+    return (FIXED, numbers[0], numbers[0]) if kind == FIXED else (EXPONENTIAL, numbers[0], numbers[1])
+
+
+def seconds(arg: bytes, positive: bool = False) -> float:
+    try:
+        value = float(arg)
+    except ValueError:
+        raise errors.err("value is not a valid number of seconds") from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0) or value > MAX_SECONDS:
+        raise errors.err(f"seconds must be {'above' if positive else 'at least'} 0 and at most "
+                         f"{MAX_SECONDS:.0f}, got {arg.decode('utf-8', 'replace')}")
+    return value
+
+
+def integer(arg: bytes, low: int, high: int, out_of_range: str) -> int:
+    try:
+        value = int(arg)
+    except ValueError:
+        raise errors.NOT_INTEGER from None
+    if not low <= value <= high:
+        raise errors.err(out_of_range)
+    return value
+
+
+def _visibility_timeout(arg: bytes) -> float:
+    return seconds(arg, positive=True)
+
+
+def _max_attempts(arg: bytes) -> int:
+    return integer(arg, 1, 2 ** 31 - 1, "MAX-ATTEMPTS must be a positive integer")
+
+
+def _retention(arg: bytes) -> float:
+    return FOREVER if arg.upper() == b"FOREVER" else seconds(arg)
+
+
+def _release(arg: bytes) -> float:
+    return OFF if arg.upper() == b"OFF" else seconds(arg)
+
+
+def _idmp_duration(arg: bytes) -> int:
+    return integer(arg, 1, 86400, "IDMP-DURATION must be between 1 and 86400 seconds")
+
+
+def _idmp_maxsize(arg: bytes) -> int:
+    return integer(arg, 1, 10000, "IDMP-MAXSIZE must be between 1 and 10000 entries")
+
+
+PARSERS = {
+    "visibility_timeout": _visibility_timeout,
+    "max_attempts": _max_attempts,
+    "retention_seconds": _retention,
+    "release_on_disconnect": _release,
+    "idmp_duration": _idmp_duration,
+    "idmp_maxsize": _idmp_maxsize,
+}
+
+
+def parse_queue_line(line: str) -> tuple[bytes, dict[str, object]]:
+    """A config-file / --queue line, 'emails VISIBILITY-TIMEOUT 60 MAX-ATTEMPTS 5' -> (name, changes)."""
+    words = line.split()
+    if len(words) < 3:
+        raise ValueError(f"expected '<queue> <SETTING> <value> ...', got {line!r}")
+    try:
+        return words[0].encode(), parse([w.encode() for w in words[1:]])
+    except errors.CommandError as exc:
+        raise ValueError(f"{line!r}: {exc.message.removeprefix('ERR ')}") from None
+
+
+def number(value: float) -> str:
+    """Seconds as people write them: 30, 0.5."""
+    return f"{value:g}"
+
+
+def optional_seconds(value: float | None, none: str) -> str:
+    """A setting's effective seconds as XINFO shows them; `none` (forever, off) for None."""
+    return none if value is None else number(value)

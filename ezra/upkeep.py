@@ -1,0 +1,205 @@
+"""The reaper: part of the Broker (a mixin), run every REAPER_INTERVAL in the writer's batch.
+
+Each pass, in order:
+    expire   in-flight tasks whose lease ran out fail, through Broker._apply_failures
+    promote  delayed tasks whose time came (DELAY, backoff) become available; blocked
+             readers are served in the same transaction
+    purge    done tasks older than their queue's retention, and finished tasks whose
+             own TTL ran out, are deleted in small batches
+    forget   idempotent-producer ids past IDMP-DURATION
+    vacuum   when purges left much of the file free and have stopped for a while, give
+             some pages back (incremental vacuum); until then new tasks reuse them
+
+Idle cost is near zero: for each kind of work the reaper keeps the earliest time
+anything can be due (a lower bound, lowered by whoever creates the work) and
+runs no query before it. A pass that filled a batch reports more work, and the
+next pass runs at once instead of after the interval.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import gevent
+from loguru import logger
+
+from . import lifecycle
+from .lifecycle import AVAILABLE, DELAYED, DONE
+from .storage import name_bytes
+
+REAPER_INTERVAL = 0.1  # seconds between passes when there is nothing to catch up on
+EXPIRE_BATCH = 1000
+PROMOTE_BATCH = 1000
+PURGE_BATCH = 1000
+TTL_RECHECK_MS = 1000  # a task with TTL that finishes is purged at most this late
+FLUSH_MS = 1000        # removed-task counters are saved this often
+VACUUM_AFTER_ROWS = 1000   # look at the free pages after this many deletions ...
+VACUUM_QUIET_MS = 5000     # ... once deletions have stopped this long (pages are reused meanwhile;
+                           # vacuuming while a queue drains would move pages about to be freed)
+VACUUM_MIN_FREE_PAGES = 2048
+VACUUM_STEP_PAGES = 256    # pages given back per pass (1 MB at 4 KB pages)
+INF = float("inf")
+
+
+class Upkeep:
+    """The reaper's schedule and passes (mixed into Broker)."""
+
+    def __init__(self):
+        self._reaper = None
+        self._rows_since_vacuum = 0
+        self._last_delete_at = 0
+        self._can_vacuum = self.db.incremental_vacuum_enabled()
+        self.reset_schedule()
+
+    def reset_schedule(self) -> None:
+        """Look at everything on the next pass (start-up, and after a rollback)."""
+        self._earliest_deadline = 0    # no lease expires before this
+        self._earliest_due = 0         # no delayed task is due before this
+        self._next_ttl_purge = 0
+        self._next_idmp_purge = 0
+        self._next_flush = 0
+        for queue in self.queues.values():
+            queue.next_purge = 0
+
+    # -- lowered by whoever creates work
+
+    def lease_until(self, deadline: int) -> None:
+        self._earliest_deadline = min(self._earliest_deadline, deadline)
+
+    def due_at(self, available_at: int) -> None:
+        self._earliest_due = min(self._earliest_due, available_at)
+
+    def idmp_expires_at(self, expires_at: int) -> None:
+        self._next_idmp_purge = min(self._next_idmp_purge, expires_at)
+
+    def deleted_rows(self, n: int) -> None:
+        self._rows_since_vacuum += n
+        self._last_delete_at = self.clock()
+
+    # -- the loop
+
+    def start_reaper(self) -> None:
+        self._reaper = gevent.spawn(self._reap_forever)
+
+    def stop_reaper(self) -> None:
+        if self._reaper is not None:
+            self._reaper.kill()
+
+    def _reap_forever(self) -> None:
+        more = False
+        while True:
+            gevent.sleep(0 if more else REAPER_INTERVAL)
+            try:
+                more = self.writer.call(self._tx_maintain, durable=False)
+            except Exception as exc:
+                logger.opt(exception=exc).error("reaper pass failed: {}", exc)
+                more = False
+
+    def _tx_maintain(self) -> bool:
+        """One pass; True when a batch was full and the next pass should come at once."""
+        now = self.clock()
+        more = False
+        if now >= self._earliest_deadline:
+            more |= self._expire(now)
+        if now >= self._earliest_due:
+            more |= self._promote(now)
+        for queue in list(self.queues.values()):
+            if queue.counts[DONE] and now >= queue.next_purge:
+                more |= self._purge_done(queue, now)
+        if now >= self._next_ttl_purge:
+            more |= self._purge_ttl(now)
+        if now >= self._next_idmp_purge:
+            more |= self._forget_idmp(now)
+        if (self._can_vacuum and self._rows_since_vacuum >= VACUUM_AFTER_ROWS
+                and now - self._last_delete_at >= VACUUM_QUIET_MS):
+            self._vacuum()
+        if now >= self._next_flush:
+            self._tx_flush_deleted()
+            self._next_flush = now + FLUSH_MS
+        return more
+
+    # -- the passes
+
+    def _expire(self, now: int) -> bool:
+        """In-flight tasks whose lease ran out fail, through the same rule as a nack."""
+        expired = self.db.expired(now, EXPIRE_BATCH)
+        by_queue: dict[bytes, list] = {}
+        for row in expired:
+            by_queue.setdefault(name_bytes(row[3]), []).append(row)
+        for name, rows in by_queue.items():
+            queue = self.queues.get(name)
+            if queue is not None:
+                self._apply_failures(queue, rows, lifecycle.FAIL, None, now)
+                self.stats["expired"] += len(rows)
+        if len(expired) == EXPIRE_BATCH:
+            return True
+        next_deadline = self.db.next_deadline()
+        self._earliest_deadline = INF if next_deadline is None else next_deadline
+        return False
+
+    def _promote(self, now: int) -> bool:
+        """Delayed tasks whose time came become available, and blocked readers get them."""
+        promoted = Counter(name_bytes(q) for q in self.db.promote_due(now, PROMOTE_BATCH))
+        for name, n in promoted.items():
+            queue = self.queues.get(name)
+            if queue is not None:
+                queue.move(DELAYED, AVAILABLE, n)
+                self._serve_waiters(queue, now)
+        if sum(promoted.values()) == PROMOTE_BATCH:
+            return True
+        next_due = self.db.next_due()
+        self._earliest_due = INF if next_due is None else next_due
+        return False
+
+    def _purge_done(self, queue, now: int) -> bool:
+        """Done tasks past the queue's retention go, oldest first, a batch at a time."""
+        retention = self._retention(queue)
+        if retention is None:
+            queue.next_purge = INF  # forever; XCFGSET RETENTION resets it
+            return False
+        keep_ms = lifecycle.to_ms(retention)
+        ids = self.db.purge_done(queue.name, now - keep_ms, PURGE_BATCH)
+        queue.counts[DONE] -= len(ids)
+        self.stats["purged"] += len(ids)
+        self._note_deleted(queue, ids)
+        if len(ids) == PURGE_BATCH:
+            return True
+        oldest = self.db.oldest_done(queue.name)
+        # Later acks finish later: nothing of this queue is due before the oldest's time.
+        queue.next_purge = (now if oldest is None else oldest) + keep_ms + 1
+        return False
+
+    def _purge_ttl(self, now: int) -> bool:
+        """Finished tasks pushed with TTL go when it runs out (done or dead)."""
+        rows = self.db.purge_expired_ttl(now, PURGE_BATCH)
+        by_queue: dict[bytes, list] = {}
+        for name, state, ms, seq in rows:
+            by_queue.setdefault(name_bytes(name), []).append((state, (ms, seq)))
+        for name, items in by_queue.items():
+            queue = self.queues.get(name)
+            if queue is not None:
+                for state, _ in items:
+                    queue.counts[state] -= 1
+                self._note_deleted(queue, [task_id for _, task_id in items])
+        self.stats["purged"] += len(rows)
+        if len(rows) == PURGE_BATCH:
+            return True
+        # An ack does not tell the reaper about TTLs: look again within TTL_RECHECK_MS.
+        expiry = self.db.next_ttl_expiry()
+        self._next_ttl_purge = now + TTL_RECHECK_MS if expiry is None else min(expiry, now + TTL_RECHECK_MS)
+        return False
+
+    def _forget_idmp(self, now: int) -> bool:
+        if self.db.idmp_purge(now, PURGE_BATCH) == PURGE_BATCH:
+            return True
+        expiry = self.db.next_idmp_expiry()
+        self._next_idmp_purge = INF if expiry is None else expiry
+        return False
+
+    def _vacuum(self) -> None:
+        """Give free pages back to the file system, a step per pass, when much of the file is free."""
+        free, total = self.db.free_pages()
+        if free > max(VACUUM_MIN_FREE_PAGES, total // 4):
+            self.db.vacuum_some(VACUUM_STEP_PAGES)
+        else:
+            self._rows_since_vacuum = 0

@@ -1,0 +1,148 @@
+"""Issue 4's rules without a server: backoff, settings, and the reaper moved through time.
+
+The broker's transaction scripts run here on a real ezra.db with a clock the test
+sets, so delays, backoff, retention and TTL are checked by moving time, not waiting.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ezra import lifecycle, queue_settings
+from ezra.broker import Broker
+from ezra.config import Settings
+from ezra.errors import CommandError
+from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, EXPONENTIAL, FAIL, FIXED, SILENT
+from ezra.storage import open_database
+
+# ---------------------------------------------------------------- pure rules
+
+
+@pytest.mark.parametrize("policy, attempts, seconds", [
+    ((FIXED, 5.0, 5.0), 1, 5.0),
+    ((FIXED, 5.0, 5.0), 9, 5.0),
+    ((EXPONENTIAL, 1.0, 60.0), 1, 1.0),
+    ((EXPONENTIAL, 1.0, 60.0), 2, 2.0),
+    ((EXPONENTIAL, 1.0, 60.0), 4, 8.0),
+    ((EXPONENTIAL, 1.0, 60.0), 7, 60.0),
+    ((EXPONENTIAL, 1.0, 60.0), 10_000, 60.0),
+])
+def test_retry_delay(policy, attempts, seconds):
+    assert lifecycle.retry_delay(policy, attempts) == seconds
+
+
+def test_retry_state():
+    backoff = (FIXED, 0.5, 0.5)
+    assert lifecycle.retry_state(AVAILABLE, 1, FAIL, backoff, now=1000) == (DELAYED, 1500)
+    assert lifecycle.retry_state(AVAILABLE, 1, SILENT, backoff, now=1000) == (AVAILABLE, 1000)
+    assert lifecycle.retry_state(DEAD, 3, FAIL, backoff, now=1000) == (DEAD, 1000)
+    assert lifecycle.retry_state(AVAILABLE, 1, FAIL, lifecycle.NO_BACKOFF, now=1000) == (AVAILABLE, 1000)
+
+
+def test_idmp_auto_iid_ignores_field_order_only():
+    iid = lifecycle.idmp_auto_iid([b"a", b"1", b"b", b"2"])
+    assert iid == lifecycle.idmp_auto_iid([b"b", b"2", b"a", b"1"])
+    assert iid != lifecycle.idmp_auto_iid([b"a", b"2", b"b", b"1"])
+    assert lifecycle.idmp_auto_iid([b"ab", b"c"]) != lifecycle.idmp_auto_iid([b"a", b"bc"])
+
+
+def test_settings_parse_to_stored_values():
+    assert queue_settings.parse([b"visibility-timeout", b"0.5", b"BACKOFF", b"exponential", b"1", b"60",
+                                 b"RETENTION", b"FOREVER", b"RELEASE-ON-DISCONNECT", b"OFF",
+                                 b"MAX-ATTEMPTS", b"DEFAULT"]) == {
+        "visibility_timeout": 0.5, "backoff": "exponential 1 60", "retention_seconds": -1.0,
+        "release_on_disconnect": -1.0, "max_attempts": None}
+    assert queue_settings.backoff_policy("exponential 1 60") == (EXPONENTIAL, 1.0, 60.0)
+    assert queue_settings.parse_queue_line("emails MAX-ATTEMPTS 5") == (b"emails", {"max_attempts": 5})
+    with pytest.raises(ValueError, match="syntax error"):
+        queue_settings.parse_queue_line("emails MAX-ATTEMPTS 5 RETENTION")
+    with pytest.raises(CommandError):
+        queue_settings.parse([b"RETENTION", b"-1"])
+
+
+# ---------------------------------------------------------------- the broker, moved through time
+
+class Clock:
+    def __init__(self, now: int = 1_000_000):
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def broker(tmp_path):
+    clock = Clock()
+    b = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path)), clock=clock)
+    b.clock_ = clock
+    yield b
+    b.stop()
+    b.db.close()
+
+
+def tx(broker, fn, *args):
+    """Run a transaction script as the writer would."""
+    broker.db.begin()
+    try:
+        return fn(*args)
+    finally:
+        broker.db.commit()
+
+
+def claim(broker, queue=b"q", worker=b"w"):
+    result = tx(broker, broker._tx_claim, [queue], worker, 10, False, None, None)
+    return [task_id for task_id, _ in result[queue]] if result else []
+
+
+def test_a_delayed_task_comes_due_on_the_reapers_pass(broker):
+    task_id = tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 5000, None, None)
+    assert claim(broker) == [] and broker.queues[b"q"].counts[DELAYED] == 1
+    broker.clock_.now += 4999
+    tx(broker, broker._tx_maintain)
+    assert claim(broker) == []
+    broker.clock_.now += 1
+    tx(broker, broker._tx_maintain)
+    assert claim(broker) == [task_id]
+
+
+def test_the_reaper_runs_no_query_before_anything_is_due(broker, monkeypatch):
+    tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 60_000, None, None)
+    tx(broker, broker._tx_maintain)  # the first pass looks at everything once
+    broker.clock_.now += 100
+    for name in ("expired", "promote_due", "purge_done", "next_due", "next_deadline"):
+        monkeypatch.setattr(broker.db, name, lambda *a, name=name: pytest.fail(f"{name} queried"))
+    tx(broker, broker._tx_maintain)
+
+
+def test_backoff_then_dead(broker):
+    tx(broker, broker._tx_configure, b"q", {"backoff": "exponential 1 60", "max_attempts": 3})
+    task_id = tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 0, None, None)
+    for attempt, wait_ms in ((1, 1000), (2, 2000)):
+        assert claim(broker) == [task_id]
+        tx(broker, broker._tx_fail, b"q", [lifecycle.parse_id(task_id)], FAIL, None, False)
+        broker.clock_.now += wait_ms - 1
+        tx(broker, broker._tx_maintain)
+        assert claim(broker) == [], f"retry {attempt} came early"
+        broker.clock_.now += 1
+        tx(broker, broker._tx_maintain)
+    assert claim(broker) == [task_id]
+    tx(broker, broker._tx_fail, b"q", [lifecycle.parse_id(task_id)], FAIL, None, False)
+    assert broker.queues[b"q"].counts[DEAD] == 1
+
+
+def test_retention_and_ttl_purge_by_the_clock(broker):
+    tx(broker, broker._tx_configure, b"q", {"retention_seconds": 10.0})
+    plain = tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 0, None, None)
+    short = tx(broker, broker._tx_push, b"q", b"*", [b"b", b"2"], False, 0, 2000, None)
+    claim(broker)
+    tx(broker, broker._tx_ack, b"q", [lifecycle.parse_id(plain), lifecycle.parse_id(short)])
+    broker.clock_.now += 2000
+    tx(broker, broker._tx_maintain)
+    assert broker.queues[b"q"].counts[lifecycle.DONE] == 1  # the TTL task went first
+    broker.clock_.now += 8000
+    tx(broker, broker._tx_maintain)
+    assert broker.queues[b"q"].counts[lifecycle.DONE] == 1  # kept for exactly 10 s ...
+    broker.clock_.now += 1
+    tx(broker, broker._tx_maintain)
+    assert broker.queues[b"q"].counts[lifecycle.DONE] == 0  # ... and no longer
+    assert broker.queues[b"q"].deleted == 2
