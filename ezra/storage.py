@@ -297,6 +297,7 @@ class Database:
         self.conn = conn
         self.path = path
         self.wal_path = path + "-wal"
+        self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
 
     # -- transactions (driven by writer.py)
 
@@ -311,23 +312,22 @@ class Database:
             self.conn.execute("ROLLBACK")
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         self.conn.close()
 
-    def wal_size(self) -> int:
-        try:
-            return os.path.getsize(self.wal_path)
-        except OSError:
-            return 0
+    def checkpoint(self, mode: str = "PASSIVE") -> None:
+        """Copy committed WAL frames into the database file (both fsynced), on a thread.
 
-    def checkpoint(self) -> None:
-        """Copy the WAL into the database file (fsyncing both) and empty the WAL."""
-        # A reader (a hot backup, a SQLite browser) may hold the WAL for a long time: wait
-        # for it briefly, not the 5 s busy timeout, while batches wait; the writer tries again.
-        self.conn.execute(f"PRAGMA busy_timeout = {CHECKPOINT_WAIT_MS}")
-        try:
-            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        finally:
-            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        Its own connection: PASSIVE never blocks the writer, which keeps
+        committing meanwhile. RESTART (run while the writer pauses) copies the
+        few frames left and makes the next commit start the WAL over, so the
+        file stops growing.
+        """
+        if self._checkpointer is None:
+            self._checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._checkpointer.execute(f"PRAGMA busy_timeout = {CHECKPOINT_WAIT_MS}")
+        self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
 
     def incremental_vacuum_enabled(self) -> bool:
         return self.conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL

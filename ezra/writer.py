@@ -13,7 +13,8 @@ Why the SQL runs on the event loop and not on a thread: statements and a
 no-fsync commit take microseconds, while handing each batch to a thread cost
 two GIL hand-offs per statement under load (the other thread waits up to the
 5 ms switch interval for the GIL each time). Measured in BENCHMARKS.md. Only
-the slow parts, fsync and checkpoints, leave the loop.
+the slow parts, fsync and checkpoints (on their own connection, PASSIVE, so
+batches never wait for them), leave the loop.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from loguru import logger
 from . import errors
 from .storage import Database
 
-CHECKPOINT_WAL_BYTES = 16 * 1024 * 1024  # fold the WAL into the database past this size
+CHECKPOINT_EVERY_BATCHES = 500  # fold the WAL into the database this often (on a thread)
 
 
 class Request:
@@ -128,6 +129,9 @@ class Writer:
         self._stopping = False
         self._syncer = Syncer(db.wal_path) if fsync_durable else None
         self._slow_work = ThreadPool(1)  # checkpoints: they fsync the database file
+        self._checkpointing = False
+        self._restart_wal = False
+        self._batches_at_checkpoint = 0
         self._committer = gevent.spawn(self._commit_loop)
         self.batches = 0
         self.committed_requests = 0
@@ -159,12 +163,15 @@ class Writer:
         self._committer.join()
         if self._syncer is not None:
             self._syncer.stop()
+        self._slow_work.join()  # a checkpoint under way finishes before the database closes
         self._slow_work.kill()
 
     def _commit_loop(self) -> None:
         while True:
             self._has_work.wait()
             self._has_work.clear()
+            if self._restart_wal:
+                self._finish_checkpoint()
             batch, self._queue = self._queue, []
             if batch:
                 self._commit(batch)
@@ -174,6 +181,9 @@ class Writer:
 
     def _commit(self, batch: list[Request]) -> None:
         ok = self._run_batch(batch)
+        # Blocked readers the batch served first: a worker waiting for a task
+        # matters more than the producer's reply (callbacks run in this order).
+        self._after_batch(ok)
         if ok and self._syncer is not None:
             durable = [request for request in batch if request.durable]
             if durable:
@@ -184,10 +194,9 @@ class Writer:
         else:
             for request in batch:
                 request.done.set()
-        self._after_batch(ok)
-        # Checking the WAL's size is a stat(): every 64 batches is often enough.
-        if ok and self.batches % 64 == 0 and self.db.wal_size() > CHECKPOINT_WAL_BYTES:
-            self._checkpoint()
+        if ok and not self._checkpointing and \
+                self.batches - self._batches_at_checkpoint >= CHECKPOINT_EVERY_BATCHES:
+            self._start_checkpoint()
 
     def _run_batch(self, batch: list[Request]) -> bool:
         """Run the batch in one transaction. False if it was rolled back."""
@@ -221,9 +230,23 @@ class Writer:
         except Exception as hook_exc:
             logger.opt(exception=hook_exc).error("reloading state after rollback failed: {}", hook_exc)
 
-    def _checkpoint(self) -> None:
-        """Fold the WAL into the database on a thread; batches wait, the loop does not."""
+    def _start_checkpoint(self) -> None:
+        """Checkpoint on a thread while batches go on; one at a time."""
+        self._checkpointing = True
+        self._batches_at_checkpoint = self.batches
+        self._slow_work.spawn(self._checkpoint, "PASSIVE").rawlink(self._checkpoint_done)
+
+    def _checkpoint_done(self, _result) -> None:
+        self._checkpointing = False
+        self._restart_wal = True  # before the next batch: see _finish_checkpoint
+
+    def _finish_checkpoint(self) -> None:
+        """With batches paused, copy what the passive pass left and restart the WAL."""
+        self._restart_wal = False
+        self._slow_work.apply(self._checkpoint, ("RESTART",))
+
+    def _checkpoint(self, mode: str) -> None:
         try:
-            self._slow_work.apply(self.db.checkpoint)
+            self.db.checkpoint(mode)
         except Exception as exc:
-            logger.opt(exception=exc).error("checkpoint failed (will retry): {}", exc)
+            logger.opt(exception=exc).error("{} checkpoint failed (will retry): {}", mode, exc)
