@@ -139,14 +139,20 @@ class Broker(Leases, Upkeep, QueueAdmin):
         a timeout, or None when the client hung up. With `claim_idle` (CLAIM ms),
         tasks in flight for that long are taken over first.
         """
+        nothing_to_claim = self._nothing_to_claim(queues, claim_idle)
         if block_ms is None:
+            if nothing_to_claim:
+                return None
             return self.writer.call(self._tx_claim, queues, worker, count, noack, None, claim_idle,
                                     durable=False)
         waiter = Waiter(queues, worker, count, noack, claim_idle)
-        result = self.writer.call(self._tx_claim, queues, worker, count, noack, waiter, claim_idle,
-                                  durable=False)
-        if result is not None:
-            return result
+        if nothing_to_claim:
+            self._register(waiter)  # no batch needed: see _nothing_to_claim
+        else:
+            result = self.writer.call(self._tx_claim, queues, worker, count, noack, waiter, claim_idle,
+                                      durable=False)
+            if result is not None:
+                return result
         woken = wait(waiter.event, block_ms / 1000 if block_ms else None)
         if not woken:
             # Served in a batch that committed just now, or still waiting: ask the writer.
@@ -342,10 +348,28 @@ class Broker(Leases, Upkeep, QueueAdmin):
         if result:
             return result
         if waiter is not None:
-            for name in waiter.queues:
-                self.blocked.setdefault(name, OrderedDict())[id(waiter)] = waiter
-            waiter.registered = True
+            self._register(waiter)
         return None
+
+    def _nothing_to_claim(self, names: list[bytes], claim_idle: int | None) -> bool:
+        """No queue has an available task: known from the counts, without a batch.
+
+        The writer runs its batches on the event loop and never yields inside
+        one, so between two batches a greenlet sees the counts as committed and
+        can register a waiter before any later push looks for one.
+        """
+        if claim_idle is not None:
+            return False
+        for name in names:
+            queue = self.queues.get(name)
+            if queue is not None and queue.counts[AVAILABLE]:
+                return False
+        return True
+
+    def _register(self, waiter: Waiter) -> None:
+        for name in waiter.queues:
+            self.blocked.setdefault(name, OrderedDict())[id(waiter)] = waiter
+        waiter.registered = True
 
     def _serve_waiters(self, queue: QueueState, now: int) -> None:
         """Hand newly available tasks of `queue` to its blocked readers, first come first served."""
