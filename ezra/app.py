@@ -36,7 +36,26 @@ class App:
         self.server = None
 
     def start(self) -> int:
-        """Open the database, recover, start serving; returns the bound port."""
+        """Open the database, recover, start serving; returns the bound port.
+
+        If a step fails, what the earlier steps opened is closed before the error rises.
+        """
+        try:
+            return self._start()
+        except BaseException:
+            self._close_partial_start()
+            raise
+
+    def _close_partial_start(self) -> None:
+        for close in (self.server and self.server.stop_listening, self.broker and self.broker.stop,
+                      self.db and self.db.close):
+            if close:
+                try:
+                    close()
+                except Exception as exc:
+                    logger.opt(exception=exc).error("cleaning up after a failed start: {}", exc)
+
+    def _start(self) -> int:
         settings = self.settings
         self.db = open_database(settings.data_dir)
         recovered = self.db.recover()  # before the port opens: in-flight -> available
@@ -69,10 +88,7 @@ class App:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["backup"]:
-        from .cli import backup_main  # `ezra backup <dest.db>`: a separate, short-lived program
-        sys.exit(backup_main(argv[1:]))
+    """Run the server until SIGTERM/SIGINT (subcommands are dispatched in entry.py)."""
     settings = parse_settings(argv)
     setup_logging(settings.log_level)
     logger.info("config: port={} bind={} data_dir={} visibility_timeout={}s max_attempts={} "

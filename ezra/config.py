@@ -86,8 +86,9 @@ def build_parser() -> configargparse.ArgParser:
     parser = configargparse.ArgParser(
         prog="ezra",
         description="EZRA: a persistent task queue that speaks the Redis protocol "
-                    "(XADD / XREADGROUP / XACK / XNACK), stored in one SQLite file. "
-                    "'ezra backup DEST.db' copies the live database (see 'ezra backup --help').",
+                    "(XADD / XREADGROUP / XACK / XNACK), stored in one SQLite file.",
+        epilog="other commands: 'ezra ping [--port N]' checks a running server (exit 0 if it "
+               "answers); 'ezra backup DEST.db' copies the live database (see 'ezra backup --help').",
         formatter_class=configargparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument

@@ -144,7 +144,6 @@ class Server:
                 self.port = app.start()
             except BaseException as exc:
                 self._error = exc
-                close_partly_started(app)
                 return
             finally:
                 self._started.set()
@@ -156,18 +155,3 @@ class Server:
         finally:
             self._wakeup.close()
             hub.destroy(destroy_loop=True)
-
-
-def close_partly_started(app) -> None:
-    """Undo what App.start did before it failed (listener, writer, database)."""
-    from loguru import logger
-
-    try:
-        if app.server is not None:
-            app.server.stop_listening()
-        if app.broker is not None:
-            app.broker.stop()
-        if app.db is not None:
-            app.db.close()
-    except Exception as exc:  # the start error is the one to report; this one is logged
-        logger.opt(exception=exc).error("cleaning up after a failed start: {}", exc)

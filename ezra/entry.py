@@ -1,4 +1,4 @@
-"""The `ezra` program: `ezra ping` is the health check, anything else runs the server.
+"""The `ezra` program: `ezra ping` (health check), `ezra backup` (hot backup), else the server.
 
 The binary, `python -m ezra` and the console script all start here. Subcommands
 are dispatched before the server's option parser sees the arguments, so
@@ -16,5 +16,8 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] == ["ping"]:
         from .healthcheck import main as ping
         sys.exit(ping(args[1:]))
+    if args[:1] == ["backup"]:
+        from .cli import backup_main  # a short-lived program of its own: no gevent, no server
+        sys.exit(backup_main(args[1:]))
     from .app import main as serve
     serve(args)

@@ -167,13 +167,13 @@ def open_database(data_dir: str) -> "Database":
 
 
 def _connect(path: str) -> sqlite3.Connection:
-    old_umask = os.umask(0o077)  # the file holds users' data: 0600
+    # The file holds users' data: create it 0600 (SQLite gives its -wal and -shm
+    # the same mode). Not through the umask, which is the whole process's.
     try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
+    except (OSError, sqlite3.Error) as exc:
         raise StorageError(f"cannot open {path}: {exc}") from exc
-    finally:
-        os.umask(old_umask)
 
 
 def _fsync_directory(path: str) -> None:
