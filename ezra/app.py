@@ -57,7 +57,7 @@ class App:
 
     def _start(self) -> int:
         settings = self.settings
-        self.db = open_database(settings.data_dir)
+        self.db = open_database(settings.data_dir, settings.disk_reserve)
         recovered = self.db.recover()  # before the port opens: in-flight -> available
         if recovered:
             logger.info("recovered {} in-flight tasks to available", recovered)
@@ -71,6 +71,9 @@ class App:
         self.broker.start_reaper()
         logger.info("ezra {} listening on {}:{}, data in {} (durability {})", __version__, settings.bind,
                     self.server.port, self.db.path, settings.durability)
+        if settings.tls_cert_file:
+            logger.info("TLS only, certificate {}; client certificates {}", settings.tls_cert_file,
+                        f"required (CA {settings.tls_ca_cert_file})" if settings.tls_ca_cert_file else "not asked")
         if settings.bind not in ("127.0.0.1", "localhost", "::1") and not settings.password:
             logger.warning("listening on {} without a password: anyone who can reach this port can read "
                            "and change every queue (set --password)", settings.bind)

@@ -129,7 +129,8 @@ class Broker(Leases, Upkeep, QueueAdmin):
         """Submit XADD; the request's result is the id (bytes) or None (NOMKSTREAM).
 
         `idmp` is (producer, iid): a push already made with them returns the first id."""
-        return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp)
+        return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
+                                  grows=True)
 
     def read(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
              block_ms: int | None, wait, claim_idle: int | None = None):
@@ -181,7 +182,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
         return self.writer.submit(self._tx_delete_dead, queue, ids)
 
     def create_queue(self, queue: bytes, must_exist: bool, group: bytes | None = None):
-        return self.writer.submit(self._tx_create_queue, queue, must_exist, group)
+        return self.writer.submit(self._tx_create_queue, queue, must_exist, group, grows=True)
 
     def length(self, queue: bytes, dead: bool):
         return self.writer.submit(self._tx_length, queue, dead, durable=False)

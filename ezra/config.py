@@ -33,6 +33,12 @@ class Settings:
     max_clients: int = 10000
     backoff: str = "fixed 0"                   # retry delay of failed tasks (queue_settings)
     release_on_disconnect: float | None = None  # grace seconds; None: off
+    client_send_timeout: float = 60.0           # seconds a client may leave its replies unread; 0: never
+    client_frame_timeout: float = 30.0          # seconds a half-received command may stall; 0: never
+    tls_cert_file: str | None = None            # set with tls_key_file: the port speaks TLS only
+    tls_key_file: str | None = None
+    tls_ca_cert_file: str | None = None         # set: clients must present a certificate it signed
+    disk_reserve: int = 4 * 1024 * 1024         # bytes set aside so acks/claims work on a full disk
     queues: tuple = ()                          # ((name, {column: value}), ...) from --queue lines
 
 
@@ -54,6 +60,13 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise configargparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise configargparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
 
 
@@ -123,6 +136,25 @@ def build_parser() -> configargparse.ArgParser:
         env_var="EZRA_RELEASE_ON_DISCONNECT",
         help="when the last connection that used a worker name closes, give that worker's tasks back "
              "after this many seconds unless the name reconnects (unset: off; per queue: XCFGSET)")
+    add("--client-send-timeout", type=non_negative_float, default=Settings.client_send_timeout,
+        metavar="SECONDS", env_var="EZRA_CLIENT_SEND_TIMEOUT",
+        help="close a client that reads none of its pending replies for this long (its socket buffers "
+             "are full: it pipelines and never reads); 0: never")
+    add("--client-frame-timeout", type=non_negative_float, default=Settings.client_frame_timeout,
+        metavar="SECONDS", env_var="EZRA_CLIENT_FRAME_TIMEOUT",
+        help="close a client that sends part of a command and then nothing for this long "
+             "(slowloris); idle clients between commands are never closed; 0: never")
+    add("--tls-cert-file", default=None, env_var="EZRA_TLS_CERT_FILE", metavar="PEM",
+        help="serve TLS only (clients use ssl=True / rediss://) with this certificate (chain); "
+             "needs --tls-key-file")
+    add("--tls-key-file", default=None, env_var="EZRA_TLS_KEY_FILE", metavar="PEM",
+        help="the private key of --tls-cert-file")
+    add("--tls-ca-cert-file", default=None, env_var="EZRA_TLS_CA_CERT_FILE", metavar="PEM",
+        help="require client certificates signed by these CA certificates (TLS only)")
+    add("--disk-reserve", type=non_negative_int, default=Settings.disk_reserve, metavar="BYTES",
+        env_var="EZRA_DISK_RESERVE",
+        help="bytes set aside in the data directory (file ezra.reserve); when the disk fills up they "
+             "are released so workers can still claim and acknowledge while pushes are refused (0: off)")
     add("--queue", dest="queues", action="append", type=queue_line, default=[], metavar="'NAME SETTING VALUE ...'",
         env_var="EZRA_QUEUE",
         help="per-queue settings applied at start, as XCFGSET takes them, e.g. 'emails VISIBILITY-TIMEOUT 60 "
@@ -133,6 +165,11 @@ def build_parser() -> configargparse.ArgParser:
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """Settings from flags, environment and config file (exits on bad input, like argparse)."""
-    namespace = build_parser().parse_args(argv)
+    parser = build_parser()
+    namespace = parser.parse_args(argv)
     namespace.queues = tuple(namespace.queues or ())
+    if bool(namespace.tls_cert_file) != bool(namespace.tls_key_file):
+        parser.error("--tls-cert-file and --tls-key-file go together")
+    if namespace.tls_ca_cert_file and not namespace.tls_cert_file:
+        parser.error("--tls-ca-cert-file needs --tls-cert-file and --tls-key-file")
     return Settings(**{name: getattr(namespace, name) for name in Settings.__dataclass_fields__})

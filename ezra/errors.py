@@ -81,3 +81,8 @@ def task_too_large(size: int, limit: int) -> CommandError:
 
 def storage_failed(reason: str) -> CommandError:
     return err(f"storage error, nothing was changed: {reason}")
+
+
+DISK_FULL = storage_failed(
+    "disk full: no room for new tasks on the database's file system (acks, claims and reads still "
+    "work; pushes resume by themselves once space is freed)")

@@ -32,7 +32,7 @@ class QueueAdmin:
 
     def configure(self, queue: bytes, changes: dict):
         """XCFGSET: apply and store settings ({column: value}); creates the queue if needed."""
-        return self.writer.submit(self._tx_configure, queue, changes)
+        return self.writer.submit(self._tx_configure, queue, changes, grows=True)
 
     def requeue(self, queue: bytes, ids: list[tuple] | None):
         """XREQUEUE: dead tasks (these ids, or all with None) back to available; how many moved."""

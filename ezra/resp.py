@@ -85,6 +85,10 @@ class RequestReader:
         """Bytes received but not yet parsed (for the slow-client caps)."""
         return len(self._buf) - self._pos
 
+    def mid_frame(self) -> bool:
+        """Part of a command has arrived and the rest has not (the frame timeout applies)."""
+        return self._args is not None or self._pos < len(self._buf)
+
     def next_command(self) -> list[bytes] | None:
         """The next complete command, or None until more bytes arrive."""
         if self._args is None:

@@ -9,7 +9,10 @@ one commit, not one per command.
 from __future__ import annotations
 
 import socket
+import struct
+import time
 
+import gevent
 from gevent import get_hub
 from gevent.pool import Pool
 from gevent.server import StreamServer
@@ -22,25 +25,75 @@ from .resp import ErrorReply, ProtocolError, RequestReader, encode
 READ_SIZE = 64 * 1024
 MAX_PIPELINE = 1024  # replies held before they are sent, even if more commands are buffered
 BULK_SLACK = 64 * 1024  # a bulk may exceed the task limit a little (names, options)
+WRONGPASS = errors.WRONGPASS  # compared by identity after each command: a global is the cheapest lookup
+AUTH_FIRST_DELAY = 0.05  # seconds the reply to a failed AUTH waits; doubles with each failure on a connection
+AUTH_MAX_DELAY = 1.0  # ...up to this, which every failure waits once a host failed this often in a burst:
+AUTH_HOST_FAILURES = 100  # (new connections for each guess do not escape the delay)
+AUTH_BURST_GAP = 60.0  # seconds without failures from a host that end its burst
+AUTH_FAILURES_PER_CONNECTION = 10  # then the connection is closed
+
+
+class AuthThrottle:
+    """Failed AUTH attempts per client host: each reply waits longer; one log line per burst."""
+
+    def __init__(self):
+        self.bursts: dict[str, list] = {}  # host -> [failures, last failure (monotonic)]
+
+    def failed(self, host: str, addr: str, on_connection: int) -> float:
+        """Record a failure (the connection's `on_connection`th); the seconds its reply should wait."""
+        now = time.monotonic()
+        burst = self.bursts.get(host)
+        if burst is None or now - burst[1] > AUTH_BURST_GAP:
+            if burst is not None:
+                logger.warning("{} failed AUTH attempts from {} in the previous burst", burst[0], host)
+            elif len(self.bursts) >= 10000:
+                self._forget_old(now)
+            burst = self.bursts[host] = [0, now]
+            logger.warning("failed AUTH from {}; replies to further failures from {} wait longer (up to "
+                           "{}s); they are counted, not logged one by one", addr, host, AUTH_MAX_DELAY)
+        burst[0] += 1
+        burst[1] = now
+        if burst[0] > AUTH_HOST_FAILURES:
+            return AUTH_MAX_DELAY
+        return min(AUTH_FIRST_DELAY * 2 ** (on_connection - 1), AUTH_MAX_DELAY)
+
+    def _forget_old(self, now: float) -> None:
+        for host, (_, last) in list(self.bursts.items()):
+            if now - last > AUTH_BURST_GAP:
+                del self.bursts[host]
 
 
 class Connection:
     """One client: read commands, dispatch, write replies."""
 
-    def __init__(self, state: ServerState, sock, address):
+    def __init__(self, state: ServerState, sock, address, auth_throttle: AuthThrottle, tls: bool = False):
         self.sock = sock
         self.state = state
         host, port = address[:2]
+        self.host = host
+        self.auth_throttle = auth_throttle
+        self.auth_failures = 0
         self.session = Session(state, f"{host}:{port}", self.wait, self.flush)
         self.reader = RequestReader(max_bulk_len=state.settings.max_task_size + BULK_SLACK)
         self.replies: list[tuple[int, object]] = []
         self.busy = False  # between reading a request and sending its replies
+        settings = state.settings
+        self.send_timeout = settings.client_send_timeout or None
+        self.frame_timeout = settings.client_frame_timeout or None
+        # Sends try the socket once without waiting (nearly always enough);
+        # only a client that does not read its replies gets a timer. A TLS
+        # socket must encrypt: it always takes the gevent path.
+        self._send_now = None if tls else sock._sock.send
 
     def serve(self) -> None:
         session = self.session
+        reader = self.reader
         while not session.closing:
             try:
-                data = self.sock.recv(READ_SIZE)
+                if reader.mid_frame():
+                    data = self._recv_rest_of_frame()
+                else:
+                    data = self.sock.recv(READ_SIZE)
             except OSError:
                 return  # reset by the peer: nothing to answer
             if not data:
@@ -56,6 +109,21 @@ class Connection:
                 return
             self.flush()
             self.busy = False
+
+    def _recv_rest_of_frame(self) -> bytes:
+        """recv while a frame is incomplete: a client that stalls mid-frame is closed (slowloris)."""
+        if self.frame_timeout is None:
+            return self.sock.recv(READ_SIZE)
+        self.sock.settimeout(self.frame_timeout)
+        try:
+            return self.sock.recv(READ_SIZE)
+        except socket.timeout:
+            logger.warning("closing client {}: half a command ({} bytes) and nothing more for {}s "
+                           "(--client-frame-timeout)", self.session.addr, self.reader.buffered(),
+                           self.frame_timeout)
+            return b""
+        finally:
+            self.sock.settimeout(None)
 
     def hang_up_if_idle(self) -> None:
         """At shutdown: an idle connection is closed now; a busy one finishes first."""
@@ -73,9 +141,22 @@ class Connection:
             if args is None:
                 return
             reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
+            if reply is WRONGPASS:
+                self._failed_auth()
             self.replies.append((session.proto, reply))
             if len(self.replies) >= MAX_PIPELINE:
                 self.flush()
+
+    def _failed_auth(self) -> None:
+        """Slow down password guessing: the WRONGPASS reply waits, and many close the connection."""
+        self.auth_failures += 1
+        delay = self.auth_throttle.failed(self.host, self.session.addr, self.auth_failures)
+        if self.auth_failures >= AUTH_FAILURES_PER_CONNECTION:
+            logger.warning("closing client {} after {} failed AUTH attempts", self.session.addr,
+                           self.auth_failures)
+            self.session.closing = True  # once this WRONGPASS is sent
+        self.flush()  # the replies before the failure are not held back
+        gevent.sleep(delay)
 
     def flush(self) -> None:
         """Send every reply computed so far, waiting for the writer where needed."""
@@ -90,11 +171,41 @@ class Connection:
                 except ErrorReply as exc:
                     reply = exc
             out.append(encode(reply, proto))
+        data = b"".join(out)
         try:
-            self.sock.sendall(b"".join(out))
+            if self._send_now is None:
+                self._send_slowly(data)
+                return
+            try:
+                sent = self._send_now(data)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):
+                self._send_slowly(memoryview(data)[sent:])
         except OSError as exc:
             self.session.closing = True
             logger.debug("client {} went away before its replies: {}", self.session.addr, exc)
+
+    def _send_slowly(self, rest) -> None:
+        """The client's buffers are full: wait for it to read, up to --client-send-timeout."""
+        self.sock.settimeout(self.send_timeout)
+        try:
+            self.sock.sendall(rest)
+        except socket.timeout:
+            self.session.closing = True
+            logger.warning("closing client {}: it read none of its replies for {}s, {} bytes pending "
+                           "(--client-send-timeout)", self.session.addr, self.send_timeout, len(rest))
+            self._abort()
+        finally:
+            self.sock.settimeout(None)
+
+    def _abort(self) -> None:
+        """Close at once, dropping unsent replies (RST): the kernel buffers are not kept for it."""
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already gone
 
     def wait(self, event, timeout: float | None):
         """Wait for `event` (a blocked read): True, False on timeout, None if the client hung up."""
@@ -124,6 +235,23 @@ class Connection:
         return None if hung_up else woken
 
 
+def tls_context(settings):
+    """The server's TLS context, or None without --tls-cert-file (errors name the file at start)."""
+    if not settings.tls_cert_file:
+        return None
+    try:
+        from gevent import ssl  # here: the single-file binary leaves ssl out (ezra.spec)
+    except ImportError as exc:
+        raise OSError(f"TLS is not available in this build ({exc}): run EZRA from Python for TLS") from None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+    if settings.tls_ca_cert_file:
+        context.load_verify_locations(settings.tls_ca_cert_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 class EzraServer:
     """Listens, spawns a Connection per client, and stops in order."""
 
@@ -132,6 +260,8 @@ class EzraServer:
         settings = state.settings
         self.pool = Pool()
         self.connections: set[Connection] = set()
+        self.auth_throttle = AuthThrottle()
+        self.tls = tls_context(settings)
         self.stream_server = StreamServer((settings.bind, settings.port), self._handle,
                                           spawn=self.pool, backlog=1024)
 
@@ -153,7 +283,24 @@ class EzraServer:
         self.pool.join(timeout=timeout)
         self.pool.kill(timeout=1)
 
+    def _tls_handshake(self, sock, address):
+        """The TLS socket, or None (closed, logged) if the handshake failed or stalled."""
+        timeout = self.state.settings.client_frame_timeout or None
+        try:
+            sock.settimeout(timeout)
+            tls_sock = self.tls.wrap_socket(sock, server_side=True)
+            tls_sock.settimeout(None)
+            return tls_sock
+        except (OSError, ValueError) as exc:  # ssl.SSLError, a timeout, a reset
+            logger.info("TLS handshake with {}:{} failed: {}", address[0], address[1], exc)
+            sock.close()
+            return None
+
     def _handle(self, sock, address) -> None:
+        if self.tls is not None:
+            sock = self._tls_handshake(sock, address)
+            if sock is None:
+                return
         state = self.state
         if len(state.sessions) >= state.settings.max_clients:
             state.rejected_connections += 1
@@ -164,7 +311,7 @@ class EzraServer:
             sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection = Connection(state, sock, address)
+        connection = Connection(state, sock, address, self.auth_throttle, self.tls is not None)
         session = connection.session
         state.sessions[session.id] = session
         self.connections.add(connection)

@@ -15,6 +15,7 @@ are not UTF-8 survive through Python's surrogateescape (JSON escapes them as
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -28,6 +29,8 @@ SCHEMA_VERSION = 2  # 2: delayed state, per-task TTL, per-queue settings, idempo
 DB_FILENAME = "ezra.db"
 BUSY_TIMEOUT_MS = 5000
 CHECKPOINT_WAIT_MS = 200
+RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still commit on a full disk
+DEFAULT_RESERVE_BYTES = 16 * 1024 * 1024
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
@@ -143,7 +146,7 @@ def entry(row) -> list:
 
 # ---------------------------------------------------------------- opening
 
-def open_database(data_dir: str) -> "Database":
+def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> "Database":
     """Open (or create) data_dir/ezra.db, migrate it; refuse a file that is not EZRA's."""
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
     path = os.path.join(data_dir, DB_FILENAME)
@@ -165,7 +168,7 @@ def open_database(data_dir: str) -> "Database":
         conn.close()
         raise
     _fsync_directory(data_dir)  # the new files' names are durable too
-    return Database(conn, path)
+    return Database(conn, path, reserve_bytes)
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -295,10 +298,20 @@ def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
 class Database:
     """The connection and every query EZRA runs, named."""
 
-    def __init__(self, conn: sqlite3.Connection, path: str):
+    def __init__(self, conn: sqlite3.Connection, path: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES):
         self.conn = conn
         self.path = path
         self.wal_path = path + "-wal"
+        self.reserve_path = os.path.join(os.path.dirname(path), RESERVE_FILENAME)
+        self.reserve_bytes = reserve_bytes
+        # The WAL's size tells how much a checkpoint would copy: with journal_size_limit,
+        # SQLite cuts the file back to `wal_limit` when the WAL starts over, so a larger
+        # file means more than that many bytes since the last checkpoint. (Never open
+        # -shm or the database file a second time: closing that descriptor would drop
+        # SQLite's POSIX locks for the whole process.)
+        self.wal_limit = max(reserve_bytes // 2, 1024 * 1024)
+        conn.execute(f"PRAGMA journal_size_limit = {self.wal_limit}").fetchone()
+        self._wal_fd = os.open(self.wal_path, os.O_RDONLY)
         self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
 
     # -- transactions (driven by writer.py)
@@ -314,9 +327,53 @@ class Database:
             self.conn.execute("ROLLBACK")
 
     def close(self) -> None:
+        self.release_reserve()  # made again at the next start: a stopped EZRA leaves only ezra.db
+        os.close(self._wal_fd)
         if self._checkpointer is not None:
             self._checkpointer.close()
         self.conn.close()
+
+    def wal_size(self) -> int:
+        """Bytes in the WAL file (one fstat): above `wal_limit`, time for a checkpoint."""
+        return os.fstat(self._wal_fd).st_size
+
+    # -- the disk reserve (a ballast file): see Writer._on_disk_full
+
+    def make_reserve(self) -> bool:
+        """Set `reserve_bytes` aside in the data directory; False if the disk has not that much free."""
+        if self.reserve_bytes <= 0:
+            return True
+        try:
+            fd = os.open(self.reserve_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        except OSError:
+            return False
+        try:
+            os.posix_fallocate(fd, 0, self.reserve_bytes)  # blocks really allocated, not a sparse file
+            return True
+        except OSError:
+            os.ftruncate(fd, 0)
+            return False
+        finally:
+            os.close(fd)
+
+    def free_bytes(self) -> int:
+        """Space unprivileged writers may still use on the database's file system."""
+        stats = os.statvfs(os.path.dirname(self.path))
+        return stats.f_bavail * stats.f_frsize
+
+    def release_reserve(self) -> None:
+        """Give the reserve's space back to the file system (for the WAL and checkpoints)."""
+        try:
+            os.unlink(self.reserve_path)
+        except FileNotFoundError:
+            pass
+
+    @staticmethod
+    def is_disk_full(exc: BaseException) -> bool:
+        """True for SQLITE_FULL and ENOSPC: no room left on the database's file system."""
+        if isinstance(exc, sqlite3.Error):
+            return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+        return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
     def checkpoint(self, mode: str = "PASSIVE") -> None:
         """Copy committed WAL frames into the database file (both fsynced), on a thread.

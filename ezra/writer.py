@@ -32,17 +32,20 @@ from . import errors
 from .storage import Database
 
 CHECKPOINT_EVERY_BATCHES = 500  # fold the WAL into the database this often (on a thread)
-
-
+# ...or sooner when the WAL outgrows db.wal_limit, but not more often than this: a
+# reader holding a snapshot (a backup) keeps the WAL long, and each RESTART pauses batches.
+CHECKPOINT_MIN_BATCHES = 20
+MIN_ROOM = 1024 * 1024  # free bytes needed before pushes resume after the disk was full
 class Request:
     """One submitted function; `wait` returns its result or raises its error."""
 
-    __slots__ = ("fn", "args", "durable", "result", "error", "done")
+    __slots__ = ("fn", "args", "durable", "grows", "result", "error", "done")
 
-    def __init__(self, fn, args, durable):
+    def __init__(self, fn, args, durable, grows):
         self.fn = fn
         self.args = args
         self.durable = durable
+        self.grows = grows  # adds rows: refused while the disk is full
         self.result = None
         self.error: BaseException | None = None
         self.done = Event()
@@ -132,19 +135,29 @@ class Writer:
         self._checkpointing = False
         self._restart_wal = False
         self._batches_at_checkpoint = 0
-        self._committer = gevent.spawn(self._commit_loop)
         self.batches = 0
         self.committed_requests = 0
+        # A checkpoint copies at most the WAL into the database: with the WAL kept
+        # under half the reserve (db.wal_limit), the reserve has room for that copy.
+        self.disk_full = not db.make_reserve()
+        if self.disk_full:
+            logger.warning("cannot set {} bytes aside in {}: the disk is nearly full, pushes are refused "
+                           "until there is room", db.reserve_bytes, db.reserve_path)
+        self._committer = gevent.spawn(self._commit_loop)
 
     @property
     def fsyncs(self) -> int:
         return self._syncer.fsyncs if self._syncer else 0
 
-    def submit(self, fn, *args, durable: bool = True) -> Request:
-        """Queue `fn(*args)` for the next batch; a durable one is answered after fsync."""
+    def submit(self, fn, *args, durable: bool = True, grows: bool = False) -> Request:
+        """Queue `fn(*args)` for the next batch; a durable one is answered after fsync.
+
+        `grows`: it adds rows (a push), so a full disk refuses it; everything
+        else (claims, acks, nacks, reads) rewrites rows that exist and goes on.
+        """
         if self._stopping:
             raise errors.err("server is shutting down")
-        request = Request(fn, args, durable)
+        request = Request(fn, args, durable, grows)
         self._queue.append(request)
         self._has_work.set()
         return request
@@ -194,28 +207,66 @@ class Writer:
         else:
             for request in batch:
                 request.done.set()
-        if ok and not self._checkpointing and \
-                self.batches - self._batches_at_checkpoint >= CHECKPOINT_EVERY_BATCHES:
+        since = self.batches - self._batches_at_checkpoint
+        if ok and not self._checkpointing and (since >= CHECKPOINT_EVERY_BATCHES or (
+                since >= CHECKPOINT_MIN_BATCHES and self.db.wal_size() > self.db.wal_limit)):
             self._start_checkpoint()
 
     def _run_batch(self, batch: list[Request]) -> bool:
         """Run the batch in one transaction. False if it was rolled back."""
         db = self.db
+        if self.disk_full:
+            self._refuse_growth(batch)
         try:
             db.begin()
             for request in batch:
+                if request.error is not None:
+                    continue  # refused above
                 try:
                     request.result = request.fn(*request.args)
                 except errors.CommandError as exc:
                     request.error = exc  # validated before writing: nothing to undo
             db.commit()
         except Exception as exc:  # a storage failure (disk full, I/O error) or a bug
-            logger.opt(exception=exc).error("batch of {} requests rolled back: {}", len(batch), exc)
+            if db.is_disk_full(exc):
+                self._on_disk_full(f"batch of {len(batch)} requests (rolled back)", exc)
+            else:
+                logger.opt(exception=exc).error("batch of {} requests rolled back: {}", len(batch), exc)
             self._roll_back(batch, exc)
             return False
         self.batches += 1
         self.committed_requests += len(batch)
         return True
+
+    def _on_disk_full(self, what: str, exc: BaseException) -> None:
+        """The file system is full: free the reserve so acks and claims go on, refuse pushes.
+
+        The reserve (a ballast file made at start) is what lets the WAL grow a
+        little and the checkpoint that follows copy it into the database, after
+        which the WAL is written over from its start: consuming work needs no
+        new space. Without it, a full disk would stop workers too.
+        """
+        if self.disk_full:
+            logger.debug("{} failed, the disk is still full: {}", what, exc)  # logged once per episode
+            return
+        self.disk_full = True
+        self.db.release_reserve()
+        logger.error("disk full: {} failed ({}); released the {}-byte reserve, refusing pushes until "
+                     "there is room again", what, exc, self.db.reserve_bytes)
+        self._batches_at_checkpoint = -CHECKPOINT_EVERY_BATCHES  # checkpoint after the next batch
+
+    def _refuse_growth(self, batch: list[Request]) -> None:
+        """While the disk is full, answer pushes with DISK_FULL, unless the reserve fits again."""
+        growing = [request for request in batch if request.grows]
+        if not growing:
+            return
+        # Room for the reserve and as much again: otherwise the next push would fill the disk at once.
+        if self.db.free_bytes() >= max(2 * self.db.reserve_bytes, MIN_ROOM) and self.db.make_reserve():
+            self.disk_full = False
+            logger.info("disk space available again: {} bytes set aside, pushes accepted", self.db.reserve_bytes)
+            return
+        for request in growing:
+            request.error = errors.DISK_FULL
 
     def _roll_back(self, batch: list[Request], exc: Exception) -> None:
         try:
@@ -236,17 +287,29 @@ class Writer:
         self._batches_at_checkpoint = self.batches
         self._slow_work.spawn(self._checkpoint, "PASSIVE").rawlink(self._checkpoint_done)
 
-    def _checkpoint_done(self, _result) -> None:
+    def _checkpoint_done(self, done) -> None:
         self._checkpointing = False
         self._restart_wal = True  # before the next batch: see _finish_checkpoint
+        self._check_checkpoint(done.value, "PASSIVE")
 
     def _finish_checkpoint(self) -> None:
         """With batches paused, copy what the passive pass left and restart the WAL."""
         self._restart_wal = False
-        self._slow_work.apply(self._checkpoint, ("RESTART",))
+        self._check_checkpoint(self._slow_work.apply(self._checkpoint, ("RESTART",)), "RESTART")
 
-    def _checkpoint(self, mode: str) -> None:
+    def _check_checkpoint(self, error: BaseException | None, mode: str) -> None:
+        """On the event loop: a checkpoint that failed for want of space starts the disk-full mode."""
+        if error is None:
+            return
+        if self.db.is_disk_full(error):
+            self._on_disk_full(f"{mode} checkpoint", error)
+        else:
+            logger.opt(exception=error).error("{} checkpoint failed (will retry): {}", mode, error)
+
+    def _checkpoint(self, mode: str) -> BaseException | None:
+        """On a thread; returns the error (handled on the loop: see _check_checkpoint)."""
         try:
             self.db.checkpoint(mode)
         except Exception as exc:
-            logger.opt(exception=exc).error("{} checkpoint failed (will retry): {}", mode, exc)
+            return exc
+        return None

@@ -1,0 +1,225 @@
+"""Slow and abusive clients, hostile queue names, failed AUTH: the server stays up and fair.
+
+Each test runs a real server; other clients' PING latency is measured while one
+client misbehaves.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import redis
+
+from conftest import wait_until
+
+
+def frame(*args: bytes) -> bytes:
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        out.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
+    return b"".join(out)
+
+
+class Pinger(threading.Thread):
+    """PINGs the server in a loop and records each round trip, until stopped."""
+
+    def __init__(self, server):
+        super().__init__(daemon=True)
+        self.client = server.client()
+        self.latencies: list[float] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            started = time.perf_counter()
+            assert self.client.ping()
+            self.latencies.append(time.perf_counter() - started)
+
+    def finish(self) -> tuple[float, float]:
+        """Stop; (p99, max) latency in milliseconds."""
+        self.stop.set()
+        self.join(10)
+        ordered = sorted(self.latencies)
+        assert len(ordered) > 20, "the pinger barely ran"
+        return ordered[int(len(ordered) * 0.99)] * 1000, ordered[-1] * 1000
+
+
+def connected_clients(client) -> int:
+    return client.info("clients")["connected_clients"]
+
+
+def test_client_that_never_reads_is_closed_and_others_stay_fast(ezra_factory):
+    server = ezra_factory("--client-send-timeout", "1")
+    admin = server.client()
+    for n in range(10):
+        admin.xadd("big", {"n": str(n), "pad": b"x" * 10_000})
+    pinger = Pinger(server)
+    pinger.start()
+    hog = socket.socket()
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hog.connect(("127.0.0.1", server.port))
+    hog.sendall(frame(b"XRANGE", b"big", b"-", b"+") * 300)  # ~30 MB of replies, never read
+    wait_until(lambda: "it read none of its replies" in server.log(), 20, message="the hog to be closed")
+    wait_until(lambda: connected_clients(admin) == 2, 10, message="the hog's session to go")  # admin + pinger
+    p99, worst = pinger.finish()
+    print(f"PING while a client never read its replies: p99 {p99:.2f} ms, max {worst:.2f} ms")
+    assert p99 < 50, (p99, worst)
+    hog.settimeout(10)
+    with pytest.raises(OSError):  # reset by the server: whatever is buffered is dropped
+        while hog.recv(1 << 20):
+            pass
+        raise ConnectionResetError("closed")
+    assert admin.xlen("big") == 10
+
+
+def test_frame_sent_one_byte_at_a_time_does_not_block_others(ezra_factory):
+    server = ezra_factory()
+    pinger = Pinger(server)
+    pinger.start()
+    slow = socket.create_connection(("127.0.0.1", server.port))
+    payload = b"p" * 32_000
+    for byte in frame(b"XADD", b"slow", b"*", b"f", payload):
+        slow.send(bytes([byte]))
+    slow.settimeout(10)
+    reply = slow.recv(100)
+    p99, worst = pinger.finish()
+    print(f"PING while a 32 KB frame arrived one byte per send: p99 {p99:.2f} ms, max {worst:.2f} ms")
+    assert reply.startswith(b"$") and b"-" in reply, reply
+    assert server.client().xrange("slow")[0][1][b"f"] == payload
+    assert p99 < 50, (p99, worst)
+
+
+def test_idle_half_frame_is_closed_after_the_frame_timeout(ezra_factory):
+    server = ezra_factory("--client-frame-timeout", "0.5")
+    idle = server.client()
+    idle.ping()  # an idle client between commands is never closed
+    half = socket.create_connection(("127.0.0.1", server.port))
+    started = time.monotonic()
+    half.sendall(b"*2\r\n$4\r\nECHO\r\n$10\r\nhal")
+    half.settimeout(10)
+    assert half.recv(100) == b""  # closed by the server
+    assert time.monotonic() - started >= 0.5
+    assert "half a command" in server.log()
+    assert idle.ping()
+
+
+HOSTILE_NAMES = [
+    b'q"uote', b"q'uote", b"back`tick", b"a\x00b", b"a", b"\x00", b"::dead", b"::dead::x", b"x::dead:dead",
+    b"::deadx", b"tasks; DROP TABLE tasks; --", b"' OR '1'='1", b"%_*?[]", b"\xff\xfe invalid utf-8",
+    b"\\", b"\r\n*1\r\n$4\r\nPING", b"n" * 1000,
+]
+
+
+def test_hostile_queue_names_are_data(ezra_factory, protocol):
+    server = ezra_factory()
+    client = server.client(protocol)
+    for name in HOSTILE_NAMES:
+        client.xadd(name, {"name": name})
+    for name in HOSTILE_NAMES:
+        assert client.xlen(name) == 1, name
+        [(task_id, fields)] = client.xrange(name)
+        assert fields[b"name"] == name
+        client.xgroup_create(name, "g", id="0")
+        result = client.xreadgroup("g", "w", {name: ">"}, count=5)
+        [(stream, entries)] = result.items() if protocol == 3 else result
+        if protocol == 3:
+            [entries] = entries  # redis-py nests RESP3's map values once more
+        assert stream == name and [entry_id for entry_id, _ in entries] == [task_id]
+        assert client.xack(name, "g", task_id) == 1
+        assert client.xlen(name) == 0
+    # '::dead' alone is an ordinary name; a name ending in it is the view of the rest:
+    # read-only, named in a clear error. are read-only views, named in clear errors.
+    for name in (b"q::dead", b"a\x00b::dead", b"x::dead::dead", b"::dead::dead"):
+        with pytest.raises(redis.ResponseError, match="read-only dead-letter view"):
+            client.xadd(name, {"f": "v"})
+    assert client.xlen(b"a\x00b::dead") == 0
+    assert client.xlen(b"::dead::dead") == 0  # the dead tasks of the queue '::dead'
+    assert sorted(client.xrange(b"::dead")) and client.xlen(b"a") == 0
+    assert client.ping()
+
+
+def test_failed_auth_is_slowed_down_logged_once_and_closed_after_many(ezra_factory):
+    server = ezra_factory("--password", "s3cret")
+    guesser = socket.create_connection(("127.0.0.1", server.port))
+    guesser.settimeout(30)
+    pinger = Pinger(server)
+    pinger.client = server.client(password="s3cret")
+    pinger.start()
+    started = time.monotonic()
+    guesser.sendall(b"AUTH wrong\r\n" * 12 + b"PING\r\n")
+    received = b""
+    while True:
+        data = guesser.recv(65536)
+        if not data:
+            break
+        received += data
+    elapsed = time.monotonic() - started
+    p99, worst = pinger.finish()
+    print(f"10 failed AUTHs took {elapsed:.2f}s; PING meanwhile: p99 {p99:.2f} ms, max {worst:.2f} ms")
+    wrongpass = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"
+    assert received == wrongpass * 10  # then closed: the rest is never run
+    assert elapsed >= sum(min(0.05 * 2 ** n, 1.0) for n in range(9))  # each reply waited longer
+    log = server.log()
+    assert log.count("failed AUTH from") == 1, log  # one line per burst, not per attempt
+    assert "after 10 failed AUTH attempts" in log
+    assert p99 < 50
+    assert server.client(password="s3cret").ping()  # the right password is never slowed down
+
+
+# ---------------------------------------------------------------- TLS
+
+def _openssl(*args: str, cwd) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, all signed by the CA."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed (scripts/test.sh installs it from Debian)")
+    d = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=EZRA test CA",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
+    for name, extension in (("server", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
+                            ("client", "extendedKeyUsage=clientAuth")):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=ezra-{name}",
+                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+        (d / f"{name}.ext").write_text(extension + "\n")
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d)
+    return d
+
+
+def test_tls_with_redis_py(ezra_factory, certificates, protocol):
+    c = certificates
+    server = ezra_factory("--tls-cert-file", str(c / "server.pem"), "--tls-key-file", str(c / "server.key"))
+    client = redis.Redis(host="localhost", port=server.port, protocol=protocol, ssl=True,
+                         ssl_ca_certs=str(c / "ca.pem"), socket_timeout=10)
+    task_id = client.xadd("tls", {"f": "v"})
+    assert client.xrange("tls") == [(task_id, {b"f": b"v"})]
+    # A plain-text client gets no service and does not disturb the others.
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=server.port, socket_timeout=5).ping()
+    assert client.ping()
+    assert "Traceback" not in server.log()
+
+
+def test_tls_client_certificates(ezra_factory, certificates):
+    c = certificates
+    server = ezra_factory("--tls-cert-file", str(c / "server.pem"), "--tls-key-file", str(c / "server.key"),
+                          "--tls-ca-cert-file", str(c / "ca.pem"))
+    with_cert = redis.Redis(host="localhost", port=server.port, ssl=True, ssl_ca_certs=str(c / "ca.pem"),
+                            ssl_certfile=str(c / "client.pem"), ssl_keyfile=str(c / "client.key"),
+                            socket_timeout=10)
+    assert with_cert.ping()
+    without = redis.Redis(host="localhost", port=server.port, ssl=True, ssl_ca_certs=str(c / "ca.pem"),
+                          socket_timeout=10)
+    with pytest.raises(redis.ConnectionError):
+        without.ping()
+    assert with_cert.xadd("tls", {"f": "v"})
+    wait_until(lambda: "TLS handshake with" in server.log(), 10, message="the refused handshake's log line")

@@ -1,0 +1,226 @@
+"""Faults: the power-loss model (no durable reply before its fsync) and a full disk.
+
+Both run the real server. The power-loss test records the server's system calls
+with strace and checks their order; the disk-full test mounts a small tmpfs as
+the data directory (root only) and fills it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+
+from conftest import LISTENING, ROOT, EzraProcess, wait_until
+
+# ---------------------------------------------------------------- power-loss model
+
+SYSCALL = re.compile(r"^(\d+)\s+[\d.]+\s+(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")
+RESULT = re.compile(r"=\s*(-?\d+)")
+
+
+def _strace_usable() -> str | None:
+    """None if strace can trace here, else why not."""
+    if shutil.which("strace") is None:
+        return "strace is not installed (scripts/test.sh installs it from Debian when run as root)"
+    probe = subprocess.run(["strace", "-f", "-o", os.devnull, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"ptrace is not permitted here: {probe.stderr.strip()[:200]}"
+    return None
+
+
+def parse_trace(text: str) -> list[tuple]:
+    """strace -f -ttt lines -> events (index, kind, name, fd, detail).
+
+    kind is 'call' (finished in one line), 'start' (<unfinished ...>) or 'end'
+    (<... resumed>); the file's line order is the order strace saw them.
+    """
+    events, open_calls = [], {}
+    for index, line in enumerate(text.splitlines()):
+        match = SYSCALL.match(line)
+        if not match:
+            continue
+        tid, resumed, name, rest = match.group(1), match.group(2), match.group(3), match.group(4)
+        if resumed:
+            fd = open_calls.pop((tid, resumed), None)
+            events.append((index, "end", resumed, fd, rest))
+            continue
+        fd_match = re.match(r"(\d+)", rest)
+        fd = int(fd_match.group(1)) if fd_match and name != "openat" else None
+        if "<unfinished" in rest:
+            open_calls[(tid, name)] = fd
+            events.append((index, "start", name, fd, rest))
+        else:
+            events.append((index, "call", name, fd, rest))
+    return events
+
+
+def durable_reply_violations(trace: str, ids: list[bytes]) -> list[str]:
+    """For each XADD reply: was there a WAL fsync that began after the commit's last
+    WAL write and finished before the reply's sendto? Returns what was not."""
+    events = parse_trace(trace)
+    fd_path: dict[int, str] = {}
+    wal_fds_at: list[set] = []  # per event: fds naming the WAL at that point
+    for _, kind, name, _, rest in events:
+        if name == "openat" and kind in ("call", "end"):
+            path = re.search(r'"([^"]*)"', rest)
+            result = RESULT.search(rest.rsplit(")", 1)[-1])
+            if result and int(result.group(1)) >= 0:
+                fd_path[int(result.group(1))] = path.group(1) if path else ""
+        wal_fds_at.append({fd for fd, path in fd_path.items() if path.endswith("-wal")})
+    problems = []
+    for task_id in ids:
+        needle = b"$%d\\r\\n%s\\r\\n" % (len(task_id), task_id)
+        reply_at = next((i for i, event in enumerate(events)
+                         if event[2] == "sendto" and needle.decode() in event[4]), None)
+        if reply_at is None:
+            problems.append(f"{task_id!r}: no sendto with its reply in the trace")
+            continue
+        commit_at = max((i for i in range(reply_at) if events[i][2] == "pwrite64"
+                         and events[i][3] in wal_fds_at[i]), default=None)
+        if commit_at is None:
+            problems.append(f"{task_id!r}: no WAL write before its reply")
+            continue
+        started, synced = set(), False
+        for i in range(commit_at + 1, reply_at):
+            _, kind, name, fd, rest = events[i]
+            if name not in ("fdatasync", "fsync"):
+                continue
+            if kind == "start" and fd in wal_fds_at[i]:
+                started.add(fd)
+            ok = RESULT.search(rest) and RESULT.search(rest).group(1) == "0"
+            if ok and ((kind == "call" and fd in wal_fds_at[i]) or (kind == "end" and fd in started)):
+                synced = True
+        if not synced:
+            problems.append(f"{task_id!r}: replied (trace line {events[reply_at][0] + 1}) without a WAL "
+                            f"fsync after its commit (trace line {events[commit_at][0] + 1})")
+    return problems
+
+
+def _traced_pushes(tmp_path: Path, *flags: str, count: int = 20) -> tuple[str, list[bytes]]:
+    """Run EZRA under strace, push `count` tasks one by one; (trace text, ids)."""
+    trace_path, log_path = tmp_path / "trace.txt", tmp_path / "server.log"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open(log_path, "w") as log:
+        tracer = subprocess.Popen(
+            ["strace", "-f", "-ttt", "-e", "trace=openat,fdatasync,fsync,sendto,pwrite64,write",
+             "-o", str(trace_path), sys.executable, "-m", "ezra", "--port", "0",
+             "--data-dir", str(tmp_path / "data"), *flags],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+    server_pid = None
+    try:
+        def listening():
+            assert tracer.poll() is None, log_path.read_text()
+            match = LISTENING.search(log_path.read_text())
+            return int(match.group(1)) if match else None
+
+        port = wait_until(listening, 60, message="ezra under strace to listen")
+        server_pid = int(trace_path.read_text().split(None, 1)[0])  # the first traced process
+        client = redis.Redis(port=port, socket_timeout=30)
+        ids = [client.xadd("traced", {"n": str(n)}) for n in range(count)]
+        assert client.xlen("traced") == count
+        client.close()
+    finally:
+        if server_pid:
+            os.kill(server_pid, signal.SIGTERM)  # the server, not strace: strace ends with it
+        try:
+            tracer.wait(30)
+        except subprocess.TimeoutExpired:
+            tracer.kill()
+            tracer.wait()
+    return trace_path.read_text(), ids
+
+
+def test_no_durable_reply_before_its_fsync(tmp_path):
+    reason = _strace_usable()
+    if reason:
+        pytest.skip(reason)
+    trace, ids = _traced_pushes(tmp_path)
+    assert durable_reply_violations(trace, ids) == []
+
+
+def test_the_fsync_check_catches_replies_sent_before_fsync(tmp_path):
+    """The control: with --durability normal nothing is fsynced, and the check says so."""
+    reason = _strace_usable()
+    if reason:
+        pytest.skip(reason)
+    trace, ids = _traced_pushes(tmp_path, "--durability", "normal", count=5)
+    problems = durable_reply_violations(trace, ids)
+    assert len(problems) == len(ids) and all("without a WAL fsync" in p for p in problems), problems
+
+
+# ---------------------------------------------------------------- disk full
+
+def _mount_small_tmpfs(path: Path, size: str) -> str | None:
+    """Mount a tmpfs of `size` at path; None on success, else why not."""
+    if os.geteuid() != 0:
+        return "needs root to mount a small tmpfs as the data directory"
+    path.mkdir(parents=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"mount is not permitted here: {done.stderr.strip()[:200]}"
+    return None
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    mount_point = tmp_path / "fs"
+    reason = _mount_small_tmpfs(mount_point, "16m")
+    if reason:
+        pytest.skip(reason)
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _fill(client, queue: str, pushed: dict, payload: bytes, limit: int = 100_000) -> redis.ResponseError:
+    """Push until XADD fails; returns the error. Pushes that got an id go in `pushed`."""
+    for n in range(limit):
+        try:
+            pushed[client.xadd(queue, {"n": str(n), "pad": payload})] = str(n).encode()
+        except redis.ResponseError as exc:
+            return exc
+    raise AssertionError(f"{limit} pushes fitted in the small filesystem")
+
+
+def test_disk_full_fails_clearly_loses_nothing_and_recovers(small_fs, ezra_factory):
+    data_dir = small_fs  # the mount point itself: the server's log goes beside it, not into it
+    filler = small_fs / "filler"
+    filler.write_bytes(b"\0" * (4 * 1024 * 1024))  # freed later to make room without a restart
+    server = ezra_factory("--disk-reserve", str(2 * 1024 * 1024), data_dir=data_dir)
+    client = server.client()
+    client.xgroup_create("full", "g", id="0", mkstream=True)  # workers' groups exist before the disk fills
+    pushed: dict[bytes, bytes] = {}
+    error = _fill(client, "full", pushed, b"x" * 4000)
+    assert "storage error, nothing was changed" in str(error), error
+    assert pushed, "nothing fitted at all"
+    # Still serving, and still full: a second attempt fails the same clear way.
+    assert client.ping()
+    with pytest.raises(redis.ResponseError, match="storage error"):
+        client.xadd("full", {"pad": b"y" * 4000})
+    # Reads keep working and every push that got an id is there.
+    assert client.xlen("full") == len(pushed)
+    entries = client.xrange("full")
+    assert {entry_id: fields[b"n"] for entry_id, fields in entries} == pushed
+    claimed = client.xreadgroup("g", "w", {"full": ">"}, count=10)
+    assert claimed and len(claimed[0][1]) == 10
+    # Room again: pushes succeed without a restart, and acks too.
+    filler.unlink()
+    new_id = client.xadd("full", {"n": "after", "pad": b"z" * 4000})
+    assert client.xlen("full") == len(pushed) + 1
+    assert client.xack("full", "g", *[entry_id for entry_id, _ in claimed[0][1]]) == 10
+    assert server.stop() == 0, server.log()
+    # After a restart everything acknowledged is still there.
+    restarted = ezra_factory("--disk-reserve", str(2 * 1024 * 1024), data_dir=data_dir)
+    again = restarted.client()
+    ids = [entry_id for entry_id, _ in again.xrange("full")]
+    assert set(pushed) | {new_id} == set(ids)
+    assert "Traceback" not in server.log().split("storage error")[0]
