@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -105,6 +107,36 @@ def shared_server(tmp_path_factory):
                          "--visibility-timeout", "30", "--max-attempts", "3").start()
     yield server
     assert server.stop() == 0, server.log()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_server_port(tmp_path_factory):
+    """A real, empty redis-server on a free port, no persistence (skipped if not installed)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; scripts/test.sh does)")
+    port, workdir = free_port(), tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def answers_ping():
+        assert proc.poll() is None, f"redis-server exited with {proc.returncode}"
+        try:
+            return redis.Redis(port=port, socket_timeout=1).ping()
+        except redis.ConnectionError:
+            return False
+
+    wait_until(answers_ping, message="redis-server to answer PING")
+    yield port
+    proc.terminate()
+    proc.wait(10)
 
 
 @pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])

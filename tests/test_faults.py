@@ -13,13 +13,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 import redis
 
-from conftest import LISTENING, ROOT, EzraProcess, wait_until
+from conftest import LISTENING, ROOT, wait_until
 
 # ---------------------------------------------------------------- power-loss model
 

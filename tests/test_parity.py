@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -24,9 +23,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import ROOT, EzraProcess, wait_until
+from conftest import ROOT, EzraProcess
 import test_clients  # its run_examples (a module import: its fixtures stay there)
-from test_vectors import RespConnection, encode_command, free_port
+from test_vectors import RespConnection, encode_command
 
 COMPAT = ROOT / "build" / "compat"
 REDIS_VERSION: list[str] = []
@@ -37,33 +36,11 @@ RUN: dict = {}
 # ------------------------------------------------------------------ servers
 
 @pytest.fixture(scope="module")
-def redis_port(tmp_path_factory):
-    """A real, empty redis-server on a free port (no persistence)."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (apt-get install redis-server; scripts/test.sh does)")
+def redis_port(redis_server_port):
+    """The real redis-server (conftest), with its version recorded for the compatibility table."""
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
     REDIS_VERSION.append(re.search(r"v=(\S+)", version).group(1))
-    port, workdir = free_port(), tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def answers_ping():
-        assert proc.poll() is None, f"redis-server exited with {proc.returncode}"
-        try:
-            conn = RespConnection(port, timeout=1)
-        except OSError:
-            return False
-        try:
-            return conn.call(["PING"]) == b"+PONG\r\n"
-        finally:
-            conn.close()
-
-    wait_until(answers_ping, message="redis-server to answer PING")
-    yield port
-    proc.terminate()
-    proc.wait(10)
+    return redis_server_port
 
 
 @pytest.fixture(scope="module", autouse=True)

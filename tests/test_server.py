@@ -82,7 +82,8 @@ def test_kill9_with_tasks_in_flight_loses_nothing(ezra_factory, protocol):
 def test_sigterm_stops_cleanly_and_keeps_everything(ezra_factory):
     server = ezra_factory()
     r = server.client()
-    ids = [r.xadd("q", {"n": i}) for i in range(10)]
+    for i in range(10):
+        r.xadd("q", {"n": i})
     claim(r, "q", count=3)
     assert server.stop(signal.SIGTERM) == 0
     log = server.log()

@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
-import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -377,40 +375,6 @@ def assert_hinted(expected: Hinted, got: bytes, vector: dict) -> None:
 
 
 # ---------------------------------------------------------------- servers
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def redis_server_port(tmp_path_factory):
-    """A real, empty redis-server (for EZRA_VECTORS_AGAINST_REDIS=1)."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    port, workdir = free_port(), tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def answers_ping():
-        assert proc.poll() is None, f"redis-server exited with {proc.returncode}"
-        try:
-            conn = RespConnection(port, timeout=1)
-        except OSError:
-            return False
-        try:
-            return conn.call(["PING"]) == b"+PONG\r\n"
-        finally:
-            conn.close()
-
-    wait_until(answers_ping, message="redis-server to answer PING")
-    yield port
-    proc.terminate()
-    proc.wait(10)
-
 
 @pytest.fixture
 def server_port(request):
