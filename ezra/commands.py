@@ -103,6 +103,12 @@ def command(name: str, arity: int):
     return register
 
 
+def supported_commands() -> str:
+    """Queue commands first, then the connection commands: the unknown-command hint."""
+    names = sorted(name.decode() for name in COMMANDS)
+    return " ".join(sorted(names, key=lambda name: not name.startswith("X")))
+
+
 def dispatch(session: Session, args: list[bytes]):
     """Run one command: a reply value, a Deferred, or an ErrorReply."""
     session.server.total_commands += 1
@@ -110,7 +116,7 @@ def dispatch(session: Session, args: list[bytes]):
     entry = COMMANDS.get(name)
     try:
         if entry is None:
-            raise errors.unknown_command(args[0], args[1:])
+            raise errors.unknown_command(args[0], args[1:], supported_commands())
         fn, arity, lower = entry
         if (len(args) != arity) if arity > 0 else (len(args) < -arity):
             raise errors.wrong_arity(lower)

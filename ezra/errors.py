@@ -6,12 +6,6 @@ Clients map the first word to an exception class (redis-py's
 
 from .resp import ErrorReply
 
-SUPPORTED = (
-    "XADD XREADGROUP XACK XACKDEL XNACK XDEL XLEN XRANGE XREVRANGE XPENDING XCLAIM XAUTOCLAIM "
-    "XGROUP XINFO XCFGSET XREQUEUE BACKUP HELLO AUTH PING ECHO QUIT SELECT CLIENT INFO COMMAND"
-)
-
-
 class CommandError(ErrorReply):
     """A command's own error: the client gets it, the connection stays."""
 
@@ -24,12 +18,12 @@ def wrong_arity(name: str) -> CommandError:
     return err(f"wrong number of arguments for '{name.lower()}' command")
 
 
-def unknown_command(name, args: list[bytes]) -> CommandError:
+def unknown_command(name, args: list[bytes], supported: str) -> CommandError:
     # Redis's wording first (clients and people recognise it), then the hint.
     shown = "".join(f"'{_printable(a)}' " for a in args[:20])
     return err(
         f"unknown command '{_printable(name)}', with args beginning with: {shown}"
-        f"(EZRA is a task queue; supported: {SUPPORTED})"
+        f"(EZRA is a task queue; supported: {supported})"
     )
 
 
