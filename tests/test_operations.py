@@ -507,7 +507,7 @@ def test_purge_under_load_keeps_the_file_bounded(ezra_factory):
         prober.join()
     assert info(r, "load")["entries-added"] == 36000 and r.xlen("load") == 0
     assert max(sizes) < 32 * 1024 * 1024, sizes  # freed pages are reused: far below the 72 MB pushed
-    assert max(latencies) < 2.0, max(latencies)
+    assert max(latencies) < 5.0, max(latencies)  # not a speed test: a purge that stalled the server would take longer
     r.close()
 
 
