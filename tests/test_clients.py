@@ -246,7 +246,11 @@ wake = queue + "-wake"
 reader = Redis.new(port: port)
 started = Time.now
 blocked = Thread.new { reader.xreadgroup("workers", "w1", wake, ">", count: 1, block: 10000) }
-sleep 0.3
+deadline = Time.now + 10  # poll until the reader is blocked, so the push wakes it
+until producer.info("clients")["blocked_clients"].to_i >= 1
+  raise "the reader never blocked" if Time.now > deadline
+  sleep 0.01
+end
 wake_id = producer.xadd(wake, { "n" => "wake" })
 got = blocked.value
 puts JSON.generate(pushed: pushed, done: done, pending: pending,
@@ -282,6 +286,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -376,7 +381,16 @@ func main() {
 		must(err)
 		result <- reply
 	}()
-	time.Sleep(300 * time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		info, err := redis.String(producer.Do("INFO", "clients")) // until the reader is blocked
+		must(err)
+		if !strings.Contains(info, "blocked_clients:0") {
+			break
+		}
+		if time.Now().After(deadline) {
+			panic("the reader never blocked")
+		}
+	}
 	wakeID, err := redis.String(producer.Do("XADD", wake, "*", "n", "wake"))
 	must(err)
 	got := []string{}

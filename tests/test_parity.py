@@ -18,12 +18,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 import pytest
 
-from conftest import ROOT, EzraProcess
+from conftest import ROOT, EzraProcess, wait_until
 import test_clients  # its run_examples (a module import: its fixtures stay there)
 from test_vectors import RespConnection, encode_command
 
@@ -84,11 +83,10 @@ class Step:
     args: list[str]
     differ: Differ | None = None
     wake: list | None = None  # (conn, args): sent once this (blocking) step waits; its reply must be equal
-    sleep: float = 0.0       # seconds to wait before the step
 
 
-def S(conn, *args, differ=None, wake=None, sleep=0.0):
-    return Step(conn, list(args), differ, wake, sleep)
+def S(conn, *args, differ=None, wake=None):
+    return Step(conn, list(args), differ, wake)
 
 
 NIL = {2: "*-1\r\n", 3: "_\r\n"}  # XREADGROUP: nothing to read
@@ -242,7 +240,8 @@ SCENARIOS: dict[str, list[Step]] = {
             "+OK\r\n", unknown("XCFGSET"))),
         S("p", "XADD", "{k}", "9-2", "n", "2"),
         S("w1", "XREADGROUP", "GROUP", "g", "w1", "STREAMS", "{k}", ">"),
-        S("w2", "XREADGROUP", "GROUP", "g", "w2", "STREAMS", "{k}", ">", sleep=1.0,
+        # Blocks until the lease expires on EZRA; Redis answers null when the block times out.
+        S("w2", "XREADGROUP", "GROUP", "g", "w2", "BLOCK", "3000", "STREAMS", "{k}", ">",
           differ=Differ(REDELIVERY, read1("9-2", "2"), NIL)),
         S("p", "XPENDING", "{k}", "g", "-", "+", "10", differ=Differ(
             "an expired lease counted an attempt and the task went to the next reader",
@@ -275,18 +274,22 @@ def connect(port: int, protocol: int) -> dict:
     return conns
 
 
+def blocked_clients(conn) -> int:
+    info = conn.call(["INFO", "clients"])
+    return int(re.search(rb"blocked_clients:(\d+)", info).group(1))
+
+
 def run(port: int, protocol: int, key: str, steps: list[Step]) -> list[bytes]:
     conns = connect(port, protocol)
     fill = lambda args: [a.replace("{k}", key) for a in args]
     replies = []
     try:
         for step in steps:
-            time.sleep(step.sleep)
             conn = conns[step.conn]
             if step.wake:
                 conn.send(encode_command(fill(step.args)))
-                time.sleep(0.3)  # the reader blocks first
                 waker = conns[step.wake[0]]
+                wait_until(lambda: blocked_clients(waker) >= 1, message="the reader to block")
                 replies.append(waker.call(fill(step.wake[1:])))
                 replies.append(mask(conn.read_reply(), step.args))
             else:

@@ -14,6 +14,7 @@ async function connect() {
       read: (q, w, block) => c.xreadgroup("GROUP", "workers", w, "COUNT", 1, "BLOCK", block, "STREAMS", q, ">"),
       xack: (q, id) => c.xack(q, "workers", id),
       pending: (q) => c.xpending(q, "workers").then((r) => Number(r[0])),
+      info: () => c.info("clients"),
       close: () => c.quit(),
     };
   }
@@ -27,8 +28,18 @@ async function connect() {
     read: (q, w, block) => c.xReadGroup("workers", w, { key: q, id: ">" }, { COUNT: 1, BLOCK: block }),
     xack: (q, id) => c.xAck(q, "workers", id),
     pending: (q) => c.xPending(q, "workers").then((r) => Number(r.pending)),
+    info: () => c.info("clients"),
     close: () => c.quit(),
   };
+}
+
+// Polls INFO clients (with a deadline) until a reader is blocked, so the push below wakes it.
+async function untilBlocked(client) {
+  const deadline = Date.now() + 10000;
+  while (!/blocked_clients:[1-9]/.test(String(await client.info()))) {
+    if (Date.now() > deadline) throw new Error("the reader never blocked");
+    await new Promise((r) => setTimeout(r, 10));
+  }
 }
 
 // [[id, {field: value}]] from any client's XREADGROUP reply shape (null when it timed out).
@@ -74,7 +85,7 @@ function entries(reply) {
   const wakeQueue = queue + "-wake";
   const started = Date.now();
   const blocked = workers[0].read(wakeQueue, "w1", 10000);
-  await new Promise((r) => setTimeout(r, 300));
+  await untilBlocked(producer);
   const wakeId = String(await producer.xadd(wakeQueue, { n: "wake" }));
   const woke = entries(await blocked);
   result.wake = { pushed: wakeId, got: woke.map((e) => e[0]), ms: Date.now() - started };
