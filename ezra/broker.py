@@ -37,6 +37,11 @@ from .writer import Writer
 DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA caps it
 MAX_READ_COUNT = 10000
 INF = float("inf")
+# Events counted since start, per queue and in all (INFO stats, /metrics, the dashboard):
+# pushed, delivered (of which redelivered: a task delivered before), acked, failed (XNACK,
+# XDEL), expired (lease ran out), released (worker gone), dead, requeued (from dead), purged.
+TALLIES = ("pushed", "delivered", "redelivered", "acked", "failed", "expired", "released", "dead",
+           "requeued", "purged")
 
 
 def now_ms() -> int:
@@ -48,7 +53,7 @@ class QueueState:
 
     __slots__ = ("name", "last_id", "counts", "group", "last_delivered", "next_purge",
                  "deleted", "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates",
-                 *SETTING_COLUMNS)
+                 "totals", *SETTING_COLUMNS)
 
     def __init__(self, name: bytes, last_id=(0, 0)):
         self.name = name
@@ -61,6 +66,7 @@ class QueueState:
         self.max_deleted = (0, 0)
         self.deleted_dirty = False
         self.iids_added = self.iids_duplicates = 0
+        self.totals = dict.fromkeys(TALLIES, 0)  # events since start (metrics, dashboard)
         for column in SETTING_COLUMNS:
             setattr(self, column, None)
 
@@ -98,8 +104,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
         self.queues: dict[bytes, QueueState] = {}
         self.blocked: dict[bytes, OrderedDict] = {}
         self._served: list[Waiter] = []
-        self.stats = {"pushed": 0, "delivered": 0, "acked": 0, "failed": 0, "expired": 0, "dead": 0,
-                      "released": 0, "purged": 0}
+        self.stats = dict.fromkeys(TALLIES, 0)
         Leases.__init__(self)
         Upkeep.__init__(self)
         self._reload()
@@ -269,6 +274,10 @@ class Broker(Leases, Upkeep, QueueAdmin):
                 waiter.result, waiter.error = None, errors.storage_failed("the batch was rolled back")
             waiter.event.set()
 
+    def _tally(self, queue: QueueState, event: str, n: int = 1) -> None:
+        self.stats[event] += n
+        queue.totals[event] += n
+
     def _queue(self, name: bytes, now: int, create: bool = True) -> QueueState | None:
         queue = self.queues.get(name)
         if queue is None and create:
@@ -303,7 +312,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
             self._remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id
         queue.counts[state] += 1
-        self.stats["pushed"] += 1
+        self._tally(queue, "pushed")
         if state == DELAYED:
             self.due_at(available_at)
         else:
@@ -326,7 +335,10 @@ class Broker(Leases, Upkeep, QueueAdmin):
                 self.lease_until(deadline)
             queue.last_delivered = max(queue.last_delivered or (0, 0), rows[-1][:2])
         queue.move(AVAILABLE, state, len(rows))
-        self.stats["delivered"] += len(rows)
+        self._tally(queue, "delivered", len(rows))
+        redelivered = sum(1 for row in rows if row[3] > 1)  # row[3]: attempts, this one included
+        if redelivered:
+            self._tally(queue, "redelivered", redelivered)
         return rows
 
     def _tx_claim(self, names: list[bytes], worker: bytes, count: int, noack: bool,
@@ -434,7 +446,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
             self._note_deleted(queue, deleted)
         acked = self.db.ack(name, ids, self.clock())
         queue.move(IN_FLIGHT, DONE, acked)
-        self.stats["acked"] += acked + len(deleted)
+        self._tally(queue, "acked", acked + len(deleted))
         return acked + len(deleted)
 
     def _tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None,
@@ -445,7 +457,8 @@ class Broker(Leases, Upkeep, QueueAdmin):
         states = (IN_FLIGHT, AVAILABLE, DELAYED) if force else (IN_FLIGHT,)
         rows = self.db.in_flight_attempts(name, ids, states)
         self._apply_failures(queue, rows, mode, retry_count, self.clock())
-        self.stats["failed"] += len(rows)
+        if mode != lifecycle.SILENT:  # SILENT: given back unsent, not a failure report
+            self._tally(queue, "failed", len(rows))
         return len(rows)
 
     def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int):
@@ -461,7 +474,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
             if new_state == DELAYED:
                 self.due_at(available_at)
             elif new_state == DEAD:
-                self.stats["dead"] += 1
+                self._tally(queue, "dead")
         self._serve_waiters(queue, now)
 
     def _note_deleted(self, queue: QueueState, ids: list[tuple]) -> None:

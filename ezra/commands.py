@@ -645,7 +645,8 @@ def info_stats(state: ServerState):
             ("tasks_pushed", stats["pushed"]), ("tasks_delivered", stats["delivered"]),
             ("tasks_acked", stats["acked"]), ("tasks_failed", stats["failed"]),
             ("tasks_expired", stats["expired"]), ("tasks_dead", stats["dead"]),
-            ("tasks_released", stats["released"]), ("tasks_purged", stats["purged"])]
+            ("tasks_released", stats["released"]), ("tasks_purged", stats["purged"]),
+            ("tasks_redelivered", stats["redelivered"]), ("tasks_requeued", stats["requeued"])]
 
 
 def info_queues(state: ServerState):
@@ -667,3 +668,4 @@ INFO_SECTIONS = [("server", info_server), ("clients", info_clients), ("memory", 
 
 
 from . import commands_ops  # noqa: F401  (registers XCFGSET, XCLAIM, XINFO... in COMMANDS)
+from . import commands_keys  # noqa: F401  (registers EXISTS and TYPE in COMMANDS)

@@ -5,6 +5,7 @@
     XACKDEL queue group [KEEPREF|DELREF|ACKED] IDS n id...   ack and drop the record
     XREQUEUE queue ALL | IDS n id...          dead tasks back to available
     XINFO STREAM|GROUPS|CONSUMERS|HELP        Redis's shapes, plus EZRA's counts and settings
+    XINFO TASKS queue state [COUNT n] [AFTER id]   EZRA's: the tasks of one state (ezra ls)
     BACKUP dest-path                          a hot backup of ezra.db, written by the server
 
 Same rules as commands.py: parse, call the broker, return a reply value.
@@ -17,7 +18,7 @@ from .commands import Deferred, broker, command, ids_of, live_queue, to_int
 from .errors import CommandError
 from .lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
 from .resp import OK, SimpleString
-from .storage import StorageError
+from .storage import StorageError, decode_fields, name_bytes
 
 AUTOCLAIM_DEFAULT_COUNT = 100
 AUTOCLAIM_MAX_COUNT = 10000
@@ -132,10 +133,12 @@ def xrequeue(session, args):
 
 @command("XINFO", -2)
 def xinfo(session, args):
-    """XINFO STREAM queue [FULL [COUNT n]] | GROUPS queue | CONSUMERS queue group | HELP"""
+    """XINFO STREAM queue [FULL [COUNT n]] | GROUPS queue | CONSUMERS queue group | HELP | TASKS ..."""
     sub = args[1].upper()
     if sub == b"HELP" and len(args) == 2:
-        return [SimpleString(line) for line in XINFO_HELP]
+        return [SimpleString(line) for line in XINFO_HELP]  # Redis's text, byte for byte
+    if sub == b"TASKS":
+        return xinfo_tasks(session, args)
     arity = {b"STREAM": 3, b"GROUPS": 3, b"CONSUMERS": 4}.get(sub)
     if arity is None:
         raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XINFO")
@@ -149,6 +152,43 @@ def xinfo(session, args):
     full_count = stream_full_count(args[3:])
     return Deferred(broker(session).stream_info(queue, full_count),
                     stream_reply if full_count is None else stream_full_reply)
+
+
+TASKS_DEFAULT_COUNT = 100
+TASK_STATES = {state.encode(): state for state in lifecycle.STATES} | {b"in-flight": IN_FLIGHT}
+
+
+def xinfo_tasks(session, args):
+    """XINFO TASKS queue state [COUNT n] [AFTER id]: one map per task, in the state's order
+    (available, in_flight, dead: by id, AFTER pages; delayed: next due first; done: newest first)."""
+    if len(args) < 4:
+        raise errors.err("wrong number of arguments for 'xinfo|tasks' command")
+    queue = live_queue(args[2])
+    state = TASK_STATES.get(args[3].lower())
+    if state is None:
+        raise errors.err("state must be one of available, delayed, in_flight, done, dead")
+    count, after, rest = TASKS_DEFAULT_COUNT, (0, 0), args[4:]
+    while rest:
+        option = rest[0].upper()
+        if len(rest) < 2 or option not in (b"COUNT", b"AFTER"):
+            raise errors.SYNTAX
+        if option == b"COUNT":
+            count = to_int(rest[1])
+            if not 0 < count <= AUTOCLAIM_MAX_COUNT:
+                raise errors.err(f"COUNT must be 1..{AUTOCLAIM_MAX_COUNT}")
+        else:
+            after = parse_id(rest[1])
+        rest = rest[2:]
+    return Deferred(broker(session).tasks(queue, state, count, after),
+                    lambda rows: [task_reply(row, state) for row in rows])
+
+
+def task_reply(row, state: str) -> dict:
+    ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished = row
+    return {"id": lifecycle.format_id((ms, seq)), "state": state, "attempts": attempts,
+            "worker": None if worker is None else name_bytes(worker), "created-at": created,
+            "available-at": available, "delivered-at": delivered, "deadline": deadline,
+            "finished-at": finished, "fields": decode_fields(fields)}
 
 
 def stream_full_count(rest: list[bytes]) -> int | None:

@@ -109,7 +109,7 @@ class Leases:
             rows = self.db.held_by(queue.name, worker)
             if rows:
                 self._apply_failures(queue, rows, lifecycle.FAIL, None, now)
-                self.stats["released"] += len(rows)
+                self._tally(queue, "released", len(rows))
                 logger.debug("released {} tasks of gone worker {!r} in {!r}", len(rows), worker, queue.name)
         return wait
 
@@ -172,6 +172,8 @@ class Leases:
             queue.move(AVAILABLE, IN_FLIGHT)
             queue.last_delivered = max(queue.last_delivered or (0, 0), (ms, seq))
         if not renewal:
-            self.stats["delivered"] += 1
+            self._tally(queue, "delivered")
+            if attempts > 1 or state == IN_FLIGHT:  # delivered before, or taken from another worker
+                self._tally(queue, "redelivered")
         task_id = lifecycle.format_id((ms, seq))
         return task_id if justid else [task_id, decode_fields(fields)]

@@ -46,6 +46,14 @@ class QueueAdmin:
         """The figures of XINFO STREAM / GROUPS / CONSUMERS (a dict); ERR no such key if none."""
         return self.writer.submit(self._tx_stream_info, queue, full_count, durable=False)
 
+    def tasks(self, queue: bytes, state: str, count: int, after: tuple = (0, 0)):
+        """Up to `count` tasks of one state (storage.INSPECT_COLUMNS rows): XINFO TASKS, the dashboard."""
+        return self.writer.submit(self._tx_tasks, queue, state, count, after, durable=False)
+
+    def overview(self) -> dict:
+        """{queue: {"counts", "totals", "head_since"}} for /metrics and the dashboard, one snapshot."""
+        return self.writer.call(self._tx_overview, durable=False)
+
     def backup(self, dest_path: str) -> dict:
         """Copy the live database to dest_path (SQLite online backup); the copy's counts by state."""
         return get_hub().threadpool.apply(backup_database, (self.db.path, dest_path))
@@ -70,8 +78,20 @@ class QueueAdmin:
         now = self.clock()
         moved = self.db.requeue(name, ids, now)
         queue.move(DEAD, AVAILABLE, moved)
+        self._tally(queue, "requeued", moved)
         self._serve_waiters(queue, now)
         return moved
+
+    def _tx_tasks(self, name: bytes, state: str, count: int, after: tuple) -> list[tuple]:
+        if name not in self.queues:
+            raise errors.NO_SUCH_KEY
+        return self.db.tasks_in_state(name, state, count, after)
+
+    def _tx_overview(self) -> dict:
+        return {name: {"counts": dict(queue.counts), "totals": dict(queue.totals),
+                       # when the next task to deliver became available (ms): how long it waits
+                       "head_since": self.db.head_available_since(name) if queue.counts[AVAILABLE] else None}
+                for name, queue in self.queues.items()}
 
     def _tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[int]:
         queue = self.queues.get(name)
@@ -85,7 +105,7 @@ class QueueAdmin:
                 continue
             queue.counts[state] -= 1
             if state == IN_FLIGHT:
-                self.stats["acked"] += 1
+                self._tally(queue, "acked")
             deleted.append(task_id)
             replies.append(XACKDEL_DELETED)
         self._note_deleted(queue, deleted)

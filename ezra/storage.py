@@ -113,6 +113,12 @@ SETTING_COLUMNS = ("visibility_timeout", "max_attempts", "retention_seconds", "b
                    "release_on_disconnect", "idmp_duration", "idmp_maxsize")
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
+# What the dashboard and XINFO TASKS show of a task.
+INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, available_at, deadline, "
+                   "delivered_at, finished_at")
+INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.IN_FLIGHT: "id_ms, id_seq",
+                 lifecycle.DEAD: "id_ms, id_seq", lifecycle.DELAYED: "available_at, id_ms, id_seq",
+                 lifecycle.DONE: "finished_at DESC, id_ms DESC, id_seq DESC"}
 
 
 class StorageError(Exception):
@@ -476,7 +482,7 @@ class Database:
             "attempts = attempts + 1, finished_at = CASE WHEN ? = 'done' THEN ? END "
             "WHERE rowid IN (SELECT rowid FROM tasks WHERE queue = ? AND state = 'available' "
             "ORDER BY id_ms, id_seq LIMIT ?) "
-            f"RETURNING {TASK_COLUMNS}",
+            f"RETURNING {TASK_COLUMNS}, attempts",  # attempts: the broker counts redeliveries
             (state, name_value(worker), deadline, now, state, now, name_value(queue), count),
         ).fetchall()
         rows.sort()
@@ -735,3 +741,26 @@ class Database:
         return self.conn.execute(
             "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND attempts > 0 "
             "ORDER BY id_ms DESC, id_seq DESC LIMIT 1", (name_value(queue),)).fetchone()
+
+    # -- inspection (the dashboard, /metrics, XINFO TASKS)
+
+    def tasks_in_state(self, queue: bytes, state: str, count: int, after: tuple = (0, 0)) -> list[tuple]:
+        """Up to `count` tasks of one state (INSPECT_COLUMNS rows), each state in the order
+        its partial index gives cheaply, so a look never sorts a million rows:
+        available, in flight and dead in id order after `after` (delivery order);
+        delayed by when they come due; done newest first (`after` is not used for those).
+        """
+        order = INSPECT_ORDER[state]  # KeyError for anything but a known state: never user text
+        sql = f"SELECT {INSPECT_COLUMNS} FROM tasks INDEXED BY tasks_{state} WHERE queue = ? AND state = '{state}'"
+        params: list = [name_value(queue)]
+        if order.startswith("id_ms"):
+            sql += " AND (id_ms, id_seq) > (?, ?)"
+            params += after
+        return self.conn.execute(f"{sql} ORDER BY {order} LIMIT ?", (*params, count)).fetchall()
+
+    def head_available_since(self, queue: bytes) -> int | None:
+        """When the next task to be delivered became available (ms), or None if none is."""
+        row = self.conn.execute(
+            "SELECT available_at FROM tasks WHERE queue = ? AND state = 'available' "
+            "ORDER BY id_ms, id_seq LIMIT 1", (name_value(queue),)).fetchone()
+        return None if row is None else row[0]

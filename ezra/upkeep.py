@@ -130,7 +130,7 @@ class Upkeep:
             queue = self.queues.get(name)
             if queue is not None:
                 self._apply_failures(queue, rows, lifecycle.FAIL, None, now)
-                self.stats["expired"] += len(rows)
+                self._tally(queue, "expired", len(rows))
         if len(expired) == EXPIRE_BATCH:
             return True
         next_deadline = self.db.next_deadline()
@@ -160,7 +160,7 @@ class Upkeep:
         keep_ms = lifecycle.to_ms(retention)
         ids = self.db.purge_done(queue.name, now - keep_ms, PURGE_BATCH)
         queue.counts[DONE] -= len(ids)
-        self.stats["purged"] += len(ids)
+        self._tally(queue, "purged", len(ids))
         self._note_deleted(queue, ids)
         if len(ids) == PURGE_BATCH:
             return True
@@ -181,7 +181,7 @@ class Upkeep:
                 for state, _ in items:
                     queue.counts[state] -= 1
                 self._note_deleted(queue, [task_id for _, task_id in items])
-        self.stats["purged"] += len(rows)
+                self._tally(queue, "purged", len(items))
         if len(rows) == PURGE_BATCH:
             return True
         # An ack does not tell the reaper about TTLs: look again within TTL_RECHECK_MS.

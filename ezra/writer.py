@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import gevent
 from gevent import get_hub
@@ -29,6 +30,7 @@ from gevent.threadpool import ThreadPool
 from loguru import logger
 
 from . import errors
+from .histogram import BATCH_SIZE_BUCKETS, SECONDS_BUCKETS, Histogram
 from .storage import Database
 
 CHECKPOINT_EVERY_BATCHES = 500  # fold the WAL into the database this often (on a thread)
@@ -71,6 +73,7 @@ class Syncer:
         self._thread = threading.Thread(target=self._run, name="ezra-fsync", daemon=True)
         self._thread.start()
         self.fsyncs = 0
+        self.fsync_seconds = Histogram(SECONDS_BUCKETS)  # only this thread observes it
 
     def after_sync(self, requests: list[Request]) -> None:
         """Answer these committed requests once the WAL is on disk."""
@@ -98,7 +101,9 @@ class Syncer:
                 batch, self._waiting = self._waiting, []
             error = None
             try:
+                started = time.perf_counter()
                 os.fdatasync(self._fd)  # everything committed before this call is durable after it
+                self.fsync_seconds.observe(time.perf_counter() - started)
                 self.fsyncs += 1
             except OSError as exc:
                 error = exc
@@ -137,6 +142,8 @@ class Writer:
         self._batches_at_checkpoint = 0
         self.batches = 0
         self.committed_requests = 0
+        self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)   # requests per committed batch
+        self.commit_seconds = Histogram(SECONDS_BUCKETS)   # BEGIN .. COMMIT of a batch (no fsync)
         # A checkpoint copies at most the WAL into the database: with the WAL kept
         # under half the reserve (db.wal_limit), the reserve has room for that copy.
         self.disk_full = not db.make_reserve()
@@ -148,6 +155,10 @@ class Writer:
     @property
     def fsyncs(self) -> int:
         return self._syncer.fsyncs if self._syncer else 0
+
+    @property
+    def fsync_seconds(self) -> Histogram | None:
+        return self._syncer.fsync_seconds if self._syncer else None
 
     def submit(self, fn, *args, durable: bool = True, grows: bool = False) -> Request:
         """Queue `fn(*args)` for the next batch; a durable one is answered after fsync.
@@ -217,6 +228,7 @@ class Writer:
         db = self.db
         if self.disk_full:
             self._refuse_growth(batch)
+        started = time.perf_counter()
         try:
             db.begin()
             for request in batch:
@@ -234,6 +246,8 @@ class Writer:
                 logger.opt(exception=exc).error("batch of {} requests rolled back: {}", len(batch), exc)
             self._roll_back(batch, exc)
             return False
+        self.commit_seconds.observe(time.perf_counter() - started)
+        self.batch_sizes.observe(len(batch))
         self.batches += 1
         self.committed_requests += len(batch)
         return True
