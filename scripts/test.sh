@@ -27,6 +27,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # The Node.js clients of the matrix, pinned by tests/node/package-lock.json, in build/node.
+# (The Python clients that need an interpreter of their own, redis-py 5 and the worker
+# libraries, are installed by the tests themselves into build/venv-* on first use.)
 if command -v npm >/dev/null 2>&1 && { [ ! -d build/node/node_modules ] \
     || ! cmp -s tests/node/package-lock.json build/node/package-lock.json; }; then
   mkdir -p build/node && cp tests/node/package.json tests/node/package-lock.json build/node/

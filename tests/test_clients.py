@@ -157,6 +157,112 @@ def test_redis_py(shared_server, queue, variant):
     rec.passed()
 
 
+# ------------------------------------------------------------------ redis-py 5 (its own venv)
+
+def python_venv(name: str, requirements: list[str]) -> Path:
+    """build/<name>/bin/python, a virtual environment with `requirements`, made on first use.
+
+    Another redis-py (or a library pinning one) cannot share this interpreter, so it gets
+    its own venv and the test runs it in a subprocess. Skips with the reason when pip cannot
+    install (offline). A stamp file remembers what was installed, so a change rebuilds it."""
+    venv = ROOT / "build" / name
+    python, stamp = venv / "bin" / "python", venv / "ezra-requirements.txt"
+    wanted = "\n".join(requirements) + "\n"
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return python
+    shutil.rmtree(venv, ignore_errors=True)
+    for what, step in (("python -m venv", [sys.executable, "-m", "venv", str(venv)]),
+                       ("pip install " + " ".join(requirements),
+                        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *requirements])):
+        result = subprocess.run(step, capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            pytest.skip(f"could not make build/{name}: {what} failed: {result.stderr[-500:]}")
+    stamp.write_text(wanted)
+    return python
+
+
+PY_SCENARIO = r"""
+import json, sys, threading, time
+import redis
+port, queue, n, protocol = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+kwargs = {} if protocol == "default" else {"protocol": int(protocol)}
+producer = redis.Redis(port=port, **kwargs)  # everything else: this redis-py's defaults
+try:
+    connection = producer.connection_pool.get_connection()
+except TypeError:  # redis-py before 5.3 wants a command name
+    connection = producer.connection_pool.get_connection("_")
+used = {"protocol": str(connection.protocol), "parser": type(connection._parser).__name__}
+producer.connection_pool.release(connection)
+done, errors = {"w1": [], "w2": []}, []
+def streams(reply):  # [(queue, entries)]; redis-py 5 turns RESP3's map into {queue: [entries]}
+    if isinstance(reply, dict):
+        return [(key, value[0]) for key, value in reply.items()]
+    return reply or []
+def work(name):
+    client = redis.Redis(port=port, **kwargs)
+    try:
+        while sum(map(len, done.values())) < n:
+            for _, tasks in streams(client.xreadgroup("workers", name, {queue: ">"}, count=1, block=500)):
+                for task_id, fields in tasks:
+                    assert fields[b"payload"] == b"task " + fields[b"n"], fields
+                    assert client.xack(queue, "workers", task_id) == 1
+                    done[name].append(task_id.decode())
+    except Exception as error:
+        errors.append(repr(error))
+threads = [threading.Thread(target=work, args=(name,)) for name in done]
+for thread in threads:
+    thread.start()
+pushed = [producer.xadd(queue, {"n": str(i), "payload": f"task {i}"}).decode() for i in range(n)]
+for thread in threads:
+    thread.join(30)
+pending = producer.xpending(queue, "workers")["pending"]
+wake, got = queue + "-wake", []
+reader = redis.Redis(port=port, **kwargs)
+started = time.monotonic()
+blocked = threading.Thread(target=lambda: got.append(
+    reader.xreadgroup("workers", "w1", {wake: ">"}, count=1, block=10000)))
+blocked.start()
+deadline = time.monotonic() + 10  # poll until the reader is blocked, so the push wakes it
+while producer.info("clients")["blocked_clients"] < 1:
+    assert time.monotonic() < deadline, "the reader never blocked"
+    time.sleep(0.01)
+wake_id = producer.xadd(wake, {"n": "wake"}).decode()
+blocked.join(10)
+woke = [t[0].decode() for _, tasks in streams(got[0] if got else None) for t in tasks]
+print(json.dumps(dict(version=redis.__version__, used=used, pushed=pushed, done=done, errors=errors,
+                      pending=pending, wake=dict(pushed=wake_id, got=woke,
+                                                 ms=round((time.monotonic() - started) * 1000)))))
+"""
+
+REDIS_PY5 = {  # protocol arg -> (protocol label, settings, protocol the connection must use)
+    "default": ("RESP2 (default)", "redis.Redis(port=...), no hiredis, own venv", "2"),
+    "3": ("RESP3", "protocol=3, no hiredis, own venv", "3"),
+}
+
+
+@pytest.fixture(scope="session")
+def redis_py5() -> Path:
+    return python_venv("venv-redispy5", ["redis>=5,<6"])
+
+
+@pytest.mark.parametrize("protocol", list(REDIS_PY5), ids=["resp2-default", "resp3"])
+def test_redis_py5(shared_server, queue, protocol, redis_py5):
+    label, settings, expected = REDIS_PY5[protocol]
+    version = subprocess.run([str(redis_py5), "-c", "import redis; print(redis.__version__)"],
+                             capture_output=True, text=True).stdout.strip()
+    assert version.startswith("5."), version
+    rec = Record("redis-py (Python)", version, label, settings)
+    result = subprocess.run([str(redis_py5), "-c", PY_SCENARIO, str(shared_server.port), queue, str(N), protocol],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["used"]["protocol"] == expected and "Hiredis" not in out["used"]["parser"], out["used"]
+    assert not out["errors"], out["errors"]
+    check_scenario(out["pushed"], out["done"], out["pending"])
+    assert out["wake"]["got"] == [out["wake"]["pushed"]] and out["wake"]["ms"] < 5000, out["wake"]
+    rec.passed()
+
+
 # ------------------------------------------------------------------ Node.js
 
 def node_modules() -> Path:
@@ -188,11 +294,16 @@ def node_version(package: str) -> str:
     return json.loads((node_modules() / package / "package.json").read_text())["version"]
 
 
-NODE = {  # id -> (package, resp, protocol label, settings)
-    "ioredis": ("ioredis", "default", "RESP2 (default; no RESP3)", "new Redis({port})"),
+NODE = {  # id -> (package, resp, protocol label, settings); the npm aliases are in tests/node/package.json
+    "ioredis5": ("ioredis", "default", "RESP2 (default; no RESP3)", "new Redis({port})"),
+    "ioredis6-resp3": ("ioredis6", "default", "RESP3 (default)", "new Redis({port})"),
+    "ioredis6-resp3-maps": ("ioredis6", "3maps", "RESP3 (default)", 'new Redis({port, replyMapping: "resp3"})'),
+    "ioredis6-resp2": ("ioredis6", "2", "RESP2", "new Redis({port, protocol: 2})"),
     "redis4": ("redis4", "default", "RESP2 (default; no RESP3)", "createClient({socket: {port}})"),
     "redis5-resp2": ("redis5", "default", "RESP2 (default)", "createClient({socket: {port}})"),
     "redis5-resp3": ("redis5", "3", "RESP3", "createClient({socket: {port}, RESP: 3})"),
+    "redis6-resp3": ("redis6", "default", "RESP3 (default)", "createClient({socket: {port}})"),
+    "redis6-resp2": ("redis6", "2", "RESP2", "createClient({socket: {port}, RESP: 2})"),
 }
 
 
@@ -200,7 +311,7 @@ NODE = {  # id -> (package, resp, protocol label, settings)
 def test_node(shared_server, queue, case):
     package, resp, protocol, settings = NODE[case]
     env = node_env()
-    name = "ioredis (Node.js)" if package == "ioredis" else "node-redis `redis` (Node.js)"
+    name = "ioredis (Node.js)" if package.startswith("ioredis") else "node-redis `redis` (Node.js)"
     rec = Record(name, node_version(package), protocol, settings)
     node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
     rec.entry["settings"] += f", node {node}"

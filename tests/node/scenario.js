@@ -1,14 +1,18 @@
 // The client-matrix scenario for one Node.js client (driven by tests/test_clients.py):
-//   node scenario.js <ioredis|redis4|redis5> <resp: default|2|3> <port> <queue> <tasks>
+//   node scenario.js <ioredis|ioredis6|redis4|redis5|redis6> <resp: default|2|3|3maps> <port> <queue> <tasks>
+// ("3maps": ioredis 6's RESP3 with replyMapping "resp3", maps as objects)
 // A producer pushes <tasks> tasks while two workers (own connections) read with `>`, one
 // task at a time, and ack; then a blocking read must wake on a push. Prints one JSON line.
 const [lib, resp, port, queue, tasks] = process.argv.slice(2);
 const N = Number(tasks);
 
 async function connect() {
-  if (lib === "ioredis") {
-    const Redis = require("ioredis");
-    const c = new Redis({ port: Number(port) }); // defaults: RESP2 (ioredis has no RESP3)
+  if (lib.startsWith("ioredis")) {
+    const Redis = require(lib);
+    const options = { port: Number(port) }; // defaults: ioredis 5 RESP2 (no RESP3), ioredis 6 RESP3
+    if (resp === "2") options.protocol = 2;
+    if (resp === "3maps") options.replyMapping = "resp3";
+    const c = new Redis(options);
     return {
       xadd: (q, f) => c.xadd(q, "*", ...Object.entries(f).flat()),
       read: (q, w, block) => c.xreadgroup("GROUP", "workers", w, "COUNT", 1, "BLOCK", block, "STREAMS", q, ">"),
