@@ -1,0 +1,31 @@
+"""EXISTS and TYPE on queue names, in the same table as commands.py (imported by it to register).
+
+Redis-Streams worker libraries look before they create a consumer group (walrus's
+`ConsumerGroup.create` asks EXISTS, then TYPE). Both answer as Redis does for a
+stream key: a queue exists once a push, `XGROUP CREATE ... MKSTREAM` or `XCFGSET`
+made it, and its dead-letter view `q::dead` exists with it. Keys are only
+queues here, so there is no DEL: EZRA never drops tasks.
+"""
+
+from __future__ import annotations
+
+from .commands import broker, command
+from .lifecycle import split_queue
+from .resp import SimpleString
+
+
+def known_queues(session) -> dict:
+    return broker(session).queue_counts()
+
+
+@command("EXISTS", -2)
+def exists(session, args):
+    """EXISTS queue [queue ...]: how many of the names are queues (a name given twice counts twice)."""
+    queues = known_queues(session)
+    return sum(split_queue(name)[0] in queues for name in args[1:])
+
+
+@command("TYPE", 2)
+def type_(session, args):
+    """TYPE queue: stream for a queue or its ::dead view, none for any other name."""
+    return SimpleString("stream" if split_queue(args[1])[0] in known_queues(session) else "none")
