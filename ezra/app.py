@@ -34,6 +34,7 @@ class App:
         self.db = None
         self.broker = None
         self.server = None
+        self.web = None
 
     def start(self) -> int:
         """Open the database, recover, start serving; returns the bound port.
@@ -47,7 +48,8 @@ class App:
             raise
 
     def _close_partial_start(self) -> None:
-        for close in (self.server and self.server.stop_listening, self.broker and self.broker.stop,
+        for close in (self.web and self.web.stop, self.server and self.server.stop_listening,
+                      self.broker and self.broker.stop,
                       self.db and self.db.close):
             if close:
                 try:
@@ -69,6 +71,12 @@ class App:
         self.server = EzraServer(ServerState(self.broker, settings))
         self.server.start()
         self.broker.start_reaper()
+        if settings.http_port is not None:
+            from .web import WebServer  # here: without --http-port, prometheus_client is never loaded
+            self.web = WebServer(self.server.state, self.server.auth_throttle)
+            self.web.start()
+            logger.info("metrics and dashboard on {}://{}:{}/ (/metrics, /healthz)", self.web.scheme,
+                        settings.bind, self.web.port)
         logger.info("ezra {} listening on {}:{}, data in {} (durability {})", __version__, settings.bind,
                     self.server.port, self.db.path, settings.durability)
         if settings.tls_cert_file:
@@ -82,6 +90,8 @@ class App:
     def stop(self) -> None:
         """Stop accepting, answer what is under way, commit, close the database."""
         logger.info("stopping")
+        if self.web is not None:
+            self.web.stop()
         self.server.stop_listening()
         self.broker.cancel_waiters()
         self.server.close_connections(SHUTDOWN_GRACE)

@@ -651,14 +651,18 @@ def info_stats(state: ServerState):
 
 def info_queues(state: ServerState):
     lines = []
-    for name, counts in sorted(state.broker.queue_counts().items()):
+    for name, queue in sorted(state.broker.overview(head_since=False).items()):
         shown = name.decode("utf-8", "replace").translate(INFO_NAME_SAFE)
-        lines.append((f"queue_{shown}", ",".join(f"{state}={counts[state]}" for state in INFO_STATES)))
+        figures = [(key, queue["counts"][key]) for key in INFO_STATES]
+        figures += [(key, queue["totals"][key]) for key in INFO_TALLIES]
+        lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in figures)))
     return lines
 
 
-# INFO's queue lines keep the fields they always had; delayed tasks are in XINFO STREAM.
-INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD)
+# The counts by state (the first four fields first, as they always were), then events
+# since start ('ezra stats --watch' turns those into rates).
+INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD, lifecycle.DELAYED)
+INFO_TALLIES = ("pushed", "delivered", "acked", "failed", "expired")
 
 
 INFO_NAME_SAFE = str.maketrans({"\r": "?", "\n": "?", ",": "?"})

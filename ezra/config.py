@@ -40,6 +40,7 @@ class Settings:
     tls_ca_cert_file: str | None = None         # set: clients must present a certificate it signed
     disk_reserve: int = 4 * 1024 * 1024         # bytes set aside so acks/claims work on a full disk
     queues: tuple = ()                          # ((name, {column: value}), ...) from --queue lines
+    http_port: int | None = None                # /metrics, /healthz and the dashboard; None: off
 
 
 def positive_float(text: str) -> float:
@@ -159,6 +160,10 @@ def build_parser() -> configargparse.ArgParser:
         env_var="EZRA_QUEUE",
         help="per-queue settings applied at start, as XCFGSET takes them, e.g. 'emails VISIBILITY-TIMEOUT 60 "
              "MAX-ATTEMPTS 5'; repeat for more queues (config file: queue = [emails ..., reports ...])")
+    add("--http-port", type=port_number, default=None, env_var="EZRA_HTTP_PORT",
+        help="serve Prometheus /metrics, /healthz and the web dashboard on this port, with the same "
+             "--bind, --password (HTTP Basic, any user name) and TLS as the main port (unset: off; "
+             "0 picks a free port)")
     add("--version", action="version", version=f"ezra {__version__}")
     return parser
 

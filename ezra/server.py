@@ -240,7 +240,7 @@ def tls_context(settings):
     if not settings.tls_cert_file:
         return None
     try:
-        from gevent import ssl  # here: the single-file binary leaves ssl out (ezra.spec)
+        from gevent import ssl  # here: a build without ssl (a custom one) can still serve plain text
     except ImportError as exc:
         raise OSError(f"TLS is not available in this build ({exc}): run EZRA from Python for TLS") from None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

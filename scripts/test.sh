@@ -18,6 +18,7 @@ command -v go >/dev/null 2>&1 || missing+=(golang-go)  # redigo, the Go client (
 [ -d /usr/share/gocode/src/github.com/gomodule/redigo ] || missing+=(golang-github-gomodule-redigo-dev)
 command -v strace >/dev/null 2>&1 || missing+=(strace)  # tests/test_faults.py: the power-loss model
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # tests/test_abuse.py: a test certificate for TLS
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # tests/test_dashboard.py: a real browser
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -18,6 +18,7 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 LISTENING = re.compile(r"listening on [^ ]+:(\d+),")
+HTTP_LISTENING = re.compile(r"dashboard on (https?://[^ ]+:\d+)/")
 
 
 def wait_until(condition, timeout=10.0, interval=0.01, message="condition"):
@@ -58,6 +59,13 @@ class EzraProcess:
 
         self.port = wait_until(port_in_log, timeout, message="ezra to listen")
         return self
+
+    @property
+    def http_url(self) -> str:
+        """The --http-port listener's base URL (the server must have been started with it)."""
+        match = HTTP_LISTENING.search(self.log())
+        assert match, f"no HTTP listener in the log:\n{self.log()}"
+        return match.group(1)
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def binary_name() -> str:
 
 def source_hash() -> str:
     digest = hashlib.sha256(f"{sys.version}\0{platform.machine()}\0".encode())
-    inputs = sorted((ROOT / "ezra").glob("*.py")) + [ROOT / name for name in
+    inputs = sorted((ROOT / "ezra").glob("*.py")) + sorted((ROOT / "ezra" / "static").iterdir()) + [ROOT / name for name in
                                                        ("ezra.spec", "setup.cfg", "scripts/build-binary.sh")]
     for path in inputs:
         digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
@@ -242,3 +243,20 @@ def test_ping_fails_when_nothing_listens(isolated):
         free_port = sock.getsockname()[1]
     ping = run(isolated, "ping", "--port", str(free_port), "--timeout", "1")
     assert ping.returncode == 1 and "cannot reach" in ping.stderr, ping
+
+
+def test_metrics_and_dashboard_in_the_binary(isolated):
+    """The --http-port listener works from the one file: prometheus_client, pywsgi and the
+    dashboard's static files are inside it."""
+    server = BinaryServer(isolated, "--http-port", "0")
+    try:
+        match = re.search(r"dashboard on (http://[^ ]+:\d+)/", server.log())
+        assert match, server.log()
+        redis.Redis(port=server.port, socket_timeout=10).xadd("emails", {"to": "ada@example.com"})
+        pages = {path: urllib.request.urlopen(match.group(1) + path, timeout=10).read()
+                 for path in ("/metrics", "/", "/static/dashboard.css")}
+        assert b'ezra_pushes_total{queue="emails"} 1.0' in pages["/metrics"]
+        assert b'data-queue="emails"' in pages["/"]
+        assert b"--push" in pages["/static/dashboard.css"]
+    finally:
+        assert server.stop(signal.SIGTERM) == 0, server.log()

@@ -1,0 +1,267 @@
+"""The dashboard's pages: plain server-rendered HTML, every piece of user data escaped.
+
+Queue names and task fields are whatever producers sent, so every one of them
+goes through `text()` (html.escape) or `quote()` (URLs) on its way out; the
+pages carry no inline script or style (the CSP in web.py forbids both), and
+the charts are inline SVG drawn here from the throughput history.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from collections import deque
+from urllib.parse import quote as url_quote
+
+import gevent
+from loguru import logger
+
+from . import __version__, lifecycle
+from .lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from .storage import decode_fields
+
+SAMPLE_SECONDS = 5.0
+SAMPLES = 121                  # ten minutes of 5-second samples
+ROWS_SHOWN = 50                # tasks listed per state on a queue page
+FIELDS_SHOWN = 300             # characters of a task's fields shown in a table cell
+LISTED_STATES = (IN_FLIGHT, DEAD, AVAILABLE, DELAYED)
+STATIC_FILES = ("dashboard.css", "dashboard.js", "favicon.svg")
+STATE_TITLES = {AVAILABLE: "available", DELAYED: "delayed", IN_FLIGHT: "in flight", DONE: "done", DEAD: "dead"}
+
+
+class History:
+    """Each queue's pushed and acked totals every SAMPLE_SECONDS: the throughput charts."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.samples: deque = deque(maxlen=SAMPLES)  # (monotonic seconds, {queue: (pushed, acked)})
+        self._greenlet = None
+
+    def start(self) -> None:
+        self.sample()
+        self._greenlet = gevent.spawn(self._run)
+
+    def stop(self) -> None:
+        if self._greenlet is not None:
+            self._greenlet.kill()
+
+    def _run(self) -> None:
+        while True:
+            gevent.sleep(SAMPLE_SECONDS)
+            try:
+                self.sample()
+            except Exception as exc:  # a chart is not worth stopping the sampler for
+                logger.opt(exception=exc).error("dashboard: sampling throughput failed: {}", exc)
+
+    def sample(self) -> None:
+        # Read between two batches on the event loop: one consistent view, no writer round trip.
+        totals = {name: (queue.totals["pushed"], queue.totals["acked"])
+                  for name, queue in self.broker.queues.items()}
+        self.samples.append((time.monotonic(), totals))
+
+    def rates(self, name: bytes) -> list[tuple[float, float]]:
+        """(pushes/s, acks/s) over each interval between samples, oldest first."""
+        rates = []
+        samples = list(self.samples)
+        for (t0, before), (t1, after) in zip(samples, samples[1:]):
+            p0, a0 = before.get(name, (0, 0))
+            p1, a1 = after.get(name, (0, 0))
+            span = max(t1 - t0, 1e-9)
+            rates.append((max(p1 - p0, 0) / span, max(a1 - a0, 0) / span))
+        return rates
+
+
+# ---------------------------------------------------------------- helpers
+
+def text(value) -> str:
+    """Any value as escaped HTML text; bytes are decoded leniently (names need not be UTF-8)."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return html.escape(str(value), quote=True)
+
+
+def quote(name: bytes) -> str:
+    return url_quote(name, safe="")
+
+
+def queue_url(name: bytes) -> str:
+    return "/queue?name=" + quote(name)
+
+
+def duration(ms: float | None) -> str:
+    if ms is None:
+        return "–"
+    seconds = max(ms, 0) / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+    return f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
+
+
+def timestamp(ms: int | None) -> str:
+    if ms is None:
+        return "–"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + "Z"
+
+
+def fields_text(fields_json: str, limit: int = FIELDS_SHOWN) -> str:
+    """A task's fields as 'name=value  name=value', cut at `limit` characters, escaped."""
+    values = [value.decode("utf-8", "replace") for value in decode_fields(fields_json)]
+    shown = "  ".join(f"{values[i]}={values[i + 1]}" for i in range(0, len(values) - 1, 2))
+    if len(shown) > limit:
+        shown = shown[:limit] + "…"
+    return text(shown)
+
+
+def chart(rates: list[tuple[float, float]], width: int, height: int, labelled: bool) -> str:
+    """Pushes/s and acks/s as two SVG lines (presentation attributes only: the CSP has no inline style)."""
+    if len(rates) < 2:
+        return f'<svg class="chart" width="{width}" height="{height}" role="img" aria-label="no data yet">' \
+               f'<text x="4" y="{height // 2}" class="chart-empty">collecting…</text></svg>'
+    top = max(max(p, a) for p, a in rates) or 1.0
+    step = width / (len(rates) - 1)
+
+    def line(values, css_class):
+        points = " ".join(f"{i * step:.1f},{height - 2 - v / top * (height - 4):.1f}" for i, v in enumerate(values))
+        return f'<polyline class="{css_class}" fill="none" stroke-width="1.5" points="{points}"/>'
+
+    label = f'<text x="{width - 4}" y="12" text-anchor="end" class="chart-label">max {top:.1f}/s</text>' \
+        if labelled else ""
+    minutes = len(rates) * SAMPLE_SECONDS / 60
+    return (f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+            f'aria-label="pushes and acks per second over the last {minutes:.0f} minutes">'
+            f'{line([p for p, _ in rates], "pushes")}{line([a for _, a in rates], "acks")}{label}</svg>')
+
+
+def page(title: str, body: str, refresh: bool = True) -> bytes:
+    refresh_attr = ' data-refresh="3"' if refresh else ""  # dashboard.js reloads <main> every 3 s
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<title>{text(title)} · EZRA</title><link rel="icon" href="/static/favicon.svg"><link rel="stylesheet" href="/static/dashboard.css">'
+            f'<script src="/static/dashboard.js" defer></script></head>'
+            f'<body{refresh_attr}>{body}</body></html>').encode()
+
+
+def header(state) -> str:
+    uptime = int(time.time() - state.started)
+    settings = state.settings
+    return (f'<header><a class="brand" href="/">EZRA</a> <span class="muted">{text(__version__)} · '
+            f'{text(settings.bind)}:{state.port} · up {text(duration(uptime * 1000))} · '
+            f'{len(state.sessions)} clients, {state.broker.blocked_clients()} blocked · '
+            f'durability {text(settings.durability)}</span></header>')
+
+
+def error_page(status: str, message: str) -> bytes:
+    return page(status, f'<main><h1>{text(status)}</h1><p>{text(message)}</p>'
+                        f'<p><a href="/">back to the queues</a></p></main>', refresh=False)
+
+
+# ---------------------------------------------------------------- pages
+
+def index_page(state, overview: dict, history: History) -> bytes:
+    now = state.broker.clock()
+    rows = []
+    for name, queue in sorted(overview.items()):
+        counts = queue["counts"]
+        since = queue["head_since"]
+        rates = history.rates(name)
+        current = rates[-1][1] if rates else 0.0
+        rows.append(
+            f'<tr data-queue="{text(name)}"><td><a href="{text(queue_url(name))}">{text(name)}</a></td>'
+            + "".join(f'<td class="num {state_name}">{counts[state_name]}</td>' for state_name in lifecycle.STATES)
+            + f'<td class="num">{text(duration(None if since is None else now - since))}</td>'
+            f'<td>{chart(rates, 160, 28, labelled=False)} <span class="muted">{current:.1f} acks/s</span></td></tr>')
+    table = ('<p class="muted">No queues yet: a queue appears with its first XADD.</p>' if not rows else
+             '<table class="queues"><thead><tr><th>queue</th>'
+             + "".join(f'<th class="num">{STATE_TITLES[s]}</th>' for s in lifecycle.STATES)
+             + '<th class="num">oldest waiting</th><th>throughput, last 10 min '
+               '(<span class="pushes-key">pushes</span>, <span class="acks-key">acks</span>)</th></tr></thead>'
+             f'<tbody>{"".join(rows)}</tbody></table>')
+    return page("queues", f'{header(state)}<main><h1>Queues</h1>{table}</main>')
+
+
+def queue_page(state, name: bytes, queue: dict, lists: dict, history: History, csrf: str, flash: str) -> bytes:
+    now = state.broker.clock()
+    counts = queue["counts"]
+    tiles = "".join(f'<div class="tile {s}"><div class="count" data-state="{s}">{counts[s]}</div>'
+                    f'<div class="muted">{STATE_TITLES[s]}</div></div>' for s in lifecycle.STATES)
+    since = queue["head_since"]
+    totals = queue["totals"]
+    facts = (f'oldest waiting {text(duration(None if since is None else now - since))} · since start: '
+             f'{totals["pushed"]} pushed, {totals["acked"]} acked, {totals["failed"]} failed, '
+             f'{totals["expired"]} timed out, {totals["dead"]} dead')
+    body = [header(state), f'<main><p><a href="/">← queues</a></p><h1>{text(name)}</h1>']
+    if flash:
+        body.append(f'<p class="flash" role="status">{text(flash)}</p>')
+    body += [f'<div class="tiles">{tiles}</div><p class="muted">{facts}</p>',
+             f'<div class="big-chart">{chart(history.rates(name), 640, 120, labelled=True)}'
+             f'<p class="muted"><span class="pushes-key">pushes/s</span> and <span class="acks-key">acks/s</span>, '
+             f'last 10 minutes</p></div>',
+             in_flight_table(lists[IN_FLIGHT], counts[IN_FLIGHT], now),
+             dead_table(name, lists[DEAD], counts[DEAD], now, csrf),
+             waiting_table("Next available", lists[AVAILABLE], counts[AVAILABLE], now, "waiting for",
+                           lambda row: now - row[6]),
+             waiting_table("Delayed", lists[DELAYED], counts[DELAYED], now, "due in", lambda row: row[6] - now),
+             "</main>"]
+    return page(name.decode("utf-8", "replace"), "".join(body))
+
+
+def shown_of(rows: list, total: int) -> str:
+    return f" <span class=\"muted\">(first {len(rows)} of {total})</span>" if total > len(rows) else ""
+
+
+def in_flight_table(rows: list, total: int, now: int) -> str:
+    """Who holds each leased task, for how long, and when its lease runs out."""
+    head = f'<h2>In flight{shown_of(rows, total)}</h2>'
+    if not rows:
+        return head + '<p class="muted">No task is in flight.</p>'
+    cells = "".join(
+        f'<tr><td class="id">{text(lifecycle.format_id(row[:2]))}</td><td>{text(row[4])}</td>'
+        f'<td class="num">{text(duration(now - row[8]))}</td><td class="num">{text(duration(row[7] - now))}</td>'
+        f'<td class="num">{row[3]}</td><td class="fields">{fields_text(row[2])}</td></tr>' for row in rows)
+    return (head + '<table class="tasks in-flight"><thead><tr><th>id</th><th>worker</th><th class="num">held for'
+            '</th><th class="num">lease left</th><th class="num">attempts</th><th>fields</th></tr></thead>'
+            f'<tbody>{cells}</tbody></table>')
+
+
+def dead_table(name: bytes, rows: list, total: int, now: int, csrf: str) -> str:
+    """Dead tasks with their last failure, and the buttons that requeue or delete them."""
+    head = f'<h2>Dead{shown_of(rows, total)}</h2>'
+    if not rows:
+        return head + '<p class="muted">No dead task.</p>'
+    requeue_all = form("/queue/requeue", name, csrf, {"all": "1"}, f"Requeue all {total}", "requeue-all",
+                       confirm=f"Requeue all {total} dead tasks?")
+    cells = "".join(
+        f'<tr data-id="{text(lifecycle.format_id(row[:2]))}"><td class="id">{text(lifecycle.format_id(row[:2]))}</td>'
+        f'<td class="fields">{fields_text(row[2], 1000)}</td><td class="num">{row[3]}</td>'
+        f'<td>{text(timestamp(row[9]))} <span class="muted">({text(duration(now - row[9]))} ago)</span></td>'
+        f'<td class="actions">{form("/queue/requeue", name, csrf, {"id": lifecycle.format_id(row[:2])}, "Requeue", "requeue")}'
+        f'{form("/queue/delete", name, csrf, {"id": lifecycle.format_id(row[:2])}, "Delete", "delete", confirm="Delete this task for good?")}'
+        f'</td></tr>' for row in rows)
+    return (head + requeue_all + '<table class="tasks dead"><thead><tr><th>id</th><th>fields</th>'
+            '<th class="num">attempts</th><th>last failure</th><th></th></tr></thead>'
+            f'<tbody>{cells}</tbody></table>')
+
+
+def waiting_table(title: str, rows: list, total: int, now: int, when: str, age) -> str:
+    head = f'<h2>{title}{shown_of(rows, total)}</h2>'
+    if not rows:
+        return head + '<p class="muted">None.</p>'
+    cells = "".join(
+        f'<tr><td class="id">{text(lifecycle.format_id(row[:2]))}</td><td class="num">{text(duration(age(row)))}</td>'
+        f'<td class="num">{row[3]}</td><td class="fields">{fields_text(row[2])}</td></tr>' for row in rows)
+    return (head + f'<table class="tasks"><thead><tr><th>id</th><th class="num">{when}</th>'
+            f'<th class="num">attempts</th><th>fields</th></tr></thead><tbody>{cells}</tbody></table>')
+
+
+def form(action: str, name: bytes, csrf: str, fields: dict, label: str, css_class: str, confirm: str = "") -> str:
+    hidden = "".join(f'<input type="hidden" name="{key}" value="{text(value)}">' for key, value in fields.items())
+    confirm_attr = f' data-confirm="{text(confirm)}"' if confirm else ""
+    # The queue name travels in the action's query string, percent-encoded byte for byte
+    # (it need not be UTF-8, which a form field could not carry); web.py decodes it to bytes.
+    return (f'<form method="post" action="{text(action + "?name=" + quote(name))}" class="inline"{confirm_attr}>'
+            f'<input type="hidden" name="csrf" value="{text(csrf)}">{hidden}'
+            f'<button type="submit" class="{css_class}">{text(label)}</button></form>')

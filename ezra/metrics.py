@@ -1,0 +1,115 @@
+"""/metrics: the broker's figures in the Prometheus text format, read at scrape time.
+
+Nothing here runs on the command path: the broker keeps plain counters
+(QueueState.totals) and the writer fixed-bucket histograms; this collector turns
+one snapshot of them into metric families when Prometheus scrapes. Imported only
+when --http-port is set, so a server without it never loads prometheus_client.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from . import __version__, lifecycle
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# (broker tally, metric name without _total, help) per queue.
+QUEUE_COUNTERS = (
+    ("pushed", "ezra_pushes", "Tasks pushed (XADD)."),
+    ("delivered", "ezra_deliveries", "Deliveries of tasks to workers (XREADGROUP, XCLAIM take-overs)."),
+    ("redelivered", "ezra_redeliveries", "Deliveries of tasks that had been delivered before."),
+    ("acked", "ezra_acks", "Tasks acknowledged (XACK, XACKDEL)."),
+    ("failed", "ezra_nacks", "Failures reported by workers (XNACK, XDEL of an in-flight task)."),
+    ("expired", "ezra_timeouts", "Leases that ran out (visibility timeout) before an ack."),
+    ("released", "ezra_releases", "Tasks given back because their worker disconnected (release on disconnect)."),
+    ("dead", "ezra_dead_letters", "Tasks moved to the dead-letter queue (attempts exhausted or FATAL)."),
+    ("requeued", "ezra_requeues", "Dead tasks sent back to their queue (XREQUEUE, the dashboard)."),
+    ("purged", "ezra_purged", "Finished tasks removed by retention or TTL."),
+)
+
+
+def queue_label(name: bytes) -> str:
+    return name.decode("utf-8", "backslashreplace")
+
+
+class EzraCollector:
+    """Collects from the running server each time the registry is asked."""
+
+    def __init__(self, state):
+        self.state = state  # commands.ServerState: broker, sessions, settings
+
+    def collect(self):
+        broker = self.state.broker
+        overview = broker.overview()
+        now = broker.clock()
+        tasks = GaugeMetricFamily("ezra_tasks", "Tasks in each queue by state.", labels=["queue", "state"])
+        oldest = GaugeMetricFamily(
+            "ezra_oldest_available_age_seconds",
+            "How long the next task to be delivered has been waiting (0 when none is available).",
+            labels=["queue"])
+        counters = {name: CounterMetricFamily(name, help_text, labels=["queue"])
+                    for _, name, help_text in QUEUE_COUNTERS}
+        for name, queue in sorted(overview.items()):
+            label = queue_label(name)
+            for state in lifecycle.STATES:
+                tasks.add_metric([label, state], queue["counts"][state])
+            since = queue["head_since"]
+            oldest.add_metric([label], 0.0 if since is None else max(now - since, 0) / 1000)
+            for tally, metric, _ in QUEUE_COUNTERS:
+                counters[metric].add_metric([label], queue["totals"][tally])
+        yield tasks
+        yield oldest
+        yield from counters.values()
+        yield from self._writer_metrics(broker.writer)
+        yield from self._server_metrics()
+
+    def _writer_metrics(self, writer):
+        yield histogram("ezra_commit_batch_size", "Requests committed together in one transaction.",
+                        writer.batch_sizes)
+        yield histogram("ezra_commit_duration_seconds",
+                        "Seconds from BEGIN to COMMIT of a batch (the WAL write, without its fsync).",
+                        writer.commit_seconds)
+        if writer.fsync_seconds is not None:  # --durability normal does not fsync per commit
+            yield histogram("ezra_fsync_duration_seconds",
+                            "Seconds per fdatasync of the WAL before durable replies.", writer.fsync_seconds)
+        yield gauge("ezra_disk_full", "1 while pushes are refused because the disk is full.",
+                    int(writer.disk_full))
+
+    def _server_metrics(self):
+        state = self.state
+        yield gauge("ezra_connected_clients", "Client connections open on the Redis-protocol port.",
+                    len(state.sessions))
+        yield gauge("ezra_blocked_clients", "Clients waiting in a blocking XREADGROUP.",
+                    state.broker.blocked_clients())
+        path = state.broker.db.path
+        yield gauge("ezra_database_bytes", "Size of ezra.db and its WAL.",
+                    sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p)))
+        info = GaugeMetricFamily("ezra_info", "The server's version and durability mode.",
+                                 labels=["version", "durability"])
+        info.add_metric([__version__, state.settings.durability], 1)
+        yield info
+
+
+def gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, value=value)
+
+
+def histogram(name: str, help_text: str, source) -> HistogramMetricFamily:
+    """A histogram.Histogram as a Prometheus histogram family."""
+    return HistogramMetricFamily(name, help_text, buckets=source.cumulative(), sum_value=source.sum)
+
+
+def build_registry(state) -> CollectorRegistry:
+    """A registry of this server's own (not the process-wide default: embedded servers may be several)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EzraCollector(state))
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes, cpu seconds, open fds
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

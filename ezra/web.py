@@ -1,0 +1,270 @@
+"""The HTTP listener (--http-port): /metrics, /healthz and the dashboard.
+
+A gevent WSGI server in the same process and event loop as the Redis-protocol
+port, with the same rules: the same --bind, TLS when the main port has it, and
+with --password, HTTP Basic authentication (any user name, that password;
+failures throttled like AUTH). Only /healthz answers without a password: it
+tells nothing but "up" or "down".
+
+Changes (requeue, delete) are POST forms guarded against cross-site requests:
+each form carries a token derived from a secret made at start, and a request
+whose Origin or Sec-Fetch-Site names another site is refused, so a page elsewhere
+cannot make a logged-in browser change queues.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import mimetypes
+import os
+from importlib import resources
+from urllib.parse import unquote_to_bytes
+
+import gevent
+from gevent.pool import Pool
+from gevent.pywsgi import WSGIServer
+from loguru import logger
+
+from . import dashboard, metrics
+from .errors import CommandError
+from .lifecycle import parse_id
+from .server import tls_context
+
+HTTP_CONNECTIONS = 64        # dashboard users and scrapers served at once
+MAX_FORM_BYTES = 64 * 1024
+HEALTH_TIMEOUT = 2.0         # /healthz: seconds the writer has to answer before "down"
+SECURITY_HEADERS = [
+    # No inline script or style at all: even a field that escaped escaping could not run.
+    ("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "same-origin"),
+]
+
+
+DEFAULT_HEADERS = [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")]
+
+
+class HttpError(Exception):
+    def __init__(self, status: str, message: str, headers: list | None = None):
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or []
+
+
+class WebApp:
+    """The WSGI application: routes, authentication, the cross-site guard."""
+
+    def __init__(self, state, auth_throttle, history: dashboard.History):
+        self.state = state
+        self.broker = state.broker
+        self.password = state.settings.password
+        self.auth_throttle = auth_throttle
+        self.history = history
+        self.registry = metrics.build_registry(state)
+        self.csrf_token = hmac.new(os.urandom(32), b"ezra dashboard forms", hashlib.sha256).hexdigest()
+        self.routes = {
+            ("GET", "/healthz"): self.healthz,
+            ("GET", "/metrics"): self.metrics,
+            ("GET", "/"): self.index,
+            ("GET", "/queue"): self.queue_page,
+            ("POST", "/queue/requeue"): self.requeue,
+            ("POST", "/queue/delete"): self.delete,
+        }
+
+    def __call__(self, environ, start_response):
+        try:
+            status, headers, body = self.respond(environ)
+        except HttpError as exc:
+            status, headers, body = exc.status, exc.headers, dashboard.error_page(exc.status, str(exc))
+        except Exception as exc:
+            logger.opt(exception=exc).error("HTTP {} {} failed: {}", environ.get("REQUEST_METHOD"),
+                                            environ.get("PATH_INFO"), exc)
+            status, headers, body = "500 Internal Server Error", [], dashboard.error_page(
+                "500 Internal Server Error", "the server failed to answer this page; see its log")
+        named = {name for name, _ in headers}
+        headers = [*headers, *((name, default) for name, default in DEFAULT_HEADERS if name not in named)]
+        start_response(status, [*headers, *SECURITY_HEADERS, ("Content-Length", str(len(body)))])
+        return [body]
+
+    def respond(self, environ) -> tuple[str, list, bytes]:
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
+        if method == "HEAD":
+            method = "GET"
+        if path.startswith("/static/") and method == "GET":
+            return static_file(path.removeprefix("/static/"))
+        handler = self.routes.get((method, path))
+        if handler is None:
+            if any(route_path == path for _, route_path in self.routes):
+                raise HttpError("405 Method Not Allowed", f"{method} is not allowed on {path}")
+            raise HttpError("404 Not Found", f"nothing at {path}")
+        if handler != self.healthz:
+            self.authenticate(environ)
+        params = query_params(environ.get("QUERY_STRING", ""))
+        if method == "POST":
+            params.update(self.read_form(environ))
+        return handler(environ, params)
+
+    # -- guards
+
+    def authenticate(self, environ) -> None:
+        """With --password: HTTP Basic with that password (any user name), else 401."""
+        if not self.password:
+            return
+        header = environ.get("HTTP_AUTHORIZATION", "")
+        scheme, _, encoded = header.partition(" ")
+        try:
+            _, _, given = base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            given = None
+        if scheme.lower() == "basic" and given is not None and hmac.compare_digest(
+                given.encode(), self.password.encode()):
+            return
+        if header:  # a wrong password, not a first visit: slow guessing down, as AUTH does
+            host = environ.get("REMOTE_ADDR", "?")
+            gevent.sleep(self.auth_throttle.failed(host, f"{host} (HTTP)", 1))
+        raise HttpError("401 Unauthorized", "this server needs its password (any user name)",
+                        [("WWW-Authenticate", 'Basic realm="ezra", charset="UTF-8"')])
+
+    def read_form(self, environ) -> dict[str, list[bytes]]:
+        """A POSTed form, once it passed the cross-site guard."""
+        origin = environ.get("HTTP_ORIGIN")
+        scheme = environ.get("wsgi.url_scheme", "http")
+        if origin is not None and origin != f"{scheme}://{environ.get('HTTP_HOST', '')}":
+            raise HttpError("403 Forbidden", "cross-site request refused (Origin is another site)")
+        if environ.get("HTTP_SEC_FETCH_SITE", "same-origin") not in ("same-origin", "none"):
+            raise HttpError("403 Forbidden", "cross-site request refused (Sec-Fetch-Site)")
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            raise HttpError("400 Bad Request", "bad Content-Length") from None
+        if length > MAX_FORM_BYTES:
+            raise HttpError("413 Content Too Large", "form too large")
+        form = query_params(environ["wsgi.input"].read(length).decode("latin-1"))
+        token = form.get("csrf", [b""])[0]
+        if not hmac.compare_digest(token, self.csrf_token.encode()):
+            raise HttpError("403 Forbidden", "missing or stale form token: reload the page and try again")
+        return form
+
+    # -- pages
+
+    def healthz(self, environ, params):
+        """200 when the writer commits within HEALTH_TIMEOUT seconds, else 503."""
+        try:
+            with gevent.Timeout(HEALTH_TIMEOUT):
+                self.broker.writer.call(lambda: True, durable=False)
+        except gevent.Timeout:
+            return "503 Service Unavailable", [("Content-Type", "text/plain")], b"down: the writer is stuck\n"
+        except CommandError as exc:  # shutting down
+            return "503 Service Unavailable", [("Content-Type", "text/plain")], f"down: {exc}\n".encode()
+        return "200 OK", [("Content-Type", "text/plain")], b"ok\n"
+
+    def metrics(self, environ, params):
+        return "200 OK", [("Content-Type", metrics.CONTENT_TYPE)], metrics.render(self.registry)
+
+    def index(self, environ, params):
+        page = dashboard.index_page(self.state, self.broker.overview(), self.history)
+        return "200 OK", [], page
+
+    def queue_page(self, environ, params):
+        name = required(params, "name")
+        overview = self.broker.overview()
+        if name not in overview:
+            raise HttpError("404 Not Found", "no such queue")
+        lists = {state: self.broker.tasks(name, state, dashboard.ROWS_SHOWN).wait()
+                 for state in dashboard.LISTED_STATES}
+        page = dashboard.queue_page(self.state, name, overview[name], lists, self.history, self.csrf_token,
+                                    params.get("done", [b""])[0].decode("utf-8", "replace"))
+        return "200 OK", [], page
+
+    def requeue(self, environ, form):
+        name = required(form, "name")
+        ids = None if form.get("all") else [task_id(form)]
+        moved = self.broker.requeue(name, ids).wait()
+        logger.info("dashboard: requeued {} dead task(s) of {!r}", moved, name.decode("utf-8", "replace"))
+        return see_other(name, f"requeued {moved} task{'s' if moved != 1 else ''}")
+
+    def delete(self, environ, form):
+        name = required(form, "name")
+        deleted = self.broker.delete_dead(name, [task_id(form)]).wait()
+        logger.info("dashboard: deleted {} dead task(s) of {!r}", deleted, name.decode("utf-8", "replace"))
+        return see_other(name, f"deleted {deleted} dead task{'s' if deleted != 1 else ''}")
+
+
+def query_params(text: str) -> dict[str, list[bytes]]:
+    """Form or query fields as bytes: queue names need not be UTF-8."""
+    params: dict[str, list[bytes]] = {}
+    for part in text.split("&"):
+        if part:
+            key, _, value = part.partition("=")
+            params.setdefault(key, []).append(unquote_to_bytes(value.replace("+", " ")))
+    return params
+
+
+def required(params: dict, key: str) -> bytes:
+    values = params.get(key)
+    if not values:
+        raise HttpError("400 Bad Request", f"missing {key}")
+    return values[0]
+
+
+def task_id(form: dict) -> tuple:
+    try:
+        return parse_id(required(form, "id"))
+    except CommandError:
+        raise HttpError("400 Bad Request", "bad task id") from None
+
+
+def see_other(name: bytes, message: str):
+    """Back to the queue page after a change (POST/redirect/GET: a reload does not repeat it)."""
+    location = dashboard.queue_url(name) + "&done=" + dashboard.quote(message.encode())
+    return "303 See Other", [("Location", location)], b""
+
+
+def static_file(name: str):
+    if name not in dashboard.STATIC_FILES:
+        raise HttpError("404 Not Found", "no such file")
+    body = resources.files("ezra").joinpath("static", name).read_bytes()
+    content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return "200 OK", [("Content-Type", f"{content_type}; charset=utf-8"), ("Cache-Control", "max-age=3600")], body
+
+
+class ErrorLog:
+    """pywsgi's error stream, into the server log."""
+
+    def write(self, text: str) -> None:
+        if text.strip():
+            logger.warning("http: {}", text.strip())
+
+    def flush(self) -> None:
+        pass
+
+
+class WebServer:
+    """The listener and the dashboard's throughput sampler."""
+
+    def __init__(self, state, auth_throttle):
+        settings = state.settings
+        self.history = dashboard.History(state.broker)
+        self.app = WebApp(state, auth_throttle, history=self.history)
+        tls = tls_context(settings)
+        ssl_args = {} if tls is None else {"ssl_context": tls}
+        self.server = WSGIServer((settings.bind, settings.http_port), self.app, spawn=Pool(HTTP_CONNECTIONS),
+                                 log=None, error_log=ErrorLog(), **ssl_args)
+        self.scheme = "https" if tls is not None else "http"
+
+    def start(self) -> None:
+        self.server.start()
+        self.history.start()
+
+    @property
+    def port(self) -> int:
+        return self.server.server_port
+
+    def stop(self) -> None:
+        self.history.stop()
+        self.server.stop(timeout=1)

@@ -1,0 +1,221 @@
+"""The --http-port listener over real HTTP: /metrics (parsed by prometheus_client's own
+parser), /healthz, Basic authentication with --password, the cross-site guard on the
+dashboard's forms, and escaping of user data in the pages. The browser tests are in
+test_dashboard.py."""
+
+from __future__ import annotations
+
+import base64
+import re
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import wait_until
+
+XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=1">'
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a 303 is the answer we check, not a page to follow
+
+
+OPENER = urllib.request.build_opener(NoRedirect)
+
+
+def http(url: str, data: bytes | None = None, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with OPENER.open(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def basic(password: str, user: str = "admin") -> dict:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def scrape(server, headers=None) -> dict:
+    """{(metric sample name, frozenset(labels)): value} from /metrics."""
+    status, response_headers, body = http(server.http_url + "/metrics", headers=headers)
+    assert status == 200, body
+    assert response_headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+@pytest.fixture
+def web(ezra_factory):
+    return ezra_factory("--http-port", "0", "--visibility-timeout", "60")
+
+
+def test_metrics_parse_and_move_when_tasks_flow(web):
+    client = web.client()
+    before = scrape(web)
+    assert ("ezra_pushes_total", frozenset({("queue", "jobs")})) not in before
+    batches_before = value(before, "ezra_commit_batch_size_count")
+
+    ids = [client.xadd("jobs", {"n": str(i)}) for i in range(4)]
+    client.xreadgroup("g", "w1", {"jobs": ">"}, count=3)
+    client.xack("jobs", "g", ids[0])
+    client.execute_command("XNACK", "jobs", "g", "FATAL", "IDS", 1, ids[1])
+    client.execute_command("XNACK", "jobs", "g", "FAIL", "IDS", 1, ids[2])
+    client.xreadgroup("g", "w2", {"jobs": ">"}, count=1)  # ids[2] again: a redelivery
+
+    after = scrape(web)
+    q = {"queue": "jobs"}
+    assert value(after, "ezra_pushes_total", **q) == 4
+    assert value(after, "ezra_deliveries_total", **q) == 4
+    assert value(after, "ezra_redeliveries_total", **q) == 1
+    assert value(after, "ezra_acks_total", **q) == 1
+    assert value(after, "ezra_nacks_total", **q) == 2
+    assert value(after, "ezra_dead_letters_total", **q) == 1
+    assert value(after, "ezra_timeouts_total", **q) == 0
+    counts = {state: value(after, "ezra_tasks", queue="jobs", state=state)
+              for state in ("available", "delayed", "in_flight", "done", "dead")}
+    assert counts == {"available": 1, "delayed": 0, "in_flight": 1, "done": 1, "dead": 1}
+    assert value(after, "ezra_oldest_available_age_seconds", **q) >= 0
+    assert value(after, "ezra_commit_batch_size_count") > batches_before
+    assert value(after, "ezra_commit_duration_seconds_count") == value(after, "ezra_commit_batch_size_count")
+    assert value(after, "ezra_fsync_duration_seconds_count") >= 1  # full durability fsyncs
+    assert value(after, "ezra_connected_clients") >= 1
+    assert value(after, "ezra_info", version=value_label(after, "ezra_info", "version"),
+                 durability="full") == 1
+    assert value(after, "process_resident_memory_bytes") > 0
+
+
+def value_label(samples: dict, name: str, label: str) -> str:
+    return next(dict(labels)[label] for sample_name, labels in samples if sample_name == name)
+
+
+def test_oldest_available_age_grows_while_the_head_waits(web):
+    web.client().xadd("waiting", {"n": "1"})
+    wait_until(lambda: value(scrape(web), "ezra_oldest_available_age_seconds", queue="waiting") >= 0.05,
+               message="the head task's age to grow")
+    web.client().xreadgroup("g", "w", {"waiting": ">"}, count=1)
+    assert value(scrape(web), "ezra_oldest_available_age_seconds", queue="waiting") == 0
+
+
+def test_blocked_clients_and_timeouts_show(ezra_factory):
+    server = ezra_factory("--http-port", "0", "--visibility-timeout", "0.2")
+    blocked = server.client()
+    reader = blocked.connection_pool.get_connection()
+    reader.send_command("XREADGROUP", "GROUP", "g", "w", "BLOCK", "0", "STREAMS", "b", ">")
+    wait_until(lambda: value(scrape(server), "ezra_blocked_clients") == 1, message="a blocked client")
+    client = server.client()
+    client.xadd("b", {"n": "1"})
+    assert reader.read_response()[0][0] == b"b"  # the blocked reader got it; its lease will run out
+    wait_until(lambda: value(scrape(server), "ezra_timeouts_total", queue="b") == 1, message="a timeout")
+    assert value(scrape(server), "ezra_blocked_clients") == 0
+
+
+def test_healthz(web):
+    status, headers, body = http(web.http_url + "/healthz")
+    assert (status, body) == (200, b"ok\n")
+    assert headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_password_guards_everything_but_healthz(ezra_factory):
+    server = ezra_factory("--http-port", "0", "--password", "s3cret")
+    for path in ("/metrics", "/", "/queue?name=q"):
+        status, headers, _ = http(server.http_url + path)
+        assert status == 401, path
+        assert headers["WWW-Authenticate"].startswith("Basic realm=")
+        assert http(server.http_url + path, headers=basic("wrong"))[0] == 401
+    assert http(server.http_url + "/metrics", headers=basic("s3cret"))[0] == 200
+    assert http(server.http_url + "/", headers=basic("s3cret", user="default"))[0] == 200
+    assert http(server.http_url + "/healthz")[0] == 200
+    assert http(server.http_url + "/", headers={"Authorization": "Basic !!notbase64"})[0] == 401
+
+
+def test_http_is_off_by_default(ezra_factory):
+    server = ezra_factory()
+    assert "dashboard on" not in server.log()
+
+
+def dead_task(client, queue: str, fields: dict) -> str:
+    task_id = client.xadd(queue, fields).decode()
+    client.xreadgroup("g", "w", {queue: ">"}, count=1)
+    client.execute_command("XNACK", queue, "g", "FATAL", "IDS", 1, task_id)
+    return task_id
+
+
+def form_token(server, queue: str) -> str:
+    status, _, body = http(f"{server.http_url}/queue?name={quote(queue)}")
+    assert status == 200
+    return re.search(rb'name="csrf" value="([0-9a-f]+)"', body).group(1).decode()
+
+
+def test_forms_refuse_cross_site_requests(web):
+    client = web.client()
+    task_id = dead_task(client, "guarded", {"n": "1"})
+    url = f"{web.http_url}/queue/requeue?name=guarded"
+    token = form_token(web, "guarded")
+    good = f"csrf={token}&id={task_id}".encode()
+    assert http(url, f"id={task_id}".encode())[0] == 403                      # no token
+    assert http(url, f"csrf={'0' * 64}&id={task_id}".encode())[0] == 403      # a forged token
+    assert http(url, good, {"Origin": "http://evil.example"})[0] == 403       # another site's page
+    assert http(url, good, {"Sec-Fetch-Site": "cross-site"})[0] == 403
+    assert http(web.http_url + "/queue/requeue?name=guarded")[0] == 405       # GET changes nothing
+    assert client.xlen("guarded::dead") == 1
+
+    status, headers, _ = http(url, good, {"Origin": web.http_url, "Sec-Fetch-Site": "same-origin"})
+    assert status == 303 and headers["Location"].startswith("/queue?name=guarded&done=requeued")
+    assert client.xlen("guarded::dead") == 0
+    assert client.xreadgroup("g", "w", {"guarded": ">"}, count=1)[0][1][0][0].decode() == task_id
+
+
+def test_delete_a_dead_task(web):
+    client = web.client()
+    keep, drop = dead_task(client, "deletes", {"n": "1"}), dead_task(client, "deletes", {"n": "2"})
+    status, _, _ = http(f"{web.http_url}/queue/delete?name=deletes",
+                        f"csrf={form_token(web, 'deletes')}&id={drop}".encode())
+    assert status == 303
+    assert [entry[0].decode() for entry in client.xrange("deletes::dead")] == [keep]
+
+
+def test_user_data_is_escaped_in_pages(web):
+    client = web.client()
+    queue = 'q"><b>bold</b>'
+    dead_task(client, queue, {"payload": XSS, "<i>field</i>": "x"})
+    for path in ("/", f"/queue?name={quote(queue)}"):
+        status, headers, body = http(web.http_url + path)
+        assert status == 200
+        assert b"<script>window" not in body and b"<img src=x" not in body and b"<b>bold" not in body
+        assert b"script-src 'self'" in headers["Content-Security-Policy"].encode()
+    assert b"&lt;script&gt;window.__xss=1&lt;/script&gt;" in body
+    assert b"&lt;i&gt;field&lt;/i&gt;=x" in body
+
+
+def test_queue_names_that_are_not_utf8(web):
+    name = b"\xff\xfe-binary"
+    web.client().xadd(name, {"n": "1"})
+    status, _, body = http(f"{web.http_url}/queue?name={quote(name)}")
+    assert status == 200 and "\ufffd\ufffd-binary".encode() in body
+    status, _, body = http(web.http_url + "/")
+    assert quote(name).encode() in body  # the link carries the exact bytes
+
+
+def test_unknown_pages(web):
+    assert http(web.http_url + "/nope")[0] == 404
+    assert http(web.http_url + "/queue?name=missing")[0] == 404
+    assert http(web.http_url + "/queue")[0] == 400
+    assert http(web.http_url + "/static/../web.py")[0] == 404
+    status, headers, body = http(web.http_url + "/static/dashboard.js")
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript") and b"setInterval" in body
+    assert "Traceback" not in web.log()
+    with pytest.raises(redis.ResponseError, match="no such key"):
+        web.client().execute_command("XINFO", "TASKS", "missing", "dead")
