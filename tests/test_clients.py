@@ -37,17 +37,18 @@ ID = re.compile(r"(?<![\w-])\d+-\d+(?![\w-])")  # a task id anywhere in redis-cl
 RESULTS: list[dict] = []
 
 
-def record_results(name: str, results: list[dict]) -> None:
+def record_results(name: str, results: list[dict], key=None) -> None:
     """Merge this run's results into build/compat/<name>.json (keyed by client, version,
-    protocol and settings, so a partial run keeps the other rows)."""
+    protocol and settings, or by `key`, so a partial run keeps the other rows)."""
+    key = key or KEY
     COMPAT.mkdir(parents=True, exist_ok=True)
     path = COMPAT / f"{name}.json"
     table = {}
     if path.exists():
-        table = {KEY(e): e for e in json.loads(path.read_text())}
+        table = {key(e): e for e in json.loads(path.read_text())}
     for entry in results:
-        table[KEY(entry)] = entry
-    path.write_text(json.dumps(sorted(table.values(), key=KEY), indent=1) + "\n")
+        table[key(entry)] = entry
+    path.write_text(json.dumps(sorted(table.values(), key=key), indent=1) + "\n")
 
 
 def KEY(entry: dict) -> tuple:
