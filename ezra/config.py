@@ -102,7 +102,9 @@ def build_parser() -> configargparse.ArgParser:
         description="EZRA: a persistent task queue that speaks the Redis protocol "
                     "(XADD / XREADGROUP / XACK / XNACK), stored in one SQLite file.",
         epilog="other commands: 'ezra ping [--port N]' checks a running server (exit 0 if it "
-               "answers); 'ezra backup DEST.db' copies the live database (see 'ezra backup --help').",
+               "answers); 'ezra backup DEST.db' copies the live database; 'ezra stats [--watch]', "
+               "'ezra ls QUEUE [--state dead]' and 'ezra requeue QUEUE --all' inspect a running server "
+               "(each has --help).",
         formatter_class=configargparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument

@@ -1,4 +1,5 @@
-"""The `ezra` program: `ezra ping` (health check), `ezra backup` (hot backup), else the server.
+"""The `ezra` program: `ezra ping` (health check), `ezra backup` (hot backup), `ezra stats`,
+`ezra ls` and `ezra requeue` (the inspector), else the server.
 
 The binary, `python -m ezra` and the console script all start here. Subcommands
 are dispatched before the server's option parser sees the arguments, so
@@ -11,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run `ezra ping [options]` or the server (`ezra [options]`)."""
+    """Run a subcommand (`ezra ping [options]`...) or the server (`ezra [options]`)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["ping"]:
         from .healthcheck import main as ping
@@ -19,5 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] == ["backup"]:
         from .cli import backup_main  # a short-lived program of its own: no gevent, no server
         sys.exit(backup_main(args[1:]))
+    if args[:1] and args[0] in ("stats", "ls", "requeue"):
+        from .inspector import SUBCOMMANDS, run  # over the server's port: no gevent, no database
+        sys.exit(run(SUBCOMMANDS[args[0]], args[1:]))
     from .app import main as serve
     serve(args)

@@ -4,45 +4,49 @@ The Docker HEALTHCHECK runs it, and so can a monitoring script or a systemd
 `ExecStartPost`. It reads the server's own options (flags, EZRA_* environment,
 config file) so it finds the server where the server listens: a server bound
 to 0.0.0.0 (Docker) is reached on 127.0.0.1. It sends `AUTH` when a password
-is set, then `PING`, and expects `+PONG`. No gevent, no database: it costs a
+is set, then `PING`, and expects `+PONG`, over TLS when the server has
+--tls-cert-file (trusting that certificate). No gevent, no database: it costs a
 socket and a few milliseconds.
 """
 
 from __future__ import annotations
 
-import socket
 import sys
 
+from .client import Client, ClientError, ReplyError
 from .config import build_parser
-from .resp import encode
 
 DEFAULT_TIMEOUT = 3.0
 WILDCARD_TO_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
-MAX_REPLY_LINE = 4096
 
 
 class PingError(Exception):
     """The server did not answer PONG; the message says what happened."""
 
 
-def ping(host: str, port: int, password: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> str:
+def ping(host: str, port: int, password: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+         tls_cert_file: str | None = None) -> str:
     """PING the server at host:port (after AUTH if a password is given); returns the reply."""
-    commands = [[b"AUTH", password.encode()]] if password else []
-    commands.append([b"PING"])
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.sendall(b"".join(encode(command, 2) for command in commands))
-            with sock.makefile("rb") as stream:
-                replies = [stream.readline(MAX_REPLY_LINE).rstrip(b"\r\n") for _ in commands]
-    except OSError as exc:
-        raise PingError(f"cannot reach {host}:{port}: {exc.strerror or exc}") from exc
-    answer = replies[-1]
-    if answer == b"+PONG":
-        return "PONG"
-    # An AUTH error matters only when PING was refused too (a server without a
-    # password answers AUTH with an error and PING with PONG).
-    detail = "; ".join(reply[1:].decode(errors="replace") for reply in replies if reply.startswith(b"-"))
-    raise PingError(f"{host}:{port} answered {detail or repr(answer)}")
+        with Client(host, port, timeout, tls_cert_file) as client:
+            auth_error = None
+            if password:
+                try:
+                    client.call("AUTH", password)
+                except ReplyError as exc:
+                    # It matters only if PING is refused too (a server without a password
+                    # answers AUTH with an error and PING with PONG).
+                    auth_error = exc
+            try:
+                answer = client.call("PING")
+            except ReplyError as exc:
+                detail = "; ".join(str(error) for error in (auth_error, exc) if error is not None)
+                raise PingError(f"{host}:{port} answered {detail}") from None
+    except ClientError as exc:
+        raise PingError(str(exc)) from exc
+    if answer != b"PONG":
+        raise PingError(f"{host}:{port} answered {answer!r}")
+    return "PONG"
 
 
 def build_ping_parser():
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     host = WILDCARD_TO_LOOPBACK.get(options.bind, options.bind)
     try:
-        answer = ping(host, options.port, options.password, options.timeout)
+        answer = ping(host, options.port, options.password, options.timeout, options.tls_cert_file)
     except PingError as exc:
         print(f"ezra ping: {exc}", file=sys.stderr)
         return 1
