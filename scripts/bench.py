@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 import hiredis
 import redis
@@ -213,6 +214,32 @@ def dir_bytes(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
+class Scraper(threading.Thread):
+    """GETs /metrics every SCRAPE_EVERY seconds while a server runs (ezra-metrics): the cost
+    of being watched, at 15x Prometheus's default scrape rate."""
+
+    SCRAPE_EVERY = 1.0
+
+    def __init__(self, url):
+        super().__init__(daemon=True)
+        self.url, self.stopping, self.scrapes, self.errors = url, threading.Event(), 0, []
+
+    def run(self):
+        while not self.stopping.wait(self.SCRAPE_EVERY):
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as response:
+                    response.read()
+                self.scrapes += 1
+            except OSError as e:
+                self.errors.append(repr(e))
+
+    def stop(self):
+        self.stopping.set()
+        self.join(15)
+        if self.errors:
+            raise RuntimeError(f"/metrics scrapes failed: {self.errors[:3]}")
+
+
 class Server:
     """One server process on a fresh temp data dir; can be restarted on the same dir."""
 
@@ -222,11 +249,15 @@ class Server:
         self.data = os.path.join(self.tmp, "data")
         os.mkdir(self.data)
         self.port, self.proc, self.t_popen, self._admin = free_port(), None, None, None
+        self.metrics_url, self.scraper = None, None
 
     def start(self):
         log = open(os.path.join(self.tmp, "server.log"), "ab")
         self.t_popen = now()
-        self.proc = subprocess.Popen(self.argv_fn(self.port, self.data), cwd=REPO, stdin=subprocess.DEVNULL,
+        argv = self.argv_fn(self.port, self.data)
+        if "--http-port" in argv:
+            self.metrics_url = f"http://{HOST}:{argv[argv.index('--http-port') + 1]}/metrics"
+        self.proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         return self.t_popen
@@ -242,6 +273,9 @@ class Server:
                     last = c.call("PING")
                     c.close()
                     if last == b"PONG":
+                        if self.metrics_url:
+                            self.scraper = Scraper(self.metrics_url)
+                            self.scraper.start()
                         return
                 else:
                     make_client("beanstalk", self.port, "default").close()
@@ -257,6 +291,9 @@ class Server:
         return self._admin
 
     def stop(self, timeout=20):
+        if self.scraper is not None:
+            scraper, self.scraper = self.scraper, None
+            scraper.stop()
         if self._admin:
             self._admin.close()
             self._admin = None
@@ -286,9 +323,9 @@ def server_specs(args):
     ezra = shlex.split(args.ezra_cmd) if args.ezra_cmd else [sys.executable, "-m", "ezra"]
 
     # max clients: room for the 10,000 footprint connections (both default to 10,000)
-    def ezra_fn(durability):
+    def ezra_fn(durability, *extra):
         return lambda p, d: ezra + ["--port", str(p), "--data-dir", d, "--durability", durability,
-                                    "--log-level", "warning", "--max-clients", "12000"]
+                                    "--log-level", "warning", "--max-clients", "12000", *extra]
 
     def redis_fn(fsync):
         return lambda p, d: ["redis-server", "--port", str(p), "--bind", HOST, "--dir", d,
@@ -298,6 +335,8 @@ def server_specs(args):
     return {  # name: (protocol, argv builder, binary that must be on PATH)
         "ezra": ("resp", ezra_fn("full"), None),
         "ezra-normal": ("resp", ezra_fn("normal"), None),
+        # full durability with the HTTP listener on and /metrics scraped every second (issue 8)
+        "ezra-metrics": ("resp", lambda p, d: ezra_fn("full", "--http-port", str(free_port()))(p, d), None),
         "redis-always": ("resp", redis_fn("always"), "redis-server"),
         "redis-everysec": ("resp", redis_fn("everysec"), "redis-server"),
         "beanstalkd": ("beanstalk", lambda p, d: ["beanstalkd", "-l", HOST, "-p", str(p),
@@ -670,8 +709,8 @@ SMOKE = {"servers": "ezra", "tasks": 200, "runs": 1, "backlog_n": 2000, "latency
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", help="comma list of ezra,ezra-normal,redis-always,redis-everysec,"
-                    "beanstalkd (default: all)")
+    ap.add_argument("--servers", help="comma list of ezra,ezra-normal,ezra-metrics,redis-always,"
+                    "redis-everysec,beanstalkd (default: all but ezra-metrics)")
     ap.add_argument("--workloads", help=f"comma list of {','.join(ALL_WORKLOADS)} (default: all; "
                     "push-only and drain are aliases of push-drain)")
     ap.add_argument("--tasks", type=int, help="tasks per throughput workload (default 10000)")
