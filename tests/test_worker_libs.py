@@ -2,7 +2,8 @@
 
 Each library runs as its README shows, with its defaults: a producer, two consumers of one
 consumer group, every task done exactly once and nothing pending. The libraries built on
-Redis lists (RQ, Celery) must fail at once with EZRA's clear error, not hang or lose tasks.
+Redis lists and Lua (RQ, Celery, BullMQ) must fail at once with EZRA's clear error, not
+hang or lose tasks.
 Also the black-box tests of EXISTS and TYPE (ezra/commands_keys.py), which walrus needs.
 
 walrus is in setup.cfg's test extra; the others, with their dependencies, go to
@@ -76,7 +77,7 @@ def run_json(command: list[str], timeout: float = 60, **kwargs) -> dict:
 
 
 def assert_once(pushed: list[str], done: dict[str, list[str]]) -> None:
-    """Every pushed task done exactly once, and both consumers did some."""
+    """Every pushed task done exactly once (by either consumer)."""
     all_done = [task for tasks in done.values() for task in tasks]
     assert len(set(pushed)) == len(pushed) == N
     assert sorted(all_done) == sorted(pushed), "every task exactly once"
@@ -97,6 +98,9 @@ def keys_scenario(client: redis.Redis, queue: str) -> list:
 def test_exists_and_type(r, queue):
     assert keys_scenario(r, queue) == [0, b"none", 1, 2, b"stream", 1, b"stream", b"none"]
     assert r.exists(queue + "::dead") == 1 and r.type(queue + "::dead") == b"stream"  # its dead-letter view
+    configured = queue + "-configured"
+    assert r.execute_command("XCFGSET", configured, "VISIBILITY-TIMEOUT", "5") == b"OK"
+    assert r.exists(configured) == 1 and r.type(configured) == b"stream"  # XCFGSET makes the queue
     for bad in (["EXISTS"], ["TYPE"], ["TYPE", queue, queue]):
         with pytest.raises(redis.ResponseError, match="wrong number of arguments"):
             r.execute_command(*bad)
@@ -122,6 +126,22 @@ def test_list_commands_get_a_clear_error(shared_server, queue):
         assert "(EZRA is a task queue; supported: XACK" in message and "XREADGROUP" in message, message
     assert time.monotonic() - started < 5, "BRPOP/BLMOVE answer at once, they do not block"
     assert client.ping() and client.xlen(queue) == 0
+    client.close()
+
+
+def test_transactions_are_unknown_so_queued_commands_run(shared_server, queue):
+    """No MULTI: the commands a client queues after it run one by one, then EXEC fails. So a
+    transactional pipeline (redis-py's default) raises although its XADDs were stored; a
+    plain pipeline is the way to batch (the README says so)."""
+    client = shared_server.client()
+    transactional = client.pipeline()
+    transactional.xadd(queue, {"n": "1"}).xadd(queue, {"n": "2"})
+    with pytest.raises(redis.ResponseError, match="^unknown command 'EXEC'"):
+        transactional.execute()
+    assert client.xlen(queue) == 2, "the queued XADDs ran"
+    plain = client.pipeline(transaction=False)
+    ids = plain.xadd(queue, {"n": "3"}).xadd(queue, {"n": "4"}).execute()
+    assert len(ids) == 2 and client.xlen(queue) == 4
     client.close()
 
 
@@ -245,14 +265,17 @@ def test_redis_streams_broker(shared_server, queue):
     out = run_json(["node", str(NODE_SRC / "streams_broker.js"), str(shared_server.port), queue, str(N)],
                    env=env)
     assert_once(out["pushed"], out["done"])
-    assert out["acked"] == N and out["badPayloads"] == 0 and out["pending"] == 0, out
+    assert out["acked"] == N - 1 and out["badPayloads"] == 0 and out["pending"] == 0, out
+    assert out["dropAck"].startswith("EXECABORT") or "unknown command 'exec'" in out["dropAck"].lower(), out
     assert "EZRA never drops tasks: MAXLEN/MINID trimming is not supported" in out["defaultPublish"], out
     assert out["limitPublish"].startswith("ERR unknown command 'eval'"), out
     row.done("works with publish(payload, -1)",
              "joinConsumerGroup, subscribe (XREADGROUP BLOCK), markAsRead (XACK), pendingSummary: two "
              "consumers, every task once, nothing pending. Its default publish(payload) trims "
              f"(XADD MAXLEN ~ 100) and is refused: \"{out['defaultPublish']}\"; publish(p, limit, true) "
-             f"runs a Lua script: \"{short(out['limitPublish'])}\"; markAsRead(true) needs MULTI")
+             f"runs a Lua script: \"{short(out['limitPublish'])}\". markAsRead(true) (ack and drop) "
+             f"sends MULTI, XACK, XDEL, EXEC: it rejects with \"{short(out['dropAck'])}\", but the XACK "
+             "in between ran (EZRA has no transactions), so the task is done and nothing stays pending")
 
 
 # ------------------------------------------------------------------ BullMQ, RQ and Celery: lists, clear errors
@@ -263,9 +286,11 @@ def test_bullmq_fails_clearly(shared_server, queue):
     out = run_json(["node", str(NODE_SRC / "bullmq.js"), str(shared_server.port), queue], env=env, timeout=30)
     for step in ("add", "worker"):
         assert out[step] and "unknown command 'eval" in out[step] and "EZRA is a task queue" in out[step], out
+    assert out["workerErrors"] == 3, out
     row.done("fails, clear error",
              "jobs live in lists, hashes and sorted sets changed by Lua scripts: Queue.add rejects with "
-             f"\"{short(out['add'])}\"; a Worker emits \"{short(out['worker'])}\" and goes on retrying")
+             f"\"{short(out['add'])}\"; a Worker emits \"{short(out['worker'])}\" and retries, "
+             "emitting it again and again")
 
 
 
