@@ -83,8 +83,9 @@ class App:
             logger.info("TLS only, certificate {}; client certificates {}", settings.tls_cert_file,
                         f"required (CA {settings.tls_ca_cert_file})" if settings.tls_ca_cert_file else "not asked")
         if settings.bind not in ("127.0.0.1", "localhost", "::1") and not settings.password:
-            logger.warning("listening on {} without a password: anyone who can reach this port can read "
-                           "and change every queue (set --password)", settings.bind)
+            logger.warning("listening on {} without a password: anyone who can reach this port{} can read "
+                           "and change every queue (set --password)", settings.bind,
+                           "" if settings.http_port is None else " or the dashboard")
         return self.server.port
 
     def stop(self) -> None:

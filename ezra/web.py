@@ -25,7 +25,7 @@ from urllib.parse import unquote_to_bytes
 
 import gevent
 from gevent.pool import Pool
-from gevent.pywsgi import WSGIServer
+from gevent.pywsgi import WSGIHandler, WSGIServer
 from loguru import logger
 
 from . import dashboard, metrics
@@ -244,6 +244,32 @@ class ErrorLog:
         pass
 
 
+class Handler(WSGIHandler):
+    def _handle_client_error(self, ex):
+        """pywsgi's hook for bad client input; a stall or a reset mid-request is one log line
+        and a closed connection, not a traceback on stderr."""
+        if isinstance(ex, OSError):
+            logger.info("http: closed {}: {}", self.client_address, ex)
+            return None
+        return super()._handle_client_error(ex)
+
+
+class TimedWSGIServer(WSGIServer):
+    """pywsgi with a deadline per socket operation (--client-frame-timeout): a client
+    that stalls mid-request or mid-handshake (slowloris) gives its slot back."""
+
+    client_timeout: float | None = None
+    handler_class = Handler
+
+    def wrap_socket_and_handle(self, client_socket, address):  # TLS: the handshake too
+        client_socket.settimeout(self.client_timeout)
+        return super().wrap_socket_and_handle(client_socket, address)
+
+    def handle(self, sock, address):
+        sock.settimeout(self.client_timeout)
+        return super().handle(sock, address)
+
+
 class WebServer:
     """The listener and the dashboard's throughput sampler."""
 
@@ -253,8 +279,9 @@ class WebServer:
         self.app = WebApp(state, auth_throttle, history=self.history)
         tls = tls_context(settings)
         ssl_args = {} if tls is None else {"ssl_context": tls}
-        self.server = WSGIServer((settings.bind, settings.http_port), self.app, spawn=Pool(HTTP_CONNECTIONS),
-                                 log=None, error_log=ErrorLog(), **ssl_args)
+        self.server = TimedWSGIServer((settings.bind, settings.http_port), self.app,
+                                      spawn=Pool(HTTP_CONNECTIONS), log=None, error_log=ErrorLog(), **ssl_args)
+        self.server.client_timeout = settings.client_frame_timeout or None
         self.scheme = "https" if tls is not None else "http"
 
     def start(self) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import re
+import socket
+import time
 import urllib.error
 import urllib.request
 from urllib.parse import quote
@@ -219,3 +221,21 @@ def test_unknown_pages(web):
     assert "Traceback" not in web.log()
     with pytest.raises(redis.ResponseError, match="no such key"):
         web.client().execute_command("XINFO", "TASKS", "missing", "dead")
+
+
+def test_a_stalled_http_client_is_closed_and_others_are_served(ezra_factory):
+    server = ezra_factory("--http-port", "0", "--client-frame-timeout", "1")
+    host, port = server.http_url.removeprefix("http://").rsplit(":", 1)
+    stalled = [socket.create_connection((host, int(port)), timeout=10) for _ in range(70)]  # > the 64 slots
+    for sock in stalled:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # ...and never the blank line
+    started = time.monotonic()
+    assert http(server.http_url + "/healthz")[0] == 200  # served once the stalled ones time out
+    for sock in stalled:
+        received = b""
+        while chunk := sock.recv(4096):  # until the server closes (recv would time out after 10 s)
+            received += chunk
+        assert received == b"" or re.match(rb"HTTP/1.1 4\d\d ", received), received  # 400 or 408, then closed
+        sock.close()
+    assert time.monotonic() - started < 30
+    assert "Traceback" not in server.log()
