@@ -164,3 +164,25 @@ def r(shared_server, protocol):
 def queue(request):
     """A queue name no other test uses."""
     return f"q-{request.node.name}-{uuid.uuid4().hex[:8]}"
+
+
+def _openssl(*args: str, cwd) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, all signed by the CA."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed (scripts/test.sh installs it from Debian)")
+    d = tmp_path_factory.mktemp("tls")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=EZRA test CA",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
+    for name, extension in (("server", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
+                            ("client", "extendedKeyUsage=clientAuth")):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=ezra-{name}",
+                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+        (d / f"{name}.ext").write_text(extension + "\n")
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d)
+    return d

@@ -260,3 +260,18 @@ def test_metrics_and_dashboard_in_the_binary(isolated):
         assert b"--push" in pages["/static/dashboard.css"]
     finally:
         assert server.stop(signal.SIGTERM) == 0, server.log()
+
+
+def test_tls_in_the_binary(isolated, certificates):
+    """ssl is inside the one file: the server speaks TLS and `ezra ping` reaches it over TLS."""
+    c = certificates
+    server = BinaryServer(isolated, "--tls-cert-file", str(c / "server.pem"), "--tls-key-file", str(c / "server.key"))
+    try:
+        client = redis.Redis(host="localhost", port=server.port, ssl=True, ssl_ca_certs=str(c / "ca.pem"),
+                             socket_timeout=10)
+        assert client.xadd("secure", {"n": "1"})
+        client.close()
+        ping = run(isolated, "ping", "--port", str(server.port), "--tls-cert-file", str(c / "server.pem"))
+        assert ping.returncode == 0, ping
+    finally:
+        assert server.stop(signal.SIGTERM) == 0, server.log()

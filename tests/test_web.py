@@ -8,6 +8,9 @@ from __future__ import annotations
 import base64
 import re
 import socket
+import ssl
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +20,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import wait_until
+from conftest import ROOT, wait_until
 
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=1">'
 
@@ -30,10 +33,10 @@ class NoRedirect(urllib.request.HTTPRedirectHandler):
 OPENER = urllib.request.build_opener(NoRedirect)
 
 
-def http(url: str, data: bytes | None = None, headers: dict | None = None) -> tuple[int, dict, bytes]:
+def http(url: str, data: bytes | None = None, headers: dict | None = None, opener=OPENER) -> tuple[int, dict, bytes]:
     request = urllib.request.Request(url, data=data, headers=headers or {})
     try:
-        with OPENER.open(request, timeout=10) as response:
+        with opener.open(request, timeout=10) as response:
             return response.status, dict(response.headers), response.read()
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), error.read()
@@ -239,3 +242,25 @@ def test_a_stalled_http_client_is_closed_and_others_are_served(ezra_factory):
         sock.close()
     assert time.monotonic() - started < 30
     assert "Traceback" not in server.log()
+
+
+def test_tls_for_http_ping_and_the_inspector(ezra_factory, certificates):
+    """With --tls-cert-file the HTTP listener speaks HTTPS only, and ezra ping / ezra stats
+    connect with TLS, trusting the server's own certificate file."""
+    c = certificates
+    server = ezra_factory("--tls-cert-file", str(c / "server.pem"), "--tls-key-file", str(c / "server.key"),
+                          "--http-port", "0")
+    assert server.http_url.startswith("https://")
+    context = ssl.create_default_context(cafile=str(c / "ca.pem"))
+    tls_opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), NoRedirect)
+    assert http(server.http_url + "/healthz", opener=tls_opener)[0] == 200
+    with pytest.raises(OSError):  # plain HTTP gets nothing
+        urllib.request.urlopen(server.http_url.replace("https://", "http://") + "/healthz", timeout=10).read()
+    for command in (["ping"], ["stats"]):
+        result = subprocess.run([sys.executable, "-m", "ezra", *command, "--port", str(server.port),
+                                 "--tls-cert-file", str(c / "server.pem")],
+                                cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+    without_tls = subprocess.run([sys.executable, "-m", "ezra", "ping", "--port", str(server.port), "--timeout", "2"],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert without_tls.returncode == 1
