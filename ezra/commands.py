@@ -132,11 +132,18 @@ def dispatch(session: Session, args: list[bytes]):
 
 # ---------------------------------------------------------------- argument helpers
 
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
 def to_int(arg: bytes, error: CommandError = errors.NOT_INTEGER) -> int:
+    """A signed 64-bit integer, as Redis reads one: anything wider is out of range (and SQLite's too)."""
     try:
-        return int(arg)
+        value = int(arg)
     except ValueError:
         raise error from None
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise error
+    return value
 
 
 def ids_of(args: list[bytes]) -> list[tuple]:
@@ -535,7 +542,7 @@ def xpending(session, args):
     if rest[0].upper() == b"IDLE":
         if len(rest) < 2:
             raise errors.SYNTAX
-        min_idle, rest = to_int(rest[1]), rest[2:]
+        min_idle, rest = max(to_int(rest[1]), 0), rest[2:]  # below 0: any idle time, as in Redis
     if len(rest) not in (3, 4):
         raise errors.SYNTAX
     start = lifecycle.parse_range_bound(rest[0], True)
