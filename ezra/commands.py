@@ -27,6 +27,8 @@ from .resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString, Verbatim
 
 REDIS_COMPAT_VERSION = "7.0.15"  # what clients see: the Redis version whose replies EZRA matches
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
+# RETRYCOUNT above this means the same (above any MAX-ATTEMPTS): the deliveries counted after it stay 64-bit.
+MAX_RETRY_COUNT = 2 ** 31 - 1
 
 
 class Deferred:
@@ -478,7 +480,7 @@ def xnack(session, args):
             retry_count = to_int(rest[1])
             if retry_count < 0:
                 raise errors.err("RETRYCOUNT must be zero or positive")
-            rest = rest[2:]
+            retry_count, rest = min(retry_count, MAX_RETRY_COUNT), rest[2:]
         elif option == b"FORCE":
             force, rest = True, rest[1:]
         else:

@@ -14,7 +14,7 @@ Same rules as commands.py: parse, call the broker, return a reply value.
 from __future__ import annotations
 
 from . import errors, lifecycle, queue_settings
-from .commands import Deferred, broker, command, ids_of, live_queue, to_int
+from .commands import MAX_RETRY_COUNT, Deferred, broker, command, ids_of, live_queue, to_int
 from .errors import CommandError
 from .lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
 from .resp import OK, SimpleString
@@ -66,8 +66,10 @@ def xclaim(session, args):
         option, has_value = args[i].upper(), i + 1 < len(args)
         if option in (b"IDLE", b"TIME", b"RETRYCOUNT") and has_value:
             name = option.decode()
-            value = to_int(args[i + 1], errors.err(f"Invalid {name} option argument for XCLAIM"))
-            opts[{"IDLE": "idle_ms", "TIME": "time_ms", "RETRYCOUNT": "retry_count"}[name]] = max(value, 0)
+            value = max(to_int(args[i + 1], errors.err(f"Invalid {name} option argument for XCLAIM")), 0)
+            if option == b"RETRYCOUNT":
+                value = min(value, MAX_RETRY_COUNT)
+            opts[{"IDLE": "idle_ms", "TIME": "time_ms", "RETRYCOUNT": "retry_count"}[name]] = value
             i += 2
         elif option in (b"FORCE", b"JUSTID"):
             opts[option.decode().lower()] = True
