@@ -26,10 +26,17 @@ AUTOCLAIM_SCAN_FACTOR = 10  # XAUTOCLAIM looks at up to COUNT x 10 in-flight tas
 
 
 def delivery_time(now: int, idle_ms: int | None, time_ms: int | None) -> int | None:
-    """XCLAIM's IDLE / TIME: when the task counts as last delivered (None: now)."""
+    """XCLAIM's IDLE / TIME: when the task counts as last delivered (None: now).
+
+    As in Redis, a time before the epoch or in the future means now: the idle
+    times reported later (now - this) stay 64-bit integers."""
     if idle_ms is not None:
-        return now - idle_ms
-    return None if time_ms is None else min(time_ms, now)
+        delivered = now - idle_ms
+    elif time_ms is not None:
+        delivered = time_ms
+    else:
+        return None
+    return delivered if 0 <= delivered <= now else now
 
 
 class Leases:
