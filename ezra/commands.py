@@ -64,7 +64,7 @@ class Session:
     """One connection's state: protocol, name, authentication, the worker names it used."""
 
     __slots__ = ("server", "id", "proto", "name", "lib_name", "lib_ver", "authenticated",
-                 "closing", "addr", "created", "wait", "flush", "workers")
+                 "closing", "addr", "created", "wait", "flush", "workers", "queued", "queue_failed", "in_exec")
 
     def __init__(self, server: ServerState, addr: str, wait, flush):
         self.server = server
@@ -79,6 +79,9 @@ class Session:
         self.wait = wait    # wait(event, seconds) -> True | False (timeout) | None (hung up)
         self.flush = flush  # send the replies computed so far (before blocking)
         self.workers: set[bytes] = set()  # consumer names this connection used (release on disconnect)
+        self.queued: list | None = None  # MULTI: the commands waiting for EXEC
+        self.queue_failed = False        # a queued command was refused: EXEC answers EXECABORT
+        self.in_exec = False             # EXEC is running the queued commands: nothing blocks
 
     def use_worker(self, worker: bytes) -> bytes:
         """This connection acts for `worker` (XREADGROUP, XCLAIM...): it holds the name while open."""
@@ -96,6 +99,8 @@ class Session:
 
 COMMANDS: dict[bytes, tuple] = {}
 NO_AUTH_NEEDED = {b"AUTH", b"HELLO", b"QUIT"}
+RUN_INSIDE_MULTI = {b"EXEC", b"DISCARD", b"MULTI", b"QUIT"}  # the rest is queued until EXEC
+QUEUED = SimpleString("QUEUED")
 
 
 def command(name: str, arity: int):
@@ -124,6 +129,19 @@ def dispatch(session: Session, args: list[bytes]):
             raise errors.wrong_arity(lower)
         if not session.authenticated and name not in NO_AUTH_NEEDED:
             raise errors.NOAUTH
+    except ErrorReply as exc:
+        if session.queued is not None:
+            session.queue_failed = True  # as Redis: a command refused after MULTI aborts the EXEC
+        return exc
+    if session.queued is not None and name not in RUN_INSIDE_MULTI:
+        session.queued.append((fn, args))
+        return QUEUED
+    return run(session, fn, args)
+
+
+def run(session: Session, fn, args: list[bytes]):
+    """A command's reply; its error as an ErrorReply; a bug is logged and answered as one."""
+    try:
         return fn(session, args)
     except ErrorReply as exc:
         return exc
@@ -184,6 +202,68 @@ def echo(session, args):
 def quit_(session, args):
     """QUIT: reply OK, then close."""
     session.closing = True
+    return OK
+
+
+# ---------------------------------------------------------------- transactions
+
+@command("MULTI", 1)
+def multi(session, args):
+    """MULTI: queue the next commands until EXEC (or DISCARD)."""
+    if session.queued is not None:
+        return errors.err("MULTI calls can not be nested")  # answered, the transaction goes on
+    session.queued, session.queue_failed = [], False
+    return OK
+
+
+@command("EXEC", 1)
+def exec_(session, args):
+    """EXEC: run the queued commands in order; an array of their replies.
+
+    They are submitted to the writer one after the other without yielding, so
+    pushes, acks and nacks land in one batch: one SQLite transaction, all or
+    nothing on disk, with no other client's command between them. A read
+    (XREADGROUP, XRANGE...) waits for its batch, so commands after it commit in the
+    next one. As in Redis, a command that fails at run time does not undo the others.
+    """
+    if session.queued is None:
+        raise errors.err("EXEC without MULTI")
+    queued, failed = session.queued, session.queue_failed
+    session.queued, session.queue_failed = None, False
+    if failed:
+        raise errors.EXECABORT
+    session.in_exec = True
+    try:
+        replies = [run(session, fn, queued_args) for fn, queued_args in queued]
+    finally:
+        session.in_exec = False
+    return Deferred(AllReplies(replies))
+
+
+class AllReplies:
+    """EXEC's replies, resolved in order once their batches committed (Deferred's request)."""
+
+    def __init__(self, replies: list):
+        self.replies = replies
+
+    def wait(self) -> list:
+        resolved = []
+        for reply in self.replies:
+            if type(reply) is Deferred:
+                try:
+                    reply = reply.resolve()
+                except ErrorReply as exc:
+                    reply = exc
+            resolved.append(reply)
+        return resolved
+
+
+@command("DISCARD", 1)
+def discard(session, args):
+    """DISCARD: forget the queued commands."""
+    if session.queued is None:
+        raise errors.err("DISCARD without MULTI")
+    session.queued, session.queue_failed = None, False
     return OK
 
 
@@ -414,6 +494,8 @@ def xreadgroup(session, args):
     queues = [live_queue(name) for name in streams[:half]]
     ids = [read_id(arg) for arg in streams[half:]]
     count = read_count(count)
+    if session.in_exec:
+        block_ms = None  # as Redis: inside MULTI/EXEC a blocking read does not block
     if all(stream_id is None for stream_id in ids):
         if block_ms is not None:
             session.flush()  # a blocked client has its earlier pipelined replies already

@@ -37,6 +37,7 @@ def _printable(value) -> str:
 
 
 NOT_INTEGER = err("value is not an integer or out of range")
+EXECABORT = CommandError("EXECABORT Transaction discarded because of previous errors.")
 INVALID_ID = err("Invalid stream ID specified as stream command argument")
 SYNTAX = err("syntax error")
 ID_TOO_SMALL = err("The ID specified in XADD is equal or smaller than the target stream top item")

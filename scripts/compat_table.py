@@ -61,20 +61,20 @@ def worker_libs_part(libs: list[dict]) -> list[str]:
     return out + ["",
                   "`EXISTS` and `TYPE` answer as Redis does for a stream key (walrus asks them): a queue",
                   "exists once a push, `XGROUP CREATE ... MKSTREAM` or `XCFGSET` made it. Libraries built",
-                  "on lists, hashes, transactions or Lua scripts cannot work on a streams-only task queue:",
-                  "`LPUSH`, `BRPOP`, `SET`, `MULTI`, `EVAL`... answer at once (nothing blocks) with Redis's",
+                  "on lists, hashes or Lua scripts cannot work on a streams-only task queue:",
+                  "`LPUSH`, `BRPOP`, `SET`, `EVAL`... answer at once (nothing blocks) with Redis's",
                   "`unknown command` error followed by `(EZRA is a task queue; supported: ...)`, which the",
-                  "clients raise as their usual error. There are no transactions: after the unknown",
-                  "`MULTI`, the commands a client queued run one by one and `EXEC` fails, so a",
-                  "transactional pipeline (redis-py's `pipeline()` default) raises although its `XADD`s",
-                  "were stored. Batch pushes with `pipeline(transaction=False)`."]
+                  "clients raise as their usual error. `MULTI`/`EXEC`/`DISCARD` work as in Redis (the",
+                  "`transactions` parity scenario below), so transactional pipelines (redis-py's",
+                  "`pipeline()` default) run; the pushes, acks and nacks of one `EXEC` commit in one",
+                  "SQLite transaction. `WATCH` is not supported."]
 
 
 def parity_part(parity: dict) -> list[str]:
     out = ["", "### Parity with Redis", "",
            "`tests/test_parity.py` runs scripted scenarios of the portable subset (XADD with ids,",
            "XGROUP CREATE, XREADGROUP `>` / `0` / COUNT / BLOCK, XACK, XLEN, XPENDING, XRANGE,",
-           "XCLAIM, XAUTOCLAIM, XINFO GROUPS) against EZRA and redis-server "
+           "XCLAIM, XAUTOCLAIM, XINFO GROUPS, MULTI/EXEC/DISCARD) against EZRA and redis-server "
            f"{parity.get('redis_version')}, and compares every reply byte for byte in RESP2 and RESP3",
            "(idle times masked). Scenarios that passed:", ""]
     out += [f"- {s}" for s in parity.get("scenarios", [])]

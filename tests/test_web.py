@@ -264,3 +264,17 @@ def test_tls_for_http_ping_and_the_inspector(ezra_factory, certificates):
     without_tls = subprocess.run([sys.executable, "-m", "ezra", "ping", "--port", str(server.port), "--timeout", "2"],
                                  cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert without_tls.returncode == 1
+
+
+def test_the_commands_of_one_exec_commit_in_one_batch(web):
+    """MULTI + 50 XADDs + EXEC: one transaction of at least 50 requests (the batch-size histogram)."""
+    def big_batches():
+        samples = scrape(web)
+        return value(samples, "ezra_commit_batch_size_count") - value(samples, "ezra_commit_batch_size_bucket",
+                                                                      le="32.0")
+    before = big_batches()
+    pipeline = web.client().pipeline(transaction=True)
+    for n in range(50):
+        pipeline.xadd("atomic", {"n": str(n)})
+    assert len(pipeline.execute()) == 50
+    assert big_batches() == before + 1
