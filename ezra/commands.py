@@ -5,27 +5,26 @@ Each handler parses its arguments, calls the broker and returns a reply value
 connection waits for it after reading the rest of a pipeline, so pipelined
 XADDs share one commit. Arity is declared once per command, as Redis does
 (positive: exact, negative: at least), so arity errors are uniform.
+
+This module holds the table, the session, dispatch and the core queue commands;
+commands_server.py the connection and server commands (HELLO, AUTH, MULTI, INFO...),
+commands_ops.py the operating ones (XCFGSET, XCLAIM, XINFO, XREQUEUE...) and
+commands_keys.py EXISTS and TYPE.
 """
 
 from __future__ import annotations
 
-import hmac
 import itertools
-import os
-import platform
-import resource
-import sys
 import time
 
 from loguru import logger
 
-from . import __version__, errors, lifecycle, queue_settings
+from . import errors, lifecycle, queue_settings
 from .broker import DEFAULT_READ_COUNT, MAX_READ_COUNT
 from .errors import CommandError
 from .lifecycle import parse_id, split_queue
-from .resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString, Verbatim
+from .resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString
 
-REDIS_COMPAT_VERSION = "7.0.15"  # what clients see: the Redis version whose replies EZRA matches
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
 # RETRYCOUNT above this means the same (above any MAX-ATTEMPTS): the deliveries counted after it stay 64-bit.
 MAX_RETRY_COUNT = 2 ** 31 - 1
@@ -180,205 +179,6 @@ def live_queue(name: bytes) -> bytes:
 
 def broker(session: Session):
     return session.server.broker
-
-
-# ---------------------------------------------------------------- connection commands
-
-@command("PING", -1)
-def ping(session, args):
-    """PING [message]"""
-    if len(args) > 2:
-        raise errors.wrong_arity("ping")
-    return args[1] if len(args) == 2 else SimpleString("PONG")
-
-
-@command("ECHO", 2)
-def echo(session, args):
-    """ECHO message"""
-    return args[1]
-
-
-@command("QUIT", -1)
-def quit_(session, args):
-    """QUIT: reply OK, then close."""
-    session.closing = True
-    return OK
-
-
-# ---------------------------------------------------------------- transactions
-
-@command("MULTI", 1)
-def multi(session, args):
-    """MULTI: queue the next commands until EXEC (or DISCARD)."""
-    if session.queued is not None:
-        return errors.err("MULTI calls can not be nested")  # answered, the transaction goes on
-    session.queued, session.queue_failed = [], False
-    return OK
-
-
-@command("EXEC", 1)
-def exec_(session, args):
-    """EXEC: run the queued commands in order; an array of their replies.
-
-    They are submitted to the writer one after the other without yielding, so
-    pushes, acks and nacks land in one batch: one SQLite transaction, all or
-    nothing on disk, with no other client's command between them. A read
-    (XREADGROUP, XRANGE...) waits for its batch, so commands after it commit in the
-    next one. As in Redis, a command that fails at run time does not undo the others.
-    """
-    if session.queued is None:
-        raise errors.err("EXEC without MULTI")
-    queued, failed = session.queued, session.queue_failed
-    session.queued, session.queue_failed = None, False
-    if failed:
-        raise errors.EXECABORT
-    session.in_exec = True
-    try:
-        replies = [run(session, fn, queued_args) for fn, queued_args in queued]
-    finally:
-        session.in_exec = False
-    return Deferred(AllReplies(replies))
-
-
-class AllReplies:
-    """EXEC's replies, resolved in order once their batches committed (Deferred's request)."""
-
-    def __init__(self, replies: list):
-        self.replies = replies
-
-    def wait(self) -> list:
-        resolved = []
-        for reply in self.replies:
-            if type(reply) is Deferred:
-                try:
-                    reply = reply.resolve()
-                except ErrorReply as exc:
-                    reply = exc
-            resolved.append(reply)
-        return resolved
-
-
-@command("DISCARD", 1)
-def discard(session, args):
-    """DISCARD: forget the queued commands."""
-    if session.queued is None:
-        raise errors.err("DISCARD without MULTI")
-    session.queued, session.queue_failed = None, False
-    return OK
-
-
-@command("SELECT", 2)
-def select(session, args):
-    """SELECT 0: EZRA has one database."""
-    index = to_int(args[1])
-    if not 0 <= index < 16:
-        raise errors.DB_OUT_OF_RANGE  # what Redis answers with its 16 databases
-    if index != 0:
-        raise errors.SELECT_ONLY_ZERO
-    return OK
-
-
-@command("AUTH", -2)
-def auth(session, args):
-    """AUTH [username] password"""
-    if len(args) > 3:
-        raise errors.SYNTAX
-    if not session.server.settings.password:
-        raise errors.AUTH_NOT_CONFIGURED
-    check_password(session, args[1] if len(args) == 3 else b"default", args[-1])
-    return OK
-
-
-def check_password(session: Session, user: bytes, password: bytes) -> None:
-    expected = session.server.settings.password
-    if expected and not (user == b"default" and hmac.compare_digest(password, expected.encode())):
-        logger.debug("failed authentication from {}", session.addr)  # server.py logs bursts
-        raise errors.WRONGPASS
-    session.authenticated = True
-
-
-@command("HELLO", -1)
-def hello(session, args):
-    """HELLO [protover [AUTH username password] [SETNAME clientname]]"""
-    proto = session.proto
-    if len(args) > 1:
-        proto = to_int(args[1], errors.err("Protocol version is not an integer or out of range"))
-        if proto not in (2, 3):
-            raise errors.NOPROTO
-    rest, name = args[2:], None
-    while rest:
-        option = rest[0].upper()
-        if option == b"AUTH" and len(rest) >= 3:
-            check_password(session, rest[1], rest[2])
-            rest = rest[3:]
-        elif option == b"SETNAME" and len(rest) >= 2:
-            name, rest = rest[1], rest[2:]
-        else:
-            raise errors.err(f"Syntax error in HELLO option '{rest[0].decode('utf-8', 'replace')}'")
-    if not session.authenticated:
-        raise CommandError("NOAUTH HELLO must be called with the client already authenticated, otherwise "
-                           "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
-                           "client and select the RESP protocol version at the same time")
-    if name is not None:
-        session.name = valid_client_name(name)
-    session.proto = proto
-    return {"server": "ezra", "version": REDIS_COMPAT_VERSION, "proto": proto, "id": session.id,
-            "mode": "standalone", "role": "master", "modules": []}
-
-
-def valid_client_name(name: bytes) -> bytes:
-    if any(c <= 32 or c >= 127 for c in name):
-        raise errors.err("Client names cannot contain spaces, newlines or special characters.")
-    return name
-
-
-@command("CLIENT", -2)
-def client(session, args):
-    """CLIENT SETNAME name | GETNAME | ID | SETINFO LIB-NAME|LIB-VER value"""
-    sub = args[1].upper()
-    if sub == b"SETNAME" and len(args) == 3:
-        session.name = valid_client_name(args[2]) or None
-        return OK
-    if sub == b"GETNAME" and len(args) == 2:
-        return session.name
-    if sub == b"ID" and len(args) == 2:
-        return session.id
-    if sub == b"SETINFO" and len(args) == 4:
-        attr = args[2].upper()
-        if attr == b"LIB-NAME":
-            session.lib_name = args[3]
-        elif attr == b"LIB-VER":
-            session.lib_ver = args[3]
-        else:
-            raise errors.err(f"Unrecognized option '{args[2].decode('utf-8', 'replace')}'")
-        return OK
-    if sub in (b"SETNAME", b"GETNAME", b"ID", b"SETINFO"):
-        raise errors.err(f"wrong number of arguments for 'client|{sub.decode().lower()}' command")
-    raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "CLIENT")
-
-
-@command("COMMAND", -1)
-def command_(session, args):
-    """COMMAND [COUNT | INFO name... | DOCS [name...] | LIST]: enough for clients that ask."""
-    sub = args[1].upper() if len(args) > 1 else None
-    if sub is None:
-        return [command_info(name) for name in COMMANDS]
-    if sub == b"COUNT":
-        return len(COMMANDS)
-    if sub == b"LIST":
-        return [entry[2] for entry in COMMANDS.values()]
-    if sub == b"INFO":
-        return [command_info(name.upper()) if name.upper() in COMMANDS else None for name in args[2:]]
-    if sub == b"DOCS":
-        return {}
-    raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "COMMAND")
-
-
-def command_info(name: bytes) -> list:
-    fn, arity, lower = COMMANDS[name]
-    keyed = name.startswith(b"X") and name not in (b"XREADGROUP", b"XGROUP", b"XINFO")
-    first = 1 if keyed else 0
-    return [lower, arity, [SimpleString("write" if keyed else "fast")], first, first, 1 if keyed else 0]
 
 
 # ---------------------------------------------------------------- queue commands
@@ -676,91 +476,6 @@ XGROUP_HELP = [
 ]
 
 
-# ---------------------------------------------------------------- INFO
-
-@command("INFO", -1)
-def info(session, args):
-    """INFO [section ...]: server, clients, memory, persistence, stats, queues."""
-    wanted = {arg.decode("utf-8", "replace").lower() for arg in args[1:]} or {"default"}
-    everything = bool(wanted & {"all", "everything", "default"})
-    sections = []
-    for name, build in INFO_SECTIONS:
-        if everything or name in wanted:
-            lines = build(session.server)
-            sections.append(f"# {name.capitalize()}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in lines))
-    return Verbatim("\r\n".join(sections))
-
-
-def info_server(state: ServerState):
-    uptime = int(time.time() - state.started)
-    return [("redis_version", REDIS_COMPAT_VERSION), ("ezra_version", __version__),
-            ("redis_mode", "standalone"), ("os", f"{platform.system()} {platform.release()} {platform.machine()}"),
-            ("arch_bits", 64), ("multiplexing_api", "gevent"), ("python_version", platform.python_version()),
-            ("process_id", os.getpid()), ("tcp_port", state.port), ("uptime_in_seconds", uptime),
-            ("uptime_in_days", uptime // 86400), ("executable", sys.argv[0]),
-            ("config_file", state.settings.config or "")]
-
-
-def info_clients(state: ServerState):
-    return [("connected_clients", len(state.sessions)), ("blocked_clients", state.broker.blocked_clients()),
-            ("maxclients", state.settings.max_clients)]
-
-
-def info_memory(state: ServerState):
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    current = rss
-    try:
-        with open("/proc/self/statm") as statm:
-            current = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        pass  # not Linux: the peak is the best figure we have
-    return [("used_memory", current), ("used_memory_rss", current), ("used_memory_peak", rss),
-            ("maxmemory", 0)]
-
-
-def info_persistence(state: ServerState):
-    path = state.broker.db.path
-    size = sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
-    writer = state.broker.writer
-    return [("loading", 0), ("database_file", path), ("database_bytes", size),
-            ("durability", state.settings.durability), ("commit_batches", writer.batches),
-            ("wal_fsyncs", writer.fsyncs),
-            ("committed_requests", writer.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0)]
-
-
-def info_stats(state: ServerState):
-    stats = state.broker.stats
-    return [("total_connections_received", state.total_connections),
-            ("total_commands_processed", state.total_commands),
-            ("rejected_connections", state.rejected_connections),
-            ("tasks_pushed", stats["pushed"]), ("tasks_delivered", stats["delivered"]),
-            ("tasks_acked", stats["acked"]), ("tasks_failed", stats["failed"]),
-            ("tasks_expired", stats["expired"]), ("tasks_dead", stats["dead"]),
-            ("tasks_released", stats["released"]), ("tasks_purged", stats["purged"]),
-            ("tasks_redelivered", stats["redelivered"]), ("tasks_requeued", stats["requeued"])]
-
-
-def info_queues(state: ServerState):
-    lines = []
-    for name, queue in sorted(state.broker.overview(head_since=False).items()):
-        shown = name.decode("utf-8", "replace").translate(INFO_NAME_SAFE)
-        figures = [(key, queue["counts"][key]) for key in INFO_STATES]
-        figures += [(key, queue["totals"][key]) for key in INFO_TALLIES]
-        lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in figures)))
-    return lines
-
-
-# The counts by state (the first four fields first, as they always were), then events
-# since start ('ezra stats --watch' turns those into rates).
-INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD, lifecycle.DELAYED)
-INFO_TALLIES = ("pushed", "delivered", "acked", "failed", "expired")
-
-
-INFO_NAME_SAFE = str.maketrans({"\r": "?", "\n": "?", ",": "?"})
-
-INFO_SECTIONS = [("server", info_server), ("clients", info_clients), ("memory", info_memory),
-                 ("persistence", info_persistence), ("stats", info_stats), ("queues", info_queues)]
-
-
+from . import commands_server  # noqa: F401  (registers PING, HELLO, AUTH, MULTI, INFO... in COMMANDS)
 from . import commands_ops  # noqa: F401  (registers XCFGSET, XCLAIM, XINFO... in COMMANDS)
 from . import commands_keys  # noqa: F401  (registers EXISTS and TYPE in COMMANDS)
