@@ -16,7 +16,7 @@ from urllib.parse import quote as url_quote
 import gevent
 from loguru import logger
 
-from . import __version__, lifecycle
+from . import __version__, humanize, lifecycle
 from .lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from .storage import decode_fields
 
@@ -89,16 +89,7 @@ def queue_url(name: bytes) -> str:
 
 
 def duration(ms: float | None) -> str:
-    if ms is None:
-        return "–"
-    seconds = max(ms, 0) / 1000
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    if seconds < 86400:
-        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
-    return f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
+    return "–" if ms is None else humanize.duration(ms)
 
 
 def timestamp(ms: int | None) -> str:

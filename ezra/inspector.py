@@ -17,6 +17,7 @@ import configargparse
 
 from .client import Client, ClientError, ReplyError
 from .config import Settings, port_number, positive_float, positive_int
+from .humanize import duration
 
 WILDCARD_TO_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
 STATES = ("available", "delayed", "in_flight", "done", "dead")
@@ -80,17 +81,6 @@ def table(headers: list[str], rows: list[list], right: set[int]) -> str:
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     return "\n".join("  ".join(cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
                                for i, cell in enumerate(row)).rstrip() for row in cells)
-
-
-def duration(ms: float) -> str:
-    seconds = max(ms, 0) / 1000
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    if seconds < 86400:
-        return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
-    return f"{int(seconds // 86400)} d {int(seconds % 86400 // 3600)} h"
 
 
 # ---------------------------------------------------------------- ezra stats
