@@ -8,6 +8,7 @@ one commit, not one per command.
 
 from __future__ import annotations
 
+import resource
 import socket
 import struct
 import time
@@ -31,6 +32,7 @@ AUTH_MAX_DELAY = 1.0  # ...up to this, which every failure waits once a host fai
 AUTH_HOST_FAILURES = 100  # (new connections for each guess do not escape the delay)
 AUTH_BURST_GAP = 60.0  # seconds without failures from a host that end its burst
 AUTH_FAILURES_PER_CONNECTION = 10  # then the connection is closed
+FD_RESERVE = 32  # descriptors beyond the clients': database, WAL, listener, logs (Redis keeps 32 too)
 
 
 class AuthThrottle:
@@ -235,6 +237,30 @@ class Connection:
         return None if hung_up else woken
 
 
+def client_limit(max_clients: int) -> int:
+    """Raise the descriptor limit so `max_clients` connections fit, as Redis does; the clients that fit.
+
+    Below it, accept() fails with EMFILE: gevent logs a traceback per attempt and
+    the client waits in the backlog with no answer, instead of Redis's error.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_clients + FD_RESERVE
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return max_clients
+    raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        soft = raised
+    except (ValueError, OSError) as exc:
+        logger.warning("cannot raise the open files limit from {} to {}: {}", soft, raised, exc)
+    if soft >= need:
+        return max_clients
+    fitting = max(soft - FD_RESERVE, 1)
+    logger.warning("--max-clients {} needs {} open files but the limit is {} (ulimit -n): at most {} clients "
+                   "are served, the next get 'max number of clients reached'", max_clients, need, soft, fitting)
+    return fitting
+
+
 def tls_context(settings):
     """The server's TLS context, or None without --tls-cert-file (errors name the file at start)."""
     if not settings.tls_cert_file:
@@ -262,6 +288,7 @@ class EzraServer:
         self.connections: set[Connection] = set()
         self.auth_throttle = AuthThrottle()
         self.tls = tls_context(settings)
+        self.max_clients = client_limit(settings.max_clients)
         self.stream_server = StreamServer((settings.bind, settings.port), self._handle,
                                           spawn=self.pool, backlog=1024)
 
@@ -302,7 +329,7 @@ class EzraServer:
             if sock is None:
                 return
         state = self.state
-        if len(state.sessions) >= state.settings.max_clients:
+        if len(state.sessions) >= self.max_clients:
             state.rejected_connections += 1
             try:
                 sock.sendall(encode(errors.MAX_CLIENTS, 2))
