@@ -6,6 +6,8 @@ client misbehaves.
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import shutil
 import socket
 import subprocess
@@ -173,6 +175,109 @@ def test_failed_auth_is_slowed_down_logged_once_and_closed_after_many(ezra_facto
     assert "after 10 failed AUTH attempts" in log
     assert p99 < STALLED_MS
     assert server.client(password="s3cret").ping()  # the right password is never slowed down
+
+
+# ---------------------------------------------------------------- many connections
+
+MAX_CLIENTS_ERROR = b"-ERR max number of clients reached\r\n"  # Redis's exact bytes
+
+
+@contextlib.contextmanager
+def open_files_limit(soft: int):
+    """Set this process's soft RLIMIT_NOFILE (servers started meanwhile inherit it), restored after."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, before[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+def open_idle_connections(server, admin, count: int, already: int) -> list[socket.socket]:
+    """Open `count` idle connections, in batches the server accepts before the next (the backlog is 1024)."""
+    sockets, deadline = [], time.monotonic() + 60
+    try:
+        while len(sockets) < count:
+            for _ in range(min(500, count - len(sockets))):
+                # A server that stopped accepting leaves connects waiting in the backlog: bounded.
+                left = deadline - time.monotonic()
+                assert left > 0, f"only {len(sockets)} of {count} connections opened in 60s"
+                sockets.append(socket.create_connection(("127.0.0.1", server.port), timeout=min(left, 10)))
+            expected = already + len(sockets)
+            wait_until(lambda: connected_clients(admin) >= expected, 30, 0.05, f"{expected} connected clients")
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def push_claim_ack(client, queue: str) -> None:
+    task_id = client.xadd(queue, {"f": "v"})
+    assert client.xreadgroup("g", "w", {queue: ">"}, count=10) == [[queue.encode(), [(task_id, {b"f": b"v"})]]]
+    assert client.xack(queue, "g", task_id) == 1
+
+
+def refused_with_redis_error(port: int) -> None:
+    """A connection over the limit gets Redis's error, then is closed."""
+    extra = socket.create_connection(("127.0.0.1", port), timeout=30)
+    received = b""
+    while chunk := extra.recv(1024):
+        received += chunk
+    extra.close()
+    assert received == MAX_CLIENTS_ERROR, received
+
+
+def test_ten_thousand_connections_then_redis_error(ezra_factory):
+    wanted = 10_000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + 1000  # this process holds every connection too, and the server inherits the limit
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"the hard open files limit is {hard}, {need} are needed (raise it: ulimit -Hn)")
+    started = time.monotonic()
+    with open_files_limit(max(soft, need if hard == resource.RLIM_INFINITY else hard)):
+        server = ezra_factory("--max-clients", str(wanted))
+        admin = server.client()
+        assert admin.ping()  # connection 1 of 10,000
+        idle = open_idle_connections(server, admin, wanted - 1, already=1)
+        try:
+            assert connected_clients(admin) == wanted
+            push_claim_ack(admin, "busy")  # served among 10,000 connections
+            refused_with_redis_error(server.port)  # connection 10,001
+            assert admin.info("stats")["rejected_connections"] == 1
+            assert admin.ping()
+        finally:
+            for sock in idle:
+                sock.close()
+        wait_until(lambda: connected_clients(admin) == 1, 30, 0.05, "the idle connections to be gone")
+        push_claim_ack(server.client(), "after")  # a new client is served again
+        rss = peak_rss_mib(server.proc.pid)
+        assert server.stop() == 0, server.log()[-2000:]
+    print(f"{wanted} connections: served a push/claim/ack, refused the next with Redis's error; "
+          f"server peak RSS {rss} MiB; {time.monotonic() - started:.1f}s")
+    assert "Traceback" not in server.log()
+
+
+def test_max_clients_above_the_open_files_limit_raises_it(ezra_factory):
+    """The server raises its own descriptor limit for --max-clients (as Redis does): with the inherited
+    limit of 256, accept() failed with EMFILE past ~250 clients, which then waited with no answer."""
+    with open_files_limit(256):
+        server = ezra_factory("--max-clients", "1000")
+    admin = server.client()
+    assert admin.ping()  # connected before the others: it is served whatever happens to them
+    idle = open_idle_connections(server, admin, 999, already=1)
+    try:
+        push_claim_ack(admin, "raised")
+        refused_with_redis_error(server.port)
+    finally:
+        for sock in idle:
+            sock.close()
+    assert "Too many open files" not in server.log() and "Traceback" not in server.log()
+
+
+def peak_rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmHWM:"))
 
 
 # ---------------------------------------------------------------- TLS
