@@ -18,6 +18,7 @@ import time
 import redis
 
 from conftest import wait_until
+from reliability import report
 
 CYCLES = int(os.environ.get("EZRA_CRASH_CYCLES", "8"))
 NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)
@@ -118,3 +119,6 @@ def test_kill9_loop_loses_nothing(ezra_factory):
     assert {state for _, _, state, _ in rows} == {"done"}, "nothing left available or in flight"
     assert max(attempts for *_, attempts in rows) <= max_attempts + CYCLES
     assert len(ledger.pushed) >= CYCLES * 20
+    report("crash", kill9_cycles=CYCLES, pushes_replied=len(ledger.pushed), acks_replied_1=len(ledger.acked),
+           tasks_checked=len(rows), lost=len(lost), delivered_after_ack=len(ledger.delivered_after_ack),
+           max_attempts_seen=max(attempts for *_, attempts in rows))

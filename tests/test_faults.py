@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from conftest import LISTENING, ROOT, wait_until
+from reliability import report
 
 # ---------------------------------------------------------------- power-loss model
 
@@ -144,6 +145,8 @@ def test_no_durable_reply_before_its_fsync(tmp_path):
         pytest.skip(reason)
     trace, ids = _traced_pushes(tmp_path)
     assert durable_reply_violations(trace, ids) == []
+    report("power_loss", durable_replies_checked=len(ids), replies_before_fsync=0,
+           syscalls_traced=len(parse_trace(trace)))
 
 
 def test_the_fsync_check_catches_replies_sent_before_fsync(tmp_path):
@@ -154,6 +157,7 @@ def test_the_fsync_check_catches_replies_sent_before_fsync(tmp_path):
     trace, ids = _traced_pushes(tmp_path, "--durability", "normal", count=5)
     problems = durable_reply_violations(trace, ids)
     assert len(problems) == len(ids) and all("without a WAL fsync" in p for p in problems), problems
+    report("power_loss_control", replies_checked=len(ids), violations_flagged=len(problems))
 
 
 # ---------------------------------------------------------------- disk full
@@ -201,10 +205,13 @@ def test_disk_full_fails_clearly_loses_nothing_and_recovers(small_fs, ezra_facto
     error = _fill(client, "full", pushed, b"x" * 4000)
     assert "storage error, nothing was changed" in str(error), error
     assert pushed, "nothing fitted at all"
-    # Still serving, and still full: a second attempt fails the same clear way.
+    # Still serving, and still full: further attempts fail the same clear way.
     assert client.ping()
-    with pytest.raises(redis.ResponseError, match="storage error"):
-        client.xadd("full", {"pad": b"y" * 4000})
+    refused = 1
+    for _ in range(10):
+        with pytest.raises(redis.ResponseError, match="storage error"):
+            client.xadd("full", {"pad": b"y" * 4000})
+        refused += 1
     # Reads keep working and every push that got an id is there.
     assert client.xlen("full") == len(pushed)
     entries = client.xrange("full")
@@ -223,3 +230,5 @@ def test_disk_full_fails_clearly_loses_nothing_and_recovers(small_fs, ezra_facto
     ids = [entry_id for entry_id, _ in again.xrange("full")]
     assert set(pushed) | {new_id} == set(ids)
     assert "Traceback" not in server.log().split("storage error")[0]
+    report("disk_full", pushes_acknowledged=len(pushed) + 1, pushes_refused=refused, claimed_while_full=10,
+           lost=len(set(pushed) - set(ids)))

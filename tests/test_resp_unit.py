@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ezra.resp import (NULL_ARRAY, OK, ErrorReply, PairsMap, ProtocolError, RequestReader,
                        SimpleString, Verbatim, encode)
+from reliability import report
+
+CASES = {"round_trip": 0, "random_frames": 0}  # property-test examples run: the README's fuzz figures
+LONG_RUN = os.environ.get("EZRA_RESP_FUZZ_EXAMPLES")  # examples per property test, for a long run
+
+
+def examples(default: int) -> int:
+    return int(LONG_RUN) if LONG_RUN else default
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_cases():
+    yield
+    if all(CASES.values()):  # both property tests ran
+        report("resp_unit_fuzz", round_trip_cases=CASES["round_trip"], random_frame_cases=CASES["random_frames"])
 
 
 def multibulk(*args: bytes) -> bytes:
@@ -192,10 +209,11 @@ def test_bulk_waits_for_payload_and_crlf():
 
 # ---------------------------------------------------------------- property: round trip
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(commands=st.lists(st.lists(st.binary(max_size=40), min_size=1, max_size=6), min_size=1, max_size=5),
        chunk_sizes=st.lists(st.integers(min_value=1, max_value=50), min_size=1, max_size=30))
 def test_multibulk_round_trips_in_any_chunks(commands, chunk_sizes):
+    CASES["round_trip"] += 1
     data = b"".join(multibulk(*command) for command in commands)
     reader = RequestReader(max_bulk_len=64)
     found, pos, i = [], 0, 0
@@ -227,9 +245,10 @@ RESP_TOKENS = st.sampled_from([b"*", b"$", b"\r\n", b"\n", b"\r", b"0", b"1", b"
                                b"PING", b" ", b'"', b"'", b"\\", b"x", b"99999999999"])
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(data=st.lists(RESP_TOKENS, max_size=40).map(b"".join), chunk=st.integers(1, 8))
 def test_any_bytes_give_commands_or_a_protocol_error(data, chunk):
+    CASES["random_frames"] += 1
     whole, whole_error = parse_in_chunks(data, max(len(data), 1))
     pieces, pieces_error = parse_in_chunks(data, chunk)
     # Caps on lines still without their end depend on chunking (as in Redis); else the same.
