@@ -17,15 +17,23 @@ declared lengths, deep nesting). After every example:
 Bounded for CI: EZRA_FUZZ_EXAMPLES (default 40) sets the raw family's
 examples, the others scale with it. Runs are derandomized (the same examples
 each run); set EZRA_FUZZ_SEED=<n> to explore others (the seed is printed).
+Last, scripts/fuzz_atheris.py (coverage-guided, in process) runs for
+EZRA_ATHERIS_RUNS inputs where atheris is installed. The figures of each run
+go to build/reliability/ (tests/reliability.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -117,6 +125,11 @@ def one(strategy):
     return strategy.map(lambda arg: [arg])
 
 
+def flat(lists_strategy):
+    """A strategy of lists of argument lists, as one argument list."""
+    return lists_strategy.map(lambda parts: [arg for part in parts for arg in part])
+
+
 def ids_block(min_size=0):
     return st.lists(task_ids, min_size=min_size, max_size=4).flatmap(
         lambda ids: st.tuples(st.sampled_from([len(ids), len(ids) + 1, 0, -1]), st.just(ids)).map(
@@ -124,10 +137,10 @@ def ids_block(min_size=0):
 
 
 xadd = words(b"XADD", one(queues),
-             st.lists(st.one_of(st.just([b"NOMKSTREAM"]), words(b"DELAY", one(seconds)),
+             flat(st.lists(st.one_of(st.just([b"NOMKSTREAM"]), words(b"DELAY", one(seconds)),
                                 words(b"TTL", one(seconds)), words(b"IDMP", one(workers), one(st.binary(max_size=4))),
                                 words(b"IDMPAUTO", one(workers)), st.just([b"MAXLEN", b"10"]),
-                                st.just([b"KEEPREF"])), max_size=3).map(lambda l: [a for o in l for a in o]),
+                                st.just([b"KEEPREF"])), max_size=3)),
              one(st.one_of(st.just(b"*"), st.just(b"*"), st.sampled_from(BAD_IDS))),
              st.lists(st.tuples(st.binary(max_size=8), field_values), min_size=0, max_size=3).map(
                  lambda pairs: [a for pair in pairs for a in pair]))
@@ -159,12 +172,12 @@ setting = st.one_of(
     words(one(st.sampled_from([b"MAX-ATTEMPTS", b"IDMP-DURATION", b"IDMP-MAXSIZE"])), one(numbers)),
     words(b"BACKOFF", one(st.sampled_from([b"FIXED", b"EXPONENTIAL", b"nope"])), one(seconds), opt(one(seconds))),
     st.just([b"NOPE", b"1"]))
-xcfgset = words(b"XCFGSET", one(queues), st.lists(setting, max_size=3).map(lambda l: [a for s in l for a in s]))
+xcfgset = words(b"XCFGSET", one(queues), flat(st.lists(setting, max_size=3)))
 xclaim = words(b"XCLAIM", one(queues), one(groups), one(workers), one(numbers),
                st.lists(task_ids, min_size=1, max_size=3),
-               st.lists(st.one_of(words(one(st.sampled_from([b"IDLE", b"TIME", b"RETRYCOUNT"])), one(numbers)),
+               flat(st.lists(st.one_of(words(one(st.sampled_from([b"IDLE", b"TIME", b"RETRYCOUNT"])), one(numbers)),
                                   st.just([b"FORCE"]), st.just([b"JUSTID"]), words(b"LASTID", one(task_ids))),
-                        max_size=3).map(lambda l: [a for o in l for a in o]))
+                        max_size=3)))
 xautoclaim = words(b"XAUTOCLAIM", one(queues), one(groups), one(workers), one(numbers), one(task_ids),
                    opt(words(b"COUNT", one(numbers))), opt(st.just([b"JUSTID"])))
 xackdel = words(b"XACKDEL", one(queues), one(groups),
@@ -307,10 +320,10 @@ class Fuzz:
             seen.update(served=served, stored=stored)
             return all(counts == stored.get(name, {}) for name, counts in served.items())
 
-        deadline = time.monotonic() + 10
-        while not agree():
-            assert time.monotonic() < deadline, f"the server's counts differ from the database's: {seen}"
-            time.sleep(0.05)
+        try:
+            wait_until(agree, 10, 0.05, "the server's counts to equal the database's")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last seen: {seen}") from exc
 
     def counts_served(self, queue: bytes) -> dict:
         """XINFO STREAM's counts by state, checked against XLEN and XPENDING (empty if no such queue)."""
@@ -693,3 +706,26 @@ def test_found_xclaim_idle_near_2_63_keeps_idle_times_64_bit(fuzz):
     client.close()
     talk.close()
     fuzz.check_health()
+
+
+# ---------------------------------------------------------------- atheris (coverage-guided, in process)
+
+ATHERIS_RUNS = int(os.environ.get("EZRA_ATHERIS_RUNS", "5000"))
+
+
+def test_atheris_reader_and_dispatch(tmp_path):
+    """scripts/fuzz_atheris.py for a bounded number of inputs (skipped where atheris is not installed)."""
+    if importlib.util.find_spec("atheris") is None:
+        pytest.skip("atheris is not installed (pip install atheris): the coverage-guided run is skipped")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "fuzz_atheris.py"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), f"-atheris_runs={ATHERIS_RUNS}", "-seed=1",
+                           f"-artifact_prefix={tmp_path}/"], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:]
+    runs = int(re.search(r"Done (\d+) (?:runs )?in", output).group(1))
+    coverage = re.findall(r"cov: (\d+)", output)
+    report("atheris", runs=runs, edges_covered=int(coverage[-1]) if coverage else None,
+           seconds=round(time.monotonic() - started, 1))
+    assert runs >= ATHERIS_RUNS
