@@ -291,8 +291,12 @@ def xreadgroup(session, args):
     if len(streams) % 2:
         raise errors.UNBALANCED_STREAMS
     half = len(streams) // 2
-    queues = [live_queue(name) for name in streams[:half]]
-    ids = [read_id(arg) for arg in streams[half:]]
+    # The reply is keyed by queue: a queue named twice is read once (with its first id), else the
+    # tasks claimed for its first mention would be dropped from the reply, leased and never shown.
+    reads = {}
+    for queue, stream_id in zip(map(live_queue, streams[:half]), map(read_id, streams[half:])):
+        reads.setdefault(queue, stream_id)
+    queues, ids = list(reads), list(reads.values())
     count = read_count(count)
     if session.in_exec:
         block_ms = None  # as Redis: inside MULTI/EXEC a blocking read does not block
