@@ -729,3 +729,17 @@ def test_atheris_reader_and_dispatch(tmp_path):
     report("atheris", runs=runs, edges_covered=int(coverage[-1]) if coverage else None,
            seconds=round(time.monotonic() - started, 1))
     assert runs >= ATHERIS_RUNS
+
+
+def test_found_a_queue_named_twice_shows_every_task_it_claims(fuzz):
+    """XREADGROUP ... STREAMS q q > >: the reply is keyed by queue, so the tasks claimed for the first
+    mention were leased and never shown (back only after the visibility timeout, an attempt spent)."""
+    talk = Conversation(fuzz)
+    pushed = [talk.ask("XADD", "regress-twice", "*", "n", n) for n in range(4)]
+    reply = talk.ask("XREADGROUP", "GROUP", "g", "w", "COUNT", "1", "STREAMS",
+                     "regress-twice", "regress-twice", ">", ">")
+    shown = [entry[0] for _, entries in reply for entry in entries]
+    [count, *_] = talk.ask("XPENDING", "regress-twice", "g")
+    assert count == len(shown) == 1 and shown == pushed[:1], (reply, count)
+    talk.close()
+    fuzz.check_health()
