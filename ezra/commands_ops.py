@@ -14,7 +14,8 @@ Same rules as commands.py: parse, call the broker, return a reply value.
 from __future__ import annotations
 
 from . import errors, lifecycle, queue_settings
-from .commands import MAX_RETRY_COUNT, Deferred, broker, command, ids_of, live_queue, to_int
+from .commands import (MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, Deferred, broker, command, ids_of, live_queue,
+                       to_int)
 from .errors import CommandError
 from .lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
 from .resp import OK, SimpleString
@@ -194,7 +195,10 @@ def task_reply(row, state: str) -> dict:
 
 
 def stream_full_count(rest: list[bytes]) -> int | None:
-    """None without FULL; else how many entries and pending entries to show (0: all)."""
+    """None without FULL; else how many entries and pending entries to show.
+
+    COUNT 0 means all in Redis; here at most 10000, as XRANGE pages: a queue of
+    millions of tasks would otherwise be loaded whole into memory by one command."""
     if not rest:
         return None
     if rest[0].upper() != b"FULL" or len(rest) not in (1, 3):
@@ -202,7 +206,8 @@ def stream_full_count(rest: list[bytes]) -> int | None:
     if len(rest) == 3:
         if rest[1].upper() != b"COUNT":
             raise errors.SYNTAX
-        return max(to_int(rest[2]), 0)
+        count = max(to_int(rest[2]), 0)
+        return min(count or RANGE_DEFAULT_COUNT, RANGE_DEFAULT_COUNT)
     return 10
 
 
