@@ -743,3 +743,18 @@ def test_found_a_queue_named_twice_shows_every_task_it_claims(fuzz):
     assert count == len(shown) == 1 and shown == pushed[:1], (reply, count)
     talk.close()
     fuzz.check_health()
+
+
+def test_found_xinfo_full_count_0_is_capped_like_xrange(fuzz):
+    """COUNT 0 (all, in Redis) loaded every task of the queue into memory for one reply."""
+    pipe = fuzz.healthy.pipeline(transaction=False)
+    for n in range(10_001):
+        pipe.xadd("regress-full", {"n": n})
+    pipe.execute()
+    talk = Conversation(fuzz)
+    for count in ("0", "20000"):
+        reply = talk.ask("XINFO", "STREAM", "regress-full", "FULL", "COUNT", count)
+        fields = dict(zip(reply[::2], reply[1::2]))
+        assert fields[b"length"] == 10_001 and len(fields[b"entries"]) == 10_000, count
+    talk.close()
+    fuzz.check_health()
