@@ -25,6 +25,11 @@ from .resp import ErrorReply, ProtocolError, RequestReader, encode
 
 READ_SIZE = 64 * 1024
 MAX_PIPELINE = 1024  # replies held before they are sent, even if more commands are buffered
+# Reads (XRANGE, XINFO, XPENDING...) may each be megabytes: at most this many are computed before
+# they are sent, and a flush sends its encoded replies in pieces of about SEND_CHUNK bytes. Without
+# these, 200 pipelined XRANGEs of a 10 MB queue (an 8 KB request) held 6 GB at once.
+READS_PER_FLUSH = 8
+SEND_CHUNK = 1024 * 1024
 BULK_SLACK = 64 * 1024  # a bulk may exceed the task limit a little (names, options)
 WRONGPASS = errors.WRONGPASS  # compared by identity after each command: a global is the cheapest lookup
 AUTH_FIRST_DELAY = 0.05  # seconds the reply to a failed AUTH waits; doubles with each failure on a connection
@@ -78,6 +83,7 @@ class Connection:
         self.session = Session(state, f"{host}:{port}", self.wait, self.flush)
         self.reader = RequestReader(max_bulk_len=state.settings.max_task_size + BULK_SLACK)
         self.replies: list[tuple[int, object]] = []
+        self.reads = 0  # replies in self.replies that may be large (see READS_PER_FLUSH)
         self.busy = False  # between reading a request and sending its replies
         settings = state.settings
         self.send_timeout = settings.client_send_timeout or None
@@ -146,7 +152,9 @@ class Connection:
             if reply is WRONGPASS:
                 self._failed_auth()
             self.replies.append((session.proto, reply))
-            if len(self.replies) >= MAX_PIPELINE:
+            if may_be_large(reply):
+                self.reads += 1
+            if len(self.replies) >= MAX_PIPELINE or self.reads >= READS_PER_FLUSH:
                 self.flush()
 
     def _failed_auth(self) -> None:
@@ -161,43 +169,54 @@ class Connection:
         gevent.sleep(delay)
 
     def flush(self) -> None:
-        """Send every reply computed so far, waiting for the writer where needed."""
+        """Send every reply computed so far, waiting for the writer where needed, in pieces."""
         if not self.replies:
             return
-        replies, self.replies = self.replies, []
-        out = []
+        replies, self.replies, self.reads = self.replies, [], 0
+        out, size = [], 0
         for proto, reply in replies:
             if type(reply) is Deferred:
                 try:
                     reply = reply.resolve()
                 except ErrorReply as exc:
                     reply = exc
-            out.append(encode(reply, proto))
-        data = b"".join(out)
+            data = encode(reply, proto)
+            out.append(data)
+            size += len(data)
+            if size >= SEND_CHUNK:
+                if not self._send(b"".join(out)):
+                    return
+                out, size = [], 0
+        if out:
+            self._send(b"".join(out))
+
+    def _send(self, data: bytes) -> bool:
+        """Send data; False if the client is gone or reads nothing (then the connection is closing)."""
         try:
             if self._send_now is None:
-                self._send_slowly(data)
-                return
+                return self._send_slowly(data)
             try:
                 sent = self._send_now(data)
             except BlockingIOError:
                 sent = 0
-            if sent < len(data):
-                self._send_slowly(memoryview(data)[sent:])
+            return sent == len(data) or self._send_slowly(memoryview(data)[sent:])
         except OSError as exc:
             self.session.closing = True
             logger.debug("client {} went away before its replies: {}", self.session.addr, exc)
+            return False
 
-    def _send_slowly(self, rest) -> None:
+    def _send_slowly(self, rest) -> bool:
         """The client's buffers are full: wait for it to read, up to --client-send-timeout."""
         self.sock.settimeout(self.send_timeout)
         try:
             self.sock.sendall(rest)
+            return True
         except socket.timeout:
             self.session.closing = True
             logger.warning("closing client {}: it read none of its replies for {}s, {} bytes pending "
                            "(--client-send-timeout)", self.session.addr, self.send_timeout, len(rest))
             self._abort()
+            return False
         finally:
             self.sock.settimeout(None)
 
@@ -235,6 +254,13 @@ class Connection:
             watcher.stop()
             watcher.close()
         return None if hung_up else woken
+
+
+def may_be_large(reply) -> bool:
+    """A read's reply (megabytes, perhaps), not a push's or an ack's small durable answer."""
+    if type(reply) is Deferred:
+        return not getattr(reply.request, "durable", False)  # EXEC's are all-replies: counted
+    return isinstance(reply, (list, dict))
 
 
 def client_limit(max_clients: int) -> int:
