@@ -177,6 +177,30 @@ def test_failed_auth_is_slowed_down_logged_once_and_closed_after_many(ezra_facto
     assert server.client(password="s3cret").ping()  # the right password is never slowed down
 
 
+def test_pipelined_large_reads_are_not_all_held_in_memory(ezra_factory):
+    """60 pipelined XRANGEs of a 10 MB queue: a 2 KB request for 600 MB of replies. The server
+    computed and encoded all of them before sending the first byte (6 GB for 200 of them)."""
+    server = ezra_factory()
+    admin = server.client()
+    pipe = admin.pipeline(transaction=False)
+    for n in range(1000):
+        pipe.xadd("big", {"n": str(n), "pad": b"x" * 10_000})
+    pipe.execute()
+    before = peak_rss_mib(server.proc.pid)
+    reader = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    reader.sendall(frame(b"XRANGE", b"big", b"-", b"+") * 60)
+    received = 0
+    while received < 60 * 1000 * 10_000:
+        chunk = reader.recv(1 << 22)
+        assert chunk, "closed before all the replies"
+        received += len(chunk)
+    reader.close()
+    grew = peak_rss_mib(server.proc.pid) - before
+    print(f"600 MB of pipelined XRANGE replies: server peak RSS grew {grew} MiB")
+    assert grew < 300, grew  # a few replies at a time, not 600 MB (and its encoded copy)
+    assert admin.ping()
+
+
 # ---------------------------------------------------------------- many connections
 
 MAX_CLIENTS_ERROR = b"-ERR max number of clients reached\r\n"  # Redis's exact bytes
