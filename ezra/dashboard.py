@@ -30,11 +30,17 @@ STATE_TITLES = {AVAILABLE: "available", DELAYED: "delayed", IN_FLIGHT: "in fligh
 
 
 class History:
-    """Each queue's pushed and acked totals every SAMPLE_SECONDS: the throughput charts."""
+    """Pushes and acks per queue over each SAMPLE_SECONDS interval: the throughput charts.
+
+    Each sample keeps only the queues that moved in its interval, so memory grows
+    with activity, not with the number of queues (idle queues cost nothing).
+    """
 
     def __init__(self, broker):
         self.broker = broker
-        self.samples: deque = deque(maxlen=SAMPLES)  # (monotonic seconds, {queue: (pushed, acked)})
+        self.last: dict[bytes, tuple[int, int]] = {}  # queue -> (pushed, acked) at the last sample
+        self.intervals: deque = deque(maxlen=SAMPLES - 1)  # (seconds, {queue: (pushes, acks)} that moved)
+        self.sampled_at = None
         self._greenlet = None
 
     def start(self) -> None:
@@ -55,20 +61,22 @@ class History:
 
     def sample(self) -> None:
         # Read between two batches on the event loop: one consistent view, no writer round trip.
+        now = time.monotonic()
         totals = {name: (queue.totals["pushed"], queue.totals["acked"])
                   for name, queue in self.broker.queues.items()}
-        self.samples.append((time.monotonic(), totals))
+        if self.sampled_at is not None:
+            moved = {}
+            for name, (pushed, acked) in totals.items():
+                before = self.last.get(name, (0, 0))
+                if (pushed, acked) != before:
+                    moved[name] = (max(pushed - before[0], 0), max(acked - before[1], 0))
+            self.intervals.append((max(now - self.sampled_at, 1e-9), moved))
+        self.last, self.sampled_at = totals, now
 
     def rates(self, name: bytes) -> list[tuple[float, float]]:
-        """(pushes/s, acks/s) over each interval between samples, oldest first."""
-        rates = []
-        samples = list(self.samples)
-        for (t0, before), (t1, after) in zip(samples, samples[1:]):
-            p0, a0 = before.get(name, (0, 0))
-            p1, a1 = after.get(name, (0, 0))
-            span = max(t1 - t0, 1e-9)
-            rates.append((max(p1 - p0, 0) / span, max(a1 - a0, 0) / span))
-        return rates
+        """(pushes/s, acks/s) over each interval, oldest first."""
+        return [(moved.get(name, (0, 0))[0] / span, moved.get(name, (0, 0))[1] / span)
+                for span, moved in self.intervals]
 
 
 # ---------------------------------------------------------------- helpers
