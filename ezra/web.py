@@ -65,7 +65,6 @@ class WebApp:
         self.password = state.settings.password
         self.auth_throttle = auth_throttle
         self.history = history
-        self.registry = metrics.build_registry(state)
         self.csrf_token = hmac.new(os.urandom(32), b"ezra dashboard forms", hashlib.sha256).hexdigest()
         self.routes = {
             ("GET", "/healthz"): self.healthz,
@@ -164,7 +163,8 @@ class WebApp:
         return "200 OK", [("Content-Type", "text/plain")], b"ok\n"
 
     def metrics(self, environ, params):
-        return "200 OK", [("Content-Type", metrics.CONTENT_TYPE)], metrics.render(self.registry)
+        body = gevent.get_hub().threadpool.apply(metrics.render, (metrics.snapshot(self.state),))
+        return "200 OK", [("Content-Type", metrics.CONTENT_TYPE)], body
 
     def index(self, environ, params):
         page = dashboard.index_page(self.state, self.broker.overview(), self.history)
