@@ -488,9 +488,9 @@ def test_raw_command_sequences(fuzz, commands, pipelined):
 
 # ---------------------------------------------------------------- redis-py, RESP2 and RESP3
 
-def unparsed_client(port: int, protocol: int) -> redis.Redis:
+def unparsed_client(port: int, protocol: int, timeout: float = REPLY_TIMEOUT) -> redis.Redis:
     """redis-py with its reply callbacks removed: its parser reads the wire, nothing reinterprets it."""
-    client = redis.Redis(port=port, protocol=protocol, socket_timeout=REPLY_TIMEOUT)
+    client = redis.Redis(port=port, protocol=protocol, socket_timeout=timeout)
     client.response_callbacks = CaseInsensitiveDict({})
     return client
 
@@ -504,26 +504,25 @@ def test_redis_py_command_sequences(fuzz, protocol):
     def run(commands):
         fuzz.figures[f"{key}_examples"] += 1
         client = unparsed_client(fuzz.server.port, protocol)
+        # A read that may block as told gets its own connection, hung up after BLOCKED_GRACE.
+        blocking = unparsed_client(fuzz.server.port, protocol, BLOCKED_GRACE)
         try:
             for args in commands:
                 args = fuzz.resolve(args)
                 fuzz.figures[f"{key}_commands"] += 1
-                if may_block(args):
-                    client.connection_pool.connection_kwargs["socket_timeout"] = BLOCKED_GRACE
                 try:
-                    reply = client.execute_command(*args)
+                    reply = (blocking if may_block(args) else client).execute_command(*args)
                 except (redis.ResponseError, redis.AuthenticationError) as exc:  # AUTH's error is the latter
                     reply = Err(str(exc).encode())
                     assert str(exc), args[:6]
                 except redis.TimeoutError:
                     assert may_block(args), f"no reply to {args[:6]!r}"
                     fuzz.figures["blocked_hang_ups"] += 1
-                    return
-                finally:
-                    client.connection_pool.connection_kwargs["socket_timeout"] = REPLY_TIMEOUT
+                    break
                 fuzz.note_reply(args, to_err(reply))
         finally:
             client.close()
+            blocking.close()
         fuzz.check_health()
 
     run()
