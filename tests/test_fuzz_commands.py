@@ -757,3 +757,18 @@ def test_found_xinfo_full_count_0_is_capped_like_xrange(fuzz):
         assert fields[b"length"] == 10_001 and len(fields[b"entries"]) == 10_000, count
     talk.close()
     fuzz.check_health()
+
+
+def test_a_reader_blocked_forever_that_hangs_up_leaves_nothing_leased(fuzz):
+    """The fuzzer hangs up on reads that block as told (BLOCK 0): the server must notice, and a task
+    pushed afterwards must not stay leased to the reader that is gone."""
+    hang_ups = fuzz.figures["blocked_hang_ups"]
+    run_raw(fuzz, [[b"XREADGROUP", b"GROUP", b"g", b"gone", b"BLOCK", b"0", b"STREAMS", b"regress-block", b">"]],
+            pipelined=False)
+    assert fuzz.figures["blocked_hang_ups"] == hang_ups + 1
+    task = fuzz.healthy.xadd("regress-block", {"f": "v"})
+    wait_until(lambda: fuzz.healthy.xpending("regress-block", "g")["pending"] == 0, 10,
+               message="the task claimed for the gone reader to be given back")
+    got = fuzz.healthy.xreadgroup("g", "other", {"regress-block": ">"}, count=10)
+    assert got == [[b"regress-block", [(task, {b"f": b"v"})]]]
+    fuzz.check_health()
