@@ -57,6 +57,7 @@ class ServerState:
         self.total_commands = 0
         self.rejected_connections = 0
         self.port = settings.port
+        self.max_clients = settings.max_clients  # the server lowers it if the open-files limit is lower
 
 
 class Session:

@@ -314,7 +314,7 @@ class EzraServer:
         self.connections: set[Connection] = set()
         self.auth_throttle = AuthThrottle()
         self.tls = tls_context(settings)
-        self.max_clients = client_limit(settings.max_clients)
+        self.max_clients = state.max_clients = client_limit(settings.max_clients)  # INFO shows what fits
         self.stream_server = StreamServer((settings.bind, settings.port), self._handle,
                                           spawn=self.pool, backlog=1024)
 

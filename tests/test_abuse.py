@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
-import shutil
 import socket
-import subprocess
 import threading
 import time
 
@@ -297,6 +295,7 @@ def test_max_clients_above_the_open_files_limit_raises_it(ezra_factory):
         for sock in idle:
             sock.close()
     assert "Too many open files" not in server.log() and "Traceback" not in server.log()
+    assert admin.info("clients")["maxclients"] == 1000  # INFO shows the clients that fit
 
 
 def peak_rss_mib(pid: int) -> int:
@@ -305,28 +304,6 @@ def peak_rss_mib(pid: int) -> int:
 
 
 # ---------------------------------------------------------------- TLS
-
-def _openssl(*args: str, cwd) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory):
-    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, all signed by the CA."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is not installed (scripts/test.sh installs it from Debian)")
-    d = tmp_path_factory.mktemp("tls")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=EZRA test CA",
-             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
-    for name, extension in (("server", "subjectAltName=DNS:localhost,IP:127.0.0.1"),
-                            ("client", "extendedKeyUsage=clientAuth")):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=ezra-{name}",
-                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
-        (d / f"{name}.ext").write_text(extension + "\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d)
-    return d
-
 
 def test_tls_with_redis_py(ezra_factory, certificates, protocol):
     c = certificates
