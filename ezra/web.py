@@ -6,6 +6,12 @@ with --password, HTTP Basic authentication (any user name, that password;
 failures throttled like AUTH). Only /healthz answers without a password: it
 tells nothing but "up" or "down".
 
+Without a password, only requests addressed to an IP address, `localhost` or
+this machine's name are served: a web page whose DNS name an attacker points at
+127.0.0.1 (DNS rebinding) is same-origin in the browser, and would otherwise
+read the queues and the form token. With a password the browser has no
+credentials for such a name.
+
 Changes (requeue, delete) are POST forms guarded against cross-site requests:
 each form carries a token derived from a secret made at start, and a request
 whose Origin or Sec-Fetch-Site names another site is refused, so a page elsewhere
@@ -18,8 +24,10 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import mimetypes
 import os
+import socket
 from importlib import resources
 from urllib.parse import unquote_to_bytes
 
@@ -66,6 +74,7 @@ class WebApp:
         self.auth_throttle = auth_throttle
         self.history = history
         self.csrf_token = hmac.new(os.urandom(32), b"ezra dashboard forms", hashlib.sha256).hexdigest()
+        self.local_names = {"localhost", socket.gethostname().lower()}
         self.routes = {
             ("GET", "/healthz"): self.healthz,
             ("GET", "/metrics"): self.metrics,
@@ -102,6 +111,7 @@ class WebApp:
                 raise HttpError("405 Method Not Allowed", f"{method} is not allowed on {path}")
             raise HttpError("404 Not Found", f"nothing at {path}")
         if handler != self.healthz:
+            self.check_host(environ)
             self.authenticate(environ)
         params = query_params(environ.get("QUERY_STRING", ""))
         if method == "POST":
@@ -109,6 +119,22 @@ class WebApp:
         return handler(environ, params)
 
     # -- guards
+
+    def check_host(self, environ) -> None:
+        """Without a password: refuse a Host that is a DNS name other than this machine's (rebinding)."""
+        if self.password:
+            return
+        host = environ.get("HTTP_HOST", "").lower()
+        name = host[1:host.find("]")] if host.startswith("[") else host.rpartition(":")[0] or host
+        if name in self.local_names or name.endswith(".localhost"):
+            return
+        try:
+            ipaddress.ip_address(name)
+            return
+        except ValueError:
+            raise HttpError("421 Misdirected Request",
+                            f"this server has no password, so it answers only to its IP address, localhost "
+                            f"or {socket.gethostname()}, not {host!r} (set --password to use other names)") from None
 
     def authenticate(self, environ) -> None:
         """With --password: HTTP Basic with that password (any user name), else 401."""

@@ -278,3 +278,17 @@ def test_the_commands_of_one_exec_commit_in_one_batch(web):
         pipeline.xadd("atomic", {"n": str(n)})
     assert len(pipeline.execute()) == 50
     assert big_batches() == before + 1
+
+
+def test_dns_rebinding_is_refused_without_a_password(ezra_factory):
+    """A page of evil.example resolved to 127.0.0.1 is same-origin for the browser: without a
+    password, only IP addresses, localhost and this machine's name are answered."""
+    open_server = ezra_factory("--http-port", "0")
+    for path in ("/", "/metrics", "/queue?name=q"):
+        assert http(open_server.http_url + path, headers={"Host": "evil.example"})[0] == 421
+    assert http(open_server.http_url + "/", headers={"Host": "evil.example:80"})[0] == 421
+    for host in ("localhost", "127.0.0.1:9", "[::1]:9", socket.gethostname(), "app.localhost"):
+        assert http(open_server.http_url + "/", headers={"Host": host})[0] == 200, host
+    assert http(open_server.http_url + "/healthz", headers={"Host": "evil.example"})[0] == 200
+    protected = ezra_factory("--http-port", "0", "--password", "s3cret")
+    assert http(protected.http_url + "/", headers={"Host": "evil.example", **basic("s3cret")})[0] == 200
