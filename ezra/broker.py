@@ -247,12 +247,15 @@ class Broker(Leases, Upkeep, QueueAdmin):
 
     def _reload(self) -> None:
         """Rebuild the caches from the database (start-up, and after a rollback)."""
-        queues = {}
+        queues, before = {}, getattr(self, "queues", {})
         for row in self.db.load_queues():
             key = name_bytes(row["name"])
             newest = None if row["newest_ms"] is None else (row["newest_ms"], row["newest_seq"])
             # Pushes do not save the last id (a page write saved per push): see _note_deleted.
             queue = QueueState(key, max((row["last_id_ms"], row["last_id_seq"]), newest or (0, 0)))
+            if key in before:  # counters since start survive a rollback (they never go down)
+                queue.totals = before[key].totals
+                queue.iids_added, queue.iids_duplicates = before[key].iids_added, before[key].iids_duplicates
             for column in SETTING_COLUMNS:
                 setattr(queue, column, row[column])
             queue.group = None if row["group_name"] is None else name_bytes(row["group_name"])

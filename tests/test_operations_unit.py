@@ -146,3 +146,18 @@ def test_retention_and_ttl_purge_by_the_clock(broker):
     tx(broker, broker._tx_maintain)
     assert broker.queues[b"q"].counts[lifecycle.DONE] == 0  # ... and no longer
     assert broker.queues[b"q"].deleted == 2
+
+
+def test_counters_since_start_survive_a_rollback(broker):
+    """After a rolled-back batch the caches are rebuilt from the file; the per-queue event
+    counters (metrics, INFO) are not in the file and must not drop to zero."""
+    tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 0, None, None)
+    claim(broker)
+    broker.db.begin()
+    tx_result = broker._tx_push(b"q", b"*", [b"a", b"2"], False, 0, None, None)
+    assert tx_result
+    broker.db.rollback()
+    broker._reload()  # what the writer's rollback hook runs
+    totals = broker.queues[b"q"].totals
+    assert (totals["pushed"], totals["delivered"]) == (2, 1)  # the rolled-back push was counted
+    assert broker.queues[b"q"].counts[AVAILABLE] == 0  # ...but the counts come from the file
