@@ -64,7 +64,8 @@ class Session:
     """One connection's state: protocol, name, authentication, the worker names it used."""
 
     __slots__ = ("server", "id", "proto", "name", "lib_name", "lib_ver", "authenticated",
-                 "closing", "addr", "created", "wait", "flush", "workers", "queued", "queue_failed", "in_exec")
+                 "closing", "addr", "created", "wait", "flush", "workers", "queued", "queued_bytes",
+                 "queue_failed", "in_exec")
 
     def __init__(self, server: ServerState, addr: str, wait, flush):
         self.server = server
@@ -80,6 +81,7 @@ class Session:
         self.flush = flush  # send the replies computed so far (before blocking)
         self.workers: set[bytes] = set()  # consumer names this connection used (release on disconnect)
         self.queued: list | None = None  # MULTI: the commands waiting for EXEC
+        self.queued_bytes = 0            # ...and the size of their arguments
         self.queue_failed = False        # a queued command was refused: EXEC answers EXECABORT
         self.in_exec = False             # EXEC is running the queued commands: nothing blocks
 
@@ -101,6 +103,10 @@ COMMANDS: dict[bytes, tuple] = {}
 NO_AUTH_NEEDED = {b"AUTH", b"HELLO", b"QUIT"}
 RUN_INSIDE_MULTI = {b"EXEC", b"DISCARD", b"MULTI", b"QUIT"}  # the rest is queued until EXEC
 QUEUED = SimpleString("QUEUED")
+# What one connection may hold between MULTI and EXEC: the memory a client that never
+# sends EXEC can pin. More is refused, and the EXEC then answers EXECABORT.
+MAX_QUEUED_COMMANDS = 100_000
+MAX_QUEUED_BYTES = 64 * 1024 * 1024
 
 
 def command(name: str, arity: int):
@@ -129,6 +135,11 @@ def dispatch(session: Session, args: list[bytes]):
             raise errors.wrong_arity(lower)
         if not session.authenticated and name not in NO_AUTH_NEEDED:
             raise errors.NOAUTH
+        if session.queued is not None and name not in RUN_INSIDE_MULTI:
+            session.queued_bytes += sum(len(arg) for arg in args)
+            if len(session.queued) >= MAX_QUEUED_COMMANDS or session.queued_bytes > MAX_QUEUED_BYTES:
+                raise errors.err(f"too much queued between MULTI and EXEC (at most {MAX_QUEUED_COMMANDS} "
+                                 f"commands, {MAX_QUEUED_BYTES >> 20} MB): send EXEC sooner")
     except ErrorReply as exc:
         if session.queued is not None:
             session.queue_failed = True  # as Redis: a command refused after MULTI aborts the EXEC

@@ -52,7 +52,7 @@ def multi(session, args):
     """MULTI: queue the next commands until EXEC (or DISCARD)."""
     if session.queued is not None:
         return errors.err("MULTI calls can not be nested")  # answered, the transaction goes on
-    session.queued, session.queue_failed = [], False
+    session.queued, session.queued_bytes, session.queue_failed = [], 0, False
     return OK
 
 
@@ -69,7 +69,7 @@ def exec_(session, args):
     if session.queued is None:
         raise errors.err("EXEC without MULTI")
     queued, failed = session.queued, session.queue_failed
-    session.queued, session.queue_failed = None, False
+    session.queued, session.queued_bytes, session.queue_failed = None, 0, False
     if failed:
         raise errors.EXECABORT
     session.in_exec = True
@@ -103,7 +103,7 @@ def discard(session, args):
     """DISCARD: forget the queued commands."""
     if session.queued is None:
         raise errors.err("DISCARD without MULTI")
-    session.queued, session.queue_failed = None, False
+    session.queued, session.queued_bytes, session.queue_failed = None, 0, False
     return OK
 
 

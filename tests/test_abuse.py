@@ -333,3 +333,20 @@ def test_tls_client_certificates(ezra_factory, certificates):
         without.ping()
     assert with_cert.xadd("tls", {"f": "v"})
     wait_until(lambda: "TLS handshake with" in server.log(), 10, message="the refused handshake's log line")
+
+
+def test_a_transaction_that_never_ends_cannot_pin_unbounded_memory(ezra_factory):
+    """MULTI, then 1 MiB pushes that never see EXEC: past 64 MB they are refused and the EXEC
+    aborts; nothing is stored and the server's memory stays bounded."""
+    server = ezra_factory()
+    client = server.client()
+    pipe = client.pipeline(transaction=True)
+    field = b"x" * (1024 * 1024 - 64)
+    for _ in range(70):
+        pipe.xadd("pinned", {"f": field})
+    with pytest.raises(redis.ResponseError) as failure:
+        pipe.execute()
+    assert "EXECABORT" in str(failure.value) or "too much queued between MULTI and EXEC" in str(failure.value)
+    assert client.xlen("pinned") == 0
+    assert peak_rss_mib(server.proc.pid) < 400
+    assert client.ping()
