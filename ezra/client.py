@@ -13,6 +13,12 @@ import socket
 from .resp import encode
 
 MAX_LINE = 64 * 1024
+WILDCARD_TO_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
+
+
+def reachable_host(bind: str) -> str:
+    """Where a server bound to `bind` is reached from this machine: a wildcard means loopback."""
+    return WILDCARD_TO_LOOPBACK.get(bind, bind)
 
 
 class ClientError(Exception):

@@ -25,10 +25,10 @@ import atexit
 import os
 import threading
 
+from .client import reachable_host
 from .config import Settings, build_parser
 
 START_TIMEOUT = 60.0  # seconds; opening a large database runs recovery first
-WILDCARD_TO_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
 def embedded_settings(**options) -> Settings:
@@ -71,7 +71,7 @@ class Server:
         """redis://host:port for client libraries (`redis.Redis.from_url(server.url)`)."""
         if self.port is None:
             raise RuntimeError("the EZRA server is not running")
-        host = WILDCARD_TO_LOOPBACK.get(self.settings.bind, self.settings.bind)
+        host = reachable_host(self.settings.bind)
         host = f"[{host}]" if ":" in host else host
         return f"redis://{host}:{self.port}"
 

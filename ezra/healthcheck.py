@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import sys
 
-from .client import Client, ClientError, ReplyError
+from .client import Client, ClientError, ReplyError, reachable_host
 from .config import build_parser
 
 DEFAULT_TIMEOUT = 3.0
-WILDCARD_TO_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
 
 
 class PingError(Exception):
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if options.port == 0:
         print("ezra ping: the server's port is 0 (picked at start); give --port", file=sys.stderr)
         return 1
-    host = WILDCARD_TO_LOOPBACK.get(options.bind, options.bind)
+    host = reachable_host(options.bind)
     try:
         answer = ping(host, options.port, options.password, options.timeout, options.tls_cert_file)
     except PingError as exc:

@@ -15,11 +15,10 @@ import time
 
 import configargparse
 
-from .client import Client, ClientError, ReplyError
+from .client import Client, ClientError, ReplyError, reachable_host
 from .config import Settings, port_number, positive_float, positive_int
 from .humanize import duration
 
-WILDCARD_TO_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}
 STATES = ("available", "delayed", "in_flight", "done", "dead")
 LISTED_BY_DEFAULT = ("in_flight", "available", "delayed", "dead")  # done tasks only when asked for
 FIELDS_WIDTH = 60
@@ -42,7 +41,7 @@ def connection_parser(prog: str, description: str) -> configargparse.ArgParser:
 
 
 def connect(options) -> Client:
-    host = options.host or WILDCARD_TO_LOOPBACK.get(options.bind, options.bind)
+    host = options.host or reachable_host(options.bind)
     client = Client(host, options.port, options.timeout, options.tls_cert_file)
     if options.password:
         client.call("AUTH", options.password)
