@@ -87,8 +87,14 @@ def test_frame_sent_one_byte_at_a_time_does_not_block_others(ezra_factory):
     pinger.start()
     slow = socket.create_connection(("127.0.0.1", server.port))
     payload = b"p" * 32_000
-    for byte in frame(b"XADD", b"slow", b"*", b"f", payload):
+    data = frame(b"XADD", b"slow", b"*", b"f", payload)
+    for byte in data[:-1]:
         slow.send(bytes([byte]))
+    # The frame is still incomplete: other clients must be served meanwhile. (Waiting for
+    # the pings here, not counting those that fit in the sending loop: that loop holds
+    # this process's GIL, so on a busy machine the pinger thread may get few turns in it.)
+    wait_until(lambda: len(pinger.latencies) > 20, 20, message="PINGs answered while the frame is incomplete")
+    slow.send(data[-1:])
     slow.settimeout(10)
     reply = slow.recv(100)
     p99, worst = pinger.finish()
