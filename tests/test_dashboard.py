@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-from pathlib import Path
 
 import pytest
 
