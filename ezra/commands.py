@@ -56,6 +56,7 @@ class ServerState:
         self.total_connections = 0
         self.total_commands = 0
         self.rejected_connections = 0
+        self.parked_clients = 0  # connections idle without a greenlet (see server.py)
         self.port = settings.port
         self.max_clients = settings.max_clients  # the server lowers it if the open-files limit is lower
 

@@ -248,7 +248,7 @@ def info_server(state: ServerState):
 
 def info_clients(state: ServerState):
     return [("connected_clients", len(state.sessions)), ("blocked_clients", state.broker.blocked_clients()),
-            ("maxclients", state.max_clients)]
+            ("maxclients", state.max_clients), ("parked_clients", state.parked_clients)]
 
 
 def info_memory(state: ServerState):

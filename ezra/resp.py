@@ -64,6 +64,8 @@ OK = SimpleString("OK")
 class RequestReader:
     """Incremental parser of client requests with caps on every length."""
 
+    __slots__ = ("max_bulk_len", "max_args", "max_inline_len", "_buf", "_pos", "_args", "_due")
+
     def __init__(self, max_bulk_len: int, max_args: int = 1024 * 1024, max_inline_len: int = 64 * 1024):
         self.max_bulk_len = max_bulk_len
         self.max_args = max_args

@@ -4,17 +4,25 @@ Each connection reads what the client sent, runs every complete command in
 it, then sends all the replies in one write. Replies that wait for the writer
 (Deferred) are resolved in order at that point, so a pipeline of XADDs costs
 one commit, not one per command.
+
+A connection that waits for its next command for PARK_AFTER seconds or more
+is parked: its greenlet ends and an I/O watcher on its socket spawns a new one
+when the client sends again. A parked greenlet's stacks were most of an idle
+connection's memory (8.5 of 10.9 KB); workers that keep a connection open and
+quiet are the common case. A blocked XREADGROUP is waiting for a task, not for
+a command: it keeps its greenlet.
 """
 
 from __future__ import annotations
 
+import functools
 import resource
 import socket
 import struct
 import time
 
 import gevent
-from gevent import get_hub
+from gevent import get_hub, getcurrent
 from gevent.pool import Pool
 from gevent.server import StreamServer
 from loguru import logger
@@ -38,6 +46,12 @@ AUTH_HOST_FAILURES = 100  # (new connections for each guess do not escape the de
 AUTH_BURST_GAP = 60.0  # seconds without failures from a host that end its burst
 AUTH_FAILURES_PER_CONNECTION = 10  # then the connection is closed
 FD_RESERVE = 32  # descriptors beyond the clients': database, WAL, listener, logs (Redis keeps 32 too)
+PARK_AFTER = 1.0  # seconds between sweeps: a connection idle through a whole sweep interval is parked
+TRIM_AFTER_PARKING = 100  # parked at once: hand the freed stacks back to the system (see trim_freed_memory)
+
+
+class Park(Exception):
+    """Thrown into a connection's greenlet while it waits for a command: `serve` returns, the socket stays."""
 
 
 class AuthThrottle:
@@ -73,6 +87,10 @@ class AuthThrottle:
 class Connection:
     """One client: read commands, dispatch, write replies."""
 
+    __slots__ = ("sock", "state", "host", "auth_throttle", "auth_failures", "session", "reader", "replies",
+                 "reads", "busy", "send_timeout", "frame_timeout", "_send_now", "greenlet",
+                 "awaiting_command", "quiet", "parked")  # an idle connection's memory: see the module doc
+
     def __init__(self, state: ServerState, sock, address, auth_throttle: AuthThrottle, tls: bool = False):
         self.sock = sock
         self.state = state
@@ -85,6 +103,10 @@ class Connection:
         self.replies: list[tuple[int, object]] = []
         self.reads = 0  # replies in self.replies that may be large (see READS_PER_FLUSH)
         self.busy = False  # between reading a request and sending its replies
+        self.greenlet = None  # the greenlet serving it; None while parked
+        self.awaiting_command = False  # blocked in recv with no command begun: it may be parked
+        self.quiet = False  # the last sweep found it awaiting a command; the next one parks it
+        self.parked = None  # the I/O watcher that resumes it
         settings = state.settings
         self.send_timeout = settings.client_send_timeout or None
         self.frame_timeout = settings.client_frame_timeout or None
@@ -93,7 +115,8 @@ class Connection:
         # socket must encrypt: it always takes the gevent path.
         self._send_now = None if tls else sock._sock.send
 
-    def serve(self) -> None:
+    def serve(self) -> bool:
+        """Serve commands until the client leaves (False) or the connection is parked (True)."""
         session = self.session
         reader = self.reader
         while not session.closing:
@@ -101,11 +124,18 @@ class Connection:
                 if reader.mid_frame():
                     data = self._recv_rest_of_frame()
                 else:
-                    data = self.sock.recv(READ_SIZE)
+                    self.awaiting_command = True
+                    try:
+                        data = self.sock.recv(READ_SIZE)
+                    finally:
+                        self.awaiting_command = False
+            except Park:
+                return True
             except OSError:
-                return  # reset by the peer: nothing to answer
+                return False  # reset by the peer: nothing to answer
             if not data:
-                return
+                return False
+            self.quiet = False
             self.busy = True
             self.reader.feed(data)
             try:
@@ -114,9 +144,17 @@ class Connection:
                 self.replies.append((session.proto, ErrorReply("ERR " + str(exc))))
                 self.flush()
                 logger.debug("closing {} after a protocol error: {}", session.addr, exc)
-                return
+                return False
             self.flush()
             self.busy = False
+        return False
+
+    def park_if_quiet(self) -> bool:
+        """A sweep's call, on the hub: park it if it still awaits a command (it may have woken since)."""
+        if not (self.awaiting_command and self.quiet):
+            return False
+        self.greenlet.throw(Park)  # runs it: recv stops waiting, serve returns True
+        return True
 
     def _recv_rest_of_frame(self) -> bytes:
         """recv while a frame is incomplete: a client that stalls mid-frame is closed (slowloris)."""
@@ -263,6 +301,28 @@ def may_be_large(reply) -> bool:
     return isinstance(reply, (list, dict))
 
 
+def trim_freed_memory() -> None:
+    """Give the heap pages that ended greenlets freed back to the system.
+
+    glibc keeps freed memory for reuse: without this, the RSS stays at its peak
+    after thousands of connections are parked (measured: 8.3 KB per parked
+    connection instead of 2.7).
+    """
+    malloc_trim = _malloc_trim()
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        import ctypes  # here: only a server that parks many connections at once needs it
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (ImportError, OSError, AttributeError) as exc:  # not glibc (musl, macOS)
+        logger.info("freed memory stays with the allocator (no glibc malloc_trim here): {}", exc)
+        return None
+
+
 def client_limit(max_clients: int) -> int:
     """Raise the descriptor limit so `max_clients` connections fit, as Redis does; the clients that fit.
 
@@ -304,6 +364,16 @@ def tls_context(settings):
     return context
 
 
+class ConnectionServer(StreamServer):
+    """A StreamServer that leaves the socket open when the handler returns: a parked connection lives on.
+
+    EzraServer._handle closes every socket it does not keep.
+    """
+
+    def do_close(self, sock, *args) -> None:
+        pass
+
+
 class EzraServer:
     """Listens, spawns a Connection per client, and stops in order."""
 
@@ -315,12 +385,14 @@ class EzraServer:
         self.auth_throttle = AuthThrottle()
         self.tls = tls_context(settings)
         self.max_clients = state.max_clients = client_limit(settings.max_clients)  # INFO shows what fits
-        self.stream_server = StreamServer((settings.bind, settings.port), self._handle,
-                                          spawn=self.pool, backlog=1024)
+        self.stream_server = ConnectionServer((settings.bind, settings.port), self._handle,
+                                              spawn=self.pool, backlog=1024)
+        self._sweeper = None
 
     def start(self) -> None:
         self.stream_server.start()
         self.state.port = self.stream_server.server_port
+        self._sweeper = gevent.spawn(self._park_idle_connections)
 
     @property
     def port(self) -> int:
@@ -331,8 +403,13 @@ class EzraServer:
 
     def close_connections(self, timeout: float) -> None:
         """Let connections finish what they are answering, then close the rest."""
+        if self._sweeper is not None:
+            self._sweeper.kill()
         for connection in list(self.connections):
-            connection.hang_up_if_idle()
+            if connection.parked is not None:
+                self._close(connection)
+            else:
+                connection.hang_up_if_idle()
         self.pool.join(timeout=timeout)
         self.pool.kill(timeout=1)
 
@@ -350,10 +427,20 @@ class EzraServer:
             return None
 
     def _handle(self, sock, address) -> None:
+        try:
+            connection = self._accept(sock, address)
+        except BaseException:
+            sock.close()  # ConnectionServer leaves that to us
+            raise
+        if connection is not None:
+            self._serve(connection)
+
+    def _accept(self, sock, address) -> Connection | None:
+        """The new client's Connection, or None (socket closed) if refused or the TLS handshake failed."""
         if self.tls is not None:
             sock = self._tls_handshake(sock, address)
             if sock is None:
-                return
+                return None
         state = self.state
         if len(state.sessions) >= self.max_clients:
             state.rejected_connections += 1
@@ -362,19 +449,65 @@ class EzraServer:
             except OSError:
                 pass  # the refused client is gone already
             sock.close()
-            return
+            return None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         connection = Connection(state, sock, address, self.auth_throttle, self.tls is not None)
-        session = connection.session
-        state.sessions[session.id] = session
+        state.sessions[connection.session.id] = connection.session
         self.connections.add(connection)
         state.total_connections += 1
+        return connection
+
+    def _serve(self, connection: Connection) -> None:
+        """Run in the connection's greenlet until it is parked or closed."""
+        connection.greenlet = getcurrent()
+        parked = False
         try:
-            connection.serve()
+            parked = connection.serve()
         except Exception as exc:
-            logger.opt(exception=exc).error("connection {} failed: {}", session.addr, exc)
+            logger.opt(exception=exc).error("connection {} failed: {}", connection.session.addr, exc)
         finally:
-            state.sessions.pop(session.id, None)
-            self.connections.discard(connection)
-            sock.close()
-            session.close()  # release on disconnect: the worker names it used may be gone
+            connection.greenlet = None
+            if parked:
+                connection.parked = get_hub().loop.io(connection.sock.fileno(), 1)  # 1: readable
+                connection.parked.start(self._resume, connection)
+                self.state.parked_clients += 1
+            else:
+                self._close(connection)
+
+    def _resume(self, connection: Connection) -> None:
+        """On the hub: a parked client sent something (or hung up): serve it in a new greenlet."""
+        self._unpark(connection)
+        self.pool.spawn(self._serve, connection)
+
+    def _unpark(self, connection: Connection) -> None:
+        connection.parked.stop()
+        connection.parked.close()
+        connection.parked = None
+        self.state.parked_clients -= 1
+
+    def _close(self, connection: Connection) -> None:
+        if connection.parked is not None:
+            self._unpark(connection)
+        session = connection.session
+        self.state.sessions.pop(session.id, None)
+        self.connections.discard(connection)
+        connection.sock.close()
+        session.close()  # release on disconnect: the worker names it used may be gone
+
+    def _park_idle_connections(self) -> None:
+        """Every PARK_AFTER seconds: park the connections that awaited a command since the last sweep."""
+        loop = get_hub().loop
+        while True:
+            gevent.sleep(PARK_AFTER)
+            to_park = []
+            for connection in self.connections:
+                if connection.awaiting_command:
+                    if connection.quiet:
+                        to_park.append(connection)
+                    connection.quiet = True
+            for connection in to_park:
+                # Each on its own hub callback: the hub serves I/O between them if parking
+                # thousands takes longer than a switch interval.
+                loop.run_callback(connection.park_if_quiet)
+            if len(to_park) >= TRIM_AFTER_PARKING:
+                loop.run_callback(trim_freed_memory)

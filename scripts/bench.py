@@ -40,6 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
 GROUP = "g"
 PAYLOAD_BYTES = 200
+FOOTPRINT_IDLE_S = 3.0  # footprint: how long the connections sit idle before "RSS per idle conn"
 BACKLOG_DRAIN = 5000  # tasks drained at the head of the backlog (and from an empty queue)
 now = time.monotonic  # CLOCK_MONOTONIC: comparable across processes on Linux
 ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "push-drain", "push-drain-batched",
@@ -683,15 +684,20 @@ def wl_backlog(srv, a, q):
 
 
 def wl_footprint(srv, a, q):
+    """Idle RSS, and RSS per connection: just opened (each answered a PING), and after sitting idle
+    for FOOTPRINT_IDLE_S (EZRA parks a connection idle for 1-2 s: its greenlet ends)."""
     before = rss_bytes(srv.proc.pid)
     socks = open_conns(srv.port, a.footprint_conns)
     try:
-        after = rss_bytes(srv.proc.pid)
+        opened = rss_bytes(srv.proc.pid)
+        time.sleep(FOOTPRINT_IDLE_S)  # the measurement is "after this long idle", for every server
+        idle = rss_bytes(srv.proc.pid)
     finally:
         for s in socks:
             s.close()
     return {"idle RSS MB": before / 2**20,
-            "RSS KB per idle conn": (after - before) / a.footprint_conns / 1024}, []
+            "RSS KB per conn (just opened)": (opened - before) / a.footprint_conns / 1024,
+            "RSS KB per idle conn": (idle - before) / a.footprint_conns / 1024}, []
 
 
 WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "push-drain": wl_push_drain,

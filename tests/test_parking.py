@@ -1,0 +1,151 @@
+"""Idle connections are parked (their greenlet ends) and resume with their state when the client sends again."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import redis
+
+from conftest import wait_until
+from test_operations import configure, pending
+from test_queue import claim
+
+PARK_DEADLINE = 20.0  # parking happens 1-2 s after a connection goes quiet; a loaded CI machine is slower
+
+
+def clients_info(server) -> dict:
+    with server.client() as observer:
+        return observer.info("clients")
+
+
+def wait_parked(server, count: int) -> dict:
+    """The INFO clients section once at least `count` connections are parked."""
+    def parked():
+        info = clients_info(server)
+        return info if info["parked_clients"] >= count else None
+    return wait_until(parked, timeout=PARK_DEADLINE, message=f"{count} connections parked")
+
+
+def raw(server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=30)
+
+
+def pinged_connections(server, count: int) -> list[socket.socket]:
+    """`count` raw connections that each had a PING answered, then sit idle."""
+    socks = [raw(server) for _ in range(count)]
+    for sock in socks:
+        sock.sendall(b"PING\r\n")
+    for sock in socks:
+        assert recv_reply(sock) == b"+PONG\r\n"
+    return socks
+
+
+def recv_reply(sock: socket.socket) -> bytes:
+    """One short reply (the tests' replies fit one segment): read up to its final CRLF."""
+    data = sock.recv(65536)
+    while not data.endswith(b"\r\n"):
+        more = sock.recv(65536)
+        assert more, f"connection closed after {data!r}"
+        data += more
+    return data
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_parked_connections_resume_with_their_state(ezra_factory, protocol):
+    server = ezra_factory()
+    producer = server.client(protocol)
+    producer.xgroup_create("jobs", "g", mkstream=True)
+    named = server.client(protocol, client_name="mailer", decode_responses=True)
+    clients = [server.client(protocol) for _ in range(20)]
+    for client in clients:
+        assert client.ping()
+    assert named.client_getname() == "mailer"
+    in_multi = raw(server)
+    in_multi.sendall(b"MULTI\r\nXADD jobs * from multi\r\n")
+    assert recv_reply(in_multi) == b"+OK\r\n+QUEUED\r\n"
+    hello3 = raw(server)
+    hello3.sendall(b"HELLO 3\r\n")
+    assert recv_reply(hello3).startswith(b"%")
+
+    info = wait_parked(server, 24)  # all but the observer asking
+    assert info["connected_clients"] == 25
+
+    assert [client.ping() for client in clients] == [True] * 20
+    assert named.client_getname() == "mailer"
+    in_multi.sendall(b"EXEC\r\n")
+    assert recv_reply(in_multi).startswith(b"*1\r\n$"), "the transaction begun before parking"
+    hello3.sendall(b"XINFO STREAM jobs\r\n")
+    assert recv_reply(hello3).startswith(b"%"), "RESP3 chosen before parking"
+    assert producer.xlen("jobs") == 1
+    for sock in (in_multi, hello3):
+        sock.close()
+    for client in [producer, named, *clients]:
+        client.close()
+
+
+def test_a_parked_worker_that_disconnects_releases_its_task(ezra_factory):
+    server = ezra_factory()
+    admin = server.client()
+    admin.xgroup_create("jobs", "g", mkstream=True)
+    configure(admin, "jobs", "RELEASE-ON-DISCONNECT", "0.2")
+    task_id = admin.xadd("jobs", {"job": 1})
+    worker = server.client()
+    assert [i for i, _ in claim(worker, "jobs", "w1")] == [task_id]
+    wait_parked(server, 2)  # the worker and the admin
+    worker.close()
+    wait_until(lambda: clients_info(server)["connected_clients"] == 2, timeout=PARK_DEADLINE,
+               message="the parked connection's close seen")
+    [(got_id, _)] = wait_until(lambda: claim(admin, "jobs", "w2"), timeout=10, message="the release")
+    assert got_id == task_id
+    admin.close()
+
+
+def test_blocked_reader_and_half_sent_command_are_not_parked(ezra_factory):
+    server = ezra_factory()
+    admin = server.client()
+    admin.xgroup_create("jobs", "g", mkstream=True)
+    blocked = raw(server)
+    blocked.sendall(b"XREADGROUP GROUP g w1 BLOCK 0 STREAMS jobs >\r\n")
+    half = raw(server)
+    half.sendall(b"*2\r\n$4\r\nECHO\r\n$5\r\nhe")
+    idle = pinged_connections(server, 5)
+    wait_until(lambda: clients_info(server)["blocked_clients"] == 1, message="the reader to block")
+    # The idle ones and admin went quiet after the other two were already waiting: once they
+    # are parked, two sweeps have seen the blocked reader and the half command too.
+    info = wait_parked(server, 6)
+    assert info["parked_clients"] == 6
+    half.sendall(b"llo\r\n")
+    assert recv_reply(half) == b"$5\r\nhello\r\n"
+    task_id = admin.xadd("jobs", {"job": 1})
+    assert task_id in recv_reply(blocked)
+    for sock in (blocked, half, *idle):
+        sock.close()
+    admin.close()
+
+
+def test_sigterm_closes_parked_connections_cleanly(ezra_factory):
+    server = ezra_factory()
+    socks = pinged_connections(server, 10)
+    wait_parked(server, 10)
+    assert server.stop() == 0, server.log()
+    assert "stopped cleanly" in server.log()
+    for sock in socks:
+        assert sock.recv(16) == b"", "the server closed the parked connection"
+        sock.close()
+
+
+def test_many_parked_connections_all_answer(ezra_factory):
+    """Enough to park at once that the sweep also hands the freed memory back (TRIM_AFTER_PARKING)."""
+    server = ezra_factory()
+    socks = pinged_connections(server, 300)
+    wait_parked(server, 300)
+    for sock in socks:
+        sock.sendall(b"ECHO back\r\n")
+    for sock in socks:
+        assert recv_reply(sock) == b"$4\r\nback\r\n"
+    for sock in socks:
+        sock.close()
+    wait_until(lambda: clients_info(server)["connected_clients"] == 1,
+               timeout=PARK_DEADLINE, message="every closed connection gone")
+    assert "Traceback" not in server.log()
