@@ -61,6 +61,9 @@ class ServerState:
         self.max_clients = settings.max_clients  # the server lowers it if the open-files limit is lower
 
 
+NO_WORKERS = frozenset()
+
+
 class Session:
     """One connection's state: protocol, name, authentication, the worker names it used."""
 
@@ -80,7 +83,9 @@ class Session:
         self.created = time.time()
         self.wait = wait    # wait(event, seconds) -> True | False (timeout) | None (hung up)
         self.flush = flush  # send the replies computed so far (before blocking)
-        self.workers: set[bytes] = set()  # consumer names this connection used (release on disconnect)
+        # Consumer names this connection used (release on disconnect). Most connections are
+        # producers or idle: they share one empty set until they name a worker (~0.2 KB each).
+        self.workers: set[bytes] | frozenset = NO_WORKERS
         self.queued: list | None = None  # MULTI: the commands waiting for EXEC
         self.queued_bytes = 0            # ...and the size of their arguments
         self.queue_failed = False        # a queued command was refused: EXEC answers EXECABORT
@@ -89,13 +94,15 @@ class Session:
     def use_worker(self, worker: bytes) -> bytes:
         """This connection acts for `worker` (XREADGROUP, XCLAIM...): it holds the name while open."""
         if worker not in self.workers:
+            if self.workers is NO_WORKERS:
+                self.workers = set()
             self.workers.add(worker)
             self.server.broker.worker_seen(worker)
         return worker
 
     def close(self) -> None:
         """The connection closed: the worker names it used may be gone (release on disconnect)."""
-        workers, self.workers = self.workers, set()
+        workers, self.workers = self.workers, NO_WORKERS
         for worker in workers:
             self.server.broker.worker_gone(worker)
 
