@@ -1,0 +1,50 @@
+"""Keep the server's idle memory down: loguru without asyncio (and, through it, ssl).
+
+loguru's `_asyncio_loop` module imports asyncio at import time, only so that
+coroutine sinks can find their event loop. asyncio imports ssl, which loads
+OpenSSL: 6 of an idle server's 34 MB (BENCHMARKS.md, footprint). EZRA logs to
+stderr and never adds a coroutine sink, so the server installs a stand-in for
+that module whose functions import asyncio when first called. Anything else
+loguru might ask of the module loads the real one, so a newer loguru still works
+(it then costs the memory again; tests/test_lean_imports.py notices).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+LOGURU_ASYNCIO = "loguru._asyncio_loop"
+
+
+class DeferredAsyncioLoop(types.ModuleType):
+    """Stands in for loguru._asyncio_loop until asyncio is really needed."""
+
+    @staticmethod
+    def get_running_loop():
+        import asyncio
+        return asyncio.get_running_loop()
+
+    @staticmethod
+    def get_task_loop(task):
+        return task.get_loop()
+
+    def __getattr__(self, name: str):
+        """A name this stand-in does not define: load loguru's own module and use it."""
+        if name.startswith("__"):
+            raise AttributeError(name)  # the import system asks for __path__ and such: not loguru
+        real = sys.modules.get(LOGURU_ASYNCIO)
+        if real is self or real is None:
+            sys.modules.pop(LOGURU_ASYNCIO, None)
+            real = importlib.import_module(LOGURU_ASYNCIO)
+        value = getattr(real, name)
+        setattr(self, name, value)  # found directly from now on
+        return value
+
+
+def defer_loguru_asyncio() -> None:
+    """Call before loguru is first imported; a no-op if it was imported already."""
+    if "loguru" in sys.modules:
+        return
+    sys.modules.setdefault(LOGURU_ASYNCIO, DeferredAsyncioLoop(LOGURU_ASYNCIO))
