@@ -149,12 +149,10 @@ class Connection:
             self.busy = False
         return False
 
-    def park_if_quiet(self) -> bool:
+    def park_if_quiet(self) -> None:
         """A sweep's call, on the hub: park it if it still awaits a command (it may have woken since)."""
-        if not (self.awaiting_command and self.quiet):
-            return False
-        self.greenlet.throw(Park)  # runs it: recv stops waiting, serve returns True
-        return True
+        if self.awaiting_command and self.quiet:
+            self.greenlet.throw(Park)  # runs it: recv stops waiting, serve returns True
 
     def _recv_rest_of_frame(self) -> bytes:
         """recv while a frame is incomplete: a client that stalls mid-frame is closed (slowloris)."""
