@@ -35,6 +35,7 @@ class Settings:
     release_on_disconnect: float | None = None  # grace seconds; None: off
     client_send_timeout: float = 60.0           # seconds a client may leave its replies unread; 0: never
     client_frame_timeout: float = 30.0          # seconds a half-received command may stall; 0: never
+    tcp_keepalive: int = 300                    # seconds of silence before TCP probes a client; 0: off
     tls_cert_file: str | None = None            # set with tls_key_file: the port speaks TLS only
     tls_key_file: str | None = None
     tls_ca_cert_file: str | None = None         # set: clients must present a certificate it signed
@@ -147,6 +148,11 @@ def build_parser() -> configargparse.ArgParser:
         metavar="SECONDS", env_var="EZRA_CLIENT_FRAME_TIMEOUT",
         help="close a client that sends part of a command and then nothing for this long "
              "(slowloris); idle clients between commands are never closed; 0: never")
+    add("--tcp-keepalive", type=non_negative_int, default=Settings.tcp_keepalive, metavar="SECONDS",
+        env_var="EZRA_TCP_KEEPALIVE",
+        help="probe a silent client's TCP connection after this many seconds, as Redis's tcp-keepalive: "
+             "a worker whose machine died is closed (and its tasks released, with --release-on-disconnect) "
+             "within about twice this; 0: off")
     add("--tls-cert-file", default=None, env_var="EZRA_TLS_CERT_FILE", metavar="PEM",
         help="serve TLS only (clients use ssl=True / rediss://) with this certificate (chain); "
              "needs --tls-key-file")

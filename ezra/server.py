@@ -321,6 +321,18 @@ def _malloc_trim():
         return None
 
 
+def keep_alive(sock, seconds: int) -> None:
+    """TCP keepalive as Redis sets it: probes after `seconds` of silence, then every third of it, 3 times.
+
+    A client whose machine died or whose network went away sends no FIN: without
+    probes its connection (a blocked worker's, say) would stay open for ever.
+    """
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", seconds), ("TCP_KEEPINTVL", max(seconds // 3, 1)), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):  # Linux has all three; elsewhere the system's defaults apply
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+
+
 def client_limit(max_clients: int) -> int:
     """Raise the descriptor limit so `max_clients` connections fit, as Redis does; the clients that fit.
 
@@ -449,6 +461,8 @@ class EzraServer:
             sock.close()
             return None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if state.settings.tcp_keepalive:
+            keep_alive(sock, state.settings.tcp_keepalive)
         connection = Connection(state, sock, address, self.auth_throttle, self.tls is not None)
         state.sessions[connection.session.id] = connection.session
         self.connections.add(connection)

@@ -255,3 +255,41 @@ def _can_connect(server):
         return server.client().ping()
     except redis.ConnectionError:
         return False
+
+
+def _server_side_timer(server_port: int, client_port: int) -> tuple[int, int] | None:
+    """(timer kind, clock ticks left) of the server's end of a loopback connection, from /proc/net/tcp.
+
+    Kind 2 is the socket timer that TCP keepalive runs on; 0 is no timer.
+    """
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].split(":")[1], 16)
+            remote_port = int(fields[2].split(":")[1], 16)
+            if (local_port, remote_port) == (server_port, client_port):
+                kind, ticks = fields[5].split(":")
+                return int(kind, 16), int(ticks, 16)
+    return None
+
+
+@pytest.mark.parametrize("flag, probe_after", [((), 300), (("--tcp-keepalive", "7"), 7), (("--tcp-keepalive", "0"), None)])
+def test_tcp_keepalive_probes_silent_clients(ezra_factory, flag, probe_after):
+    """A client whose machine died sends no FIN: keepalive probes find it (Redis's tcp-keepalive)."""
+    server = ezra_factory(*flag)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"PING\r\n")
+        assert sock.recv(64) == b"+PONG\r\n"
+        client_port = sock.getsockname()[1]
+
+        def reply_acknowledged():  # the reply's retransmit timer (kind 1) runs until the client's ACK
+            timer = _server_side_timer(server.port, client_port)
+            return timer if timer is not None and timer[0] != 1 else None
+
+        kind, ticks = wait_until(reply_acknowledged, message="the server's end, its reply acknowledged")
+        if probe_after is None:
+            assert kind == 0, "no keepalive timer with --tcp-keepalive 0"
+        else:
+            ticks_per_second = os.sysconf("SC_CLK_TCK")
+            assert kind == 2 and 0 < ticks <= probe_after * ticks_per_second, (kind, ticks)
+            assert ticks > (probe_after - 5) * ticks_per_second, "the first probe is due after the idle time"
