@@ -14,15 +14,16 @@ from test_queue import claim
 PARK_DEADLINE = 20.0  # parking happens 1-2 s after a connection goes quiet; a loaded CI machine is slower
 
 
-def clients_info(server) -> dict:
-    with server.client() as observer:
+def clients_info(server, connect=None) -> dict:
+    """INFO clients, asked on a new connection (`connect()` makes it; default: plain redis-py)."""
+    with (connect or server.client)() as observer:
         return observer.info("clients")
 
 
-def wait_parked(server, count: int) -> dict:
+def wait_parked(server, count: int, connect=None) -> dict:
     """The INFO clients section once at least `count` connections are parked."""
     def parked():
-        info = clients_info(server)
+        info = clients_info(server, connect)
         return info if info["parked_clients"] >= count else None
     return wait_until(parked, timeout=PARK_DEADLINE, message=f"{count} connections parked")
 
@@ -149,4 +150,26 @@ def test_many_parked_connections_all_answer(ezra_factory):
         sock.close()
     wait_until(lambda: clients_info(server)["connected_clients"] == 1,
                timeout=PARK_DEADLINE, message="every closed connection gone")
+    assert "Traceback" not in server.log()
+
+
+def test_tls_connections_park_and_resume(ezra_factory, certificates):
+    """A TLS connection parks between TLS records; the session and the encryption carry on."""
+    c = certificates
+    server = ezra_factory("--tls-cert-file", str(c / "server.pem"), "--tls-key-file", str(c / "server.key"))
+
+    def connect(protocol=2):
+        return redis.Redis(host="localhost", port=server.port, protocol=protocol, ssl=True,
+                           ssl_ca_certs=str(c / "ca.pem"), socket_timeout=30)
+
+    clients = [connect(2), connect(3)]
+    for client in clients:
+        assert client.ping()
+    task_id = clients[0].xadd("jobs", {"job": "x" * 20000})  # a reply of several TLS records after parking
+    wait_parked(server, 2, connect)
+    for client in clients:
+        assert client.xrange("jobs") == [(task_id, {b"job": b"x" * 20000})]
+        assert client.ping()
+    for client in clients:
+        client.close()
     assert "Traceback" not in server.log()
