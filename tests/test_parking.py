@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import socket
+import threading
+import time
 
 import pytest
 import redis
@@ -172,4 +175,53 @@ def test_tls_connections_park_and_resume(ezra_factory, certificates):
         assert client.ping()
     for client in clients:
         client.close()
+    assert "Traceback" not in server.log()
+
+
+def test_clients_that_keep_going_quiet_get_every_reply(ezra_factory):
+    """Churn: connections pause across sweeps (some mid-command) while others talk; parking and
+    resuming race with data arriving, and every reply must still come back, whole and in order."""
+    server = ezra_factory()
+    failures, parked_seen = [], []
+
+    def client(seed: int) -> None:
+        rnd = random.Random(seed)
+        with raw(server) as sock:
+            sent = 0
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline and not failures:
+                time.sleep(rnd.choice([0.0, 0.01, 1.1, 1.6, 2.2]))  # the long ones span a sweep or two
+                names = [b"m%d-%d" % (seed, sent + j) for j in range(rnd.randint(1, 5))]
+                request = b"".join(b"ECHO %s\r\n" % name for name in names)
+                if rnd.random() < 0.2:  # half a command, a pause, the rest
+                    cut = rnd.randint(1, len(request) - 1)
+                    sock.sendall(request[:cut])
+                    time.sleep(rnd.choice([0.01, 0.5]))
+                    request = request[cut:]
+                sock.sendall(request)
+                expected = b"".join(b"$%d\r\n%s\r\n" % (len(name), name) for name in names)
+                got = b""
+                while len(got) < len(expected):
+                    data = sock.recv(65536)
+                    if not data:
+                        break
+                    got += data
+                if got != expected:
+                    failures.append((seed, expected, got))
+                sent += len(names)
+
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(60)]
+    for thread in threads:
+        thread.start()
+    with server.client() as observer:
+        while any(thread.is_alive() for thread in threads):
+            parked_seen.append(observer.info("clients")["parked_clients"])
+            time.sleep(0.1)
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert max(parked_seen) > 0, "no connection was ever parked: the churn tested nothing"
+    wait_until(lambda: clients_info(server)["connected_clients"] == 1, timeout=PARK_DEADLINE,
+               message="every client gone")
+    assert clients_info(server)["parked_clients"] == 0
     assert "Traceback" not in server.log()
