@@ -47,6 +47,7 @@ def snapshot(state) -> dict:
         "batch_sizes": copy(writer.batch_sizes), "commit_seconds": copy(writer.commit_seconds),
         "fsync_seconds": None if writer.fsync_seconds is None else copy(writer.fsync_seconds),
         "disk_full": int(writer.disk_full), "connected": len(state.sessions), "blocked": broker.blocked_clients(),
+        "parked": state.parked_clients,
         "database_bytes": sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p)),
         "durability": state.settings.durability,
     }
@@ -94,6 +95,8 @@ class SnapshotCollector:
         yield gauge("ezra_connected_clients", "Client connections open on the Redis-protocol port.",
                     snap["connected"])
         yield gauge("ezra_blocked_clients", "Clients waiting in a blocking XREADGROUP.", snap["blocked"])
+        yield gauge("ezra_parked_clients", "Idle connections kept without a greenlet (quiet for a second or more).",
+                    snap["parked"])
         yield gauge("ezra_database_bytes", "Size of ezra.db and its WAL.", snap["database_bytes"])
         info = GaugeMetricFamily("ezra_info", "The server's version and durability mode.",
                                  labels=["version", "durability"])

@@ -125,6 +125,8 @@ def test_blocked_clients_and_timeouts_show(ezra_factory):
     assert reader.read_response()[0][0] == b"b"  # the blocked reader got it; its lease will run out
     wait_until(lambda: value(scrape(server), "ezra_timeouts_total", queue="b") == 1, message="a timeout")
     assert value(scrape(server), "ezra_blocked_clients") == 0
+    # Both connections are quiet now: parked after a sweep or two (scrapes come over HTTP).
+    wait_until(lambda: value(scrape(server), "ezra_parked_clients") == 2, timeout=20, message="two parked")
 
 
 def test_healthz(web):
