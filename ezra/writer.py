@@ -7,7 +7,10 @@ makes it durable runs on a native thread, the `Syncer`, while the event loop
 serves other connections and the next batch runs. A durable request (XADD,
 XACK, XNACK...) is answered once an fsync that started after its commit has
 finished; claims and reads are answered right after the commit: losing a
-claim in a power cut only makes the task available again.
+claim in a power cut only makes the task available again. While an fsync is
+under way, a queue holding only durable requests waits for it to end before
+committing: none of their replies could leave sooner, and one commit then
+replaces several (cycle-batched: -10% CPU per task, BENCHMARKS.md).
 
 Why the SQL runs on the event loop and not on a thread: statements and a
 no-fsync commit take microseconds, while handing each batch to a thread cost
@@ -62,8 +65,10 @@ class Request:
 class Syncer:
     """A native thread that fsyncs the WAL for batches of durable requests."""
 
-    def __init__(self, wal_path: str):
+    def __init__(self, wal_path: str, on_synced=None):
         self._fd = os.open(wal_path, os.O_RDONLY)
+        self._on_synced = on_synced or (lambda: None)
+        self.in_flight = 0  # requests handed over and not yet answered (only the event loop touches it)
         self._cond = threading.Condition()
         self._waiting: list[Request] = []  # committed, not yet synced
         self._synced: list[tuple[list[Request], OSError | None]] = []
@@ -77,6 +82,7 @@ class Syncer:
 
     def after_sync(self, requests: list[Request]) -> None:
         """Answer these committed requests once the WAL is on disk."""
+        self.in_flight += len(requests)
         with self._cond:
             self._waiting.extend(requests)
             self._cond.notify()
@@ -114,6 +120,10 @@ class Syncer:
     def _answer_synced(self) -> None:
         with self._cond:
             synced, self._synced = self._synced, []
+        for batch, _ in synced:
+            self.in_flight -= len(batch)
+        if synced:
+            self._on_synced()
         for batch, error in synced:
             if error is not None:
                 logger.error("fsync of the WAL failed, {} replies fail: {}", len(batch), error)
@@ -135,7 +145,7 @@ class Writer:
         self._queue: list[Request] = []
         self._has_work = Event()
         self._stopping = False
-        self._syncer = Syncer(db.wal_path) if fsync_durable else None
+        self._syncer = Syncer(db.wal_path, on_synced=self._has_work.set) if fsync_durable else None
         self._slow_work = ThreadPool(1)  # checkpoints: they fsync the database file
         self._checkpointing = False
         self._restart_wal = False
@@ -196,12 +206,20 @@ class Writer:
             self._has_work.clear()
             if self._restart_wal:
                 self._finish_checkpoint()
+            if self._queue and self._can_wait_for_fsync(self._queue):
+                continue  # committed when the fsync under way ends (_has_work is set then)
             batch, self._queue = self._queue, []
             if batch:
                 self._commit(batch)
                 gevent.sleep(0)  # let connections run and queue more before the next batch
             elif self._stopping:
                 return
+
+    def _can_wait_for_fsync(self, queued: list[Request]) -> bool:
+        """Only durable requests, and an fsync is under way: their replies wait for an fsync that
+        starts after their commit, which cannot start before this one ends. Committing them
+        then, as one batch, costs them nothing and saves the commits in between."""
+        return bool(self._syncer and self._syncer.in_flight) and all(r.durable for r in queued)
 
     def _commit(self, batch: list[Request]) -> None:
         ok = self._run_batch(batch)
