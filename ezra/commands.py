@@ -166,7 +166,7 @@ def run(session: Session, fn, args: list[bytes]):
         return exc
     except Exception as exc:
         logger.opt(exception=exc).error("command {!r} from {} failed: {}", args[0], session.addr, exc)
-        return errors.INTERNAL
+        return errors.INTERNAL()
 
 
 # ---------------------------------------------------------------- argument helpers
@@ -174,7 +174,7 @@ def run(session: Session, fn, args: list[bytes]):
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 
 
-def to_int(arg: bytes, error: CommandError = errors.NOT_INTEGER) -> int:
+def to_int(arg: bytes, error: CommandError | type[CommandError] = errors.NOT_INTEGER) -> int:
     """A signed 64-bit integer, as Redis reads one: anything wider is out of range (and SQLite's too)."""
     try:
         value = int(arg)

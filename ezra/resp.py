@@ -64,12 +64,16 @@ OK = SimpleString("OK")
 class RequestReader:
     """Incremental parser of client requests with caps on every length."""
 
-    __slots__ = ("max_bulk_len", "max_args", "max_inline_len", "_buf", "_pos", "_args", "_due")
+    __slots__ = ("max_bulk_len", "max_args", "max_inline_len", "unauthenticated", "_buf", "_pos", "_args",
+                 "_due")
+    MAX_ARGS = 1024 * 1024
 
-    def __init__(self, max_bulk_len: int, max_args: int = 1024 * 1024, max_inline_len: int = 64 * 1024):
+    def __init__(self, max_bulk_len: int, max_args: int = MAX_ARGS, max_inline_len: int = 64 * 1024,
+                 unauthenticated: bool = False):
         self.max_bulk_len = max_bulk_len
         self.max_args = max_args
         self.max_inline_len = max_inline_len
+        self.unauthenticated = unauthenticated  # the caps are the pre-AUTH ones: errors say so, as Redis
         self._buf = bytearray()
         self._pos = 0
         # A multibulk frame being read: the arguments so far and how many are due.
@@ -82,6 +86,12 @@ class RequestReader:
             del self._buf[:self._pos]
             self._pos = 0
         self._buf += data
+
+    def lift_caps(self, max_bulk_len: int, max_args: int) -> None:
+        """The client authenticated: its frames may be as large as anyone's."""
+        self.max_bulk_len = max_bulk_len
+        self.max_args = max_args
+        self.unauthenticated = False
 
     def buffered(self) -> int:
         """Bytes received but not yet parsed (for the slow-client caps)."""
@@ -179,6 +189,8 @@ class RequestReader:
             value = None
         if value is None or value > cap:
             self._pos = start
+            if value is not None and self.unauthenticated:
+                error = f"Protocol error: unauthenticated {kind.decode()} length"
             raise ProtocolError(error)
         return value
 

@@ -39,15 +39,40 @@ MAX_PIPELINE = 1024  # replies held before they are sent, even if more commands 
 READS_PER_FLUSH = 8
 SEND_CHUNK = 1024 * 1024
 BULK_SLACK = 64 * 1024  # a bulk may exceed the task limit a little (names, options)
-WRONGPASS = errors.WRONGPASS  # compared by identity after each command: a global is the cheapest lookup
+WRONGPASS = errors.WRONGPASS  # compared by type after each command: a global is the cheapest lookup
 AUTH_FIRST_DELAY = 0.05  # seconds the reply to a failed AUTH waits; doubles with each failure on a connection
 AUTH_MAX_DELAY = 1.0  # ...up to this, which every failure waits once a host failed this often in a burst:
 AUTH_HOST_FAILURES = 100  # (new connections for each guess do not escape the delay)
 AUTH_BURST_GAP = 60.0  # seconds without failures from a host that end its burst
 AUTH_FAILURES_PER_CONNECTION = 10  # then the connection is closed
 FD_RESERVE = 32  # descriptors beyond the clients': database, WAL, listener, logs (Redis keeps 32 too)
+# Before AUTH, as Redis (CVE-2021-32675): what a client that knows no password may make the server hold.
+UNAUTHENTICATED_MAX_ARGS = 10
+UNAUTHENTICATED_MAX_BULK = 16 * 1024
+# A command named like an HTTP request line or header is a web page talking to us (cross-protocol
+# scripting, as Redis calls it): the connection is closed before anything after it runs.
+HTTP_WORDS = {b"POST", b"HOST:"}
+ATTACK_LOG_GAP = 60.0  # seconds between two log lines about it, as Redis
 PARK_AFTER = 1.0  # seconds between sweeps: a connection idle through a whole sweep interval is parked
 TRIM_AFTER_PARKING = 100  # parked at once: hand the freed stacks back to the system (see trim_freed_memory)
+
+
+_attack_logged_at = -ATTACK_LOG_GAP
+
+
+def looks_like_http(name: bytes) -> bool:
+    return len(name) <= 5 and name.upper() in HTTP_WORDS
+
+
+def log_cross_protocol_attack(addr: str) -> None:
+    """Log the attack at most once a minute: a page can make a browser repeat it for ever."""
+    global _attack_logged_at
+    now = time.monotonic()
+    if now - _attack_logged_at >= ATTACK_LOG_GAP:
+        _attack_logged_at = now
+        logger.warning("Possible SECURITY ATTACK detected from {}: it sent POST or Host: as a command, as a "
+                       "web page does when it makes a browser send HTTP to EZRA's port (cross-protocol "
+                       "scripting). Connection aborted.", addr)
 
 
 class Park(Exception):
@@ -89,7 +114,7 @@ class Connection:
 
     __slots__ = ("sock", "state", "host", "auth_throttle", "auth_failures", "session", "reader", "replies",
                  "reads", "busy", "send_timeout", "frame_timeout", "_send_now", "greenlet",
-                 "awaiting_command", "quiet", "parked")  # an idle connection's memory: see the module doc
+                 "awaiting_command", "quiet", "parked", "limited")  # an idle connection's memory: see the module doc
 
     def __init__(self, state: ServerState, sock, address, auth_throttle: AuthThrottle, tls: bool = False):
         self.sock = sock
@@ -99,7 +124,13 @@ class Connection:
         self.auth_throttle = auth_throttle
         self.auth_failures = 0
         self.session = Session(state, f"{host}:{port}", self.wait, self.flush)
-        self.reader = RequestReader(max_bulk_len=state.settings.max_task_size + BULK_SLACK)
+        # Until the client authenticates, its frames are capped far lower (see `lift_limits`).
+        self.limited = not self.session.authenticated
+        if self.limited:
+            self.reader = RequestReader(max_bulk_len=UNAUTHENTICATED_MAX_BULK, max_args=UNAUTHENTICATED_MAX_ARGS,
+                                        unauthenticated=True)
+        else:
+            self.reader = RequestReader(max_bulk_len=state.settings.max_task_size + BULK_SLACK)
         self.replies: list[tuple[int, object]] = []
         self.reads = 0  # replies in self.replies that may be large (see READS_PER_FLUSH)
         self.busy = False  # between reading a request and sending its replies
@@ -184,14 +215,25 @@ class Connection:
             args = self.reader.next_command()
             if args is None:
                 return
+            if looks_like_http(args[0]):
+                log_cross_protocol_attack(session.addr)
+                session.closing = True  # no reply, nothing after it runs
+                return
             reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
-            if reply is WRONGPASS:
+            if type(reply) is WRONGPASS:
                 self._failed_auth()
+            elif self.limited and session.authenticated:
+                self.lift_limits()
             self.replies.append((session.proto, reply))
             if may_be_large(reply):
                 self.reads += 1
             if len(self.replies) >= MAX_PIPELINE or self.reads >= READS_PER_FLUSH:
                 self.flush()
+
+    def lift_limits(self) -> None:
+        """The client authenticated: the frame caps become the task limit's."""
+        self.limited = False
+        self.reader.lift_caps(self.state.settings.max_task_size + BULK_SLACK, RequestReader.MAX_ARGS)
 
     def _failed_auth(self) -> None:
         """Slow down password guessing: the WRONGPASS reply waits, and many close the connection."""
@@ -455,7 +497,7 @@ class EzraServer:
         if len(state.sessions) >= self.max_clients:
             state.rejected_connections += 1
             try:
-                sock.sendall(encode(errors.MAX_CLIENTS, 2))
+                sock.sendall(encode(errors.MAX_CLIENTS(), 2))
             except OSError:
                 pass  # the refused client is gone already
             sock.close()
@@ -505,6 +547,11 @@ class EzraServer:
         self.connections.discard(connection)
         connection.sock.close()
         session.close()  # release on disconnect: the worker names it used may be gone
+        # Session and Connection point at each other (wait, flush): break the cycle so their
+        # memory, a half-read frame of up to --max-task-size included, is freed now, not at
+        # the next full collection (which may be long: a 60 MB buffer outlived its client).
+        session.wait = session.flush = None
+        connection.reader = None
 
     def _park_idle_connections(self) -> None:
         """Every PARK_AFTER seconds: park the connections that awaited a command since the last sweep."""

@@ -298,7 +298,7 @@ class Writer:
             logger.info("disk space available again: {} bytes set aside, pushes accepted", self.db.reserve_bytes)
             return
         for request in growing:
-            request.error = errors.DISK_FULL
+            request.error = errors.DISK_FULL()
 
     def _roll_back(self, batch: list[Request], exc: Exception) -> None:
         try:
