@@ -1,23 +1,28 @@
 """The single writer: every database operation goes through here, in order.
 
-Greenlets `submit` a function; a committer greenlet takes everything queued so
-far as one batch, runs it inside one transaction and commits (group commit).
-The commit itself only writes the WAL (synchronous=NORMAL); the fsync that
-makes it durable runs on a native thread, the `Syncer`, while the event loop
-serves other connections and the next batch runs. A durable request (XADD,
-XACK, XNACK...) is answered once an fsync that started after its commit has
-finished; claims and reads are answered right after the commit: losing a
-claim in a power cut only makes the task available again. While an fsync is
-under way, a queue holding only durable requests waits for it to end before
-committing: none of their replies could leave sooner, and one commit then
-replaces several (cycle-batched: -10% CPU per task, BENCHMARKS.md).
+A greenlet `submit`s a function and it runs at once, in that greenlet, inside
+the transaction of the current loop turn (opened by the turn's first submit).
+One hub callback at the end of the turn commits it: everything that arrived in
+one turn is one transaction (group commit), with no queue, no writer greenlet
+and no event per request. A request's reply waits for its batch: claims and
+reads for the commit, durable requests (XADD, XACK, XNACK...) for an fsync of
+the WAL that started after it. The fsync runs inline, on the event loop, right
+after the commit, as Redis's `appendfsync always` does: measured, ~90 µs of CPU
+per task less than handing it to a thread, and bigger batches, since what
+arrives during the fsync makes the next one. A slow disk must not freeze the
+server for long: an fsync slower than SLOW_FSYNC moves them to a native thread
+(the `Syncer`) for SLOW_FSYNC_BACKOFF seconds, where the loop serves on while
+the disk works; then inline is tried again.
 
 Why the SQL runs on the event loop and not on a thread: statements and a
 no-fsync commit take microseconds, while handing each batch to a thread cost
-two GIL hand-offs per statement under load (the other thread waits up to the
-5 ms switch interval for the GIL each time). Measured in BENCHMARKS.md. Only
-the slow parts, fsync and checkpoints (on their own connection, PASSIVE, so
-batches never wait for them), leave the loop.
+two GIL hand-offs per statement under load. Only checkpoints (on their own
+connection, PASSIVE, so batches never wait for them) and slow fsyncs leave the
+loop.
+
+A function's CommandError is validated before it writes: nothing to undo, the
+caller gets it at once. Any other error (a storage failure, a bug) rolls the
+whole batch back: every request in it is answered with a storage error.
 """
 
 from __future__ import annotations
@@ -41,50 +46,66 @@ CHECKPOINT_EVERY_BATCHES = 500  # fold the WAL into the database this often (on 
 # reader holding a snapshot (a backup) keeps the WAL long, and each RESTART pauses batches.
 CHECKPOINT_MIN_BATCHES = 20
 MIN_ROOM = 1024 * 1024  # free bytes needed before pushes resume after the disk was full
+SLOW_FSYNC = 0.010  # seconds: an inline fsync slower than this moves fsyncs to the thread...
+SLOW_FSYNC_BACKOFF = 10.0  # ...for this long (a slow disk freezes the loop once per this, at most)
+
+
+class Batch:
+    """One loop turn's transaction: its requests commit, or fail, together."""
+
+    __slots__ = ("requests", "durable", "error", "sync_error", "committed", "synced")
+
+    def __init__(self):
+        self.requests = 0
+        self.durable = False  # holds a request answered only after an fsync
+        self.error: BaseException | None = None       # rolled back: every request fails
+        self.sync_error: BaseException | None = None  # committed, but the fsync failed: durable ones fail
+        self.committed = Event()
+        self.synced = Event()  # set with (or after) committed; durable requests wait for it
+
+
 class Request:
-    """One submitted function; `wait` returns its result or raises its error."""
+    """A submitted function's result; `wait` returns it once its batch is committed (and synced)."""
 
-    __slots__ = ("fn", "args", "durable", "grows", "result", "error", "done")
+    __slots__ = ("batch", "result", "durable")
 
-    def __init__(self, fn, args, durable, grows):
-        self.fn = fn
-        self.args = args
+    def __init__(self, batch: Batch, result, durable: bool):
+        self.batch = batch
+        self.result = result
         self.durable = durable
-        self.grows = grows  # adds rows: refused while the disk is full
-        self.result = None
-        self.error: BaseException | None = None
-        self.done = Event()
 
     def wait(self):
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
+        batch = self.batch
+        if self.durable:
+            batch.synced.wait()
+            if batch.sync_error is not None:
+                raise batch.sync_error
+        else:
+            batch.committed.wait()
+        if batch.error is not None:
+            raise batch.error
         return self.result
 
 
 class Syncer:
-    """A native thread that fsyncs the WAL for batches of durable requests."""
+    """A native thread that fsyncs the WAL for committed batches, while fsyncs are slow."""
 
-    def __init__(self, wal_path: str, on_synced=None):
+    def __init__(self, wal_path: str, observe):
         self._fd = os.open(wal_path, os.O_RDONLY)
-        self._on_synced = on_synced or (lambda: None)
-        self.in_flight = 0  # requests handed over and not yet answered (only the event loop touches it)
+        self._observe = observe  # observe(seconds): counted on the event loop's side
         self._cond = threading.Condition()
-        self._waiting: list[Request] = []  # committed, not yet synced
-        self._synced: list[tuple[list[Request], OSError | None]] = []
+        self._waiting: list[Batch] = []  # committed, not yet synced
+        self._synced: list[tuple[list[Batch], float, OSError | None]] = []
         self._stopping = False
         self._wakeup = get_hub().loop.async_()
         self._wakeup.start(self._answer_synced)
         self._thread = threading.Thread(target=self._run, name="ezra-fsync", daemon=True)
         self._thread.start()
-        self.fsyncs = 0
-        self.fsync_seconds = Histogram(SECONDS_BUCKETS)  # only this thread observes it
 
-    def after_sync(self, requests: list[Request]) -> None:
-        """Answer these committed requests once the WAL is on disk."""
-        self.in_flight += len(requests)
+    def after_sync(self, batch: Batch) -> None:
+        """Set `batch.synced` once the WAL is on disk."""
         with self._cond:
-            self._waiting.extend(requests)
+            self._waiting.append(batch)
             self._cond.notify()
 
     def stop(self) -> None:
@@ -104,37 +125,32 @@ class Syncer:
                     self._cond.wait()
                 if not self._waiting:
                     return
-                batch, self._waiting = self._waiting, []
+                batches, self._waiting = self._waiting, []
             error = None
+            started = time.perf_counter()
             try:
-                started = time.perf_counter()
                 os.fdatasync(self._fd)  # everything committed before this call is durable after it
-                self.fsync_seconds.observe(time.perf_counter() - started)
-                self.fsyncs += 1
             except OSError as exc:
                 error = exc
             with self._cond:
-                self._synced.append((batch, error))
+                self._synced.append((batches, time.perf_counter() - started, error))
             self._wakeup.send()  # thread-safe: the event loop runs _answer_synced
 
     def _answer_synced(self) -> None:
         with self._cond:
             synced, self._synced = self._synced, []
-        for batch, _ in synced:
-            self.in_flight -= len(batch)
-        if synced:
-            self._on_synced()
-        for batch, error in synced:
+        for batches, seconds, error in synced:
+            self._observe(seconds)
             if error is not None:
-                logger.error("fsync of the WAL failed, {} replies fail: {}", len(batch), error)
-            for request in batch:
+                logger.error("fsync of the WAL failed, {} batches' durable replies fail: {}", len(batches), error)
+            for batch in batches:
                 if error is not None:
-                    request.result, request.error = None, errors.storage_failed(f"fsync failed: {error}")
-                request.done.set()
+                    batch.sync_error = errors.storage_failed(f"fsync failed: {error}")
+                batch.synced.set()
 
 
 class Writer:
-    """Owns the database connection; runs submitted functions in batches."""
+    """Owns the database connection; runs submitted functions in per-turn transactions."""
 
     def __init__(self, db: Database, fsync_durable: bool = True, on_rollback=None, after_batch=None):
         self.db = db
@@ -142,133 +158,180 @@ class Writer:
         # blocked readers a batch served.
         self._on_rollback = on_rollback or (lambda: None)
         self._after_batch = after_batch or (lambda ok: None)
-        self._queue: list[Request] = []
-        self._has_work = Event()
+        self._loop = get_hub().loop
+        self._batch: Batch | None = None  # the open transaction of this loop turn
         self._stopping = False
-        self._syncer = Syncer(db.wal_path, on_synced=self._has_work.set) if fsync_durable else None
+        self._fsync_durable = fsync_durable
+        self._wal_fd = os.open(db.wal_path, os.O_RDONLY) if fsync_durable else None
+        self._syncer: Syncer | None = None  # made when an fsync is first slow
+        self._fsync_on_thread_until = 0.0  # monotonic: fsyncs go to the Syncer until then
         self._slow_work = ThreadPool(1)  # checkpoints: they fsync the database file
         self._checkpointing = False
         self._restart_wal = False
+        self._paused: Event | None = None  # set while a RESTART checkpoint runs: new batches wait
         self._batches_at_checkpoint = 0
         self.batches = 0
         self.committed_requests = 0
+        self.fsyncs = 0
         self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)   # requests per committed batch
-        self.commit_seconds = Histogram(SECONDS_BUCKETS)   # BEGIN .. COMMIT of a batch (no fsync)
+        self.commit_seconds = Histogram(SECONDS_BUCKETS)   # the COMMIT of a batch (no fsync)
+        self.fsync_seconds = Histogram(SECONDS_BUCKETS) if fsync_durable else None
         # A checkpoint copies at most the WAL into the database: with the WAL kept
         # under half the reserve (db.wal_limit), the reserve has room for that copy.
         self.disk_full = not db.make_reserve()
         if self.disk_full:
             logger.warning("cannot set {} bytes aside in {}: the disk is nearly full, pushes are refused "
                            "until there is room", db.reserve_bytes, db.reserve_path)
-        self._committer = gevent.spawn(self._commit_loop)
-
-    @property
-    def fsyncs(self) -> int:
-        return self._syncer.fsyncs if self._syncer else 0
-
-    @property
-    def fsync_seconds(self) -> Histogram | None:
-        return self._syncer.fsync_seconds if self._syncer else None
 
     def submit(self, fn, *args, durable: bool = True, grows: bool = False) -> Request:
-        """Queue `fn(*args)` for the next batch; a durable one is answered after fsync.
+        """Run `fn(*args)` in this turn's transaction; a durable one is answered after fsync.
 
         `grows`: it adds rows (a push), so a full disk refuses it; everything
         else (claims, acks, nacks, reads) rewrites rows that exist and goes on.
         """
         if self._stopping:
             raise errors.err("server is shutting down")
-        request = Request(fn, args, durable, grows)
-        self._queue.append(request)
-        self._has_work.set()
-        return request
+        batch = self._batch or self._open_batch()
+        if grows and self.disk_full and not self._room_again():
+            raise errors.DISK_FULL
+        try:
+            result = fn(*args)
+        except errors.CommandError:
+            raise  # validated before writing: nothing to undo
+        except Exception as exc:  # a storage failure (disk full, I/O error) or a bug
+            self._roll_back(batch, exc, f"request {getattr(fn, '__name__', fn)}")
+            raise batch.error from None
+        batch.requests += 1
+        if durable:
+            batch.durable = True
+        return Request(batch, result, durable)
 
     def call(self, fn, *args, durable: bool = True):
         """Submit and wait: the result of `fn(*args)` once its batch committed."""
         return self.submit(fn, *args, durable=durable).wait()
 
     def pending(self) -> int:
-        return len(self._queue)
+        """Requests in the transaction not yet committed."""
+        return self._batch.requests if self._batch is not None else 0
 
     def stop(self) -> None:
-        """Commit and answer everything queued, then stop the fsync thread."""
+        """Commit and answer what this turn submitted, then stop the fsync thread."""
         self._stopping = True
-        self._has_work.set()
-        self._committer.join()
+        batch = self._batch
+        if batch is not None:
+            batch.synced.wait()  # the turn's callback commits it
         if self._syncer is not None:
             self._syncer.stop()
+        if self._wal_fd is not None:
+            os.close(self._wal_fd)
+            self._wal_fd = None
         self._slow_work.join()  # a checkpoint under way finishes before the database closes
         self._slow_work.kill()
 
-    def _commit_loop(self) -> None:
-        while True:
-            self._has_work.wait()
-            self._has_work.clear()
-            if self._restart_wal:
+    # ------------------------------------------------------------ the turn's transaction
+
+    def _open_batch(self) -> Batch:
+        # A RESTART checkpoint needs the writer idle: the turn's first submit runs it, others wait.
+        while self._batch is None and (self._paused is not None or self._restart_wal):
+            if self._paused is not None:
+                self._paused.wait()
+            else:
                 self._finish_checkpoint()
-            if self._queue and self._can_wait_for_fsync(self._queue):
-                continue  # committed when the fsync under way ends (_has_work is set then)
-            batch, self._queue = self._queue, []
-            if batch:
-                self._commit(batch)
-                gevent.sleep(0)  # let connections run and queue more before the next batch
-            elif self._stopping:
-                return
+        if self._batch is not None:  # another greenlet opened it while this one waited
+            return self._batch
+        try:
+            self.db.begin()
+        except Exception as exc:
+            logger.opt(exception=exc).error("cannot begin a transaction: {}", exc)
+            raise errors.storage_failed(str(exc) or type(exc).__name__) from None
+        batch = self._batch = Batch()
+        self._loop.run_callback(self._end_turn, batch)
+        return batch
 
-    def _can_wait_for_fsync(self, queued: list[Request]) -> bool:
-        """Only durable requests, and an fsync is under way: their replies wait for an fsync that
-        starts after their commit, which cannot start before this one ends. Committing them
-        then, as one batch, costs them nothing and saves the commits in between."""
-        return bool(self._syncer and self._syncer.in_flight) and all(r.durable for r in queued)
-
-    def _commit(self, batch: list[Request]) -> None:
-        ok = self._run_batch(batch)
-        # Blocked readers the batch served first: a worker waiting for a task
-        # matters more than the producer's reply (callbacks run in this order).
-        self._after_batch(ok)
-        if ok and self._syncer is not None:
-            durable = [request for request in batch if request.durable]
-            if durable:
-                self._syncer.after_sync(durable)
-            for request in batch:
-                if not request.durable:
-                    request.done.set()
-        else:
-            for request in batch:
-                request.done.set()
-        since = self.batches - self._batches_at_checkpoint
-        if ok and not self._checkpointing and (since >= CHECKPOINT_EVERY_BATCHES or (
-                since >= CHECKPOINT_MIN_BATCHES and self.db.wal_size() > self.db.wal_limit)):
-            self._start_checkpoint()
-
-    def _run_batch(self, batch: list[Request]) -> bool:
-        """Run the batch in one transaction. False if it was rolled back."""
-        db = self.db
-        if self.disk_full:
-            self._refuse_growth(batch)
+    def _end_turn(self, batch: Batch) -> None:
+        """On the hub, after every greenlet that ran this turn: commit, wake, fsync."""
+        if batch is not self._batch:
+            return  # rolled back already
+        self._batch = None
         started = time.perf_counter()
         try:
-            db.begin()
-            for request in batch:
-                if request.error is not None:
-                    continue  # refused above
-                try:
-                    request.result = request.fn(*request.args)
-                except errors.CommandError as exc:
-                    request.error = exc  # validated before writing: nothing to undo
-            db.commit()
-        except Exception as exc:  # a storage failure (disk full, I/O error) or a bug
-            if db.is_disk_full(exc):
-                self._on_disk_full(f"batch of {len(batch)} requests (rolled back)", exc)
-            else:
-                logger.opt(exception=exc).error("batch of {} requests rolled back: {}", len(batch), exc)
-            self._roll_back(batch, exc)
-            return False
+            self.db.commit()
+        except Exception as exc:
+            self._roll_back(batch, exc, f"commit of {batch.requests} requests")
+            return
         self.commit_seconds.observe(time.perf_counter() - started)
-        self.batch_sizes.observe(len(batch))
+        self.batch_sizes.observe(batch.requests)
         self.batches += 1
-        self.committed_requests += len(batch)
-        return True
+        self.committed_requests += batch.requests
+        # Blocked readers the batch served first: a worker waiting for a task
+        # matters more than the producer's reply (callbacks run in this order).
+        self._after_batch(True)
+        batch.committed.set()
+        if not (batch.durable and self._fsync_durable):
+            batch.synced.set()
+        elif time.monotonic() < self._fsync_on_thread_until:
+            self._syncer_now().after_sync(batch)
+        else:
+            self._fsync_inline(batch)
+        self._maybe_checkpoint()
+
+    def _fsync_inline(self, batch: Batch) -> None:
+        started = time.perf_counter()
+        try:
+            os.fdatasync(self._wal_fd)  # everything committed before this call is durable after it
+        except OSError as exc:
+            logger.error("fsync of the WAL failed, {} requests' durable replies fail: {}", batch.requests, exc)
+            batch.sync_error = errors.storage_failed(f"fsync failed: {exc}")
+        seconds = time.perf_counter() - started
+        self._observe_fsync(seconds)
+        batch.synced.set()
+        if seconds > SLOW_FSYNC:
+            if self._syncer is None:
+                logger.warning("an fsync took {:.1f} ms: fsyncs run on a thread while the disk is slow "
+                               "(logged once)", seconds * 1000)
+            self._fsync_on_thread_until = time.monotonic() + SLOW_FSYNC_BACKOFF
+            self._syncer_now()
+
+    def _observe_fsync(self, seconds: float) -> None:
+        self.fsyncs += 1
+        self.fsync_seconds.observe(seconds)
+
+    def _syncer_now(self) -> Syncer:
+        if self._syncer is None:
+            self._syncer = Syncer(self.db.wal_path, self._observe_fsync)
+        return self._syncer
+
+    def _maybe_checkpoint(self) -> None:
+        since = self.batches - self._batches_at_checkpoint
+        if not self._checkpointing and (since >= CHECKPOINT_EVERY_BATCHES or (
+                since >= CHECKPOINT_MIN_BATCHES and self.db.wal_size() > self.db.wal_limit)):
+            self._checkpointing = True
+            self._batches_at_checkpoint = self.batches
+            gevent.spawn(self._start_checkpoint)  # not from the hub: the pool may switch
+
+    def _roll_back(self, batch: Batch, exc: BaseException, what: str) -> None:
+        """Undo the whole batch: every request in it is answered with a storage error."""
+        if self.db.is_disk_full(exc):
+            self._on_disk_full(f"{what} (batch rolled back)", exc)
+        else:
+            logger.opt(exception=exc).error("{} failed, batch of {} requests rolled back: {}", what,
+                                            batch.requests, exc)
+        if self._batch is batch:
+            self._batch = None
+        try:
+            self.db.rollback()
+        except Exception as rollback_exc:
+            logger.opt(exception=rollback_exc).error("rollback failed: {}", rollback_exc)
+        batch.error = errors.storage_failed(str(exc) or type(exc).__name__)
+        try:
+            self._on_rollback()
+        except Exception as hook_exc:
+            logger.opt(exception=hook_exc).error("reloading state after rollback failed: {}", hook_exc)
+        self._after_batch(False)
+        batch.committed.set()
+        batch.synced.set()
+
+    # ------------------------------------------------------------ a full disk
 
     def _on_disk_full(self, what: str, exc: BaseException) -> None:
         """The file system is full: free the reserve so acks and claims go on, refuse pushes.
@@ -287,36 +350,19 @@ class Writer:
                      "there is room again", what, exc, self.db.reserve_bytes)
         self._batches_at_checkpoint = -CHECKPOINT_EVERY_BATCHES  # checkpoint after the next batch
 
-    def _refuse_growth(self, batch: list[Request]) -> None:
-        """While the disk is full, answer pushes with DISK_FULL, unless the reserve fits again."""
-        growing = [request for request in batch if request.grows]
-        if not growing:
-            return
+    def _room_again(self) -> bool:
+        """While the disk is full: is there room again? Then the reserve is made and pushes resume."""
         # Room for the reserve and as much again: otherwise the next push would fill the disk at once.
         if self.db.free_bytes() >= max(2 * self.db.reserve_bytes, MIN_ROOM) and self.db.make_reserve():
             self.disk_full = False
             logger.info("disk space available again: {} bytes set aside, pushes accepted", self.db.reserve_bytes)
-            return
-        for request in growing:
-            request.error = errors.DISK_FULL()
+            return True
+        return False
 
-    def _roll_back(self, batch: list[Request], exc: Exception) -> None:
-        try:
-            self.db.rollback()
-        except Exception as rollback_exc:
-            logger.opt(exception=rollback_exc).error("rollback failed: {}", rollback_exc)
-        failure = errors.storage_failed(str(exc) or type(exc).__name__)
-        for request in batch:
-            request.result, request.error = None, failure
-        try:
-            self._on_rollback()
-        except Exception as hook_exc:
-            logger.opt(exception=hook_exc).error("reloading state after rollback failed: {}", hook_exc)
+    # ------------------------------------------------------------ checkpoints
 
     def _start_checkpoint(self) -> None:
         """Checkpoint on a thread while batches go on; one at a time."""
-        self._checkpointing = True
-        self._batches_at_checkpoint = self.batches
         self._slow_work.spawn(self._checkpoint, "PASSIVE").rawlink(self._checkpoint_done)
 
     def _checkpoint_done(self, done) -> None:
@@ -327,7 +373,12 @@ class Writer:
     def _finish_checkpoint(self) -> None:
         """With batches paused, copy what the passive pass left and restart the WAL."""
         self._restart_wal = False
-        self._check_checkpoint(self._slow_work.apply(self._checkpoint, ("RESTART",)), "RESTART")
+        self._paused = Event()
+        try:
+            self._check_checkpoint(self._slow_work.apply(self._checkpoint, ("RESTART",)), "RESTART")
+        finally:
+            paused, self._paused = self._paused, None
+            paused.set()
 
     def _check_checkpoint(self, error: BaseException | None, mode: str) -> None:
         """On the event loop: a checkpoint that failed for want of space starts the disk-full mode."""

@@ -1,5 +1,5 @@
-"""The writer's group commit on a real ezra.db, without a server: durable requests wait for the fsync
-under way, so with only durable requests every commit gets an fsync of its own."""
+"""The writer's group commit on a real ezra.db, without a server: what one loop turn submits commits as
+one transaction, and a durable request is answered only after an fsync that began after its commit."""
 
 from __future__ import annotations
 
@@ -10,28 +10,71 @@ from ezra.config import Settings
 from ezra.storage import open_database
 
 
-def test_durable_requests_queued_during_an_fsync_commit_together_after_it(tmp_path):
-    broker = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path), durability="full"))
+def open_broker(tmp_path, durability="full") -> Broker:
+    return Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path), durability=durability))
+
+
+def test_pushes_of_one_loop_turn_commit_together(tmp_path):
+    broker = open_broker(tmp_path)
     writer = broker.writer
     producers, pushes_each = 20, 30
 
     def producer(n: int) -> list[bytes]:
-        ids = []
-        for i in range(pushes_each):
-            gevent.sleep(n * 0.00005)  # spread the submissions over the fsync under way
-            ids.append(broker.push(b"jobs", b"*", [b"n", b"%d-%d" % (n, i)]).wait())
-        return ids
+        return [broker.push(b"jobs", b"*", [b"n", b"%d-%d" % (n, i)]).wait() for i in range(pushes_each)]
 
     try:
+        batches_before = writer.batches
         greenlets = [gevent.spawn(producer, n) for n in range(producers)]
         gevent.joinall(greenlets, raise_error=True)
         ids = [task_id for greenlet in greenlets for task_id in greenlet.value]
         assert len(set(ids)) == producers * pushes_each
+        # Each turn, every producer pushes once: one commit (and one fsync) per turn.
+        assert writer.batches - batches_before == pushes_each
+        assert writer.fsyncs == pushes_each
         assert broker.queue_counts()[b"jobs"]["available"] == producers * pushes_each
-        # No commit while an fsync was under way: each batch had its own fsync, and
-        # the 600 pushes needed far fewer batches than requests.
-        assert writer.fsyncs == writer.batches - 1  # the queue_counts read above: a batch, no fsync
-        assert writer.batches < producers * pushes_each / 2
+    finally:
+        broker.stop()
+        broker.db.close()
+
+
+def test_a_durable_reply_waits_for_its_fsync_a_read_does_not_need_one(tmp_path):
+    broker = open_broker(tmp_path)
+    writer = broker.writer
+    try:
+        request = broker.push(b"jobs", b"*", [b"f", b"v"])
+        assert writer.pending() == 1 and writer.fsyncs == 0  # runs at once; commits at the turn's end
+        assert request.wait().endswith(b"-0")
+        assert writer.fsyncs == 1
+        assert broker.length(b"jobs", False).wait() == 1
+        assert writer.fsyncs == 1  # a read's batch commits without an fsync
+    finally:
+        broker.stop()
+        broker.db.close()
+
+
+def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
+    broker = open_broker(tmp_path, durability="normal")
+    try:
+        first = broker.push(b"jobs", b"*", [b"f", b"v"])
+
+        def broken():
+            broker.db.conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+        try:
+            broker.writer.submit(broken)
+        except Exception as exc:
+            assert "storage error" in str(exc)
+        else:
+            raise AssertionError("the broken request was answered")
+        try:
+            first.wait()
+        except Exception as exc:
+            assert "storage error" in str(exc)
+        else:
+            raise AssertionError("a request of the rolled-back batch was answered")
+        assert broker.length(b"jobs", False).wait() == 0
+        assert broker.push(b"jobs", b"*", [b"f", b"v"]).wait()  # the next turn starts afresh
+        assert broker.length(b"jobs", False).wait() == 1
     finally:
         broker.stop()
         broker.db.close()
