@@ -32,6 +32,108 @@ def backup(r, dest):
     return r.execute_command("BACKUP", str(dest))
 
 
+# ---------------------------------------------------------------- 2. where BACKUP writes
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_backup_goes_only_inside_the_data_directory(ezra_factory, tmp_path, protocol):
+    server = ezra_factory()
+    r = server.client(protocol=protocol)
+    r.xadd("q", {"a": "1"})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    refused = {
+        "absolute, elsewhere": outside / "b.db",
+        "escapes with ..": "../outside/c.db",
+        "absolute with ..": server.data_dir / ".." / "outside" / "d.db",
+    }
+    for why, dest in refused.items():
+        with pytest.raises(redis.ResponseError, match="outside the backup directory") as caught:
+            backup(r, dest)
+        assert str(caught.value).startswith("BACKUP"), (why, caught.value)
+    assert list(outside.iterdir()) == [], "nothing written outside the data directory"
+
+    name = f"rel-{uuid.uuid4().hex[:8]}.db"
+    try:
+        assert backup(r, name) in OK_REPLIES
+        assert (server.data_dir / name).is_file(), "a relative path is taken in the data directory"
+        assert not (ROOT / name).exists()
+    finally:
+        if (ROOT / name).exists():  # the old code wrote it in the server's working directory
+            (ROOT / name).unlink()
+    (server.data_dir / "sub").mkdir()
+    assert backup(r, server.data_dir / "sub" / "abs.db") in OK_REPLIES
+    assert len(task_ids_in(server.data_dir / "sub" / "abs.db")) == 1
+    r.close()
+
+
+def test_backup_refuses_existing_files_symlinks_and_symlinked_parents(ezra_factory, tmp_path):
+    server = ezra_factory()
+    r = server.client()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    data = server.data_dir
+    (data / "old.db").write_bytes(b"keep me")
+    (data / "dangling.db").symlink_to(outside / "made-through-link.db")
+    (data / "link-to-file.db").symlink_to(outside / "victim")
+    (outside / "victim").write_bytes(b"victim")
+    (data / "linked-dir").symlink_to(outside, target_is_directory=True)
+
+    with pytest.raises(redis.ResponseError, match="exists already"):
+        backup(r, "old.db")
+    assert (data / "old.db").read_bytes() == b"keep me"
+    for name in ("dangling.db", "link-to-file.db"):
+        with pytest.raises(redis.ResponseError, match="exists already"):
+            backup(r, data / name)
+    with pytest.raises(redis.ResponseError, match="outside the backup directory"):
+        backup(r, "linked-dir/through.db")
+    with pytest.raises(redis.ResponseError, match="no such directory"):
+        backup(r, "missing-dir/x.db")
+    for bad in (".", "..", "", "sub/.."):
+        with pytest.raises(redis.ResponseError):
+            backup(r, bad)
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+    assert (outside / "victim").read_bytes() == b"victim"
+    assert r.ping()
+    r.close()
+
+
+def test_backup_dir_option_sets_where_backups_go(ezra_factory, tmp_path):
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    server = ezra_factory(env={"EZRA_BACKUP_DIR": str(backups)})
+    r = server.client()
+    r.xadd("q", {"a": "1"})
+    assert backup(r, "one.db") in OK_REPLIES
+    assert backup(r, backups / "two.db") in OK_REPLIES
+    assert {p.name for p in backups.iterdir()} == {"one.db", "two.db"}
+    with pytest.raises(redis.ResponseError, match="outside the backup directory"):
+        backup(r, server.data_dir / "three.db")
+    r.close()
+    flagged = ezra_factory("--backup-dir", str(tmp_path))
+    r = flagged.client()
+    assert backup(r, tmp_path / "by-flag.db") in OK_REPLIES
+    r.close()
+
+
+def test_ezra_backup_program_does_not_follow_a_dangling_symlink(ezra_factory, tmp_path):
+    server = ezra_factory()
+    server.client().xadd("q", {"a": "1"})
+    link = tmp_path / "link.db"
+    link.symlink_to(tmp_path / "target.db")
+    cli = subprocess.run([sys.executable, "-m", "ezra", "backup", "--data-dir", str(server.data_dir), str(link)],
+                         check=False, cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert cli.returncode == 1 and "exists already" in cli.stderr, cli
+    assert not (tmp_path / "target.db").exists(), "the link's target was created"
+    anywhere = tmp_path / "elsewhere" / "copy.db"  # the operator's program may write anywhere
+    anywhere.parent.mkdir()
+    cli = subprocess.run([sys.executable, "-m", "ezra", "backup", "--data-dir", str(server.data_dir), str(anywhere)],
+                         check=False, cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert len(task_ids_in(anywhere)) == 1
+
+
 # ---------------------------------------------------------------- 10. EZRA's own files
 
 def test_a_symlinked_reserve_file_is_refused_and_its_target_untouched(ezra_factory, tmp_path):
