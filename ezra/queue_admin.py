@@ -60,9 +60,12 @@ class QueueAdmin:
 
     def backup(self, dest_path: str) -> dict:
         """BACKUP: copy the live database (SQLite online backup) to a new file in the backup
-        directory; the copy's counts by state."""
+        directory, with every write submitted before it; the copy's counts by state."""
         allowed = self.settings.backup_dir or os.path.dirname(self.db.path)
         dest = backup_path(allowed, dest_path)
+        # The copy runs on a thread with its own connection: it sees what has committed, and
+        # writes submitted before this BACKUP (pipelined on this connection) may still be queued.
+        self.writer.barrier()
         return get_hub().threadpool.apply(backup_database, (self.db.path, dest))
 
     # ------------------------------------------------------------ writer's batch

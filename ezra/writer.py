@@ -187,6 +187,11 @@ class Writer:
         """Submit and wait: the result of `fn(*args)` once its batch committed."""
         return self.submit(fn, *args, durable=durable).wait()
 
+    def barrier(self) -> None:
+        """Wait until everything submitted before this call has committed (or rolled back):
+        work done off the writer (a backup) then sees every write sent before it."""
+        self.submit(lambda: None, durable=False).done.wait()
+
     def pending(self) -> int:
         return len(self._queue)
 

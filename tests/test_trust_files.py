@@ -134,6 +134,30 @@ def test_ezra_backup_program_does_not_follow_a_dangling_symlink(ezra_factory, tm
     assert len(task_ids_in(anywhere)) == 1
 
 
+# ---------------------------------------------------------------- 7. pipelined writes before BACKUP
+
+TRIES = 20
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_backup_holds_every_write_pipelined_before_it(ezra_factory, protocol):
+    server = ezra_factory()
+    r = server.client(protocol=protocol)
+    missing = []
+    for attempt in range(TRIES):
+        dest = server.data_dir / f"pipe-{attempt}.db"
+        pipe = r.pipeline(transaction=False)
+        pipe.xadd("q", {"try": str(attempt)})
+        pipe.execute_command("BACKUP", str(dest))
+        task_id, reply = pipe.execute()
+        assert reply in OK_REPLIES
+        task_id = task_id if isinstance(task_id, bytes) else task_id.encode()
+        if task_id not in task_ids_in(dest):
+            missing.append(attempt)
+    assert not missing, f"the pipelined XADD was missing from {len(missing)} of {TRIES} backups"
+    r.close()
+
+
 # ---------------------------------------------------------------- 10. EZRA's own files
 
 def test_a_symlinked_reserve_file_is_refused_and_its_target_untouched(ezra_factory, tmp_path):
