@@ -193,9 +193,10 @@ def _check_own_files(data_dir: str) -> None:
         except OSError as exc:
             raise StorageError(f"cannot inspect {path}: {exc}") from exc
         if stat.S_ISLNK(mode):
+            fix = ("remove the link: EZRA makes this file itself" if name == RESERVE_FILENAME else
+                   "put the file itself in its place, or point --data-dir at the directory that holds it")
             raise StorageError(f"{path} is a symbolic link (to {os.readlink(path)}); EZRA does not follow "
-                               "links for its own files: put the file itself in the data directory, "
-                               "or point --data-dir at the directory that holds it")
+                               f"links for its own files: {fix}")
         if not stat.S_ISREG(mode):
             raise StorageError(f"{path} is not a regular file; move it out of the data directory")
 
