@@ -19,7 +19,7 @@ from gevent import get_hub
 from . import errors, lifecycle
 from .lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
 from .queue_settings import backoff_text, number, optional_seconds
-from .storage import backup_database, entry, name_bytes
+from .storage import StorageError, backup_database, entry, name_bytes
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
 TOP = (MAX_ID_PART, MAX_ID_PART)
@@ -66,7 +66,10 @@ class QueueAdmin:
         # The copy runs on a thread with its own connection: it sees what has committed, and
         # writes submitted before this BACKUP (pipelined on this connection) may still be queued.
         self.writer.barrier()
-        return get_hub().threadpool.apply(backup_database, (self.db.path, dest))
+        counts, error = get_hub().threadpool.apply(_backup_on_thread, (self.db.path, dest))
+        if error is not None:
+            raise error
+        return counts
 
     # ------------------------------------------------------------ writer's batch
 
@@ -185,6 +188,14 @@ class QueueAdmin:
             "backoff": backoff_text(self._backoff(queue)),
             "release-on-disconnect": optional_seconds(self._release_grace(queue), "off"),
         }
+
+
+def _backup_on_thread(source: str, dest: str) -> tuple[dict | None, StorageError | None]:
+    """The error is returned, raised on the loop: gevent prints a traceback for one a pool task raises."""
+    try:
+        return backup_database(source, dest), None
+    except StorageError as exc:
+        return None, exc
 
 
 def backup_path(allowed_dir: str, requested: str) -> str:

@@ -94,6 +94,7 @@ def test_backup_refuses_existing_files_symlinks_and_symlinked_parents(ezra_facto
     assert sorted(p.name for p in outside.iterdir()) == ["victim"]
     assert (outside / "victim").read_bytes() == b"victim"
     assert r.ping()
+    assert "Traceback" not in server.log(), "a refusal is an answer, not a crash"
     r.close()
 
 
