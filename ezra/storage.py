@@ -209,8 +209,8 @@ def _connect(path: str, create: bool = False) -> sqlite3.Connection:
     try:
         os.close(os.open(path, flags, 0o600))
     except FileExistsError:
-        kind = "a symbolic link" if os.path.islink(path) else "a file"
-        raise StorageError(f"{path} exists already ({kind}); refusing to overwrite it") from None
+        kind = " (a symbolic link, not followed)" if os.path.islink(path) else ""
+        raise StorageError(f"{path} exists already{kind}; refusing to overwrite it") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise StorageError(f"{path} is a symbolic link; refusing to follow it") from None
