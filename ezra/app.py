@@ -3,7 +3,10 @@ broker (reaper) -> server -> signals; stopped in reverse."""
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
+import stat
 import sys
 
 import gevent
@@ -60,6 +63,7 @@ class App:
     def _start(self) -> int:
         settings = self.settings
         self.db = open_database(settings.data_dir, settings.disk_reserve)
+        check_directories(settings)
         recovered = self.db.recover()  # before the port opens: in-flight -> available
         if recovered:
             logger.info("recovered {} in-flight tasks to available", recovered)
@@ -99,6 +103,22 @@ class App:
         self.broker.stop()
         self.db.close()
         logger.info("stopped cleanly")
+
+
+def check_directories(settings: Settings) -> None:
+    """Warn about directories others may write to (a link planted there redirects EZRA's
+    writes); refuse a --backup-dir that is not a directory."""
+    directories = [("data directory", settings.data_dir)]
+    if settings.backup_dir is not None:
+        if not os.path.isdir(settings.backup_dir):
+            raise NotADirectoryError(errno.ENOTDIR, "--backup-dir is not a directory", settings.backup_dir)
+        directories.append(("backup directory", settings.backup_dir))
+    for what, path in directories:
+        mode = os.stat(path).st_mode
+        if mode & stat.S_IWOTH:
+            logger.warning("the {} {} is world-writable (mode {:o}): any local user can replace or link "
+                           "EZRA's files there; chmod o-w it (EZRA creates it 0700)", what, path,
+                           stat.S_IMODE(mode))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,7 +6,7 @@
     XREQUEUE queue ALL | IDS n id...          dead tasks back to available
     XINFO STREAM|GROUPS|CONSUMERS|HELP        Redis's shapes, plus EZRA's counts and settings
     XINFO TASKS queue state [COUNT n] [AFTER id]   EZRA's: the tasks of one state (ezra ls)
-    BACKUP dest-path                          a hot backup of ezra.db, written by the server
+    BACKUP dest-path                          a hot backup of ezra.db, a new file in the backup directory
 
 Same rules as commands.py: parse, call the broker, return a reply value.
 """
@@ -278,10 +278,10 @@ XINFO_HELP = [
 
 @command("BACKUP", 2)
 def backup(session, args):
-    """BACKUP dest-path: a consistent copy of ezra.db at dest-path (on the server), by SQLite's backup API."""
+    """BACKUP dest-path: a consistent copy of ezra.db, a new file in the backup directory (SQLite's backup API)."""
     dest = args[1].decode("utf-8", "surrogateescape")
     try:
         broker(session).backup(dest)
     except StorageError as exc:
-        raise errors.err(f"backup failed: {exc}") from None
+        raise errors.err(f"BACKUP failed: {exc}") from None
     return OK

@@ -42,6 +42,7 @@ class Settings:
     disk_reserve: int = 4 * 1024 * 1024         # bytes set aside so acks/claims work on a full disk
     queues: tuple = ()                          # ((name, {column: value}), ...) from --queue lines
     http_port: int | None = None                # /metrics, /healthz and the dashboard; None: off
+    backup_dir: str | None = None               # where BACKUP may write; None: the data directory
 
 
 def positive_float(text: str) -> float:
@@ -172,6 +173,10 @@ def build_parser() -> configargparse.ArgParser:
         help="serve Prometheus /metrics, /healthz and the web dashboard on this port, with the same "
              "--bind, --password (HTTP Basic, any user name) and TLS as the main port (unset: off; "
              "0 picks a free port)")
+    add("--backup-dir", default=None, env_var="EZRA_BACKUP_DIR", metavar="DIR",
+        help="the only directory where the BACKUP command may write (a new file; a relative path is "
+             "taken in it; links leading out of it are refused); unset: the data directory. "
+             "'ezra backup', run by the operator, writes anywhere")
     add("--version", action="version", version=f"ezra {__version__}")
     return parser
 

@@ -92,6 +92,10 @@ def task_too_large(size: int, limit: int) -> CommandError:
     return err(f"task too large: {size} bytes in fields, the limit is {limit} (--max-task-size)")
 
 
+def backup_refused(reason: str) -> CommandError:
+    return err(f"BACKUP refused: {reason}")
+
+
 def storage_failed(reason: str) -> CommandError:
     return err(f"storage error, nothing was changed: {reason}")
 

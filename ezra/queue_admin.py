@@ -4,19 +4,22 @@
     requeue        XREQUEUE: dead tasks back to available, attempts reset, in one statement
     ack_delete     XACKDEL: ack and drop the record
     stream_info    the figures behind XINFO STREAM / GROUPS / CONSUMERS
-    backup         SQLite's online backup API on a native thread; writers carry on meanwhile
+    backup         SQLite's online backup API on a native thread; writers carry on meanwhile.
+                   It writes only a new file inside the backup directory (--backup-dir, else
+                   the data directory): anyone who can send commands can run it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 from gevent import get_hub
 
 from . import errors, lifecycle
 from .lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
 from .queue_settings import backoff_text, number, optional_seconds
-from .storage import backup_database, entry, name_bytes
+from .storage import StorageError, backup_database, entry, name_bytes
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
 TOP = (MAX_ID_PART, MAX_ID_PART)
@@ -56,8 +59,17 @@ class QueueAdmin:
         return self.writer.call(self._tx_overview, head_since, durable=False)
 
     def backup(self, dest_path: str) -> dict:
-        """Copy the live database to dest_path (SQLite online backup); the copy's counts by state."""
-        return get_hub().threadpool.apply(backup_database, (self.db.path, dest_path))
+        """BACKUP: copy the live database (SQLite online backup) to a new file in the backup
+        directory, with every write submitted before it; the copy's counts by state."""
+        allowed = self.settings.backup_dir or os.path.dirname(self.db.path)
+        dest = backup_path(allowed, dest_path)
+        # The copy runs on a thread with its own connection: it sees what has committed, and
+        # writes submitted before this BACKUP (pipelined on this connection) may still be queued.
+        self.writer.barrier()
+        counts, error = get_hub().threadpool.apply(_backup_on_thread, (self.db.path, dest))
+        if error is not None:
+            raise error
+        return counts
 
     # ------------------------------------------------------------ writer's batch
 
@@ -176,3 +188,34 @@ class QueueAdmin:
             "backoff": backoff_text(self._backoff(queue)),
             "release-on-disconnect": optional_seconds(self._release_grace(queue), "off"),
         }
+
+
+def _backup_on_thread(source: str, dest: str) -> tuple[dict | None, StorageError | None]:
+    """The error is returned, raised on the loop: gevent prints a traceback for one a pool task raises."""
+    try:
+        return backup_database(source, dest), None
+    except StorageError as exc:
+        return None, exc
+
+
+def backup_path(allowed_dir: str, requested: str) -> str:
+    """Where BACKUP may write `requested`: a new file's path inside allowed_dir, links resolved.
+
+    A relative path is taken in allowed_dir. The directory that will hold the copy is
+    resolved (`..`, symbolic links) and must be allowed_dir or below it; the final name is
+    created later with O_EXCL | O_NOFOLLOW (storage.backup_database), so neither an existing
+    file nor a link there is written through.
+    """
+    if "\0" in requested:
+        raise errors.backup_refused("a path cannot hold a NUL byte")
+    base = os.path.realpath(allowed_dir)
+    head, name = os.path.split(os.path.join(base, requested))
+    if name in ("", ".", ".."):
+        raise errors.backup_refused(f"{requested!r} does not name a new file")
+    parent = os.path.realpath(head)
+    if os.path.commonpath([base, parent]) != base:
+        raise errors.backup_refused(f"{requested!r} is outside the backup directory {base} "
+                                    "(set by --backup-dir, else the data directory)")
+    if not os.path.isdir(parent):
+        raise errors.backup_refused(f"no such directory {parent}")
+    return os.path.join(parent, name)

@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import sqlite3
+import stat
 
 from loguru import logger
 
@@ -30,6 +31,9 @@ DB_FILENAME = "ezra.db"
 BUSY_TIMEOUT_MS = 5000
 CHECKPOINT_WAIT_MS = 200
 RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still commit on a full disk
+# EZRA's own files in the data directory: never reached through a symbolic link (a link
+# planted there would make a server, often root, write wherever it points).
+OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME)
 DEFAULT_RESERVE_BYTES = 16 * 1024 * 1024
 
 SCHEMA = """
@@ -155,6 +159,7 @@ def entry(row) -> list:
 def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> "Database":
     """Open (or create) data_dir/ezra.db, migrate it; refuse a file that is not EZRA's."""
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
+    _check_own_files(data_dir)
     path = os.path.join(data_dir, DB_FILENAME)
     existed = os.path.exists(path) and os.path.getsize(path) > 0
     conn = _connect(path)
@@ -177,13 +182,42 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
     return Database(conn, path, reserve_bytes)
 
 
-def _connect(path: str) -> sqlite3.Connection:
+def _check_own_files(data_dir: str) -> None:
+    """Refuse to start on a data directory where one of EZRA's files is a link or not a file."""
+    for name in OWN_FILES:
+        path = os.path.join(data_dir, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise StorageError(f"cannot inspect {path}: {exc}") from exc
+        if stat.S_ISLNK(mode):
+            fix = ("remove the link: EZRA makes this file itself" if name == RESERVE_FILENAME else
+                   "put the file itself in its place, or point --data-dir at the directory that holds it")
+            raise StorageError(f"{path} is a symbolic link (to {os.readlink(path)}); EZRA does not follow "
+                               f"links for its own files: {fix}")
+        if not stat.S_ISREG(mode):
+            raise StorageError(f"{path} is not a regular file; move it out of the data directory")
+
+
+def _connect(path: str, create: bool = False) -> sqlite3.Connection:
     # The file holds users' data: create it 0600 (SQLite gives its -wal and -shm
     # the same mode). Not through the umask, which is the whole process's.
+    # O_NOFOLLOW: never through a link. `create`: a new file only (a backup's copy).
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if create else 0)
     try:
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.close(os.open(path, flags, 0o600))
+    except FileExistsError:
+        kind = " (a symbolic link, not followed)" if os.path.islink(path) else ""
+        raise StorageError(f"{path} exists already{kind}; refusing to overwrite it") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(f"{path} is a symbolic link; refusing to follow it") from None
+        raise StorageError(f"cannot open {path}: {exc}") from exc
+    try:
         return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    except (OSError, sqlite3.Error) as exc:
+    except sqlite3.Error as exc:
         raise StorageError(f"cannot open {path}: {exc}") from exc
 
 
@@ -275,10 +309,8 @@ def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
     checks that the copy opens. Safe from another process or a thread: it uses its own
     connections.
     """
-    if os.path.exists(dest_path):
-        raise StorageError(f"{dest_path} exists already; refusing to overwrite it")
+    dest = _connect(dest_path, create=True)  # O_EXCL | O_NOFOLLOW: a new file, never through a link
     source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
-    dest = _connect(dest_path)
     try:
         source.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         source.backup(dest)  # pages=-1: the whole file in one step, one snapshot
@@ -317,7 +349,7 @@ class Database:
         # SQLite's POSIX locks for the whole process.)
         self.wal_limit = max(reserve_bytes // 2, 1024 * 1024)
         conn.execute(f"PRAGMA journal_size_limit = {self.wal_limit}").fetchone()
-        self._wal_fd = os.open(self.wal_path, os.O_RDONLY)
+        self._wal_fd = os.open(self.wal_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
 
     # -- transactions (driven by writer.py)
@@ -339,6 +371,10 @@ class Database:
             self._checkpointer.close()
         self.conn.close()
 
+    def sync_wal(self) -> None:
+        """fdatasync the WAL: everything committed before this call is durable after it."""
+        os.fdatasync(self._wal_fd)
+
     def wal_size(self) -> int:
         """Bytes in the WAL file (one fstat): above `wal_limit`, time for a checkpoint."""
         return os.fstat(self._wal_fd).st_size
@@ -350,10 +386,20 @@ class Database:
         if self.reserve_bytes <= 0:
             return True
         try:
-            fd = os.open(self.reserve_path, os.O_WRONLY | os.O_CREAT, 0o600)
-        except OSError:
+            fd = os.open(self.reserve_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                logger.error("cannot make the disk reserve: {} is a symbolic link (not followed)",
+                             self.reserve_path)
+            else:
+                logger.warning("cannot make the disk reserve {}: {}", self.reserve_path, exc)
             return False
         try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a hard link: somebody else's file
+                logger.error("not using {} as the disk reserve: not a regular file of its own "
+                             "(mode {:o}, {} links)", self.reserve_path, info.st_mode, info.st_nlink)
+                return False
             os.posix_fallocate(fd, 0, self.reserve_bytes)  # blocks really allocated, not a sparse file
             return True
         except OSError:

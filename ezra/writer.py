@@ -27,7 +27,6 @@ whole batch back: every request in it is answered with a storage error.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -90,8 +89,8 @@ class Request:
 class Syncer:
     """A native thread that fsyncs the WAL for committed batches, while fsyncs are slow."""
 
-    def __init__(self, wal_path: str, observe):
-        self._fd = os.open(wal_path, os.O_RDONLY)
+    def __init__(self, sync_wal, observe):
+        self._sync_wal = sync_wal
         self._observe = observe  # observe(seconds): counted on the event loop's side
         self._cond = threading.Condition()
         self._waiting: list[Batch] = []  # committed, not yet synced
@@ -116,7 +115,6 @@ class Syncer:
         self._answer_synced()
         self._wakeup.stop()
         self._wakeup.close()
-        os.close(self._fd)
 
     def _run(self) -> None:
         while True:
@@ -129,7 +127,7 @@ class Syncer:
             error = None
             started = time.perf_counter()
             try:
-                os.fdatasync(self._fd)  # everything committed before this call is durable after it
+                self._sync_wal()  # everything committed before this call is durable after it
             except OSError as exc:
                 error = exc
             with self._cond:
@@ -162,7 +160,6 @@ class Writer:
         self._batch: Batch | None = None  # the open transaction of this loop turn
         self._stopping = False
         self._fsync_durable = fsync_durable
-        self._wal_fd = os.open(db.wal_path, os.O_RDONLY) if fsync_durable else None
         self._syncer: Syncer | None = None  # made when an fsync is first slow
         self._fsync_on_thread_until = 0.0  # monotonic: fsyncs go to the Syncer until then
         self._slow_work = ThreadPool(1)  # checkpoints: they fsync the database file
@@ -210,6 +207,11 @@ class Writer:
         """Submit and wait: the result of `fn(*args)` once its batch committed."""
         return self.submit(fn, *args, durable=durable).wait()
 
+    def barrier(self) -> None:
+        """Wait until everything submitted before this call has committed (or rolled back):
+        work done off the writer (a backup) then sees every write sent before it."""
+        self.submit(lambda: None, durable=False).batch.committed.wait()
+
     def pending(self) -> int:
         """Requests in the transaction not yet committed."""
         return self._batch.requests if self._batch is not None else 0
@@ -222,9 +224,6 @@ class Writer:
             batch.synced.wait()  # the turn's callback commits it
         if self._syncer is not None:
             self._syncer.stop()
-        if self._wal_fd is not None:
-            os.close(self._wal_fd)
-            self._wal_fd = None
         self._slow_work.join()  # a checkpoint under way finishes before the database closes
         self._slow_work.kill()
 
@@ -278,7 +277,7 @@ class Writer:
     def _fsync_inline(self, batch: Batch) -> None:
         started = time.perf_counter()
         try:
-            os.fdatasync(self._wal_fd)  # everything committed before this call is durable after it
+            self.db.sync_wal()  # everything committed before this call is durable after it
         except OSError as exc:
             logger.error("fsync of the WAL failed, {} requests' durable replies fail: {}", batch.requests, exc)
             batch.sync_error = errors.storage_failed(f"fsync failed: {exc}")
@@ -298,7 +297,7 @@ class Writer:
 
     def _syncer_now(self) -> Syncer:
         if self._syncer is None:
-            self._syncer = Syncer(self.db.wal_path, self._observe_fsync)
+            self._syncer = Syncer(self.db.sync_wal, self._observe_fsync)
         return self._syncer
 
     def _maybe_checkpoint(self) -> None:

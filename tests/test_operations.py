@@ -524,7 +524,7 @@ def acked_tasks_in(path) -> set[bytes]:
 
 
 def test_backup_during_writes_holds_every_task_acked_before_it_began(ezra_factory, tmp_path):
-    server = ezra_factory()
+    server = ezra_factory("--backup-dir", str(tmp_path))  # BACKUP writes only there
     acked: list[bytes] = []
     stop = threading.Event()
 
