@@ -93,8 +93,9 @@ class Store:
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()  # the -wal file exists from here on
         self.wal_fd = os.open(path + "-wal", os.O_RDONLY)
         self.loop = get_hub().loop
-        self.in_tx = False
+        self.in_tx = self.defer = False
         self.commit_waiters, self.fsync_waiters = [], []  # Waiters of the open transaction
+        self.commits = self.fsyncs = 0  # shown in INFO
 
     def write(self, sql, params, many=False):
         """Run a statement (many: once per params) in this loop turn's transaction, opened (and its
@@ -107,15 +108,21 @@ class Store:
 
     def commit(self):
         """Hub callback: commit the turn's transaction, wake claims, fdatasync the WAL, wake XADD/XACK."""
+        if self.defer:  # readers woken by this turn's pushes run first: their claims join this commit
+            self.defer = False
+            self.loop.run_callback(self.commit)
+            return
         try:
             self.in_tx = False
             self.db.execute("COMMIT")
+            self.commits += 1
             commit_waiters, self.commit_waiters = self.commit_waiters, []
             fsync_waiters, self.fsync_waiters = self.fsync_waiters, []
             for w in commit_waiters:
                 w.switch(None)
             if fsync_waiters:
                 os.fdatasync(self.wal_fd)  # inline: the loop waits for the disk, as Redis's appendfsync always
+                self.fsyncs += 1
                 for w in fsync_waiters:
                     w.switch(None)
         except Exception as e:  # a commit or fsync that fails loses acknowledged work: stop loudly
@@ -178,6 +185,7 @@ class Floor:
             if entry[1]:  # still blocked (not timed out)
                 entry[1] = False
                 self.store.loop.run_callback(entry[0].switch, None)
+                self.store.defer = True
                 return
 
     def xreadgroup(self, conn, args):
@@ -288,7 +296,8 @@ class Floor:
 
     def info(self, conn, args):
         text = (f"# Server\r\nredis_version:7.0.0\r\nserver_name:ezra-bench-floor\r\n\r\n# Clients\r\n"
-                f"connected_clients:{self.connected}\r\nblocked_clients:{self.blocked}\r\n")
+                f"connected_clients:{self.connected}\r\nblocked_clients:{self.blocked}\r\n\r\n# Floor\r\n"
+                f"commits:{self.store.commits}\r\nfsyncs:{self.store.fsyncs}\r\n")
         return bulk(text.encode()), 0
 
     def handle(self, sock, _addr):
