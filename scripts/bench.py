@@ -3,7 +3,7 @@
 
     python scripts/bench.py                      # everything, medians of 3 runs
     python scripts/bench.py --servers ezra,redis-always --workloads cycle-4x4 --runs 5
-    python scripts/bench.py --smoke --json /tmp/x.json   # tiny run, EZRA only
+    python scripts/bench.py --smoke --json /tmp/x.json   # tiny run, EZRA and the floor only
 
 Every server is started fresh for every (workload, run) on a free port in a
 temporary data dir, and stopped with SIGTERM afterwards.  Producers and workers
@@ -47,6 +47,7 @@ ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "push-drain", "push-drain-batched
                  "latency", "idle-waiters", "backlog", "footprint"]
 ALIASES = {"push-only": "push-drain", "drain": "push-drain"}
 BEANSTALK_WORKLOADS = {"cycle-4x4", "push-drain", "latency"}
+FLOOR = "floor"  # scripts/floor_server.py: the yardstick for server CPU per task (see its docstring)
 INSTALL_HINT = "apt-get install redis-server beanstalkd"
 
 
@@ -338,6 +339,9 @@ def server_specs(args):
         "ezra-normal": ("resp", ezra_fn("normal"), None),
         # full durability with the HTTP listener on and /metrics scraped every second (issue 8)
         "ezra-metrics": ("resp", lambda p, d: ezra_fn("full", "--http-port", str(free_port()))(p, d), None),
+        # the yardstick: the same stack as EZRA's with nothing but the request path (scripts/floor_server.py)
+        FLOOR: ("resp", lambda p, d: [sys.executable, os.path.join(REPO, "scripts", "floor_server.py"),
+                                      "--port", str(p), "--data-dir", d], None),
         "redis-always": ("resp", redis_fn("always"), "redis-server"),
         "redis-everysec": ("resp", redis_fn("everysec"), "redis-server"),
         "beanstalkd": ("beanstalk", lambda p, d: ["beanstalkd", "-l", HOST, "-p", str(p),
@@ -470,6 +474,11 @@ def phase(srv, q, n, producers=0, batch=1, rate=0, workers=0, count=1, timeout=1
         specs.append((producer_main, (srv.proto, srv.port, q, lo, hi, batch, rate)))
     for k in range(workers):
         specs.append((worker_main, (srv.proto, srv.port, q, f"w{k}", count)))
+    return tally(srv, specs, n, workers > 0, timeout)
+
+
+def tally(srv, specs, n, workers, timeout):
+    """Run the client processes of specs (n tasks; workers: whether any ack) and sum up what they did."""
     results, elapsed, cpu, errors = run_procs(srv, specs, timeout, n_total=n)
     wres = [r for r in results if r["role"] == "worker"]
     acked, sent = sum(r["acked"] for r in wres), sum(r.get("sent", 0) for r in results)
@@ -706,16 +715,16 @@ WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "push-dra
 
 
 # --------------------------------------------------------------------------- driver
-DEFAULTS = {"servers": "ezra,ezra-normal,redis-always,redis-everysec,beanstalkd",
+DEFAULTS = {"servers": f"ezra,ezra-normal,{FLOOR},redis-always,redis-everysec,beanstalkd",
             "workloads": ",".join(ALL_WORKLOADS), "tasks": 10000, "runs": 3, "backlog_n": 1_000_000,
             "latency_tasks": 3000, "idle_conns": 1000, "footprint_conns": 10000, "timeout": 120.0}
-SMOKE = {"servers": "ezra", "tasks": 200, "runs": 1, "backlog_n": 2000, "latency_tasks": 200,
+SMOKE = {"servers": f"ezra,{FLOOR}", "tasks": 200, "runs": 1, "backlog_n": 2000, "latency_tasks": 200,
          "idle_conns": 50, "footprint_conns": 200, "timeout": 60.0}
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", help="comma list of ezra,ezra-normal,ezra-metrics,redis-always,"
+    ap.add_argument("--servers", help="comma list of ezra,ezra-normal,ezra-metrics,floor,redis-always,"
                     "redis-everysec,beanstalkd (default: all but ezra-metrics)")
     ap.add_argument("--workloads", help=f"comma list of {','.join(ALL_WORKLOADS)} (default: all; "
                     "push-only and drain are aliases of push-drain)")
@@ -730,7 +739,7 @@ def parse_args(argv=None):
     ap.add_argument("--ezra-cmd", help="command that starts EZRA (default: python -m ezra, cwd = repo root); "
                     "--port/--data-dir/--durability/--log-level/--max-clients are appended")
     ap.add_argument("--json", default="bench-results.json", help="where to write the results")
-    ap.add_argument("--smoke", action="store_true", help="tiny run: EZRA only, 1 run, small N")
+    ap.add_argument("--smoke", action="store_true", help="tiny run: EZRA and the floor only, 1 run, small N")
     a = ap.parse_args(argv)
     for k, v in {**DEFAULTS, **(SMOKE if a.smoke else {})}.items():
         if getattr(a, k) is None:
@@ -806,6 +815,10 @@ def summarize(records, servers):
         summary.append({"workload": wl, "metric": metric, "better": "lower" if lower_is_better(metric)
                         else "higher", "median": med, "ratio": ratios, "runs": vals,
                         "ok": {s: ok[wl, s] for s in med}})
+        if metric.endswith("CPU µs/task") and med.get(FLOOR):  # each server's CPU as a multiple of the floor's
+            summary.append({"workload": wl, "metric": metric.replace("µs/task", "/ floor CPU"), "better": "lower",
+                            "median": {s: med[s] / med[FLOOR] for s in med}, "ratio": {}, "runs": {},
+                            "ok": {s: ok[wl, s] for s in med}})
     idle, cyc = (next((r for r in summary if r["workload"] == w and r["metric"] == "tasks/s"), None)
                  for w in ("idle-waiters", "cycle-4x4"))
     if idle and cyc:
@@ -829,11 +842,14 @@ def markdown(summary, servers, base, info, command, a):
              f"Medians of {a.runs} run(s); {a.tasks} tasks per throughput workload, {PAYLOAD_BYTES}-byte "
              f"payloads; backlog {a.backlog_n:,} tasks; {a.idle_conns} idle waiters; {a.footprint_conns} "
              f"idle connections for footprint. Ratio = {base}/peer. ✗ = a correctness check failed "
-             "(details in the JSON).", ""]
+             "(details in the JSON)." + (f" `/ floor CPU` rows: each server's CPU per task as a multiple of "
+                                         f"`{FLOOR}`'s (scripts/floor_server.py, the yardstick: the least "
+                                         "EZRA's stack allows)." if FLOOR in shown else ""), ""]
     head = ["workload", "metric", "better"] + shown + [f"{base}/{p}" for p in peers]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
     for r in summary:
-        cells = [fmt(r["median"].get(s)) + ("" if r["ok"].get(s, True) else " ✗") for s in shown]
+        cells = [(f"{r['median'][s]:.2f}×" if r["metric"].endswith("/ floor CPU") and s in r["median"]
+                  else fmt(r["median"].get(s))) + ("" if r["ok"].get(s, True) else " ✗") for s in shown]
         ratios = [f"{r['ratio'][p]:.2f}×" if p in r["ratio"] else "–" for p in peers]
         lines.append("| " + " | ".join([r["workload"], r["metric"], r["better"]] + cells + ratios) + " |")
     return "\n".join(lines)
