@@ -84,7 +84,8 @@ class Store:
         self.available = collections.defaultdict(collections.deque)  # queue -> row ids, oldest first
         self.in_flight = collections.defaultdict(dict)  # queue -> {row id: worker}, for XPENDING
         self.last_id = 0
-        for rowid, queue, state, worker in self.db.execute("SELECT id, queue, state, worker FROM tasks ORDER BY id"):
+        rows = self.db.execute("SELECT id, queue, state, worker FROM tasks ORDER BY id")
+        for rowid, queue, state, worker in rows:
             if state == "available":
                 self.available[queue].append(rowid)
             else:
@@ -212,9 +213,9 @@ class Floor:
         if not available:
             return None
         ids = [available.popleft() for _ in range(min(count, len(available)))]
-        rows = self.store.write(
-            "UPDATE tasks SET state = 'in_flight', worker = ?, attempts = attempts + 1 WHERE id IN (%s) "
-            "AND state = 'available' RETURNING id, fields" % ",".join("?" * len(ids)), (consumer, *ids)).fetchall()
+        rows = self.store.write("UPDATE tasks SET state = 'in_flight', worker = ?, attempts = attempts + 1 "
+                                "WHERE id IN (%s) AND state = 'available' RETURNING id, fields"
+                                % ",".join("?" * len(ids)), (consumer, *ids)).fetchall()
         rows.sort()
         in_flight = self.store.in_flight[q]
         out = [b"*1\r\n*2\r\n" if conn.proto == 2 else b"%1\r\n", bulk(q), b"*%d\r\n" % len(rows)]
@@ -258,7 +259,8 @@ class Floor:
         acked = [(rowid,) for rowid in ids if in_flight.pop(rowid, None) is not None]
         if not acked:
             return b":0\r\n", 0
-        n = self.store.write("DELETE FROM tasks WHERE id = ? AND state = 'in_flight'", acked, many=True).rowcount
+        n = self.store.write("DELETE FROM tasks WHERE id = ? AND state = 'in_flight'", acked,
+                             many=True).rowcount
         return b":%d\r\n" % n, 2
 
     def xpending(self, conn, args):
@@ -280,16 +282,18 @@ class Floor:
         if len(args) == 2 and args[1] not in (b"2", b"3"):
             return b"-NOPROTO unsupported protocol version\r\n", 0
         conn.proto = int(args[1]) if len(args) == 2 else conn.proto
-        pairs = [bulk(b"server"), bulk(b"redis"), bulk(b"version"), bulk(b"7.0.0"), bulk(b"proto"),
-                 b":%d\r\n" % conn.proto, bulk(b"id"), b":%d\r\n" % id(conn), bulk(b"mode"), bulk(b"standalone"),
-                 bulk(b"role"), bulk(b"master"), bulk(b"modules"), b"*0\r\n"]
+        pairs = [bulk(b"server"), bulk(b"redis"), bulk(b"version"), bulk(b"7.0.0"),
+                 bulk(b"proto"), b":%d\r\n" % conn.proto, bulk(b"id"), b":%d\r\n" % id(conn),
+                 bulk(b"mode"), bulk(b"standalone"), bulk(b"role"), bulk(b"master"),
+                 bulk(b"modules"), b"*0\r\n"]
         return (b"*14\r\n" if conn.proto == 2 else b"%7\r\n") + b"".join(pairs), 0
 
     def ping(self, conn, args):
         return (b"+PONG\r\n" if len(args) == 1 else bulk(args[1])), 0
 
     def client(self, conn, args):
-        return (OK if len(args) > 1 and args[1].upper() == b"SETINFO" else error("unknown CLIENT subcommand")), 0
+        ok = len(args) > 1 and args[1].upper() == b"SETINFO"
+        return (OK if ok else error("unknown CLIENT subcommand")), 0
 
     def xgroup(self, conn, args):
         return (OK if len(args) > 1 and args[1].upper() == b"CREATE" else error("unknown XGROUP subcommand")), 0
@@ -317,7 +321,14 @@ class Floor:
                     if not isinstance(args, list) or not args:
                         return  # inline commands and other frames: not for the floor
                     cmd = commands.get(args[0].upper())
-                    reply, need = cmd(conn, args) if cmd else (error(f"unknown command '{args[0][:64].decode(errors='replace')}'"), 0)
+                    if cmd:
+                        try:
+                            reply, need = cmd(conn, args)
+                        except Exception as e:  # a bug in the floor: say so, keep the connection
+                            print(f"floor: {args[0]!r}: {e!r}", file=sys.stderr, flush=True)
+                            reply, need = error("internal error"), 0
+                    else:
+                        reply, need = error(f"unknown command '{args[0][:64].decode(errors='replace')}'"), 0
                     if reply is None:  # XREADGROUP must block: send what is due before, then wait
                         if needs:
                             store.wait(needs == 2)
@@ -331,7 +342,7 @@ class Floor:
                 if needs:
                     store.wait(needs == 2)
                 sock.sendall(b"".join(out))
-        except hiredis.ProtocolError:
+        except (hiredis.ProtocolError, OSError):  # a broken frame, a reset: the connection ends
             return
         finally:
             self.connected -= 1
