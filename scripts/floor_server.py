@@ -13,10 +13,13 @@ mode (synchronous=NORMAL) with one table and no secondary index; the order of av
 tasks kept in memory (a deque of row ids per queue), so a claim needs no index.
 
 Durability is EZRA's `--durability full`: the SQL runs in the connection's own greenlet;
-one hub callback per loop turn commits everything that turn did (group commit), then,
+one hub callback per loop turn commits everything that turn did (group commit; it lets
+the turn's wake-ups of blocked readers run first, so their claims join it), then,
 if any request of that commit needs it, fdatasyncs the WAL inline on the event loop (as
 Redis does with appendfsync always). XADD and XACK replies are sent only after that
-fsync; XREADGROUP claims are answered right after the commit.
+fsync; XREADGROUP claims are answered right after the commit. SQLite's automatic
+checkpoints (every 1,000 WAL pages) run inside a commit too, on the loop; EZRA runs its
+checkpoints beside the writer. Either way the process's CPU time counts them.
 
 Commands: XADD q * f v [f v ...]; XREADGROUP GROUP g c [COUNT n] [BLOCK ms] STREAMS q >
 (blocked readers of a queue are woken FIFO, one per pushed task); XACK q g id [id ...];
