@@ -1,15 +1,32 @@
 #!/usr/bin/env python3
-"""Benchmark EZRA against redis-server and beanstalkd, side by side on loopback.
+"""Benchmark EZRA against redis-server, beanstalkd and the floor, side by side on loopback.
 
     python scripts/bench.py                      # everything, medians of 3 runs
-    python scripts/bench.py --servers ezra,redis-always --workloads cycle-4x4 --runs 5
-    python scripts/bench.py --smoke --json /tmp/x.json   # tiny run, EZRA only
+    python scripts/bench.py --servers ezra,floor,redis-always --workloads cycle-4x4,many-clients --runs 5
+    python scripts/bench.py --smoke --json /tmp/x.json   # tiny run, EZRA and the floor only
 
 Every server is started fresh for every (workload, run) on a free port in a
 temporary data dir, and stopped with SIGTERM afterwards.  Producers and workers
 are separate processes using redis-py + hiredis (a tiny raw-socket client for
-beanstalkd).  Every workload checks that each task was acknowledged exactly
-once and that nothing is left pending.  The script installs nothing.
+beanstalkd; many-clients drives its connections from epoll loops, see ManyConn).
+Every workload checks that each task was acknowledged exactly once and that
+nothing is left pending.  The script installs nothing.
+
+Servers: ezra (--durability full), ezra-normal, ezra-metrics (full, /metrics
+scraped every second), floor (scripts/floor_server.py: the yardstick, the request
+path alone on EZRA's stack; every server-CPU row gets a "/ floor CPU" row),
+redis-always and redis-everysec (AOF), beanstalkd (binlog).
+
+Workloads (all but latency, backlog and footprint also report server CPU µs per task):
+  cycle-4x4           4 producers and 4 workers, one task per command
+  cycle-batched       2 producers pipelining 50 XADDs, 2 workers claiming and acking 50
+  many-clients        32 producers and 32 workers on 64 connections, one round trip per
+                      command (XADD; XREADGROUP COUNT 1 BLOCK, then XACK)
+  push-drain          4 producers push everything, then 4 workers drain it (-batched: 50 at a time)
+  latency             1 paced producer (--latency-rate), 2 workers: push->pop and push->ack
+  idle-waiters        cycle-4x4 while --idle-conns readers block on other queues
+  backlog             --backlog-n tasks queued: RSS, disk, restart time, drain at the head
+  footprint           idle RSS, and RSS per connection opened and after sitting idle
 """
 import argparse
 import base64
@@ -20,6 +37,7 @@ import os
 import platform
 import queue as queue_mod
 import resource
+import selectors
 import shlex
 import shutil
 import signal
@@ -43,10 +61,13 @@ PAYLOAD_BYTES = 200
 FOOTPRINT_IDLE_S = 3.0  # footprint: how long the connections sit idle before "RSS per idle conn"
 BACKLOG_DRAIN = 5000  # tasks drained at the head of the backlog (and from an empty queue)
 now = time.monotonic  # CLOCK_MONOTONIC: comparable across processes on Linux
-ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "push-drain", "push-drain-batched",
+ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "many-clients", "push-drain", "push-drain-batched",
                  "latency", "idle-waiters", "backlog", "footprint"]
 ALIASES = {"push-only": "push-drain", "drain": "push-drain"}
 BEANSTALK_WORKLOADS = {"cycle-4x4", "push-drain", "latency"}
+FLOOR = "floor"  # scripts/floor_server.py: the yardstick for server CPU per task (see its docstring)
+MANY_PRODUCERS = MANY_WORKERS = 32  # many-clients: connections, each with one command in flight
+MANY_PROCS = 2  # many-clients: processes per role, each driving 16 of those connections
 INSTALL_HINT = "apt-get install redis-server beanstalkd"
 
 
@@ -338,6 +359,9 @@ def server_specs(args):
         "ezra-normal": ("resp", ezra_fn("normal"), None),
         # full durability with the HTTP listener on and /metrics scraped every second (issue 8)
         "ezra-metrics": ("resp", lambda p, d: ezra_fn("full", "--http-port", str(free_port()))(p, d), None),
+        # the yardstick: the same stack as EZRA's with nothing but the request path (scripts/floor_server.py)
+        FLOOR: ("resp", lambda p, d: [sys.executable, os.path.join(REPO, "scripts", "floor_server.py"),
+                                      "--port", str(p), "--data-dir", d], None),
         "redis-always": ("resp", redis_fn("always"), "redis-server"),
         "redis-everysec": ("resp", redis_fn("everysec"), "redis-server"),
         "beanstalkd": ("beanstalk", lambda p, d: ["beanstalkd", "-l", HOST, "-p", str(p),
@@ -426,6 +450,132 @@ def fill_main(proto, port, q, lo, hi, batch, barrier, deadline, resq):
     resq.put(res)
 
 
+# many-clients: MANY_PRODUCERS + MANY_WORKERS connections, each with one command in flight, as that
+# many separate clients would have. redis-py's calls block, so it needs a process or a thread per
+# connection: 64 processes (or 64 threads handing one GIL around) on a 2-core machine would measure
+# the clients' scheduling more than the server. Instead MANY_PROCS processes per role each drive
+# their connections from one epoll loop: they send the bytes redis-py sends (HELLO 3 first, as
+# redis-py 8 does) and parse replies with hiredis as redis-py does; the server sees 64 clients.
+class ManyConn:
+    """One connection of a many-clients process: at most one reply outstanding."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection((HOST, port), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader, self.seq = hiredis.Reader(), None
+        hello = self.call(encode("HELLO", "3"))
+        if not isinstance(hello, (dict, list)):
+            raise RuntimeError(f"HELLO 3 -> {hello!r}")
+
+    def send(self, data):
+        self.sock.sendall(data)  # a command is far below the socket buffer: never waits
+
+    def reply(self):
+        """The reply, or False while it is incomplete; only called when the socket is readable."""
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise ConnectionError("server closed the connection")
+        self.reader.feed(data)
+        return self.reader.gets()
+
+    def call(self, data):
+        self.send(data)
+        reply = False
+        while reply is False:
+            reply = self.reply()
+        return reply
+
+
+def many_loop(conns, on_reply, deadline):
+    """Call on_reply(conn, reply) for each reply until it has returned False for every connection."""
+    sel, active = selectors.DefaultSelector(), len(conns)
+    for c in conns:
+        sel.register(c.sock, selectors.EVENT_READ, c)
+    while active:
+        left = deadline - now()
+        if left <= 0:
+            raise RuntimeError(f"deadline with {active} connections still busy")
+        for key, _ in sel.select(min(left, 1.0)):
+            reply = key.data.reply()
+            if reply is not False and not on_reply(key.data, reply):
+                sel.unregister(key.fileobj)
+                active -= 1
+    sel.close()
+
+
+def many_producers_main(port, q, ranges, barrier, deadline, resq):
+    """Each connection XADDs the tasks of its range one at a time, waiting for each reply."""
+    res = {"role": "producer", "sent": 0, "t_end": None, "errors": []}
+    try:
+        conns = [ManyConn(port) for _ in ranges]
+        barrier.wait(60)
+
+        def push(c):
+            c.send(encode("XADD", q, "*", "d", payload(c.seq, now())))
+
+        def on_reply(c, reply):
+            if not isinstance(reply, bytes):
+                raise RuntimeError(f"XADD -> {reply!r}")
+            res["sent"] += 1
+            c.seq += 1
+            if c.seq < c.hi:
+                push(c)
+                return True
+            return False
+
+        busy = []
+        for c, (lo, hi) in zip(conns, ranges):
+            c.seq, c.hi = lo, hi
+            if lo < hi:
+                push(c)
+                busy.append(c)
+        many_loop(busy, on_reply, deadline)
+        res["t_end"] = now()
+    except Exception as e:  # report, never hang the parent
+        res["errors"].append(f"many producers: {e!r}")
+    resq.put(res)
+
+
+def many_workers_main(port, q, consumers, n_total, done, barrier, deadline, resq):
+    """Each connection: XREADGROUP COUNT 1 BLOCK 1000, then XACK what it got, until all is acked."""
+    res = {"role": "worker", "seqs": [], "acked": 0, "pop_lat": [], "ack_lat": [], "t_end": None, "errors": []}
+    try:
+        conns = [ManyConn(port) for _ in consumers]
+        barrier.wait(60)
+        pops = {c: encode("XREADGROUP", "GROUP", GROUP, name, "COUNT", "1", "BLOCK", "1000", "STREAMS", q, ">")
+                for c, name in zip(conns, consumers)}
+
+        def on_reply(c, reply):
+            if c.seq is None:  # the reply to XREADGROUP: nothing after BLOCK, or one task
+                if not reply:
+                    if done.value >= n_total:
+                        return False
+                    c.send(pops[c])
+                    return True
+                (mid, fields), = reply[q.encode()] if isinstance(reply, dict) else reply[0][1]
+                c.seq = int(fields[1].split(b" ", 1)[0])
+                c.send(encode("XACK", q, GROUP, mid))
+                return True
+            if reply != 1:
+                res["errors"].append(f"ack of 1 id returned {reply!r}")
+            res["acked"] += reply if isinstance(reply, int) else 0
+            res["seqs"].append(c.seq)
+            res["t_end"], c.seq = now(), None
+            with done.get_lock():
+                done.value += 1
+                finished = done.value >= n_total
+            if not finished:
+                c.send(pops[c])
+            return not finished
+
+        for c in conns:
+            c.send(pops[c])
+        many_loop(conns, on_reply, deadline)
+    except Exception as e:
+        res["errors"].append(f"many workers: {e!r}")
+    resq.put(res)
+
+
 def run_procs(srv, specs, timeout, n_total=0):
     """Start one process per (func, args), release them together, collect results.
 
@@ -433,7 +583,8 @@ def run_procs(srv, specs, timeout, n_total=0):
     ctx = mp.get_context("fork")
     resq, done, barrier = ctx.Queue(), ctx.Value("q", 0), ctx.Barrier(len(specs) + 1)
     deadline = now() + timeout
-    procs = [ctx.Process(target=f, args=a + (barrier, deadline, resq) if f is not worker_main
+    counted = (worker_main, many_workers_main)  # these stop when `done` reaches n_total
+    procs = [ctx.Process(target=f, args=a + (barrier, deadline, resq) if f not in counted
                          else a + (n_total, done, barrier, deadline, resq), daemon=True) for f, a in specs]
     for p in procs:
         p.start()
@@ -470,6 +621,11 @@ def phase(srv, q, n, producers=0, batch=1, rate=0, workers=0, count=1, timeout=1
         specs.append((producer_main, (srv.proto, srv.port, q, lo, hi, batch, rate)))
     for k in range(workers):
         specs.append((worker_main, (srv.proto, srv.port, q, f"w{k}", count)))
+    return tally(srv, specs, n, workers > 0, timeout)
+
+
+def tally(srv, specs, n, workers, timeout):
+    """Run the client processes of specs (n tasks; workers: whether any ack) and sum up what they did."""
     results, elapsed, cpu, errors = run_procs(srv, specs, timeout, n_total=n)
     wres = [r for r in results if r["role"] == "worker"]
     acked, sent = sum(r["acked"] for r in wres), sum(r.get("sent", 0) for r in results)
@@ -574,6 +730,20 @@ def wl_cycle(srv, a, q, producers=4, batch=1, workers=4, count=1):
 
 def wl_cycle_batched(srv, a, q):
     return wl_cycle(srv, a, q, producers=2, batch=50, workers=2, count=50)
+
+
+def wl_many_clients(srv, a, q):
+    """MANY_PRODUCERS producers and MANY_WORKERS workers, one round trip per command (see ManyConn)."""
+    create_group(srv, q)
+    n, errors = a.tasks, []
+    ranges = [(n * k // MANY_PRODUCERS, n * (k + 1) // MANY_PRODUCERS) for k in range(MANY_PRODUCERS)]
+    names = [f"w{k}" for k in range(MANY_WORKERS)]
+    specs = ([(many_producers_main, (srv.port, q, ranges[i::MANY_PROCS])) for i in range(MANY_PROCS)]
+             + [(many_workers_main, (srv.port, q, names[i::MANY_PROCS])) for i in range(MANY_PROCS)])
+    m = tally(srv, specs, n, True, a.timeout)
+    check_acks(m, range(n), errors)
+    check_pending(srv, q, errors)
+    return {"tasks/s": m["rate"], "server CPU µs/task": m["cpu_us"]}, errors
 
 
 def wl_push_drain(srv, a, q, producers=4, batch=1, workers=4, count=1):
@@ -700,22 +870,23 @@ def wl_footprint(srv, a, q):
             "RSS KB per idle conn": (idle - before) / a.footprint_conns / 1024}, []
 
 
-WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "push-drain": wl_push_drain,
+WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "many-clients": wl_many_clients,
+             "push-drain": wl_push_drain,
              "push-drain-batched": wl_push_drain_batched, "latency": wl_latency,
              "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint}
 
 
 # --------------------------------------------------------------------------- driver
-DEFAULTS = {"servers": "ezra,ezra-normal,redis-always,redis-everysec,beanstalkd",
+DEFAULTS = {"servers": f"ezra,ezra-normal,{FLOOR},redis-always,redis-everysec,beanstalkd",
             "workloads": ",".join(ALL_WORKLOADS), "tasks": 10000, "runs": 3, "backlog_n": 1_000_000,
             "latency_tasks": 3000, "idle_conns": 1000, "footprint_conns": 10000, "timeout": 120.0}
-SMOKE = {"servers": "ezra", "tasks": 200, "runs": 1, "backlog_n": 2000, "latency_tasks": 200,
+SMOKE = {"servers": f"ezra,{FLOOR}", "tasks": 200, "runs": 1, "backlog_n": 2000, "latency_tasks": 200,
          "idle_conns": 50, "footprint_conns": 200, "timeout": 60.0}
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", help="comma list of ezra,ezra-normal,ezra-metrics,redis-always,"
+    ap.add_argument("--servers", help="comma list of ezra,ezra-normal,ezra-metrics,floor,redis-always,"
                     "redis-everysec,beanstalkd (default: all but ezra-metrics)")
     ap.add_argument("--workloads", help=f"comma list of {','.join(ALL_WORKLOADS)} (default: all; "
                     "push-only and drain are aliases of push-drain)")
@@ -730,7 +901,7 @@ def parse_args(argv=None):
     ap.add_argument("--ezra-cmd", help="command that starts EZRA (default: python -m ezra, cwd = repo root); "
                     "--port/--data-dir/--durability/--log-level/--max-clients are appended")
     ap.add_argument("--json", default="bench-results.json", help="where to write the results")
-    ap.add_argument("--smoke", action="store_true", help="tiny run: EZRA only, 1 run, small N")
+    ap.add_argument("--smoke", action="store_true", help="tiny run: EZRA and the floor only, 1 run, small N")
     a = ap.parse_args(argv)
     for k, v in {**DEFAULTS, **(SMOKE if a.smoke else {})}.items():
         if getattr(a, k) is None:
@@ -806,6 +977,10 @@ def summarize(records, servers):
         summary.append({"workload": wl, "metric": metric, "better": "lower" if lower_is_better(metric)
                         else "higher", "median": med, "ratio": ratios, "runs": vals,
                         "ok": {s: ok[wl, s] for s in med}})
+        if metric.endswith("CPU µs/task") and med.get(FLOOR):  # each server's CPU as a multiple of the floor's
+            summary.append({"workload": wl, "metric": metric.replace("µs/task", "/ floor CPU"),
+                            "better": "lower", "median": {s: med[s] / med[FLOOR] for s in med},
+                            "ratio": {}, "runs": {}, "ok": {s: ok[wl, s] for s in med}})
     idle, cyc = (next((r for r in summary if r["workload"] == w and r["metric"] == "tasks/s"), None)
                  for w in ("idle-waiters", "cycle-4x4"))
     if idle and cyc:
@@ -829,11 +1004,14 @@ def markdown(summary, servers, base, info, command, a):
              f"Medians of {a.runs} run(s); {a.tasks} tasks per throughput workload, {PAYLOAD_BYTES}-byte "
              f"payloads; backlog {a.backlog_n:,} tasks; {a.idle_conns} idle waiters; {a.footprint_conns} "
              f"idle connections for footprint. Ratio = {base}/peer. ✗ = a correctness check failed "
-             "(details in the JSON).", ""]
+             "(details in the JSON)." + (f" `/ floor CPU` rows: each server's CPU per task as a multiple of "
+                                         f"`{FLOOR}`'s (scripts/floor_server.py, the yardstick: the least "
+                                         "EZRA's stack allows)." if FLOOR in shown else ""), ""]
     head = ["workload", "metric", "better"] + shown + [f"{base}/{p}" for p in peers]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * 3 + "---:|" * (len(head) - 3)]
     for r in summary:
-        cells = [fmt(r["median"].get(s)) + ("" if r["ok"].get(s, True) else " ✗") for s in shown]
+        cells = [(f"{r['median'][s]:.2f}×" if r["metric"].endswith("/ floor CPU") and s in r["median"]
+                  else fmt(r["median"].get(s))) + ("" if r["ok"].get(s, True) else " ✗") for s in shown]
         ratios = [f"{r['ratio'][p]:.2f}×" if p in r["ratio"] else "–" for p in peers]
         lines.append("| " + " | ".join([r["workload"], r["metric"], r["better"]] + cells + ratios) + " |")
     return "\n".join(lines)
