@@ -241,7 +241,7 @@ class Writer:
                 since >= CHECKPOINT_MIN_BATCHES and self.db.wal_size() > self.db.wal_limit)):
             self._start_checkpoint()
 
-    def _run_batch(self, batch: list[Request]) -> bool:
+    def _run_batch(self, batch: list[Request], retry: bool = True) -> bool:
         """Run the batch in one transaction. False if it was rolled back."""
         db = self.db
         if self.disk_full:
@@ -258,6 +258,8 @@ class Writer:
                     request.error = exc  # validated before writing: nothing to undo
             db.commit()
         except Exception as exc:  # a storage failure (disk full, I/O error) or a bug
+            if retry and not self.disk_full and db.is_disk_full(exc):
+                return self._run_again_without_growth(batch, exc)
             if db.is_disk_full(exc):
                 self._on_disk_full(f"batch of {len(batch)} requests (rolled back)", exc)
             else:
@@ -269,6 +271,25 @@ class Writer:
         self.batches += 1
         self.committed_requests += len(batch)
         return True
+
+    def _run_again_without_growth(self, batch: list[Request], exc: BaseException) -> bool:
+        """The batch that met the full disk: roll it back, then run it again in disk-full mode.
+
+        Its claims, acks and reads then commit on the released reserve and only its pushes are
+        refused; before, every request in it failed (a worker's XREADGROUP among them).
+        """
+        self._on_disk_full(f"batch of {len(batch)} requests (rolled back, run again without its pushes)", exc)
+        try:
+            self.db.rollback()
+            self._on_rollback()  # the broker's caches as on disk again
+        except Exception as undo_exc:
+            logger.opt(exception=undo_exc).error("undoing the batch that met the full disk failed: {}", undo_exc)
+            self._roll_back(batch, exc)
+            return False
+        self._after_batch(False)  # readers the rolled-back pushes served learn it now, not after the rerun
+        for request in batch:
+            request.result = request.error = None
+        return self._run_batch(batch, retry=False)
 
     def _on_disk_full(self, what: str, exc: BaseException) -> None:
         """The file system is full: free the reserve so acks and claims go on, refuse pushes.

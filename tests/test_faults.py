@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,32 @@ def test_disk_full_fails_clearly_loses_nothing_and_recovers(small_fs, ezra_facto
     assert "Traceback" not in server.log().split("storage error")[0]
     report("disk_full", pushes_acknowledged=len(pushed) + 1, pushes_refused=refused, claimed_while_full=10,
            lost=len(set(pushed) - set(ids)))
+
+
+def test_claims_in_the_batch_that_fills_the_disk_succeed(small_fs, ezra_factory):
+    """The batch whose push meets the full disk is rolled back; claims in it failed with 'database or
+    disk is full'. They are now run again, on the released reserve, and only the pushes are refused."""
+    server = ezra_factory("--disk-reserve", str(2 * 1024 * 1024), data_dir=small_fs)
+    client = server.client()
+    client.xgroup_create("full", "g", id="0", mkstream=True)
+    for n in range(200):
+        client.xadd("full", {"n": str(n)})
+    pad, refused, claimed = b"x" * 4000, 0, 0
+    for _ in range(10_000):
+        pipe = client.pipeline(transaction=False)
+        for n in range(8):
+            pipe.xadd("full", {"pad": pad})
+        pipe.xreadgroup("g", "w", {"full": ">"}, count=1)  # in the same writer batch as the pushes
+        replies = pipe.execute(raise_on_error=False)
+        claim = replies[-1]
+        assert not isinstance(claim, Exception), f"a claim failed on a full disk: {claim}"
+        claimed += len(claim[0][1])
+        refused = sum(isinstance(reply, Exception) for reply in replies[:-1])
+        if refused:
+            break
+    assert refused, "the disk never filled"
+    # Claims and acks go on while pushes are refused.
+    for _ in range(20):
+        got = client.xreadgroup("g", "w", {"full": ">"}, count=1)
+        assert client.xack("full", "g", got[0][1][0][0]) == 1
+    report("disk_full_claims", claims_in_filling_batches=claimed, claim_failures=0)
