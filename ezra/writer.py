@@ -306,20 +306,38 @@ class Writer:
         self.db.release_reserve()
         logger.error("disk full: {} failed ({}); released the {}-byte reserve, refusing pushes until "
                      "there is room again", what, exc, self.db.reserve_bytes)
-        self._batches_at_checkpoint = -CHECKPOINT_EVERY_BATCHES  # checkpoint after the next batch
+        self.checkpoint_soon()
 
     def _refuse_growth(self, batch: list[Request]) -> None:
         """While the disk is full, answer pushes with DISK_FULL, unless the reserve fits again."""
         growing = [request for request in batch if request.grows]
         if not growing:
             return
-        # Room for the reserve and as much again: otherwise the next push would fill the disk at once.
-        if self.db.free_bytes() >= max(2 * self.db.reserve_bytes, MIN_ROOM) and self.db.make_reserve():
+        if self._room_again():
             self.disk_full = False
             logger.info("disk space available again: {} bytes set aside, pushes accepted", self.db.reserve_bytes)
             return
         for request in growing:
             request.error = errors.DISK_FULL
+
+    def _room_again(self) -> bool:
+        """Room for the reserve and as much again (else the next push fills the disk at once): the
+        reserve in the file system, with MIN_ROOM beside it for the WAL; the rest may be free pages
+        in the database file, which new rows reuse without the file system giving a byte."""
+        db = self.db
+        if self.room_missing() > 0:
+            return False
+        if db.free_bytes() + db.free_bytes_inside() < max(2 * db.reserve_bytes, MIN_ROOM):
+            return False
+        return db.make_reserve()
+
+    def room_missing(self) -> int:
+        """Bytes the file system lacks for the reserve and MIN_ROOM beside it (see _room_again)."""
+        return self.db.reserve_bytes + MIN_ROOM - self.db.free_bytes()
+
+    def checkpoint_soon(self) -> None:
+        """Checkpoint after the next batch: a file the incremental vacuum shrank is cut only then."""
+        self._batches_at_checkpoint = self.batches - CHECKPOINT_EVERY_BATCHES
 
     def _roll_back(self, batch: list[Request], exc: Exception) -> None:
         try:

@@ -235,6 +235,60 @@ def test_disk_full_fails_clearly_loses_nothing_and_recovers(small_fs, ezra_facto
            lost=len(set(pushed) - set(ids)))
 
 
+@pytest.fixture
+def fs_20m(tmp_path):
+    """A 20 MB tmpfs: the size the disk-full reports of round two used."""
+    mount_point = tmp_path / "fs20"
+    reason = _mount_small_tmpfs(mount_point, "20m")
+    if reason:
+        pytest.skip(reason)
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _drain(client, queue: str) -> int:
+    """Claim and XACKDEL every task; the count. Any error fails the test (claims go on when full)."""
+    drained = 0
+    while True:
+        claimed = client.xreadgroup("g", "w", {queue: ">"}, count=100)
+        if not claimed:
+            return drained
+        ids = [entry_id for entry_id, _ in claimed[0][1]]
+        assert client.execute_command("XACKDEL", queue, "g", "IDS", len(ids), *ids) == [1] * len(ids)
+        drained += len(ids)
+
+
+def test_disk_full_then_drained_takes_pushes_again_without_restart(fs_20m, ezra_factory):
+    """Filled, then every task drained (XACKDEL): the file system is still full, since the database
+    file keeps its size, but its pages are free. Pushes stayed refused for over 60 s (until enough
+    checkpoints shrank the file); they must resume within seconds, without a restart."""
+    server = ezra_factory(data_dir=fs_20m)  # the default reserve
+    client = server.client()
+    client.xgroup_create("full", "g", id="0", mkstream=True)
+    pushed: dict[bytes, bytes] = {}
+    _fill(client, "full", pushed, b"x" * 4000)
+    assert _drain(client, "full") == len(pushed)
+    assert client.xlen("full") == 0
+    started = time.monotonic()
+
+    def push_accepted():
+        try:
+            return client.xadd("full", {"n": "after"})
+        except redis.ResponseError as exc:
+            assert "disk full" in str(exc) or "storage error" in str(exc), exc
+            time.sleep(0.1)
+            return None
+
+    wait_until(push_accepted, 25, message="pushes to be accepted again")
+    resumed_after = time.monotonic() - started
+    # Not just one: the room is real.
+    for n in range(200):
+        client.xadd("full", {"n": str(n), "pad": b"y" * 4000})
+    assert client.xlen("full") == 201
+    assert "disk space available again" in server.log()
+    report("disk_full_drained", pushes_before_full=len(pushed), resumed_after_s=round(resumed_after, 2))
+
+
 def test_claims_in_the_batch_that_fills_the_disk_succeed(small_fs, ezra_factory):
     """The batch whose push meets the full disk is rolled back; claims in it failed with 'database or
     disk is full'. They are now run again, on the released reserve, and only the pushes are refused."""
