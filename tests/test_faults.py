@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -289,30 +290,88 @@ def test_disk_full_then_drained_takes_pushes_again_without_restart(fs_20m, ezra_
     report("disk_full_drained", pushes_before_full=len(pushed), resumed_after_s=round(resumed_after, 2))
 
 
+def _leave_free(mount_point: Path, room: int) -> Path:
+    """Fill the file system with a file, so that about `room` bytes stay free; the file."""
+    stats = os.statvfs(mount_point)
+    filler = mount_point / "filler"
+    filler.write_bytes(b"\0" * (stats.f_bavail * stats.f_frsize - room))
+    return filler
+
+
+def _exec_too_big(client, *claims: tuple) -> list:
+    """One MULTI/EXEC (one writer batch): 7 pushes of 1 MB, which cannot fit in the 4 MB left,
+    then an XREADGROUP of each queue given; the EXEC's replies, errors included."""
+    pipe = client.pipeline(transaction=True)
+    for _ in range(7):
+        pipe.xadd("filler", {"pad": b"x" * (1024 * 1024 - 100)})
+    for queue in claims:
+        pipe.xreadgroup("g", "w", {queue: ">"}, count=1)
+    return pipe.execute(raise_on_error=False)
+
+
 def test_claims_in_the_batch_that_fills_the_disk_succeed(small_fs, ezra_factory):
     """The batch whose push meets the full disk is rolled back; claims in it failed with 'database or
-    disk is full'. They are now run again, on the released reserve, and only the pushes are refused."""
+    disk is full'. The batch now runs again on the released reserve and only its pushes are refused."""
     server = ezra_factory("--disk-reserve", str(2 * 1024 * 1024), data_dir=small_fs)
     client = server.client()
-    client.xgroup_create("full", "g", id="0", mkstream=True)
-    for n in range(200):
-        client.xadd("full", {"n": str(n)})
-    pad, refused, claimed = b"x" * 4000, 0, 0
-    for _ in range(10_000):
-        pipe = client.pipeline(transaction=False)
-        for n in range(8):
-            pipe.xadd("full", {"pad": pad})
-        pipe.xreadgroup("g", "w", {"full": ">"}, count=1)  # in the same writer batch as the pushes
-        replies = pipe.execute(raise_on_error=False)
-        claim = replies[-1]
-        assert not isinstance(claim, Exception), f"a claim failed on a full disk: {claim}"
-        claimed += len(claim[0][1])
-        refused = sum(isinstance(reply, Exception) for reply in replies[:-1])
-        if refused:
-            break
-    assert refused, "the disk never filled"
-    # Claims and acks go on while pushes are refused.
-    for _ in range(20):
-        got = client.xreadgroup("g", "w", {"full": ">"}, count=1)
-        assert client.xack("full", "g", got[0][1][0][0]) == 1
-    report("disk_full_claims", claims_in_filling_batches=claimed, claim_failures=0)
+    client.xgroup_create("jobs", "g", id="0", mkstream=True)
+    for n in range(50):
+        client.xadd("jobs", {"n": str(n)})
+    _leave_free(small_fs, 4 * 1024 * 1024)
+    replies = _exec_too_big(client, "jobs")
+    assert all(isinstance(reply, redis.ResponseError) and "storage error" in str(reply)
+               for reply in replies[:-1]), replies[:-1]
+    claim = replies[-1]
+    assert not isinstance(claim, Exception), f"a claim failed on a full disk: {claim}"
+    assert claim[0][1][0][1] == {b"n": b"0"}
+    assert "disk full: batch of" in server.log()  # the batch met the full disk, not a checkpoint
+    # Claims and acks go on.
+    for n in range(1, 20):
+        got = client.xreadgroup("g", "w", {"jobs": ">"}, count=1)
+        assert got[0][1][0][1] == {b"n": str(n).encode()}
+        assert client.xack("jobs", "g", got[0][1][0][0]) == 1
+    report("disk_full_claims", claim_in_the_filling_batch="ok", claims_after=19)
+
+
+def test_a_blocked_reader_served_by_the_push_that_fills_the_disk_keeps_waiting(small_fs, ezra_factory):
+    """A worker blocked in XREADGROUP is served by a push in the batch that meets the full disk: the
+    batch is rolled back, and the worker got 'the batch was rolled back'. It now keeps waiting, and
+    gets the first task pushed once there is room."""
+    server = ezra_factory("--disk-reserve", str(2 * 1024 * 1024), data_dir=small_fs)
+    client = server.client()
+    client.xgroup_create("jobs", "g", id="0", mkstream=True)
+    reader = server.client()
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(_blocked_read(reader)), daemon=True)
+    thread.start()
+    wait_until(lambda: client.info("clients")["blocked_clients"] == 1, 10, message="the worker to block")
+    filler = _leave_free(small_fs, 4 * 1024 * 1024)
+    pipe = client.pipeline(transaction=True)
+    pipe.xadd("jobs", {"n": "lost"})  # hands its task to the blocked worker, in the batch that fails
+    for _ in range(7):
+        pipe.xadd("filler", {"pad": b"x" * (1024 * 1024 - 100)})
+    assert all(isinstance(reply, redis.ResponseError) for reply in pipe.execute(raise_on_error=False))
+    assert "disk full: batch of" in server.log()
+    assert not result, f"the blocked worker was answered: {result}"
+    assert client.info("clients")["blocked_clients"] == 1
+    filler.unlink()
+    wait_until(lambda: _push_accepted(client, "jobs", {"n": "after"}), 20, message="a push after room")
+    thread.join(20)
+    assert result and not isinstance(result[0], Exception), result
+    assert result[0][0][1][0][1] == {b"n": b"after"}
+
+
+def _blocked_read(reader):
+    try:
+        return reader.xreadgroup("g", "w", {"jobs": ">"}, count=1, block=60_000)
+    except redis.ResponseError as exc:
+        return exc
+
+
+def _push_accepted(client, queue: str, fields: dict):
+    try:
+        return client.xadd(queue, fields)
+    except redis.ResponseError as exc:
+        assert "disk full" in str(exc), exc
+        time.sleep(0.1)
+        return None
