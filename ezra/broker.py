@@ -79,7 +79,7 @@ class Waiter:
     """A blocked XREADGROUP: woken with `result` (a PairsMap) or `error`."""
 
     __slots__ = ("queues", "worker", "count", "noack", "claim_idle", "event", "result", "error",
-                 "registered")
+                 "registered", "rolled_back")
 
     def __init__(self, queues, worker, count, noack, claim_idle=None):
         self.queues = queues
@@ -91,6 +91,7 @@ class Waiter:
         self.result = None
         self.error = None
         self.registered = False
+        self.rolled_back = False  # a batch that served it was rolled back (it waited again)
 
 
 class Broker(Leases, Upkeep, QueueAdmin):
@@ -270,9 +271,18 @@ class Broker(Leases, Upkeep, QueueAdmin):
         self.reset_schedule()  # the reaper looks again at everything it keeps a time for
 
     def _after_batch(self, ok: bool) -> None:
-        """In the event loop, after a batch: wake the readers it served."""
+        """In the event loop, after a batch: wake the readers it served.
+
+        A rolled-back batch served nobody: a reader it handed tasks to waits again, first in line
+        (before, it got a storage error: a worker blocked while a push filled the disk failed).
+        Once only: should serving this reader be what fails, the next rollback answers the error.
+        """
         served, self._served = self._served, []
         for waiter in served:
+            if not ok and waiter.result is not None and not waiter.rolled_back:
+                waiter.result, waiter.rolled_back = None, True
+                self._register(waiter, first=True)
+                continue
             if not ok:
                 waiter.result, waiter.error = None, errors.storage_failed("the batch was rolled back")
             waiter.event.set()
@@ -382,9 +392,12 @@ class Broker(Leases, Upkeep, QueueAdmin):
                 return False
         return True
 
-    def _register(self, waiter: Waiter) -> None:
+    def _register(self, waiter: Waiter, first: bool = False) -> None:
         for name in waiter.queues:
-            self.blocked.setdefault(name, OrderedDict())[id(waiter)] = waiter
+            fifo = self.blocked.setdefault(name, OrderedDict())
+            fifo[id(waiter)] = waiter
+            if first:
+                fifo.move_to_end(id(waiter), last=False)
         waiter.registered = True
 
     def _serve_waiters(self, queue: QueueState, now: int) -> None:

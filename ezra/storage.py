@@ -350,6 +350,7 @@ class Database:
         self.wal_limit = max(reserve_bytes // 2, 1024 * 1024)
         conn.execute(f"PRAGMA journal_size_limit = {self.wal_limit}").fetchone()
         self._wal_fd = os.open(self.wal_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]  # fixed once the file is in WAL mode
         self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
 
     # -- transactions (driven by writer.py)
@@ -447,6 +448,14 @@ class Database:
         """(free pages, all pages) of the file."""
         return (self.conn.execute("PRAGMA freelist_count").fetchone()[0],
                 self.conn.execute("PRAGMA page_count").fetchone()[0])
+
+    def free_bytes_inside(self) -> int:
+        """Bytes of free pages in the database file: room for new rows even when the disk has none."""
+        return self.conn.execute("PRAGMA freelist_count").fetchone()[0] * self.page_size
+
+    def shrink_pending(self) -> bool:
+        """The incremental vacuum shrank the database, and no checkpoint has cut the file yet."""
+        return os.path.getsize(self.path) > self.conn.execute("PRAGMA page_count").fetchone()[0] * self.page_size
 
     def vacuum_some(self, pages: int) -> None:
         """Give up to `pages` free pages back to the file system (incremental vacuum)."""

@@ -8,7 +8,8 @@ Each pass, in order:
              own TTL ran out, are deleted in small batches
     forget   idempotent-producer ids past IDMP-DURATION
     vacuum   when purges left much of the file free and have stopped for a while, give
-             some pages back (incremental vacuum); until then new tasks reuse them
+             some pages back (incremental vacuum); until then new tasks reuse them. While
+             the disk is full, after a second of quiet, as many as pushes need to resume
 
 Idle cost is near zero: for each kind of work the reaper keeps the earliest time
 anything can be due (a lower bound, lowered by whoever creates the work) and
@@ -36,6 +37,7 @@ FLUSH_MS = 1000        # removed-task counters are saved this often
 VACUUM_AFTER_ROWS = 1000   # look at the free pages after this many deletions ...
 VACUUM_QUIET_MS = 5000     # ... once deletions have stopped this long (pages are reused meanwhile;
                            # vacuuming while a queue drains would move pages about to be freed)
+DISK_FULL_QUIET_MS = 1000  # ... or this long while the disk is full: pushes wait for it
 VACUUM_MIN_FREE_PAGES = 2048
 VACUUM_STEP_PAGES = 256    # pages given back per pass (1 MB at 4 KB pages)
 INF = float("inf")
@@ -110,7 +112,10 @@ class Upkeep:
             more |= self._purge_ttl(now)
         if now >= self._next_idmp_purge:
             more |= self._forget_idmp(now)
-        if (self._can_vacuum and self._rows_since_vacuum >= VACUUM_AFTER_ROWS
+        if self._can_vacuum and self.writer.disk_full:
+            if now - self._last_delete_at >= DISK_FULL_QUIET_MS:
+                self._give_back_free_pages()
+        elif (self._can_vacuum and self._rows_since_vacuum >= VACUUM_AFTER_ROWS
                 and now - self._last_delete_at >= VACUUM_QUIET_MS):
             self._vacuum()
         if now >= self._next_flush:
@@ -195,6 +200,20 @@ class Upkeep:
         expiry = self.db.next_idmp_expiry()
         self._next_idmp_purge = INF if expiry is None else expiry
         return False
+
+    def _give_back_free_pages(self) -> None:
+        """Disk full: free pages go back to the file system now, a step per checkpoint, so the reserve
+        fits again and pushes resume (the file keeps its size until a checkpoint cuts it). Without
+        this, a drained queue left the disk full for 500 batches, the next periodic checkpoint."""
+        missing = self.writer.room_missing()
+        # Only what is missing (the other free pages are room too), and one step per checkpoint:
+        # a step may move live pages into the WAL, which must fit in the released reserve.
+        if missing <= 0 or self.db.shrink_pending():
+            return
+        free, _ = self.db.free_pages()
+        if free:
+            self.db.vacuum_some(min(free, VACUUM_STEP_PAGES, -(-missing // self.db.page_size)))
+            self.writer.checkpoint_soon()
 
     def _vacuum(self) -> None:
         """Give free pages back to the file system, a step per pass, when much of the file is free."""

@@ -55,7 +55,7 @@ class Batch:
     __slots__ = ("requests", "durable", "error", "sync_error", "committed", "synced")
 
     def __init__(self):
-        self.requests = 0
+        self.requests: list[Request] = []  # kept to run again should the commit meet a full disk
         self.durable = False  # holds a request answered only after an fsync
         self.error: BaseException | None = None       # rolled back: every request fails
         self.sync_error: BaseException | None = None  # committed, but the fsync failed: durable ones fail
@@ -66,12 +66,16 @@ class Batch:
 class Request:
     """A submitted function's result; `wait` returns it once its batch is committed (and synced)."""
 
-    __slots__ = ("batch", "result", "durable")
+    __slots__ = ("batch", "fn", "args", "durable", "grows", "result", "error")
 
-    def __init__(self, batch: Batch, result, durable: bool):
+    def __init__(self, batch: Batch, fn, args, durable: bool, grows: bool):
         self.batch = batch
-        self.result = result
+        self.fn = fn
+        self.args = args
         self.durable = durable
+        self.grows = grows
+        self.result = None
+        self.error: BaseException | None = None  # its own failure (a push refused on a full disk)
 
     def wait(self):
         batch = self.batch
@@ -83,6 +87,8 @@ class Request:
             batch.committed.wait()
         if batch.error is not None:
             raise batch.error
+        if self.error is not None:
+            raise self.error
         return self.result
 
 
@@ -189,19 +195,20 @@ class Writer:
         if self._stopping:
             raise errors.err("server is shutting down")
         batch = self._batch or self._open_batch()
-        if grows and self.disk_full and not self._room_again():
-            raise errors.DISK_FULL
+        if grows and self.disk_full:
+            self._refuse_growth()
+        request = Request(batch, fn, args, durable, grows)
         try:
-            result = fn(*args)
+            request.result = fn(*args)
         except errors.CommandError:
             raise  # validated before writing: nothing to undo
         except Exception as exc:  # a storage failure (disk full, I/O error) or a bug
             self._roll_back(batch, exc, f"request {getattr(fn, '__name__', fn)}")
             raise batch.error from None
-        batch.requests += 1
+        batch.requests.append(request)
         if durable:
             batch.durable = True
-        return Request(batch, result, durable)
+        return request
 
     def call(self, fn, *args, durable: bool = True):
         """Submit and wait: the result of `fn(*args)` once its batch committed."""
@@ -214,7 +221,7 @@ class Writer:
 
     def pending(self) -> int:
         """Requests in the transaction not yet committed."""
-        return self._batch.requests if self._batch is not None else 0
+        return len(self._batch.requests) if self._batch is not None else 0
 
     def stop(self) -> None:
         """Commit and answer what this turn submitted, then stop the fsync thread."""
@@ -256,12 +263,18 @@ class Writer:
         try:
             self.db.commit()
         except Exception as exc:
-            self._roll_back(batch, exc, f"commit of {batch.requests} requests")
+            if self.db.is_disk_full(exc) and not self.disk_full:
+                self._run_again_without_growth(batch, exc)
+            else:
+                self._roll_back(batch, exc, f"commit of {len(batch.requests)} requests")
             return
+        self._committed(batch, started)
+
+    def _committed(self, batch: Batch, started: float) -> None:
         self.commit_seconds.observe(time.perf_counter() - started)
-        self.batch_sizes.observe(batch.requests)
+        self.batch_sizes.observe(len(batch.requests))
         self.batches += 1
-        self.committed_requests += batch.requests
+        self.committed_requests += len(batch.requests)
         # Blocked readers the batch served first: a worker waiting for a task
         # matters more than the producer's reply (callbacks run in this order).
         self._after_batch(True)
@@ -279,7 +292,8 @@ class Writer:
         try:
             self.db.sync_wal()  # everything committed before this call is durable after it
         except OSError as exc:
-            logger.error("fsync of the WAL failed, {} requests' durable replies fail: {}", batch.requests, exc)
+            logger.error("fsync of the WAL failed, {} requests' durable replies fail: {}",
+                         len(batch.requests), exc)
             batch.sync_error = errors.storage_failed(f"fsync failed: {exc}")
         seconds = time.perf_counter() - started
         self._observe_fsync(seconds)
@@ -308,13 +322,41 @@ class Writer:
             self._batches_at_checkpoint = self.batches
             gevent.spawn(self._start_checkpoint)  # not from the hub: the pool may switch
 
+    def _run_again_without_growth(self, batch: Batch, exc: BaseException) -> None:
+        """The commit met a full disk: roll the batch back, then run it again in disk-full mode.
+
+        Its claims, acks and reads then commit on the released reserve and only its pushes are
+        refused; before, every request in it failed (a worker's XREADGROUP among them).
+        """
+        self._on_disk_full(f"batch of {len(batch.requests)} requests (rolled back, run again without its "
+                           "pushes)", exc)
+        started = time.perf_counter()
+        try:
+            self.db.rollback()
+            self._on_rollback()  # the broker's caches as on disk again
+            self._after_batch(False)  # readers the rolled-back pushes served learn it now
+            self.db.begin()
+            for request in batch.requests:
+                if request.grows:
+                    request.result, request.error = None, errors.DISK_FULL()
+                    continue
+                try:
+                    request.result = request.fn(*request.args)
+                except errors.CommandError as refused:
+                    request.result, request.error = None, refused
+            self.db.commit()
+        except Exception as again_exc:
+            self._roll_back(batch, again_exc, "running the batch again without its pushes")
+            return
+        self._committed(batch, started)
+
     def _roll_back(self, batch: Batch, exc: BaseException, what: str) -> None:
         """Undo the whole batch: every request in it is answered with a storage error."""
         if self.db.is_disk_full(exc):
             self._on_disk_full(f"{what} (batch rolled back)", exc)
         else:
             logger.opt(exception=exc).error("{} failed, batch of {} requests rolled back: {}", what,
-                                            batch.requests, exc)
+                                            len(batch.requests), exc)
         if self._batch is batch:
             self._batch = None
         try:
@@ -347,16 +389,34 @@ class Writer:
         self.db.release_reserve()
         logger.error("disk full: {} failed ({}); released the {}-byte reserve, refusing pushes until "
                      "there is room again", what, exc, self.db.reserve_bytes)
-        self._batches_at_checkpoint = -CHECKPOINT_EVERY_BATCHES  # checkpoint after the next batch
+        self.checkpoint_soon()
 
-    def _room_again(self) -> bool:
-        """While the disk is full: is there room again? Then the reserve is made and pushes resume."""
-        # Room for the reserve and as much again: otherwise the next push would fill the disk at once.
-        if self.db.free_bytes() >= max(2 * self.db.reserve_bytes, MIN_ROOM) and self.db.make_reserve():
+    def _refuse_growth(self) -> None:
+        """While the disk is full, a push is refused with DISK_FULL, unless the reserve fits again."""
+        if self._room_again():
             self.disk_full = False
             logger.info("disk space available again: {} bytes set aside, pushes accepted", self.db.reserve_bytes)
-            return True
-        return False
+            return
+        raise errors.DISK_FULL
+
+    def _room_again(self) -> bool:
+        """Room for the reserve and as much again (else the next push fills the disk at once): the
+        reserve in the file system, with MIN_ROOM beside it for the WAL; the rest may be free pages
+        in the database file, which new rows reuse without the file system giving a byte."""
+        db = self.db
+        if self.room_missing() > 0:
+            return False
+        if db.free_bytes() + db.free_bytes_inside() < max(2 * db.reserve_bytes, MIN_ROOM):
+            return False
+        return db.make_reserve()
+
+    def room_missing(self) -> int:
+        """Bytes the file system lacks for the reserve and MIN_ROOM beside it (see _room_again)."""
+        return self.db.reserve_bytes + MIN_ROOM - self.db.free_bytes()
+
+    def checkpoint_soon(self) -> None:
+        """Checkpoint after the next batch: a file the incremental vacuum shrank is cut only then."""
+        self._batches_at_checkpoint = self.batches - CHECKPOINT_EVERY_BATCHES
 
     # ------------------------------------------------------------ checkpoints
 

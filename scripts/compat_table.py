@@ -67,7 +67,9 @@ def worker_libs_part(libs: list[dict]) -> list[str]:
                   "clients raise as their usual error. `MULTI`/`EXEC`/`DISCARD` work as in Redis (the",
                   "`transactions` parity scenario below), so transactional pipelines (redis-py's",
                   "`pipeline()` default) run; the pushes, acks and nacks of one `EXEC` commit in one",
-                  "SQLite transaction. `WATCH` is not supported."]
+                  "SQLite transaction. `WATCH` is not supported. A transaction holds at most 1,000",
+                  "commands or 8 MB (an `EXEC` holds every other client until it ends): bulk pushes go",
+                  "in a pipeline without `MULTI` (`pipeline(transaction=False)`)."]
 
 
 def parity_part(parity: dict) -> list[str]:

@@ -7,6 +7,7 @@ client misbehaves.
 from __future__ import annotations
 
 import contextlib
+import re
 import resource
 import socket
 import threading
@@ -16,6 +17,7 @@ import pytest
 import redis
 
 from conftest import wait_until
+from reliability import report
 
 # Not a speed test (the benchmark measures speed): a server stalled by the
 # misbehaving client would answer the others in seconds, not in this bound.
@@ -342,7 +344,7 @@ def test_tls_client_certificates(ezra_factory, certificates):
 
 
 def test_a_transaction_that_never_ends_cannot_pin_unbounded_memory(ezra_factory):
-    """MULTI, then 1 MiB pushes that never see EXEC: past 64 MB they are refused and the EXEC
+    """MULTI, then 1 MiB pushes that never see EXEC: past the bound (8 MB) they are refused and the EXEC
     aborts; nothing is stored and the server's memory stays bounded."""
     server = ezra_factory()
     client = server.client()
@@ -356,3 +358,63 @@ def test_a_transaction_that_never_ends_cannot_pin_unbounded_memory(ezra_factory)
     assert client.xlen("pinned") == 0
     assert peak_rss_mib(server.proc.pid) < 400
     assert client.ping()
+
+
+def _queue_bound(error: redis.ResponseError) -> int:
+    """The command bound the refusal names ("at most N commands")."""
+    found = re.search(r"at most ([\d,]+) commands", str(error))
+    assert found, error
+    return int(found.group(1).replace(",", ""))
+
+
+def test_a_large_transaction_cannot_freeze_other_clients(ezra_factory):
+    """EXEC runs its commands without letting other clients in: 30,000 queued XADDs froze every
+    client for the whole EXEC (1.2 s quiet, 8 s loaded). A MULTI that large is now refused
+    (EXECABORT, nothing stored), and the largest EXEC allowed keeps others' PINGs fast."""
+    server = ezra_factory()
+    client = server.client()
+    pipe = client.pipeline(transaction=True)
+    for n in range(30_000):
+        pipe.xadd("bulk", {"n": str(n), "pad": "x" * 100})
+    with pytest.raises(redis.ResponseError, match="EXECABORT|too much queued") as refused:
+        pipe.execute()
+    assert client.xlen("bulk") == 0
+    # The refusal says what the bound is and what to do instead (a pipeline without MULTI).
+    bound_error = _queue_bound_error(client)
+    assert "transaction=False" in str(bound_error), bound_error
+    bound = _queue_bound(bound_error)
+    # The largest transactions allowed, by count then by size: other clients wait little.
+    worst_ms = {}
+    for count, pad in ((bound, 100), (8, 1024 * 1024 - 64)):
+        pinger = Pinger(server)
+        pinger.start()
+        wait_until(lambda: len(pinger.latencies) > 20, 10, message="the pinger to start")
+        pipe = client.pipeline(transaction=True)
+        for n in range(count):
+            pipe.xadd("bounded", {"n": str(n), "pad": b"x" * pad})
+        assert len(pipe.execute()) == count
+        p99, worst = pinger.finish()
+        print(f"PING during an EXEC of {count} XADDs of {pad} bytes: p99 {p99:.1f} ms, max {worst:.1f} ms")
+        assert worst < STALLED_MS, (count, pad, p99, worst)
+        worst_ms[f"{count}x{pad}B"] = round(worst, 1)
+    assert client.xlen("bounded") == bound + 8
+    report("exec_bound", refused_commands=30_000, bound=bound, worst_ping_ms_at_bound=worst_ms)
+
+
+def _queue_bound_error(client) -> redis.ResponseError:
+    """Queue one command past the bound by hand, to read the refusal itself (not EXECABORT)."""
+    connection = client.connection_pool.get_connection()
+    try:
+        connection.send_command("MULTI")
+        assert connection.read_response() == b"OK"
+        for n in range(100_001):
+            connection.send_command("XADD", "probe", "*", "n", str(n))
+            try:
+                connection.read_response()
+            except redis.ResponseError as exc:
+                return exc
+        raise AssertionError("100,001 commands were queued")
+    finally:
+        connection.send_command("DISCARD")
+        connection.read_response()
+        client.connection_pool.release(connection)

@@ -13,6 +13,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -232,3 +234,144 @@ def test_disk_full_fails_clearly_loses_nothing_and_recovers(small_fs, ezra_facto
     assert "Traceback" not in server.log().split("storage error")[0]
     report("disk_full", pushes_acknowledged=len(pushed) + 1, pushes_refused=refused, claimed_while_full=10,
            lost=len(set(pushed) - set(ids)))
+
+
+@pytest.fixture
+def fs_20m(tmp_path):
+    """A 20 MB tmpfs: the size the disk-full reports of round two used."""
+    mount_point = tmp_path / "fs20"
+    reason = _mount_small_tmpfs(mount_point, "20m")
+    if reason:
+        pytest.skip(reason)
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _drain(client, queue: str) -> int:
+    """Claim and XACKDEL every task; the count. Any error fails the test (claims go on when full)."""
+    drained = 0
+    while True:
+        claimed = client.xreadgroup("g", "w", {queue: ">"}, count=100)
+        if not claimed:
+            return drained
+        ids = [entry_id for entry_id, _ in claimed[0][1]]
+        assert client.execute_command("XACKDEL", queue, "g", "IDS", len(ids), *ids) == [1] * len(ids)
+        drained += len(ids)
+
+
+def test_disk_full_then_drained_takes_pushes_again_without_restart(fs_20m, ezra_factory):
+    """Filled, then every task drained (XACKDEL): the file system is still full, since the database
+    file keeps its size, but its pages are free. Pushes stayed refused for over 60 s (until enough
+    checkpoints shrank the file); they must resume within seconds, without a restart."""
+    server = ezra_factory(data_dir=fs_20m)  # the default reserve
+    client = server.client()
+    client.xgroup_create("full", "g", id="0", mkstream=True)
+    pushed: dict[bytes, bytes] = {}
+    _fill(client, "full", pushed, b"x" * 4000)
+    assert _drain(client, "full") == len(pushed)
+    assert client.xlen("full") == 0
+    started = time.monotonic()
+
+    def push_accepted():
+        try:
+            return client.xadd("full", {"n": "after"})
+        except redis.ResponseError as exc:
+            assert "disk full" in str(exc) or "storage error" in str(exc), exc
+            time.sleep(0.1)
+            return None
+
+    wait_until(push_accepted, 25, message="pushes to be accepted again")
+    resumed_after = time.monotonic() - started
+    # Not just one: the room is real.
+    for n in range(200):
+        client.xadd("full", {"n": str(n), "pad": b"y" * 4000})
+    assert client.xlen("full") == 201
+    assert "disk space available again" in server.log()
+    report("disk_full_drained", pushes_before_full=len(pushed), resumed_after_s=round(resumed_after, 2))
+
+
+def _leave_free(mount_point: Path, room: int) -> Path:
+    """Fill the file system with a file, so that about `room` bytes stay free; the file."""
+    stats = os.statvfs(mount_point)
+    filler = mount_point / "filler"
+    filler.write_bytes(b"\0" * (stats.f_bavail * stats.f_frsize - room))
+    return filler
+
+
+def _exec_too_big(client, *claims: tuple) -> list:
+    """One MULTI/EXEC (one writer batch): 7 pushes of 1 MB, which cannot fit in the 4 MB left,
+    then an XREADGROUP of each queue given; the EXEC's replies, errors included."""
+    pipe = client.pipeline(transaction=True)
+    for _ in range(7):
+        pipe.xadd("filler", {"pad": b"x" * (1024 * 1024 - 100)})
+    for queue in claims:
+        pipe.xreadgroup("g", "w", {queue: ">"}, count=1)
+    return pipe.execute(raise_on_error=False)
+
+
+def test_claims_in_the_batch_that_fills_the_disk_succeed(small_fs, ezra_factory):
+    """The batch whose push meets the full disk is rolled back; claims in it failed with 'database or
+    disk is full'. The batch now runs again on the released reserve and only its pushes are refused."""
+    server = ezra_factory("--disk-reserve", str(2 * 1024 * 1024), data_dir=small_fs)
+    client = server.client()
+    client.xgroup_create("jobs", "g", id="0", mkstream=True)
+    for n in range(50):
+        client.xadd("jobs", {"n": str(n)})
+    _leave_free(small_fs, 4 * 1024 * 1024)
+    replies = _exec_too_big(client, "jobs")
+    assert all(isinstance(reply, redis.ResponseError) and "storage error" in str(reply)
+               for reply in replies[:-1]), replies[:-1]
+    claim = replies[-1]
+    assert not isinstance(claim, Exception), f"a claim failed on a full disk: {claim}"
+    assert claim[0][1][0][1] == {b"n": b"0"}
+    assert "disk full: batch of" in server.log()  # the batch met the full disk, not a checkpoint
+    # Claims and acks go on.
+    for n in range(1, 20):
+        got = client.xreadgroup("g", "w", {"jobs": ">"}, count=1)
+        assert got[0][1][0][1] == {b"n": str(n).encode()}
+        assert client.xack("jobs", "g", got[0][1][0][0]) == 1
+    report("disk_full_claims", claim_in_the_filling_batch="ok", claims_after=19)
+
+
+def test_a_blocked_reader_served_by_the_push_that_fills_the_disk_keeps_waiting(small_fs, ezra_factory):
+    """A worker blocked in XREADGROUP is served by a push in the batch that meets the full disk: the
+    batch is rolled back, and the worker got 'the batch was rolled back'. It now keeps waiting, and
+    gets the first task pushed once there is room."""
+    server = ezra_factory("--disk-reserve", str(2 * 1024 * 1024), data_dir=small_fs)
+    client = server.client()
+    client.xgroup_create("jobs", "g", id="0", mkstream=True)
+    reader = server.client()
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(_blocked_read(reader)), daemon=True)
+    thread.start()
+    wait_until(lambda: client.info("clients")["blocked_clients"] == 1, 10, message="the worker to block")
+    filler = _leave_free(small_fs, 4 * 1024 * 1024)
+    pipe = client.pipeline(transaction=True)
+    pipe.xadd("jobs", {"n": "lost"})  # hands its task to the blocked worker, in the batch that fails
+    for _ in range(7):
+        pipe.xadd("filler", {"pad": b"x" * (1024 * 1024 - 100)})
+    assert all(isinstance(reply, redis.ResponseError) for reply in pipe.execute(raise_on_error=False))
+    assert "disk full: batch of" in server.log()
+    assert not result, f"the blocked worker was answered: {result}"
+    assert client.info("clients")["blocked_clients"] == 1
+    filler.unlink()
+    wait_until(lambda: _push_accepted(client, "jobs", {"n": "after"}), 20, message="a push after room")
+    thread.join(20)
+    assert result and not isinstance(result[0], Exception), result
+    assert result[0][0][1][0][1] == {b"n": b"after"}
+
+
+def _blocked_read(reader):
+    try:
+        return reader.xreadgroup("g", "w", {"jobs": ">"}, count=1, block=60_000)
+    except redis.ResponseError as exc:
+        return exc
+
+
+def _push_accepted(client, queue: str, fields: dict):
+    try:
+        return client.xadd(queue, fields)
+    except redis.ResponseError as exc:
+        assert "disk full" in str(exc), exc
+        time.sleep(0.1)
+        return None
