@@ -30,7 +30,7 @@ DB_FILENAME = "ezra.db"
 BUSY_TIMEOUT_MS = 5000
 CHECKPOINT_WAIT_MS = 200
 RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still commit on a full disk
-DEFAULT_RESERVE_BYTES = 16 * 1024 * 1024
+DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--disk-reserve), which servers use
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (

@@ -14,6 +14,7 @@ import configparser
 import fnmatch
 import itertools
 import json
+import os
 import re
 import shlex
 import shutil
@@ -308,3 +309,47 @@ def test_python_m_ezra_ping(server):
     result = subprocess.run([sys.executable, "-m", "ezra", "ping", "--port", str(server.port)],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def help_defaults() -> dict[str, str]:
+    """What `ezra --help` prints as each option's default: {'--port': '42002', ...}."""
+    result = subprocess.run([sys.executable, "-m", "ezra", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"})
+    assert result.returncode == 0, result.stderr
+    entries, current = {}, None
+    for line in result.stdout.split("options:", 1)[1].splitlines():
+        start = re.match(r"^  (?:-\w, )?(--[a-z][a-z-]*)", line)
+        if start:
+            current = start.group(1)
+            entries[current] = ""
+        if current:
+            entries[current] += " " + line.strip()
+    return {flag: match.group(1) for flag, text in entries.items()
+            if (match := re.search(r"\(default: ([^)]*)\)", text))}
+
+
+def documented_defaults() -> list[tuple[str, str, str]]:
+    """(document, flag, default) for each table row that gives a default in backticks."""
+    rows = []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "usage.md"):
+        for line in doc.read_text().splitlines():
+            cells = [cell.strip() for cell in line.split("|")]
+            flags = [i for i, cell in enumerate(cells) if re.fullmatch(r"`--[a-z-]+`", cell)]
+            if flags and flags[0] + 2 < len(cells):
+                default = re.match(r"`([^`]*)`", cells[flags[0] + 2])
+                if default:
+                    rows.append((doc.name, cells[flags[0]].strip("`"), default.group(1)))
+    return rows
+
+
+def test_documented_defaults_are_the_ones_ezra_help_prints():
+    printed = help_defaults()
+    rows = documented_defaults()
+    assert len(rows) > 10 and "--disk-reserve" in {flag for _, flag, _ in rows}
+    for doc, flag, default in rows:
+        assert flag in printed, f"{doc}: {flag} has no default in ezra --help"
+        try:
+            same = float(default) == float(printed[flag])
+        except ValueError:
+            same = default == printed[flag]
+        assert same, f"{doc} says {flag} defaults to {default}, ezra --help says {printed[flag]}"
