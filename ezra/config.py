@@ -6,6 +6,7 @@ config file > default. `parse_settings` returns a frozen `Settings`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import configargparse
@@ -45,17 +46,35 @@ class Settings:
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
+    value = finite_float(text)
     if value <= 0:
         raise configargparse.ArgumentTypeError(f"must be greater than 0, got {text}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    value = float(text)
+    value = finite_float(text)
     if value < 0:
         raise configargparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise configargparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def queue_setting(parse):
+    """An option type that checks its value as XCFGSET checks the queue setting of the same name."""
+    def checked(text: str):
+        try:
+            return parse(text.encode())
+        except CommandError as exc:
+            raise configargparse.ArgumentTypeError(exc.message.removeprefix("ERR ")) from None
+    checked.__name__ = parse.__name__  # argparse names the type in its 'invalid <name> value' errors
+    return checked
 
 
 def positive_int(text: str) -> int:
@@ -115,10 +134,11 @@ def build_parser() -> configargparse.ArgParser:
     add("--bind", default=Settings.bind, env_var="EZRA_BIND", help="address to listen on")
     add("--data-dir", default=Settings.data_dir, env_var="EZRA_DATA_DIR",
         help="directory holding ezra.db (created 0700)")
-    add("--visibility-timeout", type=positive_float, default=Settings.visibility_timeout,
-        env_var="EZRA_VISIBILITY_TIMEOUT",
+    add("--visibility-timeout", type=queue_setting(queue_settings.visibility_timeout),
+        default=Settings.visibility_timeout, env_var="EZRA_VISIBILITY_TIMEOUT",
         help="seconds a delivered task may stay unacknowledged before it is redelivered")
-    add("--max-attempts", type=positive_int, default=Settings.max_attempts, env_var="EZRA_MAX_ATTEMPTS",
+    add("--max-attempts", type=queue_setting(queue_settings.max_attempts), default=Settings.max_attempts,
+        env_var="EZRA_MAX_ATTEMPTS",
         help="deliveries before a failing task goes to <queue>::dead")
     add("--retention-seconds", type=non_negative_float, default=None, env_var="EZRA_RETENTION_SECONDS",
         help="seconds a done task is kept (unset: forever; 0: purged right after the ack)")
