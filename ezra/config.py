@@ -43,6 +43,8 @@ class Settings:
     disk_reserve: int = 4 * 1024 * 1024         # bytes set aside so acks/claims work on a full disk
     queues: tuple = ()                          # ((name, {column: value}), ...) from --queue lines
     http_port: int | None = None                # /metrics, /healthz and the dashboard; None: off
+    protected_mode: bool = True                 # no password: serve only 127.0.0.1 and ::1 (as Redis)
+    max_unauthenticated_per_host: int = 100     # with a password: connections one host may hold before AUTH
 
 
 def positive_float(text: str) -> float:
@@ -75,6 +77,16 @@ def queue_setting(parse):
             raise configargparse.ArgumentTypeError(exc.message.removeprefix("ERR ")) from None
     checked.__name__ = parse.__name__  # argparse names the type in its 'invalid <name> value' errors
     return checked
+
+
+def yes_no(text: str) -> bool:
+    """yes/no as Redis's config takes it (true/false, on/off, 1/0 too: the embedding API passes booleans)."""
+    word = str(text).strip().lower()
+    if word in ("yes", "true", "on", "1"):
+        return True
+    if word in ("no", "false", "off", "0"):
+        return False
+    raise configargparse.ArgumentTypeError(f"must be yes or no, got {text}")
 
 
 def positive_int(text: str) -> int:
@@ -192,6 +204,13 @@ def build_parser() -> configargparse.ArgParser:
         help="serve Prometheus /metrics, /healthz and the web dashboard on this port, with the same "
              "--bind, --password (HTTP Basic, any user name) and TLS as the main port (unset: off; "
              "0 picks a free port)")
+    add("--protected-mode", type=yes_no, default="yes", metavar="yes|no", env_var="EZRA_PROTECTED_MODE",
+        help="without --password, serve only clients from 127.0.0.1 and ::1; others get Redis's DENIED "
+             "error, as in Redis's protected mode (no: serve every client that can reach --bind)")
+    add("--max-unauthenticated-per-host", type=non_negative_int, default=Settings.max_unauthenticated_per_host,
+        metavar="N", env_var="EZRA_MAX_UNAUTHENTICATED_PER_HOST",
+        help="with --password: connections one client address may have open before they authenticate; the "
+             "next are refused with an error (this bounds one host's password guessing); 0: no limit")
     add("--version", action="version", version=f"ezra {__version__}")
     return parser
 

@@ -197,6 +197,29 @@ def test_documented_docker_run_commands_match_the_image(final):
                 assert value.split(":")[1] == volume, command
 
 
+def test_the_image_turns_protected_mode_off_and_its_documented_runs_are_not_open_to_all(final):
+    """In a container no client comes from 127.0.0.1, so the image turns protected mode off; then every
+    documented `docker run` publishes the port on the host's loopback only, or sets a password."""
+    assert env_of(final)["EZRA_PROTECTED_MODE"] == "no"
+    docker_section = (ROOT / "docs" / "usage.md").read_text().split("## Docker", 1)[1].split("\n## ", 1)[0]
+    assert "EZRA_PROTECTED_MODE=no" in docker_section and "EZRA_PASSWORD" in docker_section
+    for command in docker_run_commands():
+        published = [value for flag, value in itertools.pairwise(command) if flag == "-p"]
+        assert all(value.startswith("127.0.0.1:") for value in published) or any(
+            value.startswith("EZRA_PASSWORD=") for value in command), command
+
+
+def test_the_image_environment_serves_a_client_from_another_address(ezra_factory, final):
+    """The quick start with the image's environment: a client that is not 127.0.0.1 (as the host is,
+    seen from inside a container) is served, and the health check's `ezra ping` answers."""
+    env = {key: value for key, value in env_of(final).items() if key not in ("EZRA_DATA_DIR", "EZRA_PORT")}
+    server = ezra_factory(env=env)  # the image's bind and protected mode; a free port and a temp dir
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30, source_address=("127.0.0.2", 0)) as sock:
+        sock.sendall(b"XADD emails * to ada@example.com\r\n")
+        assert re.fullmatch(rb"\$\d+\r\n\d+-\d+\r\n", sock.recv(1000))
+    assert ping_main(["--port", str(server.port)]) == 0
+
+
 # ------------------------------------------------------------------ release workflow
 
 @pytest.fixture(scope="module")
