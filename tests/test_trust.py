@@ -78,14 +78,17 @@ def test_only_127_0_0_1_and_ipv6_loopback_count_as_local(ezra_factory):
     """As Redis 7's connIsLocal: not all of 127.0.0.0/8. The default --bind 127.0.0.1 is reachable from 127.0.0.2."""
     server = ezra_factory()
     assert read_to_end(server.port, REMOTE).startswith(DENIED)
-    if socket.has_ipv6:
-        try:
-            v6 = ezra_factory("--bind", "::1")
-        except AssertionError as exc:  # no IPv6 loopback here (a container without it)
-            pytest.skip(f"cannot listen on ::1: {exc}")
-        client = redis.Redis(host="::1", port=v6.port, socket_timeout=30)
-        assert client.ping()
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        dual = ezra_factory("--bind", "::")  # IPv4 clients arrive as ::ffff:127.0.0.1 / ::ffff:127.0.0.2
+    except AssertionError as exc:  # no IPv6 here (a container without it)
+        pytest.skip(f"cannot listen on '::': {exc}")
+    for host in ("::1", "127.0.0.1"):
+        client = redis.Redis(host=host, port=dual.port, socket_timeout=30)
+        assert client.ping(), host
         client.close()
+    assert read_to_end(dual.port, REMOTE).startswith(DENIED)
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
