@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # EZRA in a container:
 #   docker build -t ezra .
-#   docker run -d --name ezra -p 42002:42002 -v ezra_data:/data ezra
+#   docker run -d --name ezra -p 127.0.0.1:42002:42002 -v ezra_data:/data ezra
+# (the host's loopback only: serving other machines needs -e EZRA_PASSWORD=...)
 # The builder stage makes the one-file binary (scripts/build-binary.sh, as
 # for the release binaries); the final image holds that binary on a
 # distroless base (glibc, /tmp, a non-root user; no shell, no Python).
@@ -28,9 +29,14 @@ COPY --from=builder /out/usr/local/bin/ezra /usr/local/bin/ezra
 # non-root user, so EZRA can create ezra.db in it.
 COPY --from=builder --chown=65532:65532 /out/data /data
 USER 65532:65532
+# Protected mode off, as in the official Redis image: in a container no client
+# comes from 127.0.0.1, so it would refuse every one, the host's own included.
+# The published port is the boundary (docs/usage.md#docker): publish it on the
+# host's loopback, or set EZRA_PASSWORD.
 ENV EZRA_DATA_DIR=/data \
     EZRA_BIND=0.0.0.0 \
-    EZRA_PORT=42002
+    EZRA_PORT=42002 \
+    EZRA_PROTECTED_MODE=no
 VOLUME ["/data"]
 EXPOSE 42002
 # `ezra ping` reads the same EZRA_* variables as the server (port, password).

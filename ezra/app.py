@@ -86,10 +86,7 @@ class App:
         if settings.tls_cert_file:
             logger.info("TLS only, certificate {}; client certificates {}", settings.tls_cert_file,
                         f"required (CA {settings.tls_ca_cert_file})" if settings.tls_ca_cert_file else "not asked")
-        if settings.bind not in ("127.0.0.1", "localhost", "::1") and not settings.password:
-            logger.warning("listening on {} without a password: anyone who can reach this port{} can read "
-                           "and change every queue (set --password)", settings.bind,
-                           "" if settings.http_port is None else " or the dashboard")
+        log_exposure(settings)
         return self.server.port
 
     def stop(self) -> None:
@@ -121,16 +118,32 @@ def check_directories(settings: Settings) -> None:
                            stat.S_IMODE(mode))
 
 
+def log_exposure(settings: Settings) -> None:
+    """Bound beyond loopback without a password: say who is served and how to change it."""
+    if settings.password or settings.bind in ("127.0.0.1", "localhost", "::1"):
+        return
+    if settings.protected_mode:
+        logger.warning("protected mode: listening on {} without a password, so only clients from 127.0.0.1 "
+                       "and ::1 are served{}; the others get a DENIED error (set --password, or "
+                       "--protected-mode no on a network you trust)", settings.bind,
+                       "" if settings.http_port is None else " (the dashboard answers them 403, /healthz excepted)")
+    else:
+        logger.warning("listening on {} without a password and with --protected-mode no: anyone who can reach "
+                       "this port{} can read and change every queue (set --password)", settings.bind,
+                       "" if settings.http_port is None else " or the dashboard")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the server until SIGTERM/SIGINT (subcommands are dispatched in entry.py)."""
     settings = parse_settings(argv)
     setup_logging(settings.log_level)
     logger.info("config: port={} bind={} data_dir={} visibility_timeout={}s max_attempts={} "
-                "retention={} backoff={} release_on_disconnect={} durability={} max_task_size={} password={}",
+                "retention={} backoff={} release_on_disconnect={} durability={} max_task_size={} password={} "
+                "protected_mode={}",
                 settings.port, settings.bind, settings.data_dir, settings.visibility_timeout,
                 settings.max_attempts, settings.retention_seconds, settings.backoff,
                 settings.release_on_disconnect, settings.durability, settings.max_task_size,
-                "set" if settings.password else "unset")
+                "set" if settings.password else "unset", "yes" if settings.protected_mode else "no")
     app = App(settings)
     try:
         app.start()

@@ -145,22 +145,25 @@ def hello(session, args):
         proto = to_int(args[1], errors.err("Protocol version is not an integer or out of range"))
         if proto not in (2, 3):
             raise errors.NOPROTO
-    rest, name = args[2:], None
+    # Every option is checked before anything changes: a HELLO that fails leaves the connection as it
+    # was (an invalid name must not leave it authenticated), as Redis does since redis/redis#11037.
+    rest, name, credentials = args[2:], None, None
     while rest:
         option = rest[0].upper()
         if option == b"AUTH" and len(rest) >= 3:
-            check_password(session, rest[1], rest[2])
-            rest = rest[3:]
+            credentials, rest = (rest[1], rest[2]), rest[3:]
         elif option == b"SETNAME" and len(rest) >= 2:
-            name, rest = rest[1], rest[2:]
+            name, rest = valid_client_name(rest[1]), rest[2:]
         else:
             raise errors.err(f"Syntax error in HELLO option '{rest[0].decode('utf-8', 'replace')}'")
+    if credentials is not None:
+        check_password(session, *credentials)
     if not session.authenticated:
         raise CommandError("NOAUTH HELLO must be called with the client already authenticated, otherwise "
                            "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
                            "client and select the RESP protocol version at the same time")
     if name is not None:
-        session.name = valid_client_name(name)
+        session.name = name
     session.proto = proto
     return {"server": "ezra", "version": REDIS_COMPAT_VERSION, "proto": proto, "id": session.id,
             "mode": "standalone", "role": "master", "modules": []}

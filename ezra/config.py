@@ -6,6 +6,7 @@ config file > default. `parse_settings` returns a frozen `Settings`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import configargparse
@@ -43,20 +44,50 @@ class Settings:
     queues: tuple = ()                          # ((name, {column: value}), ...) from --queue lines
     http_port: int | None = None                # /metrics, /healthz and the dashboard; None: off
     backup_dir: str | None = None               # where BACKUP may write; None: the data directory
+    protected_mode: bool = True                 # no password: serve only 127.0.0.1 and ::1 (as Redis)
+    max_unauthenticated_per_host: int = 100     # with a password: connections one host may hold before AUTH
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
+    value = finite_float(text)
     if value <= 0:
         raise configargparse.ArgumentTypeError(f"must be greater than 0, got {text}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    value = float(text)
+    value = finite_float(text)
     if value < 0:
         raise configargparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
+
+
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise configargparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def queue_setting(parse):
+    """An option type that checks its value as XCFGSET checks the queue setting of the same name."""
+    def checked(text: str):
+        try:
+            return parse(text.encode())
+        except CommandError as exc:
+            raise configargparse.ArgumentTypeError(exc.message.removeprefix("ERR ")) from None
+    checked.__name__ = parse.__name__  # argparse names the type in its 'invalid <name> value' errors
+    return checked
+
+
+def yes_no(text: str) -> bool:
+    """yes/no as Redis's config takes it (true/false, on/off, 1/0 too: the embedding API passes booleans)."""
+    word = str(text).strip().lower()
+    if word in ("yes", "true", "on", "1"):
+        return True
+    if word in ("no", "false", "off", "0"):
+        return False
+    raise configargparse.ArgumentTypeError(f"must be yes or no, got {text}")
 
 
 def positive_int(text: str) -> int:
@@ -116,10 +147,11 @@ def build_parser() -> configargparse.ArgParser:
     add("--bind", default=Settings.bind, env_var="EZRA_BIND", help="address to listen on")
     add("--data-dir", default=Settings.data_dir, env_var="EZRA_DATA_DIR",
         help="directory holding ezra.db (created 0700)")
-    add("--visibility-timeout", type=positive_float, default=Settings.visibility_timeout,
-        env_var="EZRA_VISIBILITY_TIMEOUT",
+    add("--visibility-timeout", type=queue_setting(queue_settings.visibility_timeout),
+        default=Settings.visibility_timeout, env_var="EZRA_VISIBILITY_TIMEOUT",
         help="seconds a delivered task may stay unacknowledged before it is redelivered")
-    add("--max-attempts", type=positive_int, default=Settings.max_attempts, env_var="EZRA_MAX_ATTEMPTS",
+    add("--max-attempts", type=queue_setting(queue_settings.max_attempts), default=Settings.max_attempts,
+        env_var="EZRA_MAX_ATTEMPTS",
         help="deliveries before a failing task goes to <queue>::dead")
     add("--retention-seconds", type=non_negative_float, default=None, env_var="EZRA_RETENTION_SECONDS",
         help="seconds a done task is kept (unset: forever; 0: purged right after the ack)")
@@ -177,6 +209,13 @@ def build_parser() -> configargparse.ArgParser:
         help="the only directory where the BACKUP command may write (a new file; a relative path is "
              "taken in it; links leading out of it are refused); unset: the data directory. "
              "'ezra backup', run by the operator, writes anywhere")
+    add("--protected-mode", type=yes_no, default="yes", metavar="yes|no", env_var="EZRA_PROTECTED_MODE",
+        help="without --password, serve only clients from 127.0.0.1 and ::1; others get Redis's DENIED "
+             "error, as in Redis's protected mode (no: serve every client that can reach --bind)")
+    add("--max-unauthenticated-per-host", type=non_negative_int, default=Settings.max_unauthenticated_per_host,
+        metavar="N", env_var="EZRA_MAX_UNAUTHENTICATED_PER_HOST",
+        help="with --password: connections one client address may have open before they authenticate; the "
+             "next are refused with an error (this bounds one host's password guessing); 0: no limit")
     add("--version", action="version", version=f"ezra {__version__}")
     return parser
 

@@ -103,3 +103,24 @@ def storage_failed(reason: str) -> CommandError:
 DISK_FULL = _fixed(
     "ERR storage error, nothing was changed: disk full: no room for new tasks on the database's file "
     "system (acks, claims and reads still work; pushes resume by themselves once space is freed)")
+
+
+def denied_protected_mode() -> CommandError:
+    """Redis's protected-mode refusal (networking.c), naming EZRA's options instead of CONFIG SET."""
+    return CommandError(
+        "DENIED EZRA is running in protected mode because protected mode is enabled and no password is set "
+        "for the default user. In this mode connections are only accepted from the loopback interface. If you "
+        "want to connect from external computers to EZRA you may adopt one of the following solutions: "
+        "1) Set up an authentication password for the default user: restart EZRA with '--password <password>' "
+        "(or EZRA_PASSWORD, or 'password = <password>' in its config file); clients then send AUTH. "
+        "2) Alternatively you can just disable the protected mode by setting EZRA_PROTECTED_MODE=no (or "
+        "'protected-mode = no' in the config file) and then restarting the server, however MAKE SURE EZRA is "
+        "not publicly accessible from internet if you do so. "
+        "3) If you started the server manually just for testing, restart it with the '--protected-mode no' "
+        "option. NOTE: You only need to do one of the above things in order for the server to start "
+        "accepting connections from the outside.")
+
+
+def too_many_unauthenticated(host: str, limit: int) -> CommandError:
+    return err(f"too many connections from {host} that have not authenticated yet (at most {limit}, "
+               f"--max-unauthenticated-per-host): authenticate the open ones (AUTH) or close them first")

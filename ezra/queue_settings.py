@@ -28,6 +28,8 @@ OFF = -1.0      # RELEASE-ON-DISCONNECT OFF, stored as -1
 IDMP_DURATION_DEFAULT = 100
 IDMP_MAXSIZE_DEFAULT = 100
 MAX_SECONDS = 10 * 365 * 86400.0  # nothing EZRA waits for is longer than ten years
+MIN_VISIBILITY_TIMEOUT = 0.001  # leases are kept in whole milliseconds: less would be a lease of 0 ms
+MAX_ATTEMPTS = 2 ** 31 - 1
 
 COLUMNS = {  # XCFGSET token -> queues column
     b"VISIBILITY-TIMEOUT": "visibility_timeout",
@@ -105,16 +107,22 @@ def integer(arg: bytes, low: int, high: int, out_of_range: str) -> int:
     except ValueError:
         raise errors.NOT_INTEGER from None
     if not low <= value <= high:
-        raise errors.err(out_of_range)
+        raise errors.err(f"{out_of_range}, got {arg[:40].decode('ascii', 'replace')}")
     return value
 
 
-def _visibility_timeout(arg: bytes) -> float:
-    return seconds(arg, positive=True)
+def visibility_timeout(arg: bytes) -> float:
+    """VISIBILITY-TIMEOUT's and --visibility-timeout's seconds: finite, at least 1 ms."""
+    value = seconds(arg, positive=True)
+    if value < MIN_VISIBILITY_TIMEOUT:
+        raise errors.err(f"VISIBILITY-TIMEOUT must be at least {MIN_VISIBILITY_TIMEOUT} seconds (1 ms), "
+                         f"got {arg[:40].decode('utf-8', 'replace')}")
+    return value
 
 
-def _max_attempts(arg: bytes) -> int:
-    return integer(arg, 1, 2 ** 31 - 1, "MAX-ATTEMPTS must be a positive integer")
+def max_attempts(arg: bytes) -> int:
+    """MAX-ATTEMPTS' and --max-attempts' deliveries: 1 .. 2^31-1."""
+    return integer(arg, 1, MAX_ATTEMPTS, f"MAX-ATTEMPTS must be between 1 and {MAX_ATTEMPTS}")
 
 
 def _retention(arg: bytes) -> float:
@@ -134,8 +142,8 @@ def _idmp_maxsize(arg: bytes) -> int:
 
 
 PARSERS = {
-    "visibility_timeout": _visibility_timeout,
-    "max_attempts": _max_attempts,
+    "visibility_timeout": visibility_timeout,
+    "max_attempts": max_attempts,
     "retention_seconds": _retention,
     "release_on_disconnect": _release,
     "idmp_duration": _idmp_duration,

@@ -29,6 +29,7 @@ from loguru import logger
 
 from . import errors
 from .commands import Deferred, ServerState, Session, dispatch
+from .gate import Gate
 from .resp import ErrorReply, ProtocolError, RequestReader, encode
 
 READ_SIZE = 64 * 1024
@@ -399,6 +400,16 @@ def client_limit(max_clients: int) -> int:
     return fitting
 
 
+def refuse(sock, error) -> None:
+    """Answer a connection that is not served with `error`, then close it (as Redis: before any command)."""
+    try:
+        sock.sendall(encode(error, 2))
+        sock.shutdown(socket.SHUT_WR)  # the error, then end of stream, even if the client sent a command
+    except OSError:
+        pass  # the refused client is gone already
+    sock.close()
+
+
 def tls_context(settings):
     """The server's TLS context, or None without --tls-cert-file (errors name the file at start)."""
     if not settings.tls_cert_file:
@@ -435,6 +446,7 @@ class EzraServer:
         self.pool = Pool()
         self.connections: set[Connection] = set()
         self.auth_throttle = AuthThrottle()
+        self.gate = Gate(settings)  # protected mode; connections per host that have not authenticated
         self.tls = tls_context(settings)
         self.max_clients = state.max_clients = client_limit(settings.max_clients)  # INFO shows what fits
         self.stream_server = ConnectionServer((settings.bind, settings.port), self._handle,
@@ -502,10 +514,16 @@ class EzraServer:
                 pass  # the refused client is gone already
             sock.close()
             return None
+        refusal = self.gate.refusal(address[0])
+        if refusal is not None:
+            refuse(sock, refusal)
+            state.rejected_connections += 1
+            return None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if state.settings.tcp_keepalive:
             keep_alive(sock, state.settings.tcp_keepalive)
         connection = Connection(state, sock, address, self.auth_throttle, self.tls is not None)
+        self.gate.admitted(connection)
         state.sessions[connection.session.id] = connection.session
         self.connections.add(connection)
         state.total_connections += 1
@@ -545,6 +563,7 @@ class EzraServer:
         session = connection.session
         self.state.sessions.pop(session.id, None)
         self.connections.discard(connection)
+        self.gate.closed(connection)
         connection.sock.close()
         session.close()  # release on disconnect: the worker names it used may be gone
         # Session and Connection point at each other (wait, flush): break the cycle so their

@@ -34,7 +34,7 @@ RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still co
 # EZRA's own files in the data directory: never reached through a symbolic link (a link
 # planted there would make a server, often root, write wherever it points).
 OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME)
-DEFAULT_RESERVE_BYTES = 16 * 1024 * 1024
+DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--disk-reserve), which servers use
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (

@@ -12,6 +12,11 @@ this machine's name are served: a web page whose DNS name an attacker points at
 read the queues and the form token. With a password the browser has no
 credentials for such a name.
 
+Protected mode (--protected-mode, on by default) applies here as on the main
+port: without a password, only clients from 127.0.0.1 and ::1 are served;
+the others get 403 with the way out (/healthz answers everyone, as it does
+with a password).
+
 Changes (requeue, delete) are POST forms guarded against cross-site requests:
 each form carries a token derived from a secret made at start, and a request
 whose Origin or Sec-Fetch-Site names another site is refused, so a page elsewhere
@@ -38,6 +43,7 @@ from loguru import logger
 
 from . import dashboard, metrics
 from .errors import CommandError
+from .gate import LOCAL_PEERS
 from .lifecycle import parse_id
 from .server import tls_context
 
@@ -71,6 +77,7 @@ class WebApp:
         self.state = state
         self.broker = state.broker
         self.password = state.settings.password
+        self.protected = state.settings.protected_mode and not self.password
         self.auth_throttle = auth_throttle
         self.history = history
         self.csrf_token = hmac.new(os.urandom(32), b"ezra dashboard forms", hashlib.sha256).hexdigest()
@@ -111,6 +118,7 @@ class WebApp:
                 raise HttpError("405 Method Not Allowed", f"{method} is not allowed on {path}")
             raise HttpError("404 Not Found", f"nothing at {path}")
         if handler != self.healthz:
+            self.check_peer(environ)
             self.check_host(environ)
             self.authenticate(environ)
         params = query_params(environ.get("QUERY_STRING", ""))
@@ -119,6 +127,14 @@ class WebApp:
         return handler(environ, params)
 
     # -- guards
+
+    def check_peer(self, environ) -> None:
+        """Protected mode: without a password, only clients from 127.0.0.1 and ::1 (as the main port)."""
+        if self.protected and environ.get("REMOTE_ADDR") not in LOCAL_PEERS:
+            raise HttpError("403 Forbidden", "EZRA is running in protected mode: it has no password, so only "
+                            "clients on its own machine (127.0.0.1, ::1) are served. Set --password (then log "
+                            "in with any user name and that password), or --protected-mode no on a network "
+                            "you trust.")
 
     def check_host(self, environ) -> None:
         """Without a password: refuse a Host that is a DNS name other than this machine's (rebinding)."""

@@ -14,6 +14,7 @@ import configparser
 import fnmatch
 import itertools
 import json
+import os
 import re
 import shlex
 import shutil
@@ -196,6 +197,29 @@ def test_documented_docker_run_commands_match_the_image(final):
                 assert value.split(":")[1] == volume, command
 
 
+def test_the_image_turns_protected_mode_off_and_its_documented_runs_are_not_open_to_all(final):
+    """In a container no client comes from 127.0.0.1, so the image turns protected mode off; then every
+    documented `docker run` publishes the port on the host's loopback only, or sets a password."""
+    assert env_of(final)["EZRA_PROTECTED_MODE"] == "no"
+    docker_section = (ROOT / "docs" / "usage.md").read_text().split("## Docker", 1)[1].split("\n## ", 1)[0]
+    assert "EZRA_PROTECTED_MODE=no" in docker_section and "EZRA_PASSWORD" in docker_section
+    for command in docker_run_commands():
+        published = [value for flag, value in itertools.pairwise(command) if flag == "-p"]
+        assert all(value.startswith("127.0.0.1:") for value in published) or any(
+            value.startswith("EZRA_PASSWORD=") for value in command), command
+
+
+def test_the_image_environment_serves_a_client_from_another_address(ezra_factory, final):
+    """The quick start with the image's environment: a client that is not 127.0.0.1 (as the host is,
+    seen from inside a container) is served, and the health check's `ezra ping` answers."""
+    env = {key: value for key, value in env_of(final).items() if key not in ("EZRA_DATA_DIR", "EZRA_PORT")}
+    server = ezra_factory(env=env)  # the image's bind and protected mode; a free port and a temp dir
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30, source_address=("127.0.0.2", 0)) as sock:
+        sock.sendall(b"XADD emails * to ada@example.com\r\n")
+        assert re.fullmatch(rb"\$\d+\r\n\d+-\d+\r\n", sock.recv(1000))
+    assert ping_main(["--port", str(server.port)]) == 0
+
+
 # ------------------------------------------------------------------ release workflow
 
 @pytest.fixture(scope="module")
@@ -308,3 +332,47 @@ def test_python_m_ezra_ping(server):
     result = subprocess.run([sys.executable, "-m", "ezra", "ping", "--port", str(server.port)],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def help_defaults() -> dict[str, str]:
+    """What `ezra --help` prints as each option's default: {'--port': '42002', ...}."""
+    result = subprocess.run([sys.executable, "-m", "ezra", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"})
+    assert result.returncode == 0, result.stderr
+    entries, current = {}, None
+    for line in result.stdout.split("options:", 1)[1].splitlines():
+        start = re.match(r"^  (?:-\w, )?(--[a-z][a-z-]*)", line)
+        if start:
+            current = start.group(1)
+            entries[current] = ""
+        if current:
+            entries[current] += " " + line.strip()
+    return {flag: match.group(1) for flag, text in entries.items()
+            if (match := re.search(r"\(default: ([^)]*)\)", text))}
+
+
+def documented_defaults() -> list[tuple[str, str, str]]:
+    """(document, flag, default) for each table row that gives a default in backticks."""
+    rows = []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "usage.md"):
+        for line in doc.read_text().splitlines():
+            cells = [cell.strip() for cell in line.split("|")]
+            flags = [i for i, cell in enumerate(cells) if re.fullmatch(r"`--[a-z-]+`", cell)]
+            if flags and flags[0] + 2 < len(cells):
+                default = re.match(r"`([^`]*)`", cells[flags[0] + 2])
+                if default:
+                    rows.append((doc.name, cells[flags[0]].strip("`"), default.group(1)))
+    return rows
+
+
+def test_documented_defaults_are_the_ones_ezra_help_prints():
+    printed = help_defaults()
+    rows = documented_defaults()
+    assert len(rows) > 10 and "--disk-reserve" in {flag for _, flag, _ in rows}
+    for doc, flag, default in rows:
+        assert flag in printed, f"{doc}: {flag} has no default in ezra --help"
+        try:
+            same = float(default) == float(printed[flag])
+        except ValueError:
+            same = default == printed[flag]
+        assert same, f"{doc} says {flag} defaults to {default}, ezra --help says {printed[flag]}"
