@@ -42,6 +42,7 @@ class Settings:
     disk_reserve: int = 4 * 1024 * 1024         # bytes set aside so acks/claims work on a full disk
     queues: tuple = ()                          # ((name, {column: value}), ...) from --queue lines
     http_port: int | None = None                # /metrics, /healthz and the dashboard; None: off
+    http_request_timeout: float = 5.0           # seconds an HTTP request (head and body) may take to arrive
 
 
 def positive_float(text: str) -> float:
@@ -172,6 +173,12 @@ def build_parser() -> configargparse.ArgParser:
         help="serve Prometheus /metrics, /healthz and the web dashboard on this port, with the same "
              "--bind, --password (HTTP Basic, any user name) and TLS as the main port (unset: off; "
              "0 picks a free port)")
+    add("--http-request-timeout", type=positive_float, default=Settings.http_request_timeout, metavar="SECONDS",
+        env_var="EZRA_HTTP_REQUEST_TIMEOUT",
+        help="close an HTTP connection whose request (request line, headers and body; also the TLS "
+             "handshake) has not fully arrived this long after the server began waiting for it, "
+             "however steadily it trickles in (slowloris); an idle keep-alive connection is closed "
+             "after this long too")
     add("--version", action="version", version=f"ezra {__version__}")
     return parser
 

@@ -24,10 +24,12 @@ import base64
 import binascii
 import hashlib
 import hmac
+import io
 import ipaddress
 import mimetypes
 import os
 import socket
+import time
 from importlib import resources
 from urllib.parse import unquote_to_bytes
 
@@ -41,7 +43,7 @@ from .errors import CommandError
 from .lifecycle import parse_id
 from .server import tls_context
 
-HTTP_CONNECTIONS = 64        # dashboard users and scrapers served at once
+HTTP_CONNECTIONS = 1024      # dashboard users and scrapers served at once (each slot freed by the request deadline)
 MAX_FORM_BYTES = 64 * 1024
 HEALTH_TIMEOUT = 2.0         # /healthz: seconds the writer has to answer before "down"
 SECURITY_HEADERS = [
@@ -270,7 +272,52 @@ class ErrorLog:
         pass
 
 
+class DeadlineReader(io.RawIOBase):
+    """A socket's reading side that stops at the current request's deadline.
+
+    A per-read timeout does not stop a slowloris that sends a byte just in time, again
+    and again; this one counts from the first byte the server waits for (the request
+    line) to the last one of the body, so a request that trickles in frees its slot.
+    Replies are written with the socket's own timeout, untouched.
+    """
+
+    def __init__(self, sock, request_timeout: float):
+        super().__init__()
+        self.sock = sock
+        self.request_timeout = request_timeout
+        self.deadline = None
+
+    def start_request(self) -> None:
+        self.deadline = time.monotonic() + self.request_timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.deadline is None:  # not in a request yet (pywsgi reads the request line first)
+            return self.sock.recv_into(buffer)
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout(f"the request did not arrive within {self.request_timeout:g}s")
+        send_timeout = self.sock.gettimeout()
+        self.sock.settimeout(left if send_timeout is None else min(left, send_timeout))
+        try:
+            return self.sock.recv_into(buffer)
+        except socket.timeout:
+            raise socket.timeout(f"the request did not arrive within {self.request_timeout:g}s") from None
+        finally:
+            self.sock.settimeout(send_timeout)
+
+
 class Handler(WSGIHandler):
+    def __init__(self, sock, address, server):
+        self.reader = DeadlineReader(sock, server.request_timeout)
+        super().__init__(sock, address, server, rfile=io.BufferedReader(self.reader))
+
+    def read_requestline(self):
+        self.reader.start_request()  # the deadline runs until the body has been read
+        return super().read_requestline()
+
     def _handle_client_error(self, ex):
         """pywsgi's hook for bad client input; a stall or a reset mid-request is one log line
         and a closed connection, not a traceback on stderr."""
@@ -281,15 +328,22 @@ class Handler(WSGIHandler):
 
 
 class TimedWSGIServer(WSGIServer):
-    """pywsgi with a deadline per socket operation (--client-frame-timeout): a client
-    that stalls mid-request or mid-handshake (slowloris) gives its slot back."""
+    """pywsgi with a deadline per request (--http-request-timeout) and per socket operation
+    (--client-frame-timeout): a client that trickles or stalls mid-request or mid-handshake
+    (slowloris) gives its slot back."""
 
     client_timeout: float | None = None
+    request_timeout: float = 5.0
     handler_class = Handler
 
-    def wrap_socket_and_handle(self, client_socket, address):  # TLS: the handshake too
+    def wrap_socket_and_handle(self, client_socket, address):
+        """TLS: the handshake within the request deadline too."""
         client_socket.settimeout(self.client_timeout)
-        return super().wrap_socket_and_handle(client_socket, address)
+        with gevent.Timeout(self.request_timeout, socket.timeout(
+                f"no TLS handshake within {self.request_timeout:g}s")):
+            tls_socket = self.wrap_socket(client_socket, **self.ssl_args)
+        with tls_socket:
+            return self.handle(tls_socket, address)
 
     def handle(self, sock, address):
         sock.settimeout(self.client_timeout)
@@ -308,6 +362,7 @@ class WebServer:
         self.server = TimedWSGIServer((settings.bind, settings.http_port), self.app,
                                       spawn=Pool(HTTP_CONNECTIONS), log=None, error_log=ErrorLog(), **ssl_args)
         self.server.client_timeout = settings.client_frame_timeout or None
+        self.server.request_timeout = settings.http_request_timeout
         self.scheme = "https" if tls is not None else "http"
 
     def start(self) -> None:

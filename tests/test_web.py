@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import re
+import select
 import socket
 import ssl
 import subprocess
@@ -294,3 +295,47 @@ def test_dns_rebinding_is_refused_without_a_password(ezra_factory):
     assert http(open_server.http_url + "/healthz", headers={"Host": "evil.example"})[0] == 200
     protected = ezra_factory("--http-port", "0", "--password", "s3cret")
     assert http(protected.http_url + "/", headers={"Host": "evil.example", **basic("s3cret")})[0] == 200
+
+
+def http_address(server) -> tuple[str, int]:
+    host, port = server.http_url.split("://", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
+def test_slowloris_that_keeps_sending_is_closed_at_the_request_deadline(web):
+    """70 connections (more than the old 64 slots) that each send one more header line every
+    half second, faster than any per-read timeout: /healthz still answers at once, and each
+    is closed when its whole request has not arrived within the request deadline."""
+    address = http_address(web)
+    dripping = [socket.create_connection(address, timeout=10) for _ in range(70)]
+    for sock in dripping:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    started = time.monotonic()
+    healthz_took = None
+    open_socks = set(dripping)
+    while open_socks and time.monotonic() - started < 60:
+        for sock in list(open_socks):
+            try:
+                sock.sendall(b"X-Drip: 1\r\n")
+            except OSError:  # reset by the server: closed
+                open_socks.discard(sock)
+        readable, _, _ = select.select(list(open_socks), [], [], 0.5)
+        for sock in readable:
+            try:
+                reply = sock.recv(4096)
+            except OSError:
+                reply = b""
+            assert reply == b"" or re.match(rb"HTTP/1.1 4\d\d ", reply), reply
+            open_socks.discard(sock)  # a 4xx comes with Connection: close; EOF is the close
+        if healthz_took is None:
+            asked = time.monotonic()
+            assert http(web.http_url + "/healthz")[0] == 200  # times out (an exception) when no slot is free
+            healthz_took = time.monotonic() - asked
+    closed_after = time.monotonic() - started
+    for sock in dripping:
+        sock.close()
+    assert not open_socks, f"{len(open_socks)} dripping connections still open after {closed_after:.1f}s"
+    assert healthz_took < 5, healthz_took
+    assert closed_after < 30, closed_after  # the default deadline is 5 s
+    assert "Traceback" not in web.log()
+
