@@ -24,6 +24,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import http.client
 import io
 import ipaddress
 import mimetypes
@@ -91,6 +92,11 @@ class WebApp:
             status, headers, body = self.respond(environ)
         except HttpError as exc:
             status, headers, body = exc.status, exc.headers, dashboard.error_page(exc.status, str(exc))
+        except ClientInputError as exc:
+            logger.info("http: {} {} from {}: {}", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
+                        environ.get("REMOTE_ADDR"), exc)
+            status, headers = "400 Bad Request", [("Connection", "close")]
+            body = dashboard.error_page(status, str(exc))
         except Exception as exc:
             logger.opt(exception=exc).error("HTTP {} {} failed: {}", environ.get("REQUEST_METHOD"),
                                             environ.get("PATH_INFO"), exc)
@@ -171,7 +177,11 @@ class WebApp:
             raise HttpError("400 Bad Request", "bad Content-Length") from None
         if length > MAX_FORM_BYTES:
             raise HttpError("413 Content Too Large", "form too large")
-        form = query_params(environ["wsgi.input"].read(length).decode("latin-1"))
+        try:
+            body = environ["wsgi.input"].read(length)
+        except OSError as exc:  # cut short, or past the request deadline (Handler): the client's doing
+            raise ClientInputError(f"the request body ended early or came too slowly: {exc}") from None
+        form = query_params(body.decode("latin-1"))
         token = form.get("csrf", [b""])[0]
         if not hmac.compare_digest(token, self.csrf_token.encode()):
             raise HttpError("403 Forbidden", "missing or stale form token: reload the page and try again")
@@ -272,6 +282,10 @@ class ErrorLog:
         pass
 
 
+class ClientInputError(Exception):
+    """The client's request broke off or ran out of time: answered 400 and closed, logged in one line."""
+
+
 class DeadlineReader(io.RawIOBase):
     """A socket's reading side that stops at the current request's deadline.
 
@@ -319,11 +333,13 @@ class Handler(WSGIHandler):
         return super().read_requestline()
 
     def _handle_client_error(self, ex):
-        """pywsgi's hook for bad client input; a stall or a reset mid-request is one log line
-        and a closed connection, not a traceback on stderr."""
+        """pywsgi's hook for bad client input: one log line, never a traceback. A stall or a
+        reset closes the connection; malformed headers (more than 100, a line too long) get 400."""
         if isinstance(ex, OSError):
             logger.info("http: closed {}: {}", self.client_address, ex)
             return None
+        if isinstance(ex, http.client.HTTPException):  # pywsgi prints these with traceback.print_exc
+            ex = ValueError(f"bad headers: {ex}")
         return super()._handle_client_error(ex)
 
 
@@ -337,11 +353,16 @@ class TimedWSGIServer(WSGIServer):
     handler_class = Handler
 
     def wrap_socket_and_handle(self, client_socket, address):
-        """TLS: the handshake within the request deadline too."""
+        """TLS: the handshake within the request deadline; a failed one (plain HTTP, a scan) is one line."""
         client_socket.settimeout(self.client_timeout)
-        with gevent.Timeout(self.request_timeout, socket.timeout(
-                f"no TLS handshake within {self.request_timeout:g}s")):
-            tls_socket = self.wrap_socket(client_socket, **self.ssl_args)
+        try:
+            with gevent.Timeout(self.request_timeout, socket.timeout(
+                    f"no TLS handshake within {self.request_timeout:g}s")):
+                tls_socket = self.wrap_socket(client_socket, **self.ssl_args)
+        except (OSError, ValueError) as exc:  # ssl.SSLError, a timeout, a reset
+            logger.info("http: TLS handshake with {}:{} failed: {}", address[0], address[1], exc)
+            client_socket.close()
+            return None
         with tls_socket:
             return self.handle(tls_socket, address)
 

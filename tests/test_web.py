@@ -339,3 +339,48 @@ def test_slowloris_that_keeps_sending_is_closed_at_the_request_deadline(web):
     assert closed_after < 30, closed_after  # the default deadline is 5 s
     assert "Traceback" not in web.log()
 
+
+def new_log_lines(server, before: str) -> list[str]:
+    return server.log()[len(before):].splitlines()
+
+
+def test_a_body_cut_short_is_one_log_line(web):
+    before = web.log()
+    with socket.create_connection(http_address(web), timeout=10) as sock:
+        sock.sendall(b"POST /queue/requeue?name=q HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
+                     b"csrf=00000")
+        sock.shutdown(socket.SHUT_WR)  # 85 bytes short
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
+    wait_until(lambda: new_log_lines(web, before), message="a log line")
+    lines = new_log_lines(web, before)
+    assert len(lines) == 1 and "ended" in lines[0], lines
+
+
+def test_too_many_headers_is_one_log_line(web):
+    before = web.log()
+    with socket.create_connection(http_address(web), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     + b"".join(b"X-Header-%d: 1\r\n" % n for n in range(150)) + b"\r\n")
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 4"), reply
+    wait_until(lambda: new_log_lines(web, before), message="a log line")
+    lines = new_log_lines(web, before)
+    assert len(lines) == 1 and "headers" in lines[0], lines
+
+
+def test_plain_http_to_the_tls_listener_is_one_log_line(ezra_factory, certificates):
+    c = certificates
+    server = ezra_factory("--tls-cert-file", str(c / "server.pem"), "--tls-key-file", str(c / "server.key"),
+                          "--http-port", "0")
+    before = server.log()
+    with socket.create_connection(http_address(server), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        try:
+            while sock.recv(4096):  # whatever TLS alert, then the close
+                pass
+        except ConnectionResetError:
+            pass
+    wait_until(lambda: new_log_lines(server, before), message="a log line")
+    lines = new_log_lines(server, before)
+    assert len(lines) == 1 and "TLS handshake" in lines[0], lines
