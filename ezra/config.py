@@ -42,6 +42,7 @@ class Settings:
     disk_reserve: int = 4 * 1024 * 1024         # bytes set aside so acks/claims work on a full disk
     queues: tuple = ()                          # ((name, {column: value}), ...) from --queue lines
     http_port: int | None = None                # /metrics, /healthz and the dashboard; None: off
+    metrics_queues: int = 100                   # queues with their own /metrics series; the rest summed
     http_request_timeout: float = 5.0           # seconds an HTTP request (head and body) may take to arrive
 
 
@@ -173,6 +174,11 @@ def build_parser() -> configargparse.ArgParser:
         help="serve Prometheus /metrics, /healthz and the web dashboard on this port, with the same "
              "--bind, --password (HTTP Basic, any user name) and TLS as the main port (unset: off; "
              "0 picks a free port)")
+    add("--metrics-queues", type=non_negative_int, default=Settings.metrics_queues, metavar="N",
+        env_var="EZRA_METRICS_QUEUES",
+        help="/metrics gives its own series to the N queues with the most unfinished tasks (available, "
+             "delayed, in flight, dead) and sums the others into series with an empty queue label, "
+             "so a scrape stays small however many queues there are")
     add("--http-request-timeout", type=positive_float, default=Settings.http_request_timeout, metavar="SECONDS",
         env_var="EZRA_HTTP_REQUEST_TIMEOUT",
         help="close an HTTP connection whose request (request line, headers and body; also the TLS "

@@ -384,3 +384,46 @@ def test_plain_http_to_the_tls_listener_is_one_log_line(ezra_factory, certificat
     wait_until(lambda: new_log_lines(server, before), message="a log line")
     lines = new_log_lines(server, before)
     assert len(lines) == 1 and "TLS handshake" in lines[0], lines
+
+
+def fill_queues(client, count: int, backlog: dict) -> None:
+    """`count` queues q-0000... with one task each; the queues in `backlog` get that many."""
+    pipeline = client.pipeline(transaction=False)
+    for n in range(count):
+        name = f"q-{n:04d}"
+        for i in range(backlog.get(name, 1)):
+            pipeline.xadd(name, {"n": str(i)})
+    pipeline.execute()
+
+
+def test_metrics_show_the_busiest_queues_and_sum_the_rest(web):
+    """150 queues, more than the 100 shown by default: the 100 with the most unfinished tasks
+    keep their own series, the other 50 are summed in series without a queue label, so
+    sums over all series stay exact."""
+    client = web.client()
+    busy = {f"q-{n:04d}": 5 for n in range(140, 150)}  # last by name, first by backlog
+    fill_queues(client, 150, busy)
+    client.xreadgroup("g", "w", {"q-0149": ">"}, count=2)
+    samples = scrape(web)
+    labelled = {dict(labels).get("queue") for name, labels in samples if name == "ezra_tasks"}
+    assert len(labelled - {None, ""}) == 100
+    assert set(busy) <= labelled
+    assert value(samples, "ezra_tasks", queue="q-0149", state="in_flight") == 2
+    rest = {"queue": ""}
+    assert value(samples, "ezra_tasks", state="available", **rest) == 50
+    assert value(samples, "ezra_pushes_total", **rest) == 50
+    assert sum(v for (name, labels), v in samples.items() if name == "ezra_pushes_total") == 140 + 50
+    assert value(samples, "ezra_queues") == 150
+    assert ("ezra_oldest_available_age_seconds", frozenset(rest.items())) not in samples
+
+
+def test_metrics_queues_option(ezra_factory):
+    server = ezra_factory("--http-port", "0", "--metrics-queues", "2")
+    client = server.client()
+    fill_queues(client, 5, {"q-0003": 3, "q-0001": 2})
+    samples = scrape(server)
+    labelled = {dict(labels).get("queue") for name, labels in samples if name == "ezra_pushes_total"}
+    assert labelled == {"q-0003", "q-0001", ""}
+    assert value(samples, "ezra_pushes_total", queue="") == 3
+    assert value(samples, "ezra_tasks", queue="", state="available") == 3
+
