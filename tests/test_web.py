@@ -427,3 +427,17 @@ def test_metrics_queues_option(ezra_factory):
     assert value(samples, "ezra_pushes_total", queue="") == 3
     assert value(samples, "ezra_tasks", queue="", state="available") == 3
 
+
+def test_the_dashboard_lists_queues_a_page_at_a_time(web):
+    fill_queues(web.client(), 250, {})
+    status, _, body = http(web.http_url + "/")
+    assert status == 200
+    rows = re.findall(rb'<tr data-queue="([^"]+)"', body)
+    assert rows == [b"q-%04d" % n for n in range(100)]
+    assert b'href="/?page=2"' in body and b"of 250" in body
+    status, _, body = http(web.http_url + "/?page=3")
+    assert re.findall(rb'<tr data-queue="([^"]+)"', body) == [b"q-%04d" % n for n in range(200, 250)]
+    assert b'href="/?page=2"' in body and b"page=4" not in body
+    status, _, body = http(web.http_url + "/?page=99")  # past the end: the last page
+    assert status == 200 and re.findall(rb'<tr data-queue="([^"]+)"', body)[0] == b"q-0200"
+    assert http(web.http_url + "/?page=x")[0] == 400
