@@ -299,6 +299,9 @@ class ClientInputError(Exception):
     """The client's request broke off or ran out of time: answered 400 and closed, logged in one line."""
 
 
+BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
 class DeadlineReader(io.RawIOBase):
     """A socket's reading side that stops at the current request's deadline.
 
@@ -347,13 +350,19 @@ class Handler(WSGIHandler):
 
     def _handle_client_error(self, ex):
         """pywsgi's hook for bad client input: one log line, never a traceback. A stall or a
-        reset closes the connection; malformed headers (more than 100, a line too long) get 400."""
+        reset closes the connection; a malformed request (more than 100 headers, a line too
+        long, a bad request line) gets 400 and is closed."""
         if isinstance(ex, OSError):
-            logger.info("http: closed {}: {}", self.client_address, ex)
+            logger.info("http: closed {}: {}", peer(self.client_address), ex)
             return None
-        if isinstance(ex, http.client.HTTPException):  # pywsgi prints these with traceback.print_exc
-            ex = ValueError(f"bad headers: {ex}")
+        if isinstance(ex, (ValueError, http.client.HTTPException)):  # pywsgi print_exc()s the latter
+            logger.info("http: bad request from {}: {}", peer(self.client_address), ex)
+            return "400", BAD_REQUEST
         return super()._handle_client_error(ex)
+
+
+def peer(address) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
 class TimedWSGIServer(WSGIServer):
@@ -373,7 +382,7 @@ class TimedWSGIServer(WSGIServer):
                     f"no TLS handshake within {self.request_timeout:g}s")):
                 tls_socket = self.wrap_socket(client_socket, **self.ssl_args)
         except (OSError, ValueError) as exc:  # ssl.SSLError, a timeout, a reset
-            logger.info("http: TLS handshake with {}:{} failed: {}", address[0], address[1], exc)
+            logger.info("http: TLS handshake with {} failed: {}", peer(address), exc)
             client_socket.close()
             return None
         with tls_socket:
