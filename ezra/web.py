@@ -42,9 +42,8 @@ from loguru import logger
 from . import dashboard, metrics
 from .errors import CommandError
 from .lifecycle import parse_id
-from .server import tls_context
+from .server import HTTP_CONNECTIONS, tls_context  # (server.py reserves their descriptors)
 
-HTTP_CONNECTIONS = 1024      # dashboard users and scrapers served at once (each slot freed by the request deadline)
 MAX_FORM_BYTES = 64 * 1024
 HEALTH_TIMEOUT = 2.0         # /healthz: seconds the writer has to answer before "down"
 SECURITY_HEADERS = [
