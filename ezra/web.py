@@ -333,6 +333,8 @@ class DeadlineReader(io.RawIOBase):
         try:
             return self.sock.recv_into(buffer)
         except socket.timeout:
+            if time.monotonic() < self.deadline:
+                raise  # --client-frame-timeout, shorter than what was left
             raise socket.timeout(f"the request did not arrive within {self.request_timeout:g}s") from None
         finally:
             self.sock.settimeout(send_timeout)
