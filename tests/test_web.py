@@ -421,11 +421,14 @@ def test_metrics_queues_option(ezra_factory):
     server = ezra_factory("--http-port", "0", "--metrics-queues", "2")
     client = server.client()
     fill_queues(client, 5, {"q-0003": 3, "q-0001": 2})
+    for n in range(4):  # the longest backlog, but a queue named "" would share the rest's label
+        client.xadd("", {"n": n})
     samples = scrape(server)
     labelled = {dict(labels).get("queue") for name, labels in samples if name == "ezra_pushes_total"}
     assert labelled == {"q-0003", "q-0001", ""}
-    assert value(samples, "ezra_pushes_total", queue="") == 3
-    assert value(samples, "ezra_tasks", queue="", state="available") == 3
+    assert value(samples, "ezra_pushes_total", queue="") == 3 + 4
+    assert value(samples, "ezra_tasks", queue="", state="available") == 3 + 4
+    assert value(samples, "ezra_queues") == 6
 
 
 def test_the_dashboard_lists_queues_a_page_at_a_time(web):
