@@ -46,6 +46,8 @@ class Settings:
     backup_dir: str | None = None               # where BACKUP may write; None: the data directory
     protected_mode: bool = True                 # no password: serve only 127.0.0.1 and ::1 (as Redis)
     max_unauthenticated_per_host: int = 100     # with a password: connections one host may hold before AUTH
+    metrics_queues: int = 100                   # queues with their own /metrics series; the rest summed
+    http_request_timeout: float = 5.0           # seconds an HTTP request (head and body) may take to arrive
 
 
 def positive_float(text: str) -> float:
@@ -216,6 +218,17 @@ def build_parser() -> configargparse.ArgParser:
         metavar="N", env_var="EZRA_MAX_UNAUTHENTICATED_PER_HOST",
         help="with --password: connections one client address may have open before they authenticate; the "
              "next are refused with an error (this bounds one host's password guessing); 0: no limit")
+    add("--metrics-queues", type=non_negative_int, default=Settings.metrics_queues, metavar="N",
+        env_var="EZRA_METRICS_QUEUES",
+        help="/metrics gives its own series to the N queues with the most unfinished tasks (available, "
+             "delayed, in flight, dead) and sums the others into series with an empty queue label, "
+             "so a scrape stays small however many queues there are")
+    add("--http-request-timeout", type=positive_float, default=Settings.http_request_timeout, metavar="SECONDS",
+        env_var="EZRA_HTTP_REQUEST_TIMEOUT",
+        help="close an HTTP connection whose request (request line, headers and body; also the TLS "
+             "handshake) has not fully arrived this long after the server began waiting for it, "
+             "however steadily it trickles in (slowloris); an idle keep-alive connection is closed "
+             "after this long too")
     add("--version", action="version", version=f"ezra {__version__}")
     return parser
 

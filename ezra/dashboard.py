@@ -23,6 +23,7 @@ from .storage import decode_fields
 SAMPLE_SECONDS = 5.0
 SAMPLES = 121                  # ten minutes of 5-second samples
 ROWS_SHOWN = 50                # tasks listed per state on a queue page
+QUEUES_PER_PAGE = 100          # queues listed per page of the queue list
 FIELDS_SHOWN = 300             # characters of a task's fields shown in a table cell
 LISTED_STATES = (IN_FLIGHT, DEAD, AVAILABLE, DELAYED)
 STATIC_FILES = ("dashboard.css", "dashboard.js", "favicon.svg")
@@ -160,8 +161,10 @@ def error_page(status: str, message: str) -> bytes:
 
 # ---------------------------------------------------------------- pages
 
-def index_page(state, overview: dict, history: History) -> bytes:
+def index_page(state, overview: dict, history: History, page_number: int = 1, total: int | None = None) -> bytes:
+    """One page of the queue list: `overview` holds that page's queues, `total` counts them all."""
     now = state.broker.clock()
+    total = len(overview) if total is None else total
     rows = []
     for name, queue in sorted(overview.items()):
         counts = queue["counts"]
@@ -179,7 +182,22 @@ def index_page(state, overview: dict, history: History) -> bytes:
              + '<th class="num">oldest waiting</th><th>throughput, last 10 min '
                '(<span class="pushes-key">pushes</span>, <span class="acks-key">acks</span>)</th></tr></thead>'
              f'<tbody>{"".join(rows)}</tbody></table>')
-    return page("queues", f'{header(state)}<main><h1>Queues</h1>{table}</main>')
+    nav = pages_nav(page_number, len(overview), total)
+    return page("queues", f'{header(state)}<main><h1>Queues</h1>{nav}{table}{nav}</main>')
+
+
+def pages_nav(number: int, shown: int, total: int) -> str:
+    """'queues 101–200 of 10000' with links to the pages before and after, when there are several."""
+    if total <= QUEUES_PER_PAGE:
+        return ""
+    first = (number - 1) * QUEUES_PER_PAGE + 1
+    links = []
+    if number > 1:
+        links.append(f'<a href="/?page={number - 1}" rel="prev">← previous</a>')
+    if first + shown - 1 < total:
+        links.append(f'<a href="/?page={number + 1}" rel="next">next →</a>')
+    return (f'<nav class="pages"><span class="muted">queues {first}–{first + shown - 1} of {total}</span> '
+            f'{" ".join(links)}</nav>')
 
 
 def queue_page(state, name: bytes, queue: dict, lists: dict, history: History, csrf: str, flash: str) -> bytes:

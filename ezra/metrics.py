@@ -6,6 +6,12 @@ on the event loop (`snapshot`), then formats the copy on a native thread
 (`render`), so a server with many queues does not pause its clients while
 prometheus_client writes the text. Imported only when --http-port is set, so a
 server without it never loads prometheus_client.
+
+Per-queue series are bounded: the --metrics-queues queues with the most
+unfinished tasks (available, delayed, in flight, dead) get their own; the rest
+are summed into series whose queue label is empty, which Prometheus stores
+without the label, so a sum over every series stays exact however many queues
+there are (10,000 queues made a 7 MB scrape that took 2 s).
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ def snapshot(state) -> dict:
     """Everything /metrics shows, read on the event loop (one writer round trip)."""
     broker, writer = state.broker, state.broker.writer
     path = broker.db.path
+    view = broker.busiest(state.settings.metrics_queues)
     return {
-        "queues": broker.overview(), "now": broker.clock(),
+        "queues": view["queues"], "rest": view["rest"], "queue_count": view["queue_count"], "now": broker.clock(),
         "batch_sizes": copy(writer.batch_sizes), "commit_seconds": copy(writer.commit_seconds),
         "fsync_seconds": None if writer.fsync_seconds is None else copy(writer.fsync_seconds),
         "disk_full": int(writer.disk_full), "connected": len(state.sessions), "blocked": broker.blocked_clients(),
@@ -80,9 +87,17 @@ class SnapshotCollector:
             oldest.add_metric([label], 0.0 if since is None else max(snap["now"] - since, 0) / 1000)
             for tally, metric, _ in QUEUE_COUNTERS:
                 counters[metric].add_metric([label], queue["totals"][tally])
+        rest = snap["rest"]
+        if rest is not None:  # summed, with an empty queue label (Prometheus keeps such series without it)
+            for state in lifecycle.STATES:
+                tasks.add_metric(["", state], rest["counts"][state])
+            for tally, metric, _ in QUEUE_COUNTERS:
+                counters[metric].add_metric([""], rest["totals"][tally])
         yield tasks
         yield oldest
         yield from counters.values()
+        yield gauge("ezra_queues", "Queues (the --metrics-queues busiest have their own series, the rest "
+                                   "are summed in series with an empty queue label).", snap["queue_count"])
         yield histogram("ezra_commit_batch_size", "Requests committed together in one transaction.",
                         snap["batch_sizes"])
         yield histogram("ezra_commit_duration_seconds",

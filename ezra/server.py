@@ -54,6 +54,7 @@ UNAUTHENTICATED_MAX_BULK = 16 * 1024
 # scripting, as Redis calls it): the connection is closed before anything after it runs.
 HTTP_WORDS = {b"POST", b"HOST:"}
 ATTACK_LOG_GAP = 60.0  # seconds between two log lines about it, as Redis
+HTTP_CONNECTIONS = 1024  # --http-port: connections served at once (web.py); their descriptors are reserved too
 PARK_AFTER = 1.0  # seconds between sweeps: a connection idle through a whole sweep interval is parked
 TRIM_AFTER_PARKING = 100  # parked at once: hand the freed stacks back to the system (see trim_freed_memory)
 
@@ -376,14 +377,14 @@ def keep_alive(sock, seconds: int) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def client_limit(max_clients: int) -> int:
+def client_limit(max_clients: int, reserve: int = FD_RESERVE) -> int:
     """Raise the descriptor limit so `max_clients` connections fit, as Redis does; the clients that fit.
 
     Below it, accept() fails with EMFILE: gevent logs a traceback per attempt and
     the client waits in the backlog with no answer, instead of Redis's error.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = max_clients + FD_RESERVE
+    need = max_clients + reserve
     if soft == resource.RLIM_INFINITY or soft >= need:
         return max_clients
     raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
@@ -394,7 +395,7 @@ def client_limit(max_clients: int) -> int:
         logger.warning("cannot raise the open files limit from {} to {}: {}", soft, raised, exc)
     if soft >= need:
         return max_clients
-    fitting = max(soft - FD_RESERVE, 1)
+    fitting = max(soft - reserve, 1)
     logger.warning("--max-clients {} needs {} open files but the limit is {} (ulimit -n): at most {} clients "
                    "are served, the next get 'max number of clients reached'", max_clients, need, soft, fitting)
     return fitting
@@ -448,7 +449,8 @@ class EzraServer:
         self.auth_throttle = AuthThrottle()
         self.gate = Gate(settings)  # protected mode; connections per host that have not authenticated
         self.tls = tls_context(settings)
-        self.max_clients = state.max_clients = client_limit(settings.max_clients)  # INFO shows what fits
+        self.max_clients = state.max_clients = client_limit(
+            settings.max_clients, FD_RESERVE + (HTTP_CONNECTIONS if settings.http_port is not None else 0))
         self.stream_server = ConnectionServer((settings.bind, settings.port), self._handle,
                                               spawn=self.pool, backlog=1024)
         self._sweeper = None

@@ -29,10 +29,13 @@ import base64
 import binascii
 import hashlib
 import hmac
+import http.client
+import io
 import ipaddress
 import mimetypes
 import os
 import socket
+import time
 from importlib import resources
 from urllib.parse import unquote_to_bytes
 
@@ -45,9 +48,8 @@ from . import dashboard, metrics
 from .errors import CommandError
 from .gate import LOCAL_PEERS
 from .lifecycle import parse_id
-from .server import tls_context
+from .server import HTTP_CONNECTIONS, tls_context  # (server.py reserves their descriptors)
 
-HTTP_CONNECTIONS = 64        # dashboard users and scrapers served at once
 MAX_FORM_BYTES = 64 * 1024
 HEALTH_TIMEOUT = 2.0         # /healthz: seconds the writer has to answer before "down"
 SECURITY_HEADERS = [
@@ -96,6 +98,11 @@ class WebApp:
             status, headers, body = self.respond(environ)
         except HttpError as exc:
             status, headers, body = exc.status, exc.headers, dashboard.error_page(exc.status, str(exc))
+        except ClientInputError as exc:
+            logger.info("http: {} {} from {}: {}", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"),
+                        environ.get("REMOTE_ADDR"), exc)
+            status, headers = "400 Bad Request", [("Connection", "close")]
+            body = dashboard.error_page(status, str(exc))
         except Exception as exc:
             logger.opt(exception=exc).error("HTTP {} {} failed: {}", environ.get("REQUEST_METHOD"),
                                             environ.get("PATH_INFO"), exc)
@@ -185,7 +192,11 @@ class WebApp:
             raise HttpError("400 Bad Request", "bad Content-Length") from None
         if length > MAX_FORM_BYTES:
             raise HttpError("413 Content Too Large", "form too large")
-        form = query_params(environ["wsgi.input"].read(length).decode("latin-1"))
+        try:
+            body = environ["wsgi.input"].read(length)
+        except OSError as exc:  # cut short, or past the request deadline (Handler): the client's doing
+            raise ClientInputError(f"the request body ended early or came too slowly: {exc}") from None
+        form = query_params(body.decode("latin-1"))
         token = form.get("csrf", [b""])[0]
         if not hmac.compare_digest(token, self.csrf_token.encode()):
             raise HttpError("403 Forbidden", "missing or stale form token: reload the page and try again")
@@ -209,12 +220,25 @@ class WebApp:
         return "200 OK", [("Content-Type", metrics.CONTENT_TYPE)], body
 
     def index(self, environ, params):
-        page = dashboard.index_page(self.state, self.broker.overview(), self.history)
-        return "200 OK", [], page
+        """The queue list, QUEUES_PER_PAGE at a time by name (?page=N; past the end: the last page)."""
+        try:
+            number = int(params.get("page", [b"1"])[0])
+        except ValueError:
+            raise HttpError("400 Bad Request", "page must be a number") from None
+        if number < 1:
+            raise HttpError("400 Bad Request", "pages start at 1")
+        names = sorted(self.broker.queues)  # read on the event loop, as History.sample does
+        per_page = dashboard.QUEUES_PER_PAGE
+        number = min(number, max(1, -(-len(names) // per_page)))
+        shown = names[(number - 1) * per_page:number * per_page]
+        # Only this page's queues: 10,000 of them (counts, the head's age, a chart each) took
+        # 170-400 ms on the event loop per load, and every open dashboard reloads every 3 s.
+        overview = self.broker.overview(names=shown)
+        return "200 OK", [], dashboard.index_page(self.state, overview, self.history, number, len(names))
 
     def queue_page(self, environ, params):
         name = required(params, "name")
-        overview = self.broker.overview()
+        overview = self.broker.overview(names=[name])
         if name not in overview:
             raise HttpError("404 Not Found", "no such queue")
         lists = {state: self.broker.tasks(name, state, dashboard.ROWS_SHOWN).wait()
@@ -286,26 +310,100 @@ class ErrorLog:
         pass
 
 
+class ClientInputError(Exception):
+    """The client's request broke off or ran out of time: answered 400 and closed, logged in one line."""
+
+
+BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket's reading side that stops at the current request's deadline.
+
+    A per-read timeout does not stop a slowloris that sends a byte just in time, again
+    and again; this one counts from the first byte the server waits for (the request
+    line) to the last one of the body, so a request that trickles in frees its slot.
+    Replies are written with the socket's own timeout, untouched.
+    """
+
+    def __init__(self, sock, request_timeout: float):
+        super().__init__()
+        self.sock = sock
+        self.request_timeout = request_timeout
+        self.deadline = None
+
+    def start_request(self) -> None:
+        self.deadline = time.monotonic() + self.request_timeout
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.deadline is None:  # not in a request yet (pywsgi reads the request line first)
+            return self.sock.recv_into(buffer)
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout(f"the request did not arrive within {self.request_timeout:g}s")
+        send_timeout = self.sock.gettimeout()
+        self.sock.settimeout(left if send_timeout is None else min(left, send_timeout))
+        try:
+            return self.sock.recv_into(buffer)
+        except socket.timeout:
+            if time.monotonic() < self.deadline:
+                raise  # --client-frame-timeout, shorter than what was left
+            raise socket.timeout(f"the request did not arrive within {self.request_timeout:g}s") from None
+        finally:
+            self.sock.settimeout(send_timeout)
+
+
 class Handler(WSGIHandler):
+    def __init__(self, sock, address, server):
+        self.reader = DeadlineReader(sock, server.request_timeout)
+        super().__init__(sock, address, server, rfile=io.BufferedReader(self.reader))
+
+    def read_requestline(self):
+        self.reader.start_request()  # the deadline runs until the body has been read
+        return super().read_requestline()
+
     def _handle_client_error(self, ex):
-        """pywsgi's hook for bad client input; a stall or a reset mid-request is one log line
-        and a closed connection, not a traceback on stderr."""
+        """pywsgi's hook for bad client input: one log line, never a traceback. A stall or a
+        reset closes the connection; a malformed request (more than 100 headers, a line too
+        long, a bad request line) gets 400 and is closed."""
         if isinstance(ex, OSError):
-            logger.info("http: closed {}: {}", self.client_address, ex)
+            logger.info("http: closed {}: {}", peer(self.client_address), ex)
             return None
+        if isinstance(ex, (ValueError, http.client.HTTPException)):  # pywsgi print_exc()s the latter
+            logger.info("http: bad request from {}: {}", peer(self.client_address), ex)
+            return "400", BAD_REQUEST
         return super()._handle_client_error(ex)
 
 
+def peer(address) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
+
 class TimedWSGIServer(WSGIServer):
-    """pywsgi with a deadline per socket operation (--client-frame-timeout): a client
-    that stalls mid-request or mid-handshake (slowloris) gives its slot back."""
+    """pywsgi with a deadline per request (--http-request-timeout) and per socket operation
+    (--client-frame-timeout): a client that trickles or stalls mid-request or mid-handshake
+    (slowloris) gives its slot back."""
 
     client_timeout: float | None = None
+    request_timeout: float = 5.0
     handler_class = Handler
 
-    def wrap_socket_and_handle(self, client_socket, address):  # TLS: the handshake too
+    def wrap_socket_and_handle(self, client_socket, address):
+        """TLS: the handshake within the request deadline; a failed one (plain HTTP, a scan) is one line."""
         client_socket.settimeout(self.client_timeout)
-        return super().wrap_socket_and_handle(client_socket, address)
+        try:
+            with gevent.Timeout(self.request_timeout, socket.timeout(
+                    f"no TLS handshake within {self.request_timeout:g}s")):
+                tls_socket = self.wrap_socket(client_socket, **self.ssl_args)
+        except (OSError, ValueError) as exc:  # ssl.SSLError, a timeout, a reset
+            logger.info("http: TLS handshake with {} failed: {}", peer(address), exc)
+            client_socket.close()
+            return None
+        with tls_socket:
+            return self.handle(tls_socket, address)
 
     def handle(self, sock, address):
         sock.settimeout(self.client_timeout)
@@ -324,6 +422,7 @@ class WebServer:
         self.server = TimedWSGIServer((settings.bind, settings.http_port), self.app,
                                       spawn=Pool(HTTP_CONNECTIONS), log=None, error_log=ErrorLog(), **ssl_args)
         self.server.client_timeout = settings.client_frame_timeout or None
+        self.server.request_timeout = settings.http_request_timeout
         self.scheme = "https" if tls is not None else "http"
 
     def start(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import re
+import select
 import socket
 import ssl
 import subprocess
@@ -294,3 +295,152 @@ def test_dns_rebinding_is_refused_without_a_password(ezra_factory):
     assert http(open_server.http_url + "/healthz", headers={"Host": "evil.example"})[0] == 200
     protected = ezra_factory("--http-port", "0", "--password", "s3cret")
     assert http(protected.http_url + "/", headers={"Host": "evil.example", **basic("s3cret")})[0] == 200
+
+
+def http_address(server) -> tuple[str, int]:
+    host, port = server.http_url.split("://", 1)[1].rsplit(":", 1)
+    return host, int(port)
+
+
+def test_slowloris_that_keeps_sending_is_closed_at_the_request_deadline(web):
+    """70 connections (more than the old 64 slots) that each send one more header line every
+    half second, faster than any per-read timeout: /healthz still answers at once, and each
+    is closed when its whole request has not arrived within the request deadline."""
+    address = http_address(web)
+    dripping = [socket.create_connection(address, timeout=10) for _ in range(70)]
+    for sock in dripping:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    started = time.monotonic()
+    healthz_took = None
+    open_socks = set(dripping)
+    while open_socks and time.monotonic() - started < 60:
+        for sock in list(open_socks):
+            try:
+                sock.sendall(b"X-Drip: 1\r\n")
+            except OSError:  # reset by the server: closed
+                open_socks.discard(sock)
+        readable, _, _ = select.select(list(open_socks), [], [], 0.5)
+        for sock in readable:
+            try:
+                reply = sock.recv(4096)
+            except OSError:
+                reply = b""
+            assert reply == b"" or re.match(rb"HTTP/1.1 4\d\d ", reply), reply
+            open_socks.discard(sock)  # a 4xx comes with Connection: close; EOF is the close
+        if healthz_took is None:
+            asked = time.monotonic()
+            assert http(web.http_url + "/healthz")[0] == 200  # times out (an exception) when no slot is free
+            healthz_took = time.monotonic() - asked
+    closed_after = time.monotonic() - started
+    for sock in dripping:
+        sock.close()
+    assert not open_socks, f"{len(open_socks)} dripping connections still open after {closed_after:.1f}s"
+    assert healthz_took < 5, healthz_took
+    assert closed_after < 30, closed_after  # the default deadline is 5 s
+    assert "Traceback" not in web.log()
+
+
+def new_log_lines(server, before: str) -> list[str]:
+    return server.log()[len(before):].splitlines()
+
+
+def test_a_body_cut_short_is_one_log_line(web):
+    before = web.log()
+    with socket.create_connection(http_address(web), timeout=10) as sock:
+        sock.sendall(b"POST /queue/requeue?name=q HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
+                     b"csrf=00000")
+        sock.shutdown(socket.SHUT_WR)  # 85 bytes short
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
+    wait_until(lambda: new_log_lines(web, before), message="a log line")
+    lines = new_log_lines(web, before)
+    assert len(lines) == 1 and "ended" in lines[0], lines
+
+
+def test_too_many_headers_is_one_log_line(web):
+    before = web.log()
+    with socket.create_connection(http_address(web), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     + b"".join(b"X-Header-%d: 1\r\n" % n for n in range(150)) + b"\r\n")
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 4"), reply
+    wait_until(lambda: new_log_lines(web, before), message="a log line")
+    lines = new_log_lines(web, before)
+    assert len(lines) == 1 and "headers" in lines[0], lines
+
+
+def test_plain_http_to_the_tls_listener_is_one_log_line(ezra_factory, certificates):
+    c = certificates
+    server = ezra_factory("--tls-cert-file", str(c / "server.pem"), "--tls-key-file", str(c / "server.key"),
+                          "--http-port", "0")
+    before = server.log()
+    with socket.create_connection(http_address(server), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        try:
+            while sock.recv(4096):  # whatever TLS alert, then the close
+                pass
+        except ConnectionResetError:
+            pass
+    wait_until(lambda: new_log_lines(server, before), message="a log line")
+    lines = new_log_lines(server, before)
+    assert len(lines) == 1 and "TLS handshake" in lines[0], lines
+
+
+def fill_queues(client, count: int, backlog: dict) -> None:
+    """`count` queues q-0000... with one task each; the queues in `backlog` get that many."""
+    pipeline = client.pipeline(transaction=False)
+    for n in range(count):
+        name = f"q-{n:04d}"
+        for i in range(backlog.get(name, 1)):
+            pipeline.xadd(name, {"n": str(i)})
+    pipeline.execute()
+
+
+def test_metrics_show_the_busiest_queues_and_sum_the_rest(web):
+    """150 queues, more than the 100 shown by default: the 100 with the most unfinished tasks
+    keep their own series, the other 50 are summed in series without a queue label, so
+    sums over all series stay exact."""
+    client = web.client()
+    busy = {f"q-{n:04d}": 5 for n in range(140, 150)}  # last by name, first by backlog
+    fill_queues(client, 150, busy)
+    client.xreadgroup("g", "w", {"q-0149": ">"}, count=2)
+    samples = scrape(web)
+    labelled = {dict(labels).get("queue") for name, labels in samples if name == "ezra_tasks"}
+    assert len(labelled - {None, ""}) == 100
+    assert set(busy) <= labelled
+    assert value(samples, "ezra_tasks", queue="q-0149", state="in_flight") == 2
+    rest = {"queue": ""}
+    assert value(samples, "ezra_tasks", state="available", **rest) == 50
+    assert value(samples, "ezra_pushes_total", **rest) == 50
+    assert sum(v for (name, labels), v in samples.items() if name == "ezra_pushes_total") == 140 + 50
+    assert value(samples, "ezra_queues") == 150
+    assert ("ezra_oldest_available_age_seconds", frozenset(rest.items())) not in samples
+
+
+def test_metrics_queues_option(ezra_factory):
+    server = ezra_factory("--http-port", "0", "--metrics-queues", "2")
+    client = server.client()
+    fill_queues(client, 5, {"q-0003": 3, "q-0001": 2})
+    for n in range(4):  # the longest backlog, but a queue named "" would share the rest's label
+        client.xadd("", {"n": n})
+    samples = scrape(server)
+    labelled = {dict(labels).get("queue") for name, labels in samples if name == "ezra_pushes_total"}
+    assert labelled == {"q-0003", "q-0001", ""}
+    assert value(samples, "ezra_pushes_total", queue="") == 3 + 4
+    assert value(samples, "ezra_tasks", queue="", state="available") == 3 + 4
+    assert value(samples, "ezra_queues") == 6
+
+
+def test_the_dashboard_lists_queues_a_page_at_a_time(web):
+    fill_queues(web.client(), 250, {})
+    status, _, body = http(web.http_url + "/")
+    assert status == 200
+    rows = re.findall(rb'<tr data-queue="([^"]+)"', body)
+    assert rows == [b"q-%04d" % n for n in range(100)]
+    assert b'href="/?page=2"' in body and b"of 250" in body
+    status, _, body = http(web.http_url + "/?page=3")
+    assert re.findall(rb'<tr data-queue="([^"]+)"', body) == [b"q-%04d" % n for n in range(200, 250)]
+    assert b'href="/?page=2"' in body and b"page=4" not in body
+    status, _, body = http(web.http_url + "/?page=99")  # past the end: the last page
+    assert status == 200 and re.findall(rb'<tr data-queue="([^"]+)"', body)[0] == b"q-0200"
+    assert http(web.http_url + "/?page=x")[0] == 400
