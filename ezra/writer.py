@@ -278,6 +278,7 @@ class Writer:
         # Blocked readers the batch served first: a worker waiting for a task
         # matters more than the producer's reply (callbacks run in this order).
         self._after_batch(True)
+        batch.requests.clear()  # they point at the batch: keeping them would hold every result till a GC
         batch.committed.set()
         if not (batch.durable and self._fsync_durable):
             batch.synced.set()
@@ -292,8 +293,7 @@ class Writer:
         try:
             self.db.sync_wal()  # everything committed before this call is durable after it
         except OSError as exc:
-            logger.error("fsync of the WAL failed, {} requests' durable replies fail: {}",
-                         len(batch.requests), exc)
+            logger.error("fsync of the WAL failed, the batch's durable replies fail: {}", exc)
             batch.sync_error = errors.storage_failed(f"fsync failed: {exc}")
         seconds = time.perf_counter() - started
         self._observe_fsync(seconds)
@@ -369,6 +369,7 @@ class Writer:
         except Exception as hook_exc:
             logger.opt(exception=hook_exc).error("reloading state after rollback failed: {}", hook_exc)
         self._after_batch(False)
+        batch.requests.clear()
         batch.committed.set()
         batch.synced.set()
 
