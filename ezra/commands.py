@@ -179,14 +179,16 @@ def run(session: Session, fn, args: list[bytes]):
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 
 
-def to_int(arg: bytes, error: CommandError | type[CommandError] = errors.NOT_INTEGER) -> int:
-    """A signed 64-bit integer, as Redis reads one: anything wider is out of range (and SQLite's too)."""
+def to_int(arg: bytes, error: str | type[CommandError] = errors.NOT_INTEGER) -> int:
+    """A signed 64-bit integer, as Redis reads one: anything wider is out of range (and SQLite's too).
+
+    `error`: the error class, or the message of an ERR, built only when the argument is bad."""
     try:
         value = int(arg)
     except ValueError:
-        raise error from None
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise error
+        value = None
+    if value is None or not INT64_MIN <= value <= INT64_MAX:
+        raise errors.err(error) if isinstance(error, str) else error
     return value
 
 
@@ -297,10 +299,10 @@ def xreadgroup(session, args):
             count = to_int(args[i + 1])
             i += 2
         elif option == b"CLAIM" and i + 1 < len(args):
-            claim_idle = max(to_int(args[i + 1], errors.err("min-idle-time is not an integer")), 0)
+            claim_idle = max(to_int(args[i + 1], "min-idle-time is not an integer"), 0)
             i += 2
         elif option == b"BLOCK" and i + 1 < len(args):
-            block_ms = to_int(args[i + 1], errors.err("timeout is not an integer or out of range"))
+            block_ms = to_int(args[i + 1], "timeout is not an integer or out of range")
             if block_ms < 0:
                 raise errors.TIMEOUT_NEGATIVE
             i += 2

@@ -54,7 +54,7 @@ def xclaim(session, args):
     """XCLAIM queue group worker min-idle-ms id... [IDLE ms] [TIME ms] [RETRYCOUNT n] [FORCE] [JUSTID] [LASTID id]"""
     queue = live_queue(args[1])
     worker = session.use_worker(args[3])
-    min_idle = max(to_int(args[4], errors.err("Invalid min-idle-time argument for XCLAIM")), 0)
+    min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XCLAIM"), 0)
     i, ids = 5, []
     while i < len(args):
         try:
@@ -67,7 +67,7 @@ def xclaim(session, args):
         option, has_value = args[i].upper(), i + 1 < len(args)
         if option in (b"IDLE", b"TIME", b"RETRYCOUNT") and has_value:
             name = option.decode()
-            value = max(to_int(args[i + 1], errors.err(f"Invalid {name} option argument for XCLAIM")), 0)
+            value = max(to_int(args[i + 1], f"Invalid {name} option argument for XCLAIM"), 0)
             if option == b"RETRYCOUNT":
                 value = min(value, MAX_RETRY_COUNT)
             opts[{"IDLE": "idle_ms", "TIME": "time_ms", "RETRYCOUNT": "retry_count"}[name]] = value
@@ -88,13 +88,13 @@ def xautoclaim(session, args):
     """XAUTOCLAIM queue group worker min-idle-ms start [COUNT n] [JUSTID]: [cursor, entries, deleted]"""
     queue = live_queue(args[1])
     worker = session.use_worker(args[3])
-    min_idle = max(to_int(args[4], errors.err("Invalid min-idle-time argument for XAUTOCLAIM")), 0)
+    min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XAUTOCLAIM"), 0)
     start = lifecycle.parse_range_bound(args[5], True)
     count, justid, i = AUTOCLAIM_DEFAULT_COUNT, False, 6
     while i < len(args):
         option = args[i].upper()
         if option == b"COUNT" and i + 1 < len(args):
-            count = to_int(args[i + 1], errors.err("COUNT must be > 0"))
+            count = to_int(args[i + 1], "COUNT must be > 0")
             if count < 1:
                 raise errors.err("COUNT must be > 0")
             count, i = min(count, AUTOCLAIM_MAX_COUNT), i + 2

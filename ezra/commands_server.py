@@ -142,7 +142,7 @@ def hello(session, args):
     """HELLO [protover [AUTH username password] [SETNAME clientname]]"""
     proto = session.proto
     if len(args) > 1:
-        proto = to_int(args[1], errors.err("Protocol version is not an integer or out of range"))
+        proto = to_int(args[1], "Protocol version is not an integer or out of range")
         if proto not in (2, 3):
             raise errors.NOPROTO
     # Every option is checked before anything changes: a HELLO that fails leaves the connection as it

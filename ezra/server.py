@@ -116,7 +116,7 @@ class Connection:
 
     __slots__ = ("sock", "state", "host", "auth_throttle", "auth_failures", "session", "reader", "replies",
                  "reads", "busy", "send_timeout", "frame_timeout", "_send_now", "greenlet",
-                 "awaiting_command", "quiet", "parked", "limited")  # an idle connection's memory: see the module doc
+                 "awaiting_command", "quiet", "parked", "limited", "_recv_now")  # an idle connection's memory: see the module doc
 
     def __init__(self, state: ServerState, sock, address, auth_throttle: AuthThrottle, tls: bool = False):
         self.sock = sock
@@ -147,6 +147,7 @@ class Connection:
         # only a client that does not read its replies gets a timer. A TLS
         # socket must encrypt: it always takes the gevent path.
         self._send_now = None if tls else sock._sock.send
+        self._recv_now = None if tls else sock._sock.recv
 
     def serve(self) -> bool:
         """Serve commands until the client leaves (False) or the connection is parked (True)."""
@@ -159,7 +160,7 @@ class Connection:
                 else:
                     self.awaiting_command = True
                     try:
-                        data = self.sock.recv(READ_SIZE)
+                        data = self._recv_command()
                     finally:
                         self.awaiting_command = False
             except Park:
@@ -181,6 +182,24 @@ class Connection:
             self.flush()
             self.busy = False
         return False
+
+    def _recv_command(self) -> bytes:
+        """The next bytes from the client: wait until the socket is readable, then one recv.
+
+        After its replies the client is nearly always still reading them, so a
+        recv tried first would fail with EAGAIN: a system call per command for
+        nothing (gevent's recv tries first). TLS keeps gevent's recv: the TLS
+        layer may hold decrypted bytes the socket no longer shows.
+        """
+        if self._recv_now is None:
+            return self.sock.recv(READ_SIZE)
+        sock = self.sock
+        while True:
+            sock._wait(sock._read_event)  # gevent's own wait on the socket's reusable read watcher
+            try:
+                return self._recv_now(READ_SIZE)
+            except BlockingIOError:
+                continue  # woken without data (another reader took it): wait again
 
     def park_if_quiet(self) -> None:
         """A sweep's call, on the hub: park it if it still awaits a command (it may have woken since)."""

@@ -10,9 +10,10 @@ the WAL that started after it. The fsync runs inline, on the event loop, right
 after the commit, as Redis's `appendfsync always` does: measured, ~90 µs of CPU
 per task less than handing it to a thread, and bigger batches, since what
 arrives during the fsync makes the next one. A slow disk must not freeze the
-server for long: an fsync slower than SLOW_FSYNC moves them to a native thread
-(the `Syncer`) for SLOW_FSYNC_BACKOFF seconds, where the loop serves on while
-the disk works; then inline is tried again.
+server for long: while the fsyncs' moving average is over SLOW_FSYNC they run
+on a native thread (the `Syncer`), where the loop serves on while the disk
+works, and inline again once it is under FAST_FSYNC. A lone spike costs one
+slow turn; a disk that stays slow, a few (the average crosses in about three).
 
 Why the SQL runs on the event loop and not on a thread: statements and a
 no-fsync commit take microseconds, while handing each batch to a thread cost
@@ -45,8 +46,10 @@ CHECKPOINT_EVERY_BATCHES = 500  # fold the WAL into the database this often (on 
 # reader holding a snapshot (a backup) keeps the WAL long, and each RESTART pauses batches.
 CHECKPOINT_MIN_BATCHES = 20
 MIN_ROOM = 1024 * 1024  # free bytes needed before pushes resume after the disk was full
-SLOW_FSYNC = 0.010  # seconds: an inline fsync slower than this moves fsyncs to the thread...
-SLOW_FSYNC_BACKOFF = 10.0  # ...for this long (a slow disk freezes the loop once per this, at most)
+SLOW_FSYNC = 0.010  # seconds: fsyncs move to the thread while their moving average is above this...
+FAST_FSYNC = 0.002  # ...and come back inline once it is below this
+FSYNC_AVERAGE_WEIGHT = 0.3  # of the newest fsync in the moving average
+WAL_SIZE_EVERY = 16  # batches between two looks at the WAL's size (an fstat each)
 
 
 class Batch:
@@ -167,7 +170,8 @@ class Writer:
         self._stopping = False
         self._fsync_durable = fsync_durable
         self._syncer: Syncer | None = None  # made when an fsync is first slow
-        self._fsync_on_thread_until = 0.0  # monotonic: fsyncs go to the Syncer until then
+        self._fsync_average = 0.0  # seconds, moving average (inline and thread fsyncs alike)
+        self._fsync_on_thread = False
         self._slow_work = ThreadPool(1)  # checkpoints: they fsync the database file
         self._checkpointing = False
         self._restart_wal = False
@@ -282,7 +286,7 @@ class Writer:
         batch.committed.set()
         if not (batch.durable and self._fsync_durable):
             batch.synced.set()
-        elif time.monotonic() < self._fsync_on_thread_until:
+        elif self._fsync_on_thread:
             self._syncer_now().after_sync(batch)
         else:
             self._fsync_inline(batch)
@@ -295,19 +299,21 @@ class Writer:
         except OSError as exc:
             logger.error("fsync of the WAL failed, the batch's durable replies fail: {}", exc)
             batch.sync_error = errors.storage_failed(f"fsync failed: {exc}")
-        seconds = time.perf_counter() - started
-        self._observe_fsync(seconds)
+        self._observe_fsync(time.perf_counter() - started)
         batch.synced.set()
-        if seconds > SLOW_FSYNC:
-            if self._syncer is None:
-                logger.warning("an fsync took {:.1f} ms: fsyncs run on a thread while the disk is slow "
-                               "(logged once)", seconds * 1000)
-            self._fsync_on_thread_until = time.monotonic() + SLOW_FSYNC_BACKOFF
-            self._syncer_now()
 
     def _observe_fsync(self, seconds: float) -> None:
         self.fsyncs += 1
         self.fsync_seconds.observe(seconds)
+        average = self._fsync_average = (FSYNC_AVERAGE_WEIGHT * seconds
+                                         + (1 - FSYNC_AVERAGE_WEIGHT) * self._fsync_average)
+        if not self._fsync_on_thread and average > SLOW_FSYNC:
+            self._fsync_on_thread = True
+            logger.warning("fsyncs take {:.1f} ms on average: they run on a thread until the disk is fast "
+                           "again", average * 1000)
+        elif self._fsync_on_thread and average < FAST_FSYNC:
+            self._fsync_on_thread = False
+            logger.info("fsyncs take {:.1f} ms on average again: back on the event loop", average * 1000)
 
     def _syncer_now(self) -> Syncer:
         if self._syncer is None:
@@ -317,7 +323,8 @@ class Writer:
     def _maybe_checkpoint(self) -> None:
         since = self.batches - self._batches_at_checkpoint
         if not self._checkpointing and (since >= CHECKPOINT_EVERY_BATCHES or (
-                since >= CHECKPOINT_MIN_BATCHES and self.db.wal_size() > self.db.wal_limit)):
+                since >= CHECKPOINT_MIN_BATCHES and since % WAL_SIZE_EVERY == 0
+                and self.db.wal_size() > self.db.wal_limit)):
             self._checkpointing = True
             self._batches_at_checkpoint = self.batches
             gevent.spawn(self._start_checkpoint)  # not from the hub: the pool may switch
