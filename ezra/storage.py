@@ -1,9 +1,11 @@
 """All of EZRA's SQL: the schema, pragmas, named queries, recovery, backup.
 
-Only this module imports sqlite3. The methods here run on the writer's
-thread (see writer.py), except `open_database` and `recover`, which run at
-start-up before anything else touches the file, and `backup_database`, which
-uses connections of its own (a native thread, or the `ezra backup` program).
+Only this module imports sqlite3. The methods here run on the event loop, in
+the transaction of the current loop turn (see writer.py), except
+`open_database` and `recover`, which run at start-up before anything else
+touches the file, `checkpoint` and `backup_database`, which use connections of
+their own on a native thread (or in the `ezra backup` program), and `sync_wal`,
+which a native thread calls while fsyncs are slow.
 Every query is parameterised. `open_database` migrates an older file in place.
 
 Names (queues, workers) are stored as TEXT when they are valid UTF-8, so a

@@ -85,7 +85,7 @@ def test_stop_is_clean_and_restart_keeps_the_tasks(tmp_path):
     r.close()
 
     server.stop()
-    assert ezra_threads() == []  # the server thread and its fsync thread have ended
+    assert ezra_threads() == []  # the server thread and any fsync or checkpoint thread have ended
     assert sorted(os.listdir(data_dir)) == ["ezra.db"]  # WAL folded in: the database was closed
     if baseline_fds:
         assert open_fds() == baseline_fds  # the hub's loop, sockets and files are all closed
