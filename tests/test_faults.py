@@ -375,3 +375,86 @@ def _push_accepted(client, queue: str, fields: dict):
         assert "disk full" in str(exc), exc
         time.sleep(0.1)
         return None
+
+
+# ---------------------------------------------------------------- a slow disk
+
+SLOW_FSYNC_US = 20_000  # every fdatasync of the server takes 20 ms more (strace fault injection)
+
+
+def _start_with_slow_fsyncs(tmp_path: Path):
+    """EZRA whose every fdatasync is made 20 ms slower by strace; (process, port, server pid, log path)."""
+    log_path = tmp_path / "server.log"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open(log_path, "w") as log:
+        tracer = subprocess.Popen(
+            ["strace", "-f", "--seccomp-bpf", "-e", "trace=fdatasync", "-e",
+             f"inject=fdatasync:delay_exit={SLOW_FSYNC_US}", "-o", os.devnull,
+             sys.executable, "-m", "ezra", "--port", "0", "--data-dir", str(tmp_path / "data")],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+
+    def listening():
+        assert tracer.poll() is None, log_path.read_text()
+        match = LISTENING.search(log_path.read_text())
+        return int(match.group(1)) if match else None
+
+    port = wait_until(listening, 60, message="ezra under strace to listen")
+    server_pid = int(subprocess.run(["pgrep", "-P", str(tracer.pid)], capture_output=True,
+                                    text=True).stdout.split()[0])
+    return tracer, port, server_pid, log_path
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def test_a_slow_disk_does_not_stall_other_clients(tmp_path):
+    """fsync runs on the event loop while the disk is fast; a disk whose fsyncs take 20 ms would then
+    stall every client 20 ms per loop turn. While fsyncs are slow they move to a thread: PINGs and
+    claims go on at their usual pace while producers wait for their (slow) durable replies."""
+    reason = _strace_usable()
+    if reason:
+        pytest.skip(reason)
+    tracer, port, server_pid, log_path = _start_with_slow_fsyncs(tmp_path)
+    stop = threading.Event()
+    pushed = []
+
+    def produce():
+        producer = redis.Redis(port=port, socket_timeout=30)
+        while not stop.is_set():
+            pushed.append(producer.xadd("slow", {"n": str(len(pushed))}))
+
+    try:
+        client = redis.Redis(port=port, socket_timeout=30)
+        client.xgroup_create("slow", "g", id="0", mkstream=True)
+        producers = [threading.Thread(target=produce) for _ in range(2)]
+        for thread in producers:
+            thread.start()
+        wait_until(lambda: "on a thread" in log_path.read_text(), 30, message="fsyncs to move to a thread")
+        pings, claims = [], []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            started = time.perf_counter()
+            client.ping()
+            pings.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            client.xreadgroup("g", "w", {"slow": ">"}, count=1)
+            claims.append(time.perf_counter() - started)
+        stop.set()
+        for thread in producers:
+            thread.join(30)
+        ping_ms, claim_ms = _median(pings) * 1000, _median(claims) * 1000
+        report("slow_disk", fsync_delay_ms=SLOW_FSYNC_US / 1000, pushes=len(pushed), pings=len(pings),
+               ping_median_ms=round(ping_ms, 2), claim_median_ms=round(claim_ms, 2))
+        # On the event loop, each turn would hold a 20 ms fsync: every PING would wait for one.
+        assert ping_ms < SLOW_FSYNC_US / 2000, (ping_ms, len(pings))
+        assert claim_ms < SLOW_FSYNC_US / 2000, (claim_ms, len(claims))
+        assert pushed and client.xlen("slow") == len(pushed)
+    finally:
+        stop.set()
+        os.kill(server_pid, signal.SIGTERM)
+        try:
+            tracer.wait(30)
+        except subprocess.TimeoutExpired:
+            tracer.kill()
+            tracer.wait()
