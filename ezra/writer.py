@@ -50,7 +50,7 @@ MIN_ROOM = 1024 * 1024  # free bytes needed before pushes resume after the disk 
 SLOW_FSYNC = 0.010  # seconds: fsyncs move to the thread while their moving average is above this...
 FAST_FSYNC = 0.002  # ...and come back inline once it is below this
 FSYNC_AVERAGE_WEIGHT = 0.3  # of the newest fsync in the moving average
-WAL_SIZE_EVERY = 16  # batches between two looks at the WAL's size (an fstat each)
+WAL_SIZE_EVERY = 16  # batches between two looks at the WAL's size (an fstat each); every batch on a full disk
 
 
 class Batch:
@@ -326,7 +326,7 @@ class Writer:
     def _maybe_checkpoint(self) -> None:
         since = self.batches - self._batches_at_checkpoint
         if not self._checkpointing and (since >= CHECKPOINT_EVERY_BATCHES or (
-                since >= CHECKPOINT_MIN_BATCHES and since % WAL_SIZE_EVERY == 0
+                since >= CHECKPOINT_MIN_BATCHES and (since % WAL_SIZE_EVERY == 0 or self.disk_full)
                 and self.db.wal_size() > self.db.wal_limit)):
             self._checkpointing = True
             self._batches_at_checkpoint = self.batches
