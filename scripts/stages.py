@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where EZRA's CPU goes per task, stage by stage: a measuring aid beside bench.py.
 
-    python scripts/stages.py                 # cycle (push, claim, ack), 3 requests per commit
-    python scripts/stages.py --per-commit 150 --tasks 20000   # as cycle-batched: 50 of each per commit
+    python scripts/stages.py                 # cycle (push, claim, ack): 3 requests per commit
+    python scripts/stages.py --per-commit 150 --tasks 30000   # as cycle-batched: 50 of each per commit
 
 It drives the real request path in-process, without sockets: RESP frames go
 through the reader, `dispatch`, the broker and its SQL, the writer's commit and
@@ -107,13 +107,14 @@ def main() -> None:
     def cycle(tasks: int) -> None:
         queued: list[bytes] = []
         for _ in range(0, tasks, per_kind):
-            frames = [frame(b"XADD", b"q", b"*", b"payload", payload) for _ in range(per_kind)]
+            # The acks of the last turn's claims, new pushes, then a claim of them: one commit (and
+            # one fsync) per turn, as cycle-4x4's turns mostly are.
+            frames = [frame(b"XACK", b"q", b"g", *queued)] if queued else []
+            frames += [frame(b"XADD", b"q", b"*", b"payload", payload) for _ in range(per_kind)]
             frames.append(frame(b"XREADGROUP", b"GROUP", b"g", b"w1", b"COUNT", b"%d" % per_kind,
                                 b"STREAMS", b"q", b">"))
-            if queued:
-                frames.append(frame(b"XACK", b"q", b"g", *queued))
             replies = run(frames)
-            queued = [line for line in replies[per_kind].split(b"\r\n") if line[:1].isdigit() and b"-" in line]
+            queued = [line for line in replies[-1].split(b"\r\n") if line[:1].isdigit() and b"-" in line]
         if queued:
             run([frame(b"XACK", b"q", b"g", *queued)])
 
