@@ -156,7 +156,7 @@ def dispatch(session: Session, args: list[bytes]):
     except ErrorReply as exc:
         if session.queued is not None:
             session.queue_failed = True  # as Redis: a command refused after MULTI aborts the EXEC
-        return exc
+        return exc.as_reply()
     if session.queued is not None and name not in RUN_INSIDE_MULTI:
         session.queued.append((fn, args))
         return QUEUED
@@ -168,7 +168,7 @@ def run(session: Session, fn, args: list[bytes]):
     try:
         return fn(session, args)
     except ErrorReply as exc:
-        return exc
+        return exc.as_reply()
     except Exception as exc:
         logger.opt(exception=exc).error("command {!r} from {} failed: {}", args[0], session.addr, exc)
         return errors.INTERNAL()

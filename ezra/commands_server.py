@@ -92,7 +92,7 @@ class AllReplies:
                 try:
                     reply = reply.resolve()
                 except ErrorReply as exc:
-                    reply = exc
+                    reply = exc.as_reply()
             resolved.append(reply)
         return resolved
 

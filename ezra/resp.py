@@ -49,6 +49,13 @@ class ErrorReply(Exception):
         super().__init__(message)
         self.message = message
 
+    def as_reply(self) -> "ErrorReply":
+        """Caught to be sent: only the message is needed. Its traceback held every frame it
+        was raised through, with their arguments (a refused 1 MB XADD's fields), and the
+        connection's frame holding the reply closed a cycle that only the collector frees."""
+        self.__traceback__ = None
+        return self
+
 
 class _NullArray:
     """The null array: *-1 in RESP2 (XREADGROUP with nothing to return)."""

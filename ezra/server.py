@@ -278,7 +278,7 @@ class Connection:
                 try:
                     reply = reply.resolve()
                 except ErrorReply as exc:
-                    reply = exc
+                    reply = exc.as_reply()
             data = encode(reply, proto)
             out.append(data)
             size += len(data)
