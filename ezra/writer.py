@@ -168,6 +168,7 @@ class Writer:
         self._after_batch = after_batch or (lambda ok: None)
         self._loop = get_hub().loop
         self._batch: Batch | None = None  # the open transaction of this loop turn
+        self._to_sync: Batch | None = None  # committed, its inline fsync in the next callback
         self._stopping = False
         self._fsync_durable = fsync_durable
         self._syncer: Syncer | None = None  # made when an fsync is first slow
@@ -231,9 +232,9 @@ class Writer:
     def stop(self) -> None:
         """Commit and answer what this turn submitted, then stop the fsync thread."""
         self._stopping = True
-        batch = self._batch
-        if batch is not None:
-            batch.synced.wait()  # the turn's callback commits it
+        for batch in (self._batch, self._to_sync):
+            if batch is not None:
+                batch.synced.wait()  # the turn's callbacks commit and fsync it, before the file closes
         if self._syncer is not None:
             self._syncer.stop()
         self._slow_work.join()  # a checkpoint under way finishes before the database closes
@@ -292,10 +293,13 @@ class Writer:
         else:
             # After the readers this commit woke have run: their claims are answered (they
             # need no fsync) while the disk works, not after it.
+            self._to_sync = batch
             self._loop.run_callback(self._fsync_inline, batch)
         self._maybe_checkpoint()
 
     def _fsync_inline(self, batch: Batch) -> None:
+        if self._to_sync is batch:
+            self._to_sync = None
         started = time.perf_counter()
         try:
             self.db.sync_wal()  # everything committed before this call is durable after it
