@@ -529,11 +529,7 @@ class EzraServer:
         state = self.state
         if len(state.sessions) >= self.max_clients:
             state.rejected_connections += 1
-            try:
-                sock.sendall(encode(errors.MAX_CLIENTS(), 2))
-            except OSError:
-                pass  # the refused client is gone already
-            sock.close()
+            refuse(sock, errors.MAX_CLIENTS())
             return None
         refusal = self.gate.refusal(address[0])
         if refusal is not None:

@@ -176,14 +176,18 @@ def _mount_small_tmpfs(path: Path, size: str) -> str | None:
     return None
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    mount_point = tmp_path / "fs"
-    reason = _mount_small_tmpfs(mount_point, "16m")
+def _tmpfs(mount_point: Path, size: str):
+    """A fixture's body: a tmpfs of `size` mounted at `mount_point`, unmounted after the test."""
+    reason = _mount_small_tmpfs(mount_point, size)
     if reason:
         pytest.skip(reason)
     yield mount_point
     subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    yield from _tmpfs(tmp_path / "fs", "16m")
 
 
 def _fill(client, queue: str, pushed: dict, payload: bytes, limit: int = 100_000) -> redis.ResponseError:
@@ -239,12 +243,7 @@ def test_disk_full_fails_clearly_loses_nothing_and_recovers(small_fs, ezra_facto
 @pytest.fixture
 def fs_20m(tmp_path):
     """A 20 MB tmpfs: the size the disk-full reports of round two used."""
-    mount_point = tmp_path / "fs20"
-    reason = _mount_small_tmpfs(mount_point, "20m")
-    if reason:
-        pytest.skip(reason)
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    yield from _tmpfs(tmp_path / "fs20", "20m")
 
 
 def _drain(client, queue: str) -> int:
