@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezra.resp import (NULL_ARRAY, OK, ErrorReply, PairsMap, ProtocolError, RequestReader,
+from ezra.resp import (NULL_ARRAY, OK, SMALL_FRAME, ErrorReply, PairsMap, ProtocolError, RequestReader,
                        SimpleString, Verbatim, encode)
 from reliability import report
 
@@ -254,6 +254,70 @@ def test_any_bytes_give_commands_or_a_protocol_error(data, chunk):
     # Caps on lines still without their end depend on chunking (as in Redis); else the same.
     if whole_error is None and pieces_error is None:
         assert pieces == whole
+
+
+# ---------------------------------------------------------------- the small-frame fast path
+
+def test_arguments_holding_crlf_and_headers_parse_as_sent():
+    # The fast path splits at CRLF: an argument that looks like more frame must not fool it.
+    tricky = [b"XADD", b"q\r\n$1\r\nx", b"*", b"f", b"\r\n", b"$3\r\nabc\r\n", b"$", b"\r\n\r\n"]
+    assert commands_in(multibulk(*tricky) + multibulk(b"PING")) == [tricky, [b"PING"]]
+
+
+@pytest.mark.parametrize("size", [SMALL_FRAME - 40, SMALL_FRAME - 20, SMALL_FRAME, SMALL_FRAME + 10])
+def test_frames_around_the_small_frame_window(size):
+    # Whole, cut by the window's end (its last CRLF or its last byte), or past it.
+    commands = [[b"XADD", b"q", b"*", b"f", b"v" * (size - 30 - i)] for i in range(4)]
+    data = b"".join(multibulk(*command) for command in commands)
+    assert commands_in(data, RequestReader(max_bulk_len=2 * SMALL_FRAME)) == commands
+
+
+def test_small_frame_keeps_the_caps():
+    assert first_error(multibulk(b"XADD", b"v" * 100), max_bulk_len=50) == "Protocol error: invalid bulk length"
+    assert first_error(multibulk(*[b"x"] * 12), max_args=10) == "Protocol error: invalid multibulk length"
+
+
+class StepByStepReader(RequestReader):
+    """The reader with both fast paths off."""
+    __slots__ = ()
+
+    def _small_frame(self):
+        return None
+
+    def _whole_frame(self):
+        return None
+
+
+def reference_commands(data: bytes) -> list[list[bytes]] | str:
+    """What the step-by-step reader alone finds: commands, or the first error's text."""
+    reader = StepByStepReader(max_bulk_len=64)
+    reader.feed(data)
+    found = []
+    try:
+        while (command := reader.next_command()) is not None:
+            found.append(command)
+    except ProtocolError as exc:
+        return str(exc)
+    return found
+
+
+CRLF_HEAVY = st.lists(st.sampled_from([b"\r\n", b"$", b"*", b"1", b"0", b"\r", b"\n", b"x"]), max_size=12).map(b"".join)
+
+
+@settings(max_examples=examples(300), deadline=None)
+@given(commands=st.lists(st.lists(CRLF_HEAVY, min_size=1, max_size=5), min_size=1, max_size=4),
+       tail=st.lists(RESP_TOKENS, max_size=6).map(b"".join))
+def test_fast_paths_agree_with_the_step_by_step_reader(commands, tail):
+    data = b"".join(multibulk(*command) for command in commands) + tail
+    reader = RequestReader(max_bulk_len=64)
+    reader.feed(data)
+    found = []
+    try:
+        while (command := reader.next_command()) is not None:
+            found.append(command)
+    except ProtocolError as exc:
+        found = str(exc)
+    assert found == reference_commands(data)
 
 
 # ---------------------------------------------------------------- encode
