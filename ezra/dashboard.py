@@ -236,13 +236,13 @@ PAUSED_BADGE = ' <span class="badge paused" title="XCFGSET PAUSED 1: pushes land
 def pause_control(name: bytes, paused: bool, csrf: str) -> str:
     """What pausing means, and the button that pauses or resumes the queue (XCFGSET PAUSED)."""
     if paused:
-        return ('<p class="paused-note">Paused: pushes are kept, workers get nothing from this queue (leases '
+        return ('<div class="paused-note">Paused: pushes are kept, workers get nothing from this queue (leases '
                 'still run out; acks and nacks still count) until it is resumed. '
-                f'{form("/queue/pause", name, csrf, {"paused": "0"}, "Resume", "resume")}</p>')
-    return ('<p class="pause-control">'
+                f'{form("/queue/pause", name, csrf, {"paused": "0"}, "Resume", "resume")}</div>')
+    return ('<div class="pause-control">'
             + form("/queue/pause", name, csrf, {"paused": "1"}, "Pause", "pause",
                    confirm="Pause this queue? Workers get nothing from it until it is resumed.")
-            + '<span class="muted">stop handing out tasks (pushes are still kept)</span></p>')
+            + '<span class="muted">stop handing out tasks (pushes are still kept)</span></div>')
 
 
 def shown_of(rows: list, total: int) -> str:

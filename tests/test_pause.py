@@ -163,6 +163,9 @@ def test_acks_nacks_and_delayed_tasks_go_on_while_paused(shared_server, protocol
     delayed = r.execute_command("XADD", queue, "DELAY", "0.2", "*", "n", "3")
     wait_until(lambda: counts(r, queue) == (2, 0, 0, 0), message="the delayed task to come due")
     assert not reader.done.is_set() and pending(r, queue) == []
+    poison = r.xadd(queue, {"n": "poison"})  # docs/usage.md's recipe: straight to the dead queue
+    assert r.execute_command("XNACK", queue, "g", "FATAL", "IDS", 1, poison, "FORCE") == 1
+    assert counts(r, queue) == (2, 0, 0, 1) and not reader.done.is_set()
 
     pause(r, queue, 0)
     assert [i for i, _ in reader.result(queue)] == [nacked, delayed]
