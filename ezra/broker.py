@@ -11,11 +11,16 @@ needed. The mixins follow the same rule:
     queue_admin.py  XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
 
 A blocked reader is served inside the transaction that makes a task available
-(push, nack, expiry, a delayed task coming due, requeue): the task is claimed
-for the first waiter in the same batch and the waiter is woken after the batch
-commits. Waking one waiter costs O(1) however many are idle, and no wake-up can
+(push, nack, expiry, a delayed task coming due, requeue, resuming a paused
+queue): the task is claimed for the first waiter in the same batch and the
+waiter is woken after the batch commits. Waking one waiter costs O(1) however many are idle, and no wake-up can
 be lost between "nothing to claim" and "start waiting", since both happen in
 the writer's batch.
+
+A paused queue (XCFGSET PAUSED 1) is skipped by every claim: `>` reads, their
+waiters and take-overs (leases.py) hand out nothing from it, while pushes,
+acks, nacks, expiry and delayed tasks coming due go on as usual. Resuming
+serves its waiters at once.
 """
 
 from __future__ import annotations
@@ -239,6 +244,11 @@ class Broker(Leases, Upkeep, QueueAdmin):
             return self.settings.release_on_disconnect
         return None if grace < 0 else grace
 
+    @staticmethod
+    def _paused(queue: QueueState) -> bool:
+        """XCFGSET PAUSED 1: nothing is handed out from this queue (stored 1; 0 or None: running)."""
+        return bool(queue.paused)
+
     def _idmp_limits(self, queue: QueueState) -> tuple[int, int]:
         """(IDMP-DURATION seconds, IDMP-MAXSIZE)."""
         return (queue.idmp_duration or queue_settings.IDMP_DURATION_DEFAULT,
@@ -360,7 +370,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
         result = PairsMap()
         for name in names:
             queue = self.queues.get(name)
-            if queue is None:
+            if queue is None or self._paused(queue):
                 continue
             entries = []
             if claim_idle is not None and queue.counts[IN_FLIGHT]:
@@ -378,7 +388,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
         return None
 
     def _nothing_to_claim(self, names: list[bytes], claim_idle: int | None) -> bool:
-        """No queue has an available task: known from the counts, without a batch.
+        """No queue that is not paused has an available task: known from the counts, without a batch.
 
         The writer runs its batches on the event loop and never yields inside
         one, so between two batches a greenlet sees the counts as committed and
@@ -388,7 +398,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
             return False
         for name in names:
             queue = self.queues.get(name)
-            if queue is not None and queue.counts[AVAILABLE]:
+            if queue is not None and queue.counts[AVAILABLE] and not self._paused(queue):
                 return False
         return True
 
@@ -401,7 +411,10 @@ class Broker(Leases, Upkeep, QueueAdmin):
         waiter.registered = True
 
     def _serve_waiters(self, queue: QueueState, now: int) -> None:
-        """Hand newly available tasks of `queue` to its blocked readers, first come first served."""
+        """Hand newly available tasks of `queue` to its blocked readers, first come first served
+        (none while it is paused: they wait for the resume, which calls this again)."""
+        if self._paused(queue):
+            return
         fifo = self.blocked.get(queue.name)
         while fifo and queue.counts[AVAILABLE]:
             waiter = next(iter(fifo.values()))

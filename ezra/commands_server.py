@@ -294,12 +294,13 @@ def info_queues(state: ServerState):
         shown = name.decode("utf-8", "replace").translate(INFO_NAME_SAFE)
         figures = [(key, queue["counts"][key]) for key in INFO_STATES]
         figures += [(key, queue["totals"][key]) for key in INFO_TALLIES]
+        figures.append(("paused", int(queue["paused"])))
         lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in figures)))
     return lines
 
 
 # The counts by state (the first four fields first, as they always were), then events
-# since start ('ezra stats --watch' turns those into rates).
+# since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED).
 INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD, lifecycle.DELAYED)
 INFO_TALLIES = ("pushed", "delivered", "acked", "failed", "expired")
 

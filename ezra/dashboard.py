@@ -172,7 +172,8 @@ def index_page(state, overview: dict, history: History, page_number: int = 1, to
         rates = history.rates(name)
         current = rates[-1][1] if rates else 0.0
         rows.append(
-            f'<tr data-queue="{text(name)}"><td><a href="{text(queue_url(name))}">{text(name)}</a></td>'
+            f'<tr data-queue="{text(name)}"><td><a href="{text(queue_url(name))}">{text(name)}</a>'
+            f'{PAUSED_BADGE if queue["paused"] else ""}</td>'
             + "".join(f'<td class="num {state_name}">{counts[state_name]}</td>' for state_name in lifecycle.STATES)
             + f'<td class="num">{text(duration(None if since is None else now - since))}</td>'
             f'<td>{chart(rates, 160, 28, labelled=False)} <span class="muted">{current:.1f} acks/s</span></td></tr>')
@@ -210,10 +211,13 @@ def queue_page(state, name: bytes, queue: dict, lists: dict, history: History, c
     facts = (f'oldest waiting {text(duration(None if since is None else now - since))} · since start: '
              f'{totals["pushed"]} pushed, {totals["acked"]} acked, {totals["failed"]} failed, '
              f'{totals["expired"]} timed out, {totals["dead"]} dead')
-    body = [header(state), f'<main><p><a href="/">← queues</a></p><h1>{text(name)}</h1>']
+    paused = queue["paused"]
+    body = [header(state), f'<main><p><a href="/">← queues</a></p>'
+                           f'<h1>{text(name)}{PAUSED_BADGE if paused else ""}</h1>']
     if flash:
         body.append(f'<p class="flash" role="status">{text(flash)}</p>')
-    body += [f'<div class="tiles">{tiles}</div><p class="muted">{facts}</p>',
+    body += [pause_control(name, paused, csrf),
+             f'<div class="tiles">{tiles}</div><p class="muted">{facts}</p>',
              f'<div class="big-chart">{chart(history.rates(name), 640, 120, labelled=True)}'
              f'<p class="muted"><span class="pushes-key">pushes/s</span> and <span class="acks-key">acks/s</span>, '
              f'last 10 minutes</p></div>',
@@ -224,6 +228,21 @@ def queue_page(state, name: bytes, queue: dict, lists: dict, history: History, c
              waiting_table("Delayed", lists[DELAYED], counts[DELAYED], now, "due in", lambda row: row[6] - now),
              "</main>"]
     return page(name.decode("utf-8", "replace"), "".join(body))
+
+
+PAUSED_BADGE = ' <span class="badge paused" title="XCFGSET PAUSED 1: pushes land, nothing is handed out">paused</span>'
+
+
+def pause_control(name: bytes, paused: bool, csrf: str) -> str:
+    """What pausing means, and the button that pauses or resumes the queue (XCFGSET PAUSED)."""
+    if paused:
+        return ('<div class="paused-note">Paused: pushes are kept, workers get nothing from this queue (leases '
+                'still run out; acks and nacks still count) until it is resumed. '
+                f'{form("/queue/pause", name, csrf, {"paused": "0"}, "Resume", "resume")}</div>')
+    return ('<div class="pause-control">'
+            + form("/queue/pause", name, csrf, {"paused": "1"}, "Pause", "pause",
+                   confirm="Pause this queue? Workers get nothing from it until it is resumed.")
+            + '<span class="muted">stop handing out tasks (pushes are still kept)</span></div>')
 
 
 def shown_of(rows: list, total: int) -> str:

@@ -116,7 +116,8 @@ def stats_text(fields: dict, queues: dict, rates: dict | None) -> str:
         pushes, acks = rates.get(name, (0.0, 0.0))
         return [f"{pushes:.1f}", f"{acks:.1f}", figures["failed"], figures["expired"]]
 
-    rows = [[printable(name), *(figures[state] for state in STATES), *events(name, figures)]
+    rows = [[printable(name) + (" (paused)" if figures.get("paused") else ""),
+             *(figures[state] for state in STATES), *events(name, figures)]
             for name, figures in sorted(queues.items())]
     return head + "\n\n" + table(headers, rows, right=set(range(1, len(headers))))
 

@@ -6,6 +6,10 @@
     XAUTOCLAIM q g w <min-idle> start  the same for the in-flight tasks from `start` on
     XREADGROUP ... CLAIM <min-idle>   idle tasks first (longest idle first), then new ones
 
+On a paused queue no task changes hands: XCLAIM and XAUTOCLAIM only renew the
+caller's own leases (the heartbeat goes on, so a task being worked on is not
+lost to its timeout), and XREADGROUP CLAIM takes nothing over.
+
 Release on disconnect (beanstalkd's rule, per queue, off by default): connections
 report the worker names they use; when the last connection that used a name
 closes, its tasks in queues with RELEASE-ON-DISCONNECT go back after the grace
@@ -131,7 +135,7 @@ class Leases:
         claimed = []
         for row in self.db.lease_rows(name, ids, states):
             state, delivered = row[3], row[5]
-            if state == IN_FLIGHT and now - delivered < min_idle:
+            if (state == IN_FLIGHT and now - delivered < min_idle) or not self._may_lease(queue, row, worker):
                 continue
             claimed.append(self._take_lease(queue, row, worker, now, justid, retry_count, delivered_at))
         return claimed
@@ -149,10 +153,14 @@ class Leases:
             if len(claimed) == count:
                 break
             examined += 1
-            if now - row[5] >= min_idle:
+            if now - row[5] >= min_idle and self._may_lease(queue, row, worker):
                 claimed.append(self._take_lease(queue, row, worker, now, justid))
         cursor = lifecycle.format_id(rows[examined][1:3]) if examined < len(rows) else b"0-0"
         return [cursor, claimed, []]
+
+    def _may_lease(self, queue, row, worker: bytes) -> bool:
+        """While the queue is paused, only the owner's own lease may be renewed (LEASE_COLUMNS row)."""
+        return not self._paused(queue) or (row[3] == IN_FLIGHT and name_bytes(row[4]) == worker)
 
     def _take_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
         """XREADGROUP CLAIM: take over tasks idle >= min_idle; entries with [idle, deliveries so far]."""

@@ -23,6 +23,9 @@
     recover      in_flight   available (server restart, never dead)   =
     requeue      dead        available                  0
 
+A paused queue (XCFGSET PAUSED 1) makes no claim and no take over; its other
+transitions go on (push, promote, renew, ack, fail, expire, release, requeue).
+
 Times are integer milliseconds since the epoch and always passed in (`now`),
 so tests move time instead of waiting.
 """

@@ -77,6 +77,10 @@ class SnapshotCollector:
             "ezra_oldest_available_age_seconds",
             "How long the next task to be delivered has been waiting (0 when none is available).",
             labels=["queue"])
+        paused = GaugeMetricFamily(
+            "ezra_queue_paused",
+            "1 while the queue is paused (XCFGSET PAUSED 1: pushes land, nothing is handed out); the "
+            "series with an empty queue label counts the paused queues among the rest.", labels=["queue"])
         counters = {name: CounterMetricFamily(name, help_text, labels=["queue"])
                     for _, name, help_text in QUEUE_COUNTERS}
         for name, queue in sorted(snap["queues"].items()):
@@ -85,16 +89,19 @@ class SnapshotCollector:
                 tasks.add_metric([label, state], queue["counts"][state])
             since = queue["head_since"]
             oldest.add_metric([label], 0.0 if since is None else max(snap["now"] - since, 0) / 1000)
+            paused.add_metric([label], int(queue["paused"]))
             for tally, metric, _ in QUEUE_COUNTERS:
                 counters[metric].add_metric([label], queue["totals"][tally])
         rest = snap["rest"]
         if rest is not None:  # summed, with an empty queue label (Prometheus keeps such series without it)
             for state in lifecycle.STATES:
                 tasks.add_metric(["", state], rest["counts"][state])
+            paused.add_metric([""], rest["paused"])
             for tally, metric, _ in QUEUE_COUNTERS:
                 counters[metric].add_metric([""], rest["totals"][tally])
         yield tasks
         yield oldest
+        yield paused
         yield from counters.values()
         yield gauge("ezra_queues", "Queues (the --metrics-queues busiest have their own series, the rest "
                                    "are summed in series with an empty queue label).", snap["queue_count"])

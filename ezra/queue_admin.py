@@ -1,6 +1,7 @@
 """Operators' side of the Broker (a mixin): settings, redrive, XACKDEL, XINFO's figures, backup.
 
     configure      XCFGSET and the config file's queue lines: stored in `queues`, applied at once
+                   (PAUSED 0 hands the queue's available tasks to its blocked readers in that batch)
     requeue        XREQUEUE: dead tasks back to available, attempts reset, in one statement
     ack_delete     XACKDEL: ack and drop the record
     stream_info    the figures behind XINFO STREAM / GROUPS / CONSUMERS
@@ -17,6 +18,7 @@ import os
 from operator import itemgetter
 
 from gevent import get_hub
+from loguru import logger
 
 from . import errors, lifecycle
 from .lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
@@ -83,14 +85,19 @@ class QueueAdmin:
     # ------------------------------------------------------------ writer's batch
 
     def _tx_configure(self, name: bytes, changes: dict) -> bool:
-        queue = self._queue(name, self.clock())
-        idmp_before = self._idmp_limits(queue)
+        now = self.clock()
+        queue = self._queue(name, now)
+        idmp_before, paused_before = self._idmp_limits(queue), self._paused(queue)
         for column, value in changes.items():
             setattr(queue, column, value)
         if self._idmp_limits(queue) != idmp_before:
             self.db.idmp_forget(name)  # as Redis: other IDMP limits start from an empty map
         self.db.save_settings(name, changes)
         queue.next_purge = 0  # retention may have changed: the reaper looks again
+        if self._paused(queue) != paused_before:
+            logger.info("queue {!r} {}", name.decode("utf-8", "replace"),
+                        "paused: pushes land, nothing is handed out" if self._paused(queue) else "resumed")
+            self._serve_waiters(queue, now)  # resumed: blocked readers get its tasks now
         return True
 
     def _tx_requeue(self, name: bytes, ids: list[tuple] | None) -> int:
@@ -112,7 +119,7 @@ class QueueAdmin:
     def _tx_overview(self, head_since: bool, names) -> dict:
         queues = self.queues.items() if names is None else \
             [(name, self.queues[name]) for name in names if name in self.queues]
-        return {name: {"counts": dict(queue.counts), "totals": dict(queue.totals),
+        return {name: {"counts": dict(queue.counts), "totals": dict(queue.totals), "paused": self._paused(queue),
                        # when the next task to deliver became available (ms): how long it waits
                        "head_since": self.db.head_available_since(name)
                        if head_since and queue.counts[AVAILABLE] else None}
@@ -132,7 +139,8 @@ class QueueAdmin:
         return {"queues": self._tx_overview(True, shown), "queue_count": len(self.queues),
                 "rest": None if not rest else {
                     "counts": {state: sum(map(itemgetter(state), counts)) for state in lifecycle.STATES},
-                    "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]}}}
+                    "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]},
+                    "paused": sum(1 for queue in rest if self._paused(queue))}}
 
     def _tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[int]:
         queue = self.queues.get(name)
@@ -214,6 +222,7 @@ class QueueAdmin:
             "retention": optional_seconds(self._retention(queue), "forever"),
             "backoff": backoff_text(self._backoff(queue)),
             "release-on-disconnect": optional_seconds(self._release_grace(queue), "off"),
+            "paused": "1" if self._paused(queue) else "0",
         }
 
 

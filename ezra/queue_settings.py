@@ -10,8 +10,9 @@
     RELEASE-ON-DISCONNECT <grace seconds> | OFF     a worker's tasks go back when its last connection closes
     IDMP-DURATION <seconds>                         idempotent producers (Redis 8.6): 1..86400, default 100
     IDMP-MAXSIZE <n>                                iids kept per producer: 1..10000, default 100
+    PAUSED 1 | 0                                    1: pushes land, claims and take-overs hand out nothing
 
-Every value may also be DEFAULT: the server's flag applies again. A parsed
+Every value may also be DEFAULT: the server's flag applies again (PAUSED: 0). A parsed
 setting is {column: value}; the column is the `queues` table's, the value is
 what that column stores (None: the server's default; -1: FOREVER / OFF).
 """
@@ -39,6 +40,7 @@ COLUMNS = {  # XCFGSET token -> queues column
     b"RELEASE-ON-DISCONNECT": "release_on_disconnect",
     b"IDMP-DURATION": "idmp_duration",
     b"IDMP-MAXSIZE": "idmp_maxsize",
+    b"PAUSED": "paused",
 }
 IDMP_COLUMNS = ("idmp_duration", "idmp_maxsize")
 
@@ -141,6 +143,12 @@ def _idmp_maxsize(arg: bytes) -> int:
     return integer(arg, 1, 10000, "IDMP-MAXSIZE must be between 1 and 10000 entries")
 
 
+def _paused(arg: bytes) -> int:
+    if arg not in (b"0", b"1"):
+        raise errors.err(f"PAUSED must be 1 (pause) or 0 (resume), got {arg[:40].decode('utf-8', 'replace')}")
+    return int(arg)
+
+
 PARSERS = {
     "visibility_timeout": visibility_timeout,
     "max_attempts": max_attempts,
@@ -148,6 +156,7 @@ PARSERS = {
     "release_on_disconnect": _release,
     "idmp_duration": _idmp_duration,
     "idmp_maxsize": _idmp_maxsize,
+    "paused": _paused,
 }
 
 

@@ -28,7 +28,7 @@ from loguru import logger
 from . import lifecycle
 
 APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
-SCHEMA_VERSION = 2  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers
+SCHEMA_VERSION = 3  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused
 DB_FILENAME = "ezra.db"
 BUSY_TIMEOUT_MS = 5000
 CHECKPOINT_WAIT_MS = 200
@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS queues (
     release_on_disconnect REAL,     -- grace seconds; -1 = off
     idmp_duration         INTEGER,  -- seconds an idempotent id is remembered (NULL: 100)
     idmp_maxsize          INTEGER,  -- idempotent ids kept per producer (NULL: 100)
+    paused                INTEGER,  -- 1: claims hand out nothing (pushes still land); NULL or 0: running
     group_name            TEXT,     -- the name XGROUP CREATE gave the queue's one group
     deleted_count         INTEGER NOT NULL DEFAULT 0,  -- tasks removed for good (XINFO entries-added)
     max_deleted_ms        INTEGER NOT NULL DEFAULT 0,  -- the newest removed id (XINFO
@@ -113,10 +114,11 @@ QUEUE_COLUMNS_V2 = {
     "deleted_count": "INTEGER NOT NULL DEFAULT 0", "max_deleted_ms": "INTEGER NOT NULL DEFAULT 0",
     "max_deleted_seq": "INTEGER NOT NULL DEFAULT 0",
 }
+QUEUE_COLUMNS_V3 = {"paused": "INTEGER"}  # version 3 only adds columns
 TASK_COLUMNS_V1 = ("queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, "
                    "deadline, delivered_at, finished_at")
 SETTING_COLUMNS = ("visibility_timeout", "max_attempts", "retention_seconds", "backoff",
-                   "release_on_disconnect", "idmp_duration", "idmp_maxsize")
+                   "release_on_disconnect", "idmp_duration", "idmp_maxsize", "paused")
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
 # What the dashboard and XINFO TASKS show of a task.
@@ -257,6 +259,8 @@ def _migrate(conn, version: int, path: str) -> None:
     try:
         if version < 2:
             _migrate_to_v2(conn)
+        if version < 3:
+            _add_queue_columns(conn, QUEUE_COLUMNS_V3)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -265,11 +269,15 @@ def _migrate(conn, version: int, path: str) -> None:
     logger.info("migrated {} from schema {} to {}", path, version, SCHEMA_VERSION)
 
 
-def _migrate_to_v2(conn) -> None:
+def _add_queue_columns(conn, columns: dict) -> None:
     have = {row[1] for row in conn.execute("PRAGMA table_info(queues)")}
-    for column, kind in QUEUE_COLUMNS_V2.items():
+    for column, kind in columns.items():
         if column not in have:
             conn.execute(f"ALTER TABLE queues ADD COLUMN {column} {kind}")
+
+
+def _migrate_to_v2(conn) -> None:
+    _add_queue_columns(conn, QUEUE_COLUMNS_V2)
     task_sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()[0]
     if "'delayed'" in task_sql:
         return

@@ -17,7 +17,7 @@ port: without a password, only clients from 127.0.0.1 and ::1 are served;
 the others get 403 with the way out (/healthz answers everyone, as it does
 with a password).
 
-Changes (requeue, delete) are POST forms guarded against cross-site requests:
+Changes (requeue, delete, pause/resume) are POST forms guarded against cross-site requests:
 each form carries a token derived from a secret made at start, and a request
 whose Origin or Sec-Fetch-Site names another site is refused, so a page elsewhere
 cannot make a logged-in browser change queues.
@@ -91,6 +91,7 @@ class WebApp:
             ("GET", "/queue"): self.queue_page,
             ("POST", "/queue/requeue"): self.requeue,
             ("POST", "/queue/delete"): self.delete,
+            ("POST", "/queue/pause"): self.pause,
         }
 
     def __call__(self, environ, start_response):
@@ -259,6 +260,18 @@ class WebApp:
         deleted = self.broker.delete_dead(name, [task_id(form)]).wait()
         logger.info("dashboard: deleted {} dead task(s) of {!r}", deleted, name.decode("utf-8", "replace"))
         return see_other(name, f"deleted {deleted} dead task{'s' if deleted != 1 else ''}")
+
+
+    def pause(self, environ, form):
+        """paused=1 pauses the queue, paused=0 resumes it (XCFGSET PAUSED); an existing queue only."""
+        name = required(form, "name")
+        paused = required(form, "paused")
+        if paused not in (b"0", b"1"):
+            raise HttpError("400 Bad Request", "paused must be 1 or 0")
+        if name not in self.broker.queues:  # XCFGSET would create it: the dashboard only changes queues it shows
+            raise HttpError("404 Not Found", "no such queue")
+        self.broker.configure(name, {"paused": int(paused)}).wait()
+        return see_other(name, "paused: workers get nothing until it is resumed" if paused == b"1" else "resumed")
 
 
 def query_params(text: str) -> dict[str, list[bytes]]:

@@ -153,3 +153,34 @@ def test_requeue_all_and_delete_ask_first(ezra_factory, page):
     expect(count(page, "available")).to_have_text("2")
     wait_until(lambda: client.xlen("reports::dead") == 0, message="the dead tasks to be requeued")
     assert page.problems == []
+
+
+def test_pause_and_resume_with_the_buttons(ezra_factory, page):
+    server = ezra_factory("--http-port", "0")
+    client = server.client()
+    task_id = client.xadd("webhooks", {"url": "https://example.com/hook"}).decode()
+    page.goto(f"{server.http_url}/queue?name=webhooks")
+    expect = sync_api.expect
+
+    page.once("dialog", lambda dialog: dialog.dismiss())  # "Pause this queue?" -> no
+    page.locator("button.pause").click()
+    expect(page.locator("button.pause")).to_be_visible()
+    assert client.xinfo_stream("webhooks")["paused"] == b"0"
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("button.pause").click()
+    expect(page.locator(".flash")).to_have_text("paused: workers get nothing until it is resumed")
+    expect(page.locator("h1 .badge.paused")).to_have_text("paused")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-queue-paused.png"))
+    assert client.xreadgroup("g", "w", {"webhooks": ">"}) in (None, [], {})
+    page.goto(server.http_url + "/")
+    expect(page.locator('tr[data-queue="webhooks"] .badge.paused')).to_be_visible()
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-paused.png"))
+
+    page.goto(f"{server.http_url}/queue?name=webhooks")
+    page.locator("button.resume").click()  # resuming asks nothing
+    expect(page.locator(".flash")).to_have_text("resumed")
+    expect(page.locator(".badge.paused")).to_have_count(0)
+    assert client.xreadgroup("g", "w", {"webhooks": ">"})[0][1][0][0].decode() == task_id
+    assert page.problems == []

@@ -171,6 +171,7 @@ setting = st.one_of(
     words(one(st.sampled_from([b"VISIBILITY-TIMEOUT", b"RETENTION", b"RELEASE-ON-DISCONNECT"])), one(seconds)),
     words(one(st.sampled_from([b"MAX-ATTEMPTS", b"IDMP-DURATION", b"IDMP-MAXSIZE"])), one(numbers)),
     words(b"BACKOFF", one(st.sampled_from([b"FIXED", b"EXPONENTIAL", b"nope"])), one(seconds), opt(one(seconds))),
+    words(b"PAUSED", one(st.sampled_from([b"1", b"0", b"DEFAULT", b"2", b"-1", b"yes"]))),
     st.just([b"NOPE", b"1"]))
 xcfgset = words(b"XCFGSET", one(queues), flat(st.lists(setting, max_size=3)))
 xclaim = words(b"XCLAIM", one(queues), one(groups), one(workers), one(numbers),

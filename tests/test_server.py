@@ -236,7 +236,7 @@ def test_info_reports_real_figures(r, queue):
     assert info["total_commands_processed"] > 0
     counts = info[f"queue_{queue}"]
     assert counts == {"available": 1, "in_flight": 1, "done": 0, "dead": 0, "delayed": 0,
-                      "pushed": 2, "delivered": 1, "acked": 0, "failed": 0, "expired": 0}
+                      "pushed": 2, "delivered": 1, "acked": 0, "failed": 0, "expired": 0, "paused": 0}
 
 
 def test_max_clients_refuses_with_redis_error(ezra_factory):
