@@ -15,6 +15,7 @@ import redis
 
 from conftest import wait_until
 from test_faults import _leave_free, small_fs  # noqa: F401  (small_fs: a fixture, a 16 MB tmpfs)
+from test_vectors import RespConnection, blocked_clients, encode_command
 
 
 def raw(server, protocol):
@@ -235,6 +236,53 @@ def test_a_stopping_server_answers_blocked_observers(ezra_factory):
     assert server.stop() == 0, server.log()
     thread.join(10)
     assert out in ([None], ) or isinstance(out[0], redis.ConnectionError), out
+
+
+# ------------------------------------------------------------------ byte for byte as redis-server
+
+PARITY_SCRIPT = [  # {q}: a queue of this test's own; explicit ids, so both servers answer the same bytes
+    ["XADD", "{q}", "1-1", "a", "1"], ["XADD", "{q}", "1-2", "b", "2"], ["XADD", "{q}-t", "2-1", "c", "3"],
+    ["XREAD", "STREAMS", "{q}", "0"], ["XREAD", "COUNT", "1", "STREAMS", "{q}", "{q}-t", "0", "0"],
+    ["XREAD", "STREAMS", "{q}", "1-1"], ["XREAD", "STREAMS", "{q}", "1"], ["XREAD", "STREAMS", "{q}", "1-2"],
+    ["XREAD", "STREAMS", "{q}", "$"], ["XREAD", "STREAMS", "{q}-missing", "0"],
+    ["XREAD", "STREAMS", "{q}", "{q}-missing", "0", "0"], ["xread", "count", "0", "streams", "{q}", "0"],
+    ["XREAD", "BLOCK", "100", "STREAMS", "{q}", "0"], ["XREAD", "BLOCK", "50", "STREAMS", "{q}", "{q}-t", "$", "$"],
+    ["XREAD", "STREAMS", "{q}", "18446744073709551615-18446744073709551615"],
+    ["MULTI"], ["XREAD", "BLOCK", "0", "STREAMS", "{q}", "$"], ["XREAD", "BLOCK", "0", "STREAMS", "{q}", "1-1"],
+    ["EXEC"],
+    ["XREAD", "STREAMS", "{q}", "{q}-t", "0"], ["XREAD", "STREAMS", "{q}", ">"], ["XREAD", "STREAMS", "{q}", "-"],
+    ["XREAD", "STREAMS", "{q}", "x"], ["XREAD", "COUNT", "1", "STREAMS"], ["XREAD", "STREAMS", "{q}"],
+    ["XREAD", "NOACK", "STREAMS", "{q}", "0"], ["XREAD", "GROUP", "g", "c", "STREAMS", "{q}", "0"],
+    ["XREAD", "COUNT", "x", "STREAMS", "{q}", "0"], ["XREAD", "BLOCK", "-1", "STREAMS", "{q}", "0"],
+]
+
+
+def blocked_read_args(queue: str) -> list[str]:
+    """A read of what is pushed after it."""
+    return ["XREAD", "BLOCK", "10000", "STREAMS", queue, "$"]
+
+
+def parity_run(port: int, protocol: int, queue: str) -> list[bytes]:
+    """PARITY_SCRIPT's replies, then a '$' read woken by a push from another connection."""
+    conn, producer = RespConnection(port), RespConnection(port)
+    if protocol == 3:
+        conn.call(["HELLO", "3"])
+    replies = [conn.call([arg.format(q=queue) for arg in args]) for args in PARITY_SCRIPT]
+    before = blocked_clients(producer)
+    conn.send(encode_command(blocked_read_args(queue)))
+    wait_until(lambda: blocked_clients(producer) == before + 1, message="the XREAD to block")
+    producer.call(["XADD", queue, "3-1", "n", "woken"])
+    replies.append(conn.read_reply())
+    conn.close()
+    producer.close()
+    return replies
+
+
+def test_replies_are_redis_byte_for_byte(shared_server, redis_server_port, protocol, queue):
+    ezra = parity_run(shared_server.port, protocol, queue)
+    real = parity_run(redis_server_port, protocol, queue)
+    for args, got, want in zip(PARITY_SCRIPT + [blocked_read_args("{q}")], ezra, real):
+        assert got == want, args
 
 
 # ------------------------------------------------------------------ errors, as Redis 7.0 words them
