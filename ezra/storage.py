@@ -758,11 +758,14 @@ class Database:
 
     def entries_after(self, queue: bytes, states: tuple, after: tuple, count: int) -> list[tuple]:
         """XREAD: up to `count` tasks in `states` with ids above `after`, oldest first."""
-        marks = ",".join("?" * len(states))
+        if states == (lifecycle.DEAD,):  # a literal, so the dead view's partial index serves it
+            where, params = "state = 'dead'", ()
+        else:
+            where, params = f"state IN ({','.join('?' * len(states))})", states
         return self.conn.execute(
-            f"SELECT {TASK_COLUMNS} FROM tasks WHERE queue = ? AND (id_ms, id_seq) > (?, ?) "
-            f"AND state IN ({marks}) ORDER BY id_ms, id_seq LIMIT ?",
-            (name_value(queue), after[0], after[1], *states, count)).fetchall()
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE queue = ? AND (id_ms, id_seq) > (?, ?) AND {where} "
+            f"ORDER BY id_ms, id_seq LIMIT ?",
+            (name_value(queue), after[0], after[1], *params, count)).fetchall()
 
     def pending_summary(self, queue: bytes) -> tuple:
         """(first id, last id, [(worker, count)]) of a queue's in-flight tasks."""
