@@ -1,4 +1,4 @@
-"""Push, claim, ack, nack; blocked readers. The rest of the broker is in three mixins.
+"""Push, claim, ack, nack; blocked readers. The rest of the broker is in four mixins.
 
 The public methods run in connection greenlets. Each submits a transaction
 script (the `_tx_*` methods) to the writer, which runs it in a batch; only
@@ -9,6 +9,7 @@ needed. The mixins follow the same rule:
     leases.py       XCLAIM / XAUTOCLAIM / XREADGROUP CLAIM; release on disconnect
     upkeep.py       the reaper: expiry, delayed tasks coming due, retention, TTL, vacuum
     queue_admin.py  XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
+    observers.py    XREAD: a read-only look at a queue, woken by pushes without taking them
 
 A blocked reader is served inside the transaction that makes a task available
 (push, nack, expiry, a delayed task coming due, requeue, resuming a paused
@@ -33,6 +34,7 @@ from gevent.event import Event
 from . import errors, lifecycle, queue_settings
 from .leases import Leases
 from .lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from .observers import Observers
 from .queue_admin import QueueAdmin
 from .resp import PairsMap
 from .storage import SETTING_COLUMNS, Database, entry, name_bytes
@@ -47,6 +49,8 @@ INF = float("inf")
 # XDEL), expired (lease ran out), released (worker gone), dead, requeued (from dead), purged.
 TALLIES = ("pushed", "delivered", "redelivered", "acked", "failed", "expired", "released", "dead",
            "requeued", "purged")
+# The events that add entries to what XREAD sees: to the live queue, or to its dead view (True).
+VIEW_GROWS = {"pushed": False, "requeued": False, "dead": True}
 
 
 def now_ms() -> int:
@@ -99,7 +103,7 @@ class Waiter:
         self.rolled_back = False  # a batch that served it was rolled back (it waited again)
 
 
-class Broker(Leases, Upkeep, QueueAdmin):
+class Broker(Leases, Upkeep, QueueAdmin, Observers):
     """The queue operations, as greenlets call them."""
 
     def __init__(self, db: Database, settings, clock=now_ms):
@@ -113,6 +117,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
         self.stats = dict.fromkeys(TALLIES, 0)
         Leases.__init__(self)
         Upkeep.__init__(self)
+        Observers.__init__(self)
         self._reload()
         self.writer = Writer(db, fsync_durable=settings.durability == "full",
                              on_rollback=self._reload, after_batch=self._after_batch)
@@ -120,7 +125,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
     # ------------------------------------------------------------ life
 
     def cancel_waiters(self) -> None:
-        """Shutdown: every blocked reader gets a null reply now."""
+        """Shutdown: every blocked reader (XREADGROUP, XREAD) gets a null reply now."""
         self.writer.call(self._tx_cancel_waiters, durable=False)
 
     def stop(self) -> None:
@@ -214,7 +219,8 @@ class Broker(Leases, Upkeep, QueueAdmin):
         return self.writer.call(self._tx_counts, durable=False)
 
     def blocked_clients(self) -> int:
-        return len({id(w) for fifo in list(self.blocked.values()) for w in list(fifo.values())})
+        workers = len({id(w) for fifo in list(self.blocked.values()) for w in list(fifo.values())})
+        return workers + self.observers_blocked()
 
     # ------------------------------------------------------------ settings, as they apply now
 
@@ -281,7 +287,8 @@ class Broker(Leases, Upkeep, QueueAdmin):
         self.reset_schedule()  # the reaper looks again at everything it keeps a time for
 
     def _after_batch(self, ok: bool) -> None:
-        """In the event loop, after a batch: wake the readers it served.
+        """In the event loop, after a batch: wake the readers it served, then the observers
+        (XREAD) of the queues it added entries to.
 
         A rolled-back batch served nobody: a reader it handed tasks to waits again, first in line
         (before, it got a storage error: a worker blocked while a push filled the disk failed).
@@ -296,10 +303,13 @@ class Broker(Leases, Upkeep, QueueAdmin):
             if not ok:
                 waiter.result, waiter.error = None, errors.storage_failed("the batch was rolled back")
             waiter.event.set()
+        self._wake_observers(ok)
 
     def _tally(self, queue: QueueState, event: str, n: int = 1) -> None:
         self.stats[event] += n
         queue.totals[event] += n
+        if event in VIEW_GROWS and n:
+            self._view_grew(queue.name, VIEW_GROWS[event])
 
     def _queue(self, name: bytes, now: int, create: bool = True) -> QueueState | None:
         queue = self.queues.get(name)
@@ -444,6 +454,7 @@ class Broker(Leases, Upkeep, QueueAdmin):
         return waiter.result
 
     def _tx_cancel_waiters(self) -> None:
+        self._cancel_observers()
         for fifo in list(self.blocked.values()):
             for waiter in list(fifo.values()):
                 self._unregister(waiter)

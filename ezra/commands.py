@@ -22,7 +22,8 @@ from loguru import logger
 from . import errors, lifecycle, queue_settings
 from .broker import DEFAULT_READ_COUNT, MAX_READ_COUNT
 from .errors import CommandError
-from .lifecycle import parse_id, split_queue
+from .lifecycle import parse_after_id, parse_id, split_queue
+from .observers import LAST_ONE, SINCE_NOW
 from .resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString
 
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
@@ -302,10 +303,7 @@ def xreadgroup(session, args):
             claim_idle = max(to_int(args[i + 1], "min-idle-time is not an integer"), 0)
             i += 2
         elif option == b"BLOCK" and i + 1 < len(args):
-            block_ms = to_int(args[i + 1], "timeout is not an integer or out of range")
-            if block_ms < 0:
-                raise errors.TIMEOUT_NEGATIVE
-            i += 2
+            block_ms, i = block_timeout(args[i + 1]), i + 2
         elif option == b"NOACK":
             noack, i = True, i + 1
         elif option == b"STREAMS":
@@ -333,6 +331,61 @@ def xreadgroup(session, args):
         result = broker(session).read(queues, worker, count, noack, block_ms, session.wait, claim_idle)
         return NULL_ARRAY if result is None else result
     return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
+
+
+@command("XREAD", -4)
+def xread(session, args):
+    """XREAD [COUNT n] [BLOCK ms] STREAMS q... id...: entries after each id, nothing claimed (an observer)."""
+    count, block_ms, i = None, None, 1
+    while i < len(args):
+        option, more = args[i].upper(), i + 1 < len(args)
+        if option == b"COUNT" and more:
+            count, i = to_int(args[i + 1]), i + 2
+        elif option == b"BLOCK" and more:
+            block_ms, i = block_timeout(args[i + 1]), i + 2
+        elif option == b"STREAMS" and more:
+            break
+        elif option == b"GROUP" and i + 2 < len(args):
+            raise errors.GROUP_IN_XREAD
+        elif option == b"NOACK":
+            raise errors.NOACK_IN_XREAD
+        else:
+            raise errors.SYNTAX
+    streams = args[i + 1:]
+    if i >= len(args):
+        raise errors.SYNTAX
+    if len(streams) % 2:
+        raise errors.UNBALANCED_STREAMS
+    half = len(streams) // 2
+    # Keyed by stream: a queue named twice is read once, with its first id (Redis repeats it).
+    reads = {}
+    for stream, after in zip(streams[:half], map(after_id, streams[half:])):
+        reads.setdefault(stream, (stream, split_queue(stream), after))
+    count = read_count(count)
+    if block_ms is None or session.in_exec:  # as Redis: inside MULTI/EXEC nothing blocks
+        return Deferred(broker(session).look(list(reads.values()), count), lambda found: found or NULL_ARRAY)
+    session.flush()  # a blocked client has its earlier pipelined replies already
+    result = broker(session).observe(list(reads.values()), count, block_ms, session.wait)
+    return result or NULL_ARRAY
+
+
+def after_id(arg: bytes):
+    """XREAD's id: '$' (entries added after the call), '+' (the last entry, Redis 7.4), an id."""
+    if arg == b"$":
+        return SINCE_NOW
+    if arg == b"+":
+        return LAST_ONE
+    if arg == b">":
+        raise errors.GT_IN_XREAD
+    return parse_after_id(arg)
+
+
+def block_timeout(arg: bytes) -> int:
+    """BLOCK's milliseconds: 0 is for ever."""
+    block_ms = to_int(arg, "timeout is not an integer or out of range")
+    if block_ms < 0:
+        raise errors.TIMEOUT_NEGATIVE
+    return block_ms
 
 
 def read_id(arg: bytes):

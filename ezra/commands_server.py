@@ -219,7 +219,7 @@ def command_(session, args):
 
 def command_info(name: bytes) -> list:
     fn, arity, lower = COMMANDS[name]
-    keyed = name.startswith(b"X") and name not in (b"XREADGROUP", b"XGROUP", b"XINFO")
+    keyed = name.startswith(b"X") and name not in (b"XREAD", b"XREADGROUP", b"XGROUP", b"XINFO")
     first = 1 if keyed else 0
     return [lower, arity, [SimpleString("write" if keyed else "fast")], first, first, 1 if keyed else 0]
 

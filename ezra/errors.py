@@ -69,6 +69,10 @@ DOLLAR_IN_XREADGROUP = _fixed(
 UNBALANCED_STREAMS = _fixed(
     "ERR Unbalanced XREAD list of streams: for each stream key an ID or '$' must be specified."
 )
+GROUP_IN_XREAD = _fixed("ERR The GROUP option is only supported by XREADGROUP. You called XREAD instead.")
+NOACK_IN_XREAD = _fixed("ERR The NOACK option is only supported by XREADGROUP. You called XREAD instead.")
+GT_IN_XREAD = _fixed(
+    "ERR The > ID can be specified only when calling XREADGROUP using the GROUP <group> <consumer> option.")
 NO_SUCH_KEY = _fixed("ERR no such key")
 XGROUP_NEEDS_KEY = _fixed(
     "ERR The XGROUP subcommand requires the key to exist. Note that for CREATE you may want to use "

@@ -52,6 +52,7 @@ NACK_MODES = (FAIL, SILENT, FATAL)
 DEAD_SUFFIX = "::dead"
 
 MAX_ID_PART = 2 ** 63 - 1  # SQLite integers are signed 64-bit; Redis allows 2**64-1
+REDIS_MAX_ID_PART = 2 ** 64 - 1
 
 StreamId = tuple  # (ms, seq)
 
@@ -131,13 +132,26 @@ def parse_id(arg: bytes, missing_seq: int = 0) -> StreamId:
     return stream_id
 
 
-def _id_part(text: bytes) -> int:
+def _id_part(text: bytes, limit: int = MAX_ID_PART) -> int:
     if not text.isdigit():
         raise ValueError(text)
     value = int(text)
-    if value > MAX_ID_PART:
+    if value > limit:
         raise ValueError(text)
     return value
+
+
+def parse_after_id(arg: bytes) -> StreamId:
+    """An id to read after (XREAD): as parse_id, but ids beyond EZRA's 63-bit parts, up to
+    Redis's 2**64-1, read as the highest EZRA has: no task is above either."""
+    ms, sep, seq = arg.partition(b"-")
+    try:
+        parts = _id_part(ms, REDIS_MAX_ID_PART), _id_part(seq, REDIS_MAX_ID_PART) if sep else 0
+    except ValueError:  # not digits, too large (int() refuses thousands of digits with it too)
+        raise errors.INVALID_ID from None
+    if parts[0] > MAX_ID_PART:
+        return (MAX_ID_PART, MAX_ID_PART)
+    return parts[0], min(parts[1], MAX_ID_PART)
 
 
 def parse_range_bound(arg: bytes, is_start: bool) -> StreamId:
@@ -152,7 +166,7 @@ def parse_range_bound(arg: bytes, is_start: bool) -> StreamId:
     stream_id = parse_id(arg, 0 if is_start else MAX_ID_PART)
     if not exclusive:
         return stream_id
-    return _next_id(stream_id) if is_start else _previous_id(stream_id)
+    return _next_id(stream_id) if is_start else previous_id(stream_id)
 
 
 def _next_id(stream_id: StreamId) -> StreamId:
@@ -164,7 +178,8 @@ def _next_id(stream_id: StreamId) -> StreamId:
     raise errors.err("invalid start ID for the interval")
 
 
-def _previous_id(stream_id: StreamId) -> StreamId:
+def previous_id(stream_id: StreamId) -> StreamId:
+    """The id just below `stream_id`; 0-0 has none."""
     ms, seq = stream_id
     if seq > 0:
         return (ms, seq - 1)

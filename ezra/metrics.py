@@ -116,7 +116,7 @@ class SnapshotCollector:
         yield gauge("ezra_disk_full", "1 while pushes are refused because the disk is full.", snap["disk_full"])
         yield gauge("ezra_connected_clients", "Client connections open on the Redis-protocol port.",
                     snap["connected"])
-        yield gauge("ezra_blocked_clients", "Clients waiting in a blocking XREADGROUP.", snap["blocked"])
+        yield gauge("ezra_blocked_clients", "Clients waiting in a blocking XREADGROUP or XREAD.", snap["blocked"])
         yield gauge("ezra_parked_clients", "Idle connections kept without a greenlet (quiet for a second or more).",
                     snap["parked"])
         yield gauge("ezra_database_bytes", "Size of ezra.db and its WAL.", snap["database_bytes"])

@@ -9,8 +9,8 @@ A connection that waits for its next command for PARK_AFTER seconds or more
 is parked: its greenlet ends and an I/O watcher on its socket spawns a new one
 when the client sends again. A parked greenlet's stacks were most of an idle
 connection's memory (8.5 of 10.9 KB); workers that keep a connection open and
-quiet are the common case. A blocked XREADGROUP is waiting for a task, not for
-a command: it keeps its greenlet.
+quiet are the common case. A blocked XREADGROUP (or XREAD) is waiting for a
+task, not for a command: it keeps its greenlet.
 """
 
 from __future__ import annotations

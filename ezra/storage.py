@@ -764,6 +764,17 @@ class Database:
             (name_value(queue), *states, start[0], start[1], end[0], end[1],
              -1 if count is None else count)).fetchall()
 
+    def entries_after(self, queue: bytes, states: tuple, after: tuple, count: int) -> list[tuple]:
+        """XREAD: up to `count` tasks in `states` with ids above `after`, oldest first."""
+        if states == (lifecycle.DEAD,):  # a literal, so the dead view's partial index serves it
+            where, params = "state = 'dead'", ()
+        else:
+            where, params = f"state IN ({','.join('?' * len(states))})", states
+        return self.conn.execute(
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE queue = ? AND (id_ms, id_seq) > (?, ?) AND {where} "
+            f"ORDER BY id_ms, id_seq LIMIT ?",
+            (name_value(queue), after[0], after[1], *params, count)).fetchall()
+
     def pending_summary(self, queue: bytes) -> tuple:
         """(first id, last id, [(worker, count)]) of a queue's in-flight tasks."""
         q = name_value(queue)

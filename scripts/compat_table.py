@@ -54,7 +54,8 @@ def worker_libs_part(libs: list[dict]) -> list[str]:
     out = ["", "### Worker libraries", "",
            "`tests/test_worker_libs.py` runs each library as its README shows, with its defaults:",
            "a producer and two consumers of one consumer group, every task done exactly once and",
-           "nothing pending. The notes are what the test measured.", "",
+           "nothing pending. The notes are what the test measured. The group-less readers",
+           "(`tests/test_worker_libs_xread.py`) run next to a group's worker instead.", "",
            "| library | version | status | what ran; what fails and why |", "|---|---|---|---|"]
     for e in sorted(libs, key=lambda e: (not e["status"].startswith("works"), e["library"].lower())):
         out.append(f"| {cell(e['library'])} | {cell(e['version'])} | {cell(e['status'])} | {cell(e['notes'])} |")
@@ -69,7 +70,16 @@ def worker_libs_part(libs: list[dict]) -> list[str]:
                   "`pipeline()` default) run; the pushes, acks and nacks of one `EXEC` commit in one",
                   "SQLite transaction. `WATCH` is not supported. A transaction holds at most 1,000",
                   "commands or 8 MB (an `EXEC` holds every other client until it ends): bulk pushes go",
-                  "in a pipeline without `MULTI` (`pipeline(transaction=False)`)."]
+                  "in a pipeline without `MULTI` (`pipeline(transaction=False)`).", "",
+                  "Group-less readers (`XREAD`: FastStream's `StreamSub` without a group, walrus's",
+                  "`Stream.read`) are observers, not fan-out: each sees every entry `XRANGE` shows (tasks",
+                  "available, delayed, in flight or done and still retained; dead ones under `q::dead`),",
+                  "and nothing is claimed, leased or counted, so the queue's workers still get every task,",
+                  "each once. An observer cannot tell a done task from a waiting one and does not stop a",
+                  "task from being worked on: to process tasks, read with a consumer group. The socket.io",
+                  "redis-streams adapter reads this way too, but each of its publishes trims",
+                  "(`XADD ... MAXLEN ~ 10000`, no option turns it off): its row waits for approximate",
+                  "trimming."]
 
 
 def parity_part(parity: dict) -> list[str]:

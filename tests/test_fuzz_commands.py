@@ -50,7 +50,7 @@ RSS_LIMIT = int(os.environ.get("EZRA_FUZZ_RSS_MB", "600")) * 1024 * 1024
 MIB = 1024 * 1024
 HEALTHY = b"healthy"  # the healthy client's queue: the fuzzer never names it
 REPLY_TIMEOUT = 30.0  # a reply slower than this is a stalled server
-BLOCKED_GRACE = 1.5  # an XREADGROUP ... BLOCK that may be legitimately waiting is hung up after this
+BLOCKED_GRACE = 1.5  # an XREADGROUP/XREAD ... BLOCK that may be legitimately waiting is hung up after this
 
 
 def fuzz_settings(examples: int):
@@ -149,6 +149,9 @@ xreadgroup = words(b"XREADGROUP", b"GROUP", one(groups), one(workers),
                    opt(words(b"CLAIM", one(numbers))), opt(st.just([b"NOACK"])), b"STREAMS",
                    st.lists(st.tuples(queues, st.one_of(st.just(b">"), st.just(b">"), task_ids)),
                             min_size=1, max_size=3).map(lambda pairs: [q for q, _ in pairs] + [i for _, i in pairs]))
+xread = words(b"XREAD", opt(words(b"COUNT", one(numbers))), opt(words(b"BLOCK", one(small_block))), b"STREAMS",
+              st.lists(st.tuples(queues, st.one_of(st.sampled_from([b"$", b"+", b"0", b">"]), task_ids)),
+                       min_size=1, max_size=3).map(lambda pairs: [q for q, _ in pairs] + [i for _, i in pairs]))
 xack = words(b"XACK", one(queues), one(groups), st.lists(task_ids, min_size=1, max_size=4))
 xnack = st.one_of(
     words(b"XNACK", one(queues), one(groups), one(st.sampled_from([b"FAIL", b"SILENT", b"FATAL", b"fail", b"BAD"])),
@@ -203,7 +206,7 @@ hello = words(b"HELLO", opt(one(st.sampled_from([b"2", b"3", b"4", b"-1", b"abc"
               opt(words(b"SETNAME", one(st.sampled_from([b"fuzz", b"a b"])))))
 
 # What redis-py can send without changing the connection under its feet (HELLO, QUIT).
-COMMON = [xadd, xadd, xreadgroup, xreadgroup, xack, xnack, xdel, xlen, xrange_, xpending, xgroup, xinfo,
+COMMON = [xadd, xadd, xreadgroup, xreadgroup, xread, xack, xnack, xdel, xlen, xrange_, xpending, xgroup, xinfo,
           xcfgset, xclaim, xautoclaim, xackdel, xrequeue, client_, connection]
 
 
@@ -244,8 +247,8 @@ def frame(args: list[bytes]) -> bytes:
 
 
 def may_block(args) -> bool:
-    """An XREADGROUP with BLOCK may legitimately wait (a mutated timeout, BLOCK 0)."""
-    return (bool(args) and isinstance(args[0], bytes) and args[0].upper() == b"XREADGROUP"
+    """An XREADGROUP or XREAD with BLOCK may legitimately wait (a mutated timeout, BLOCK 0)."""
+    return (bool(args) and isinstance(args[0], bytes) and args[0].upper() in (b"XREADGROUP", b"XREAD")
             and any(isinstance(a, bytes) and a.upper() == b"BLOCK" for a in args))
 
 
