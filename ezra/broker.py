@@ -166,8 +166,12 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         if nothing_to_claim:
             self._register(waiter)  # no batch needed: see _nothing_to_claim
         else:
-            result = self.writer.call(self._tx_claim, queues, worker, count, noack, waiter, claim_idle,
-                                      durable=False)
+            try:
+                result = self.writer.call(self._tx_claim, queues, worker, count, noack, waiter, claim_idle,
+                                          durable=False)
+            except errors.CommandError:
+                self._forget(waiter)  # its batch rolled back: the client gets the error, nobody waits
+                raise
             if result is not None:
                 return result
         woken = wait(waiter.event, block_ms / 1000 if block_ms else None)
@@ -444,6 +448,15 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
                 if not fifo:
                     del self.blocked[name]
         waiter.registered = False
+
+    def _forget(self, waiter: Waiter) -> None:
+        """Its reader will not wait after all: take it off the queues' lines, and give back what a
+        later batch may have claimed for it already."""
+        if waiter.registered:
+            self._unregister(waiter)
+        elif waiter.result:
+            self._release_unsent(waiter.result)
+            waiter.result = None
 
     def _tx_unblock(self, waiter: Waiter):
         if waiter.registered:

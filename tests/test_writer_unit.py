@@ -78,3 +78,37 @@ def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
     finally:
         broker.stop()
         broker.db.close()
+
+
+def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
+    # XREADGROUP BLOCK ... CLAIM registers its waiter inside the batch; when a broken request
+    # in the same turn rolls the batch back, the reader gets the error and nobody waits. Its
+    # registration went with it: before, the next push leased its task to that reader, whom
+    # no reply ever reached (the task came back only after the visibility timeout).
+    broker = open_broker(tmp_path, durability="normal")
+    try:
+        broker.push(b"jobs", b"*", [b"f", b"v"]).wait()
+        claimed = broker.read([b"jobs"], b"w1", 1, False, None, None)
+        assert claimed and broker.queue_counts()[b"jobs"]["in_flight"] == 1
+
+        def blocked_read():
+            return broker.read([b"jobs"], b"w2", 1, False, 0, lambda event, timeout: event.wait(timeout),
+                               claim_idle=60_000)
+
+        reader = gevent.spawn(blocked_read)
+        gevent.sleep(0)  # the reader's batch is open and it waits for the commit
+
+        def broken():
+            broker.db.conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+        try:
+            broker.writer.submit(broken)
+        except Exception as exc:
+            assert "storage error" in str(exc)
+        reader.join(5)
+        assert reader.ready() and "storage error" in str(reader.exception)
+        broker.push(b"jobs", b"*", [b"f", b"v2"]).wait()
+        assert broker.queue_counts()[b"jobs"] == dict(broker.queue_counts()[b"jobs"], available=1, in_flight=1)
+    finally:
+        broker.stop()
+        broker.db.close()
