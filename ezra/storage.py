@@ -352,7 +352,7 @@ def database_in_use(path: str) -> bool:
     In WAL mode every open connection holds a shared lock on the file, so an exclusive
     lock is granted only to a connection that is alone with it; taken and let go at once.
     """
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0, isolation_level=None)
+    conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=0, isolation_level=None)  # never creates
     try:
         conn.execute("PRAGMA locking_mode = EXCLUSIVE")
         conn.execute("BEGIN EXCLUSIVE")
