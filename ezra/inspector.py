@@ -25,9 +25,10 @@ FIELDS_WIDTH = 60
 CLEAR_SCREEN = "\033[H\033[2J"
 
 
-def connection_parser(prog: str, description: str, port_flags: tuple = ("--port",)) -> configargparse.ArgParser:
+def connection_parser(prog: str, description: str, port_flags: tuple = ("--port",),
+                      parser_class=configargparse.ArgParser) -> configargparse.ArgParser:
     """Options that reach the server as the server's own settings say; `port_flags`: --port and aliases."""
-    parser = configargparse.ArgParser(prog=prog, description=description, ignore_unknown_config_file_keys=True)
+    parser = parser_class(prog=prog, description=description, ignore_unknown_config_file_keys=True)
     add = parser.add_argument
     add("--config", is_config_file=True, env_var="EZRA_CONFIG",
         help="the server's config file (port, bind, password and tls-cert-file are read from it)")

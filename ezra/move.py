@@ -34,6 +34,8 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import NamedTuple
 
+import configargparse
+
 from .client import Client, ClientError, ReplyError, from_url
 from .inspector import connect, connection_parser, printable, table
 from .progress import Progress
@@ -331,8 +333,8 @@ def export_main(argv: list[str]) -> int:
     parser = move_parser("ezra export", "Copy EZRA's unfinished and dead tasks into Redis streams, with their "
                          "ids, and create the consumer group.", "--from-port")
     parser.add_argument("--to", required=True, metavar="redis://HOST:PORT[/DB]", help="the Redis server")
-    parser.add_argument("--data-dir", default=None, help="read this ezra.db (read-only, server running or "
-                        "not) instead of asking the server through its port")
+    parser.add_argument("--data-dir", default=None, metavar="DIR", help="read DIR/ezra.db (read-only, server "
+                        "running or not) instead of asking the server through its port; command line only")
     parser.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to copy (default: all)")
     options = parser.parse_args(argv)
     with both_ends(options, options.to) as (ezra, redis):
@@ -505,8 +507,9 @@ def import_main(argv: list[str]) -> int:
                          "entries become available tasks, q::dead entries dead ones; ids kept.", "--to-port")
     parser.add_argument("--from", dest="source", required=True, metavar="redis://HOST:PORT[/DB]",
                         help="the Redis server")
-    parser.add_argument("--data-dir", default=None, help="import into this data directory with EZRA stopped "
-                        "(EZRA runs inside this program meanwhile) instead of through a running server's port")
+    parser.add_argument("--data-dir", default=None, metavar="DIR", help="import into this data directory with "
+                        "EZRA stopped (EZRA runs inside this program meanwhile) instead of through a running "
+                        "server's port; command line only")
     parser.add_argument("queues", nargs="+", metavar="QUEUE", help="streams to copy")
     options = parser.parse_args(argv)
     with both_ends(options, options.source, embedded=bool(options.data_dir)) as (ezra, redis):
@@ -518,12 +521,21 @@ def import_main(argv: list[str]) -> int:
 
 # ---------------------------------------------------------------- the programs around them
 
+class MoveParser(configargparse.ArgParser):
+    """The server's config file names the server's data directory: --data-dir, which switches
+    the tools away from the port, is taken from the command line only."""
+
+    def get_possible_config_keys(self, action):
+        return [] if action.dest == "data_dir" else super().get_possible_config_keys(action)
+
+
 def move_parser(prog: str, description: str, port_alias: str):
-    parser = connection_parser(prog, description, port_flags=("--port", port_alias))
+    parser = connection_parser(prog, description, port_flags=("--port", port_alias), parser_class=MoveParser)
     add = parser.add_argument
     add("--group", default=None, help="the consumer group (export: its name in Redis, default the one EZRA "
         "knows; import: required when a stream has several)")
     add("--dry-run", action="store_true", help="count what would be copied, per queue; write nothing")
+    # --timeout (from connection_parser) bounds each wait for EZRA and for Redis alike
     return parser
 
 

@@ -295,6 +295,17 @@ def test_a_stream_that_cannot_take_the_ids_is_reported_and_the_rest_moves(ezra_f
     assert unreachable.returncode == 1 and "cannot reach 127.0.0.1:1" in unreachable.stderr
 
 
+def test_the_servers_config_file_finds_the_port_but_not_a_data_dir(ezra_factory, redis_server_port, tmp_path):
+    source = ezra_factory()
+    queue = unique("configured")
+    source.client().xadd(queue, {"n": "1"})
+    config = tmp_path / "ezra.conf"
+    config.write_text(f"port = {source.port}\ndata-dir = {tmp_path / 'elsewhere'}\n")
+    result = ok(ezra_cli("export", "--config", str(config), "--to", f"redis://127.0.0.1:{redis_server_port}",
+                         "--dry-run", queue))
+    assert result.stdout.splitlines()[2].split() == [queue, "1", "0", "0", "0", "0", "1", "default"]
+
+
 # ---------------------------------------------------------------- the extensions they use
 
 def test_xadd_attempts_counts_deliveries_made_elsewhere(shared_server, protocol, queue):
