@@ -215,6 +215,8 @@ def xadd(session, args):
     """XADD queue [NOMKSTREAM] [IDMP producer iid | IDMPAUTO producer] [DELAY s] [TTL s] [ATTEMPTS n]
     <* | id> field value ...  (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, dead = split_queue(args[1])
+    if dead:
+        live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
     options = PushOptions()
     i = 2
     while i < len(args) and options.take(args, i):
