@@ -72,6 +72,12 @@ def format_id(stream_id: tuple) -> bytes:
     return b"%d-%d" % stream_id
 
 
+def next_id(raw_id: bytes) -> bytes:
+    """The id just after this one: the next page's inclusive start (Redis before 6.2 has no '(')."""
+    ms, seq = parse_id(raw_id)
+    return format_id((ms, seq + 1) if seq < 2 ** 64 - 1 else (ms + 1, 0))
+
+
 def shown(name: bytes) -> str:
     return printable(name.decode("utf-8", "replace"))
 
@@ -120,7 +126,7 @@ def stream_entries(client: Client, key: bytes, low: tuple = ZERO, high: bytes = 
             yield parse_id(raw_id), fields
         if len(page) < PAGE:
             return
-        start = b"(" + page[-1][0]
+        start = next_id(page[-1][0])
 
 
 def verify(client: Client, keys: list[bytes], expected: list[Ids]) -> tuple[int, int]:
@@ -375,7 +381,7 @@ def pending_counts(redis: Client, queue: bytes, group: bytes) -> dict:
             pending[parse_id(raw_id)] = deliveries
         if len(page) < PAGE:
             return pending
-        start = b"(" + page[-1][0]
+        start = next_id(page[-1][0])
 
 
 def attempts_hash(redis: Client, key: bytes) -> dict:

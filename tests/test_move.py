@@ -178,6 +178,26 @@ def test_import_into_a_stopped_servers_data_dir(ezra_factory, redis_server_port)
     assert list(ezra_tasks(target.client(), queue, "available")) == ids
 
 
+def test_a_rerun_copies_only_what_came_since(ezra_factory, redis_server_port):
+    source, target = ezra_factory(), ezra_factory()
+    src, red = source.client(), raw_client(redis_server_port)
+    queue = unique("growing")
+    redis_url = f"redis://127.0.0.1:{redis_server_port}"
+    first = [src.xadd(queue, {"n": str(n)}) for n in range(3)]
+    out = ok(ezra_cli("export", "--port", str(source.port), "--to", redis_url, "--group", "mailers", queue))
+    assert "EZRA knows no group name" not in out.stderr and "group 'mailers'" in out.stdout
+    later = [src.xadd(queue, {"n": str(n)}) for n in range(3, 5)]
+    out = ok(ezra_cli("export", "--port", str(source.port), "--to", redis_url, "--group", "mailers", queue))
+    assert f"{queue}: 2 copied, 3 already there" in out.stdout and "verified 5 of 5" in out.stdout
+    assert list(entries(red, queue)) == first + later and red.xinfo_groups(queue)[0]["name"] == b"mailers"
+
+    ok(ezra_cli("import", "--port", str(target.port), "--from", redis_url, queue))
+    newest = red.xadd(queue, {"n": "5"})
+    out = ok(ezra_cli("import", "--port", str(target.port), "--from", redis_url, queue))
+    assert f"{queue}: 1 copied, 5 already there" in out.stdout and "verified 6 of 6 in EZRA" in out.stdout
+    assert list(ezra_tasks(target.client(), queue, "available")) == first + later + [newest]
+
+
 # ---------------------------------------------------------------- consumed on the Redis side
 
 def test_redis_py_workers_do_every_exported_task_once(ezra_factory, redis_server_port):
