@@ -141,12 +141,15 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
     # ------------------------------------------------------------ greenlet API
 
     def push(self, queue: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool = False,
-             delay_ms: int = 0, ttl_ms: int | None = None, idmp: tuple | None = None):
+             delay_ms: int = 0, ttl_ms: int | None = None, idmp: tuple | None = None,
+             attempts: int = 0, dead: bool = False):
         """Submit XADD; the request's result is the id (bytes) or None (NOMKSTREAM).
 
-        `idmp` is (producer, iid): a push already made with them returns the first id."""
+        `idmp` is (producer, iid): a push already made with them returns the first id.
+        `attempts` (XADD ATTEMPTS) and `dead` (XADD q::dead) bring tasks in from elsewhere
+        (ezra import) with the deliveries they had, or as dead letters."""
         return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                  grows=True)
+                                  attempts, dead, grows=True)
 
     def read(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
              block_ms: int | None, wait, claim_idle: int | None = None):
@@ -332,7 +335,7 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         return True
 
     def _tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool,
-                 delay_ms: int, ttl_ms: int | None, idmp: tuple | None):
+                 delay_ms: int, ttl_ms: int | None, idmp: tuple | None, attempts: int = 0, dead: bool = False):
         now = self.clock()
         queue = self._queue(name, now, create=not nomkstream)
         if queue is None:
@@ -344,7 +347,9 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
                 return lifecycle.format_id(first)
         task_id = lifecycle.new_id(id_arg, queue.last_id, now)
         state, available_at = (DELAYED, now + delay_ms) if delay_ms > 0 else (AVAILABLE, now)
-        self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms)
+        if dead:
+            state = DEAD
+        self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts)
         if idmp is not None:
             self._remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id
@@ -352,7 +357,7 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         self._tally(queue, "pushed")
         if state == DELAYED:
             self.due_at(available_at)
-        else:
+        elif state == AVAILABLE:
             self._serve_waiters(queue, now)
         return lifecycle.format_id(task_id)
 

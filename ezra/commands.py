@@ -213,8 +213,11 @@ def broker(session: Session):
 
 @command("XADD", -5)
 def xadd(session, args):
-    """XADD queue [NOMKSTREAM] [IDMP producer iid | IDMPAUTO producer] [DELAY s] [TTL s] <* | id> field value ..."""
-    queue = live_queue(args[1])
+    """XADD queue [NOMKSTREAM] [IDMP producer iid | IDMPAUTO producer] [DELAY s] [TTL s] [ATTEMPTS n]
+    <* | id> field value ...  (on queue::dead: a dead task, as ezra import brings dead letters in)"""
+    queue, dead = split_queue(args[1])
+    if dead:
+        live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
     options = PushOptions()
     i = 2
     while i < len(args) and options.take(args, i):
@@ -222,22 +225,25 @@ def xadd(session, args):
     fields = args[i + 1:]
     if not fields or len(fields) % 2:
         raise errors.wrong_arity("xadd")
+    if dead and options.delay_ms:
+        raise errors.err("DELAY does not apply to a dead task (XADD on a ::dead queue): it is never delivered")
     size = sum(map(len, fields))
     limit = session.server.settings.max_task_size
     if size > limit:
         raise errors.task_too_large(size, limit)
     idmp = options.idempotency(args[i], fields)
     return Deferred(broker(session).push(queue, args[i], fields, options.nomkstream, options.delay_ms,
-                                         options.ttl_ms, idmp))
+                                         options.ttl_ms, idmp, options.attempts, dead))
 
 
 class PushOptions:
-    """XADD's options before the id: Redis's own, then EZRA's per-task DELAY and TTL."""
+    """XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL and ATTEMPTS."""
 
     def __init__(self):
         self.nomkstream = False
         self.delay_ms = 0
         self.ttl_ms = None
+        self.attempts = 0  # deliveries the task had elsewhere (ezra import)
         self.producer = self.iid = None
         self.auto_iid = False
         self.next = 0
@@ -264,6 +270,11 @@ class PushOptions:
             else:
                 self.ttl_ms = ms
             self.next = i + 2
+        elif option == b"ATTEMPTS" and left >= 2:
+            attempts = to_int(args[i + 1], "ATTEMPTS must be an integer from 0 to 2147483647")
+            if not 0 <= attempts <= MAX_RETRY_COUNT:
+                raise errors.err("ATTEMPTS must be an integer from 0 to 2147483647")
+            self.attempts, self.next = attempts, i + 2
         else:
             return False
         return True

@@ -158,18 +158,21 @@ def xinfo(session, args):
 
 
 TASKS_DEFAULT_COUNT = 100
-TASK_STATES = {state.encode(): state for state in lifecycle.STATES} | {b"in-flight": IN_FLIGHT}
+UNFINISHED = "unfinished"  # XINFO TASKS' word for available, delayed and in-flight tasks together
+TASK_STATES = ({state.encode(): state for state in lifecycle.STATES} | {b"in-flight": IN_FLIGHT}
+               | {UNFINISHED.encode(): UNFINISHED})
 
 
 def xinfo_tasks(session, args):
     """XINFO TASKS queue state [COUNT n] [AFTER id]: one map per task, in the state's order
-    (available, in_flight, dead: by id, AFTER pages; delayed: next due first; done: newest first)."""
+    (available, in_flight, dead: by id, AFTER pages; delayed: next due first; done: newest first;
+    unfinished: available, delayed and in-flight ones by id, each with its own state)."""
     if len(args) < 4:
         raise errors.err("wrong number of arguments for 'xinfo|tasks' command")
     queue = live_queue(args[2])
     state = TASK_STATES.get(args[3].lower())
     if state is None:
-        raise errors.err("state must be one of available, delayed, in_flight, done, dead")
+        raise errors.err("state must be one of available, delayed, in_flight, done, dead, unfinished")
     count, after, rest = TASKS_DEFAULT_COUNT, (0, 0), args[4:]
     while rest:
         option = rest[0].upper()
@@ -187,6 +190,8 @@ def xinfo_tasks(session, args):
 
 
 def task_reply(row, state: str) -> dict:
+    if state == UNFINISHED:
+        *row, state = row  # those rows carry their own state
     ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished = row
     return {"id": lifecycle.format_id((ms, seq)), "state": state, "attempts": attempts,
             "worker": None if worker is None else name_bytes(worker), "created-at": created,

@@ -1,5 +1,6 @@
 """The `ezra` program: `ezra ping` (health check), `ezra backup` (hot backup), `ezra stats`,
-`ezra ls` and `ezra requeue` (the inspector), else the server.
+`ezra ls` and `ezra requeue` (the inspector), `ezra export` and `ezra import` (to and from
+Redis), else the server.
 
 The binary, `python -m ezra` and the console script all start here. Subcommands
 are dispatched before the server's option parser sees the arguments, so
@@ -20,6 +21,9 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] == ["backup"]:
         from .cli import backup_main  # a short-lived program of its own: no gevent, no server
         sys.exit(backup_main(args[1:]))
+    if args[:1] and args[0] in ("export", "import"):
+        from .move import SUBCOMMANDS as MOVES, run as run_move  # EZRA <-> Redis: no gevent unless --data-dir
+        sys.exit(run_move(MOVES[args[0]], args[1:]))
     if args[:1] and args[0] in ("stats", "ls", "requeue"):
         from .inspector import SUBCOMMANDS, run  # over the server's port: no gevent, no database
         sys.exit(run(SUBCOMMANDS[args[0]], args[1:]))

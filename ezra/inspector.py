@@ -25,13 +25,16 @@ FIELDS_WIDTH = 60
 CLEAR_SCREEN = "\033[H\033[2J"
 
 
-def connection_parser(prog: str, description: str) -> configargparse.ArgParser:
-    parser = configargparse.ArgParser(prog=prog, description=description, ignore_unknown_config_file_keys=True)
+def connection_parser(prog: str, description: str, port_flags: tuple = ("--port",),
+                      parser_class=configargparse.ArgParser) -> configargparse.ArgParser:
+    """Options that reach the server as the server's own settings say; `port_flags`: --port and aliases."""
+    parser = parser_class(prog=prog, description=description, ignore_unknown_config_file_keys=True)
     add = parser.add_argument
     add("--config", is_config_file=True, env_var="EZRA_CONFIG",
         help="the server's config file (port, bind, password and tls-cert-file are read from it)")
     add("--host", default=None, help="the server's address (default: its --bind; a wildcard means this machine)")
-    add("--port", type=port_number, default=Settings.port, env_var="EZRA_PORT", help="the server's port")
+    add(*port_flags, dest="port", type=port_number, default=Settings.port, env_var="EZRA_PORT",
+        help="the server's port")
     add("--bind", default=Settings.bind, env_var="EZRA_BIND", help=configargparse.SUPPRESS)
     add("--password", default=None, env_var="EZRA_PASSWORD", help="sent with AUTH when set")
     add("--tls-cert-file", default=None, env_var="EZRA_TLS_CERT_FILE", metavar="PEM",

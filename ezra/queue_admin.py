@@ -54,7 +54,8 @@ class QueueAdmin:
         return self.writer.submit(self._tx_stream_info, queue, full_count, durable=False)
 
     def tasks(self, queue: bytes, state: str, count: int, after: tuple = (0, 0)):
-        """Up to `count` tasks of one state (storage.INSPECT_COLUMNS rows): XINFO TASKS, the dashboard."""
+        """Up to `count` tasks of one state (storage.INSPECT_COLUMNS rows): XINFO TASKS, the dashboard.
+        "unfinished": available, delayed and in-flight ones in id order, each row ending with its state."""
         return self.writer.submit(self._tx_tasks, queue, state, count, after, durable=False)
 
     def overview(self, head_since: bool = True, names=None) -> dict:
@@ -114,6 +115,8 @@ class QueueAdmin:
     def _tx_tasks(self, name: bytes, state: str, count: int, after: tuple) -> list[tuple]:
         if name not in self.queues:
             raise errors.NO_SUCH_KEY
+        if state == "unfinished":  # ezra export's one pass in id order: rows carry their state
+            return self.db.tasks_by_id(name, lifecycle.WAITING, count, after)
         return self.db.tasks_in_state(name, state, count, after)
 
     def _tx_overview(self, head_since: bool, names) -> dict:

@@ -4,8 +4,9 @@ Only this module imports sqlite3. The methods here run on the event loop, in
 the transaction of the current loop turn (see writer.py), except
 `open_database` and `recover`, which run at start-up before anything else
 touches the file, `checkpoint` and `backup_database`, which use connections of
-their own on a native thread (or in the `ezra backup` program), and `sync_wal`,
-which a native thread calls while fsyncs are slow.
+their own on a native thread (or in the `ezra backup` program), `sync_wal`,
+which a native thread calls while fsyncs are slow, and `Snapshot` and
+`database_in_use`, read-only connections of the `ezra export` / `ezra import` programs.
 Every query is parameterised. `open_database` migrates an older file in place.
 
 Names (queues, workers) are stored as TEXT when they are valid UTF-8, so a
@@ -343,6 +344,91 @@ def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
     return counts
 
 
+def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
+    """INSPECT_COLUMNS + state of a queue's tasks in `states`, in id order after `after`
+    (the primary key's order: pages of any size, no sort)."""
+    marks = ",".join("?" * len(states))
+    return conn.execute(
+        f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE queue = ? AND state IN ({marks}) "
+        "AND (id_ms, id_seq) > (?, ?) ORDER BY id_ms, id_seq LIMIT ?",
+        (name_value(queue), *states, after[0], after[1], count)).fetchall()
+
+
+def database_in_use(path: str) -> bool:
+    """Whether another connection (a running EZRA, a reader) has the file open.
+
+    In WAL mode every open connection holds a shared lock on the file, so an exclusive
+    lock is granted only to a connection that is alone with it; taken and let go at once.
+    """
+    conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=0, isolation_level=None)  # never creates
+    try:
+        conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+        conn.execute("BEGIN EXCLUSIVE")
+        conn.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return True
+        raise StorageError(f"cannot open {path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+class Snapshot:
+    """A read-only look at an ezra.db, whether a server runs on it or not (ezra export --data-dir).
+
+    Every query runs in one read transaction: a single moment of the file, however long the
+    export takes (WAL mode lets a running server write meanwhile; its WAL grows until the
+    snapshot ends). Nothing is written: the file is opened read-only, no recovery runs.
+    """
+
+    def __init__(self, path: str):
+        if not os.path.isfile(path):
+            raise StorageError(f"no database at {path}")
+        try:
+            self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise StorageError(f"{path} is not a usable SQLite database: {exc}") from exc
+        if app_id != APPLICATION_ID:
+            self.conn.close()
+            raise StorageError(f"{path} is not an EZRA database (application_id={app_id:#x})")
+        if version != SCHEMA_VERSION:
+            self.conn.close()
+            raise StorageError(f"{path} has schema {version}, this EZRA reads {SCHEMA_VERSION}: "
+                               "start this EZRA on it once (it migrates the file), or use the matching EZRA")
+        self.path = path
+        self.conn.execute("BEGIN")  # deferred: the first read below fixes the snapshot
+
+    def queue_names(self) -> list[bytes]:
+        return sorted(name_bytes(row[0]) for row in self.conn.execute("SELECT name FROM queues"))
+
+    def queue_facts(self, queue: bytes) -> dict | None:
+        """{"group": name or None, "last_id": (ms, seq), "counts": {state: n}}; None: no such queue."""
+        q = name_value(queue)
+        row = self.conn.execute(
+            "SELECT group_name, last_id_ms, last_id_seq, (SELECT id_ms FROM tasks WHERE queue = ?1 "
+            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1), (SELECT id_seq FROM tasks WHERE queue = ?1 "
+            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1) FROM queues WHERE name = ?1", (q,)).fetchone()
+        if row is None:
+            return None
+        group, last_ms, last_seq, newest_ms, newest_seq = row
+        counts = dict.fromkeys(lifecycle.STATES, 0)
+        counts.update(self.conn.execute("SELECT state, count(*) FROM tasks WHERE queue = ? GROUP BY state",
+                                        (q,)).fetchall())
+        newest = (0, 0) if newest_ms is None else (newest_ms, newest_seq)
+        return {"group": None if group is None else name_bytes(group),
+                "last_id": max((last_ms, last_seq), newest), "counts": counts}
+
+    def tasks_by_id(self, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
+        return tasks_by_id(self.conn, queue, states, count, after)
+
+    def close(self) -> None:
+        self.conn.close()  # ends the read transaction: nothing was written
+
+
 class Database:
     """The connection and every query EZRA runs, named."""
 
@@ -532,12 +618,14 @@ class Database:
     # -- tasks
 
     def insert_task(self, queue: bytes, task_id: tuple, fields: list[bytes], now: int,
-                    available_at: int, state: str = lifecycle.AVAILABLE, ttl_ms: int | None = None) -> None:
+                    available_at: int, state: str = lifecycle.AVAILABLE, ttl_ms: int | None = None,
+                    attempts: int = 0) -> None:
+        """A pushed task; `attempts` and a dead `state` come from imports (XADD ATTEMPTS, XADD q::dead)."""
         self.conn.execute(
-            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, ttl_ms) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (name_value(queue), task_id[0], task_id[1], state, encode_fields(fields), now, available_at,
-             ttl_ms))
+            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
+            "finished_at, ttl_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (name_value(queue), task_id[0], task_id[1], state, encode_fields(fields), attempts, now,
+             available_at, now if state == lifecycle.DEAD else None, ttl_ms))
 
     def claim(self, queue: bytes, worker: bytes, count: int, now: int, deadline: int,
               state: str = lifecycle.IN_FLIGHT) -> list[tuple]:
@@ -833,6 +921,10 @@ class Database:
             sql += " AND (id_ms, id_seq) > (?, ?)"
             params += after
         return self.conn.execute(f"{sql} ORDER BY {order} LIMIT ?", (*params, count)).fetchall()
+
+    def tasks_by_id(self, queue: bytes, states: tuple, count: int, after: tuple = (0, 0)) -> list[tuple]:
+        """Up to `count` tasks in any of `states` in id order (XINFO TASKS unfinished)."""
+        return tasks_by_id(self.conn, queue, states, count, after)
 
     def head_available_since(self, queue: bytes) -> int | None:
         """When the next task to be delivered became available (ms), or None if none is."""

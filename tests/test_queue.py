@@ -287,7 +287,7 @@ def test_bad_arguments_get_errors(r, queue):
         (["XREADGROUP", "GROUP", "g", "w", "STREAMS", queue, queue + "2", ">"], "Unbalanced"),
         (["XREADGROUP", "GROUP", "g", "w", "STREAMS", queue, "$"], "meaningless"),
         (["XACK", queue, "g", "x-y"], "Invalid stream ID"),
-        (["XADD", queue + "::dead", "*", "a", "1"], "dead-letter"),
+        (["XADD", queue + "::dead", "DELAY", "1", "*", "a", "1"], "does not apply to a dead task"),
         (["SELECT", "1"], "one database"),
         (["SELECT", "x"], "not an integer"),
     ]:

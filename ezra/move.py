@@ -1,0 +1,481 @@
+"""`ezra export` and `ezra import`: move tasks between EZRA and Redis (or Valkey), both ways.
+
+    ezra export --to redis://host:port[/db] [--port N | --data-dir DIR] [--dry-run] [QUEUE ...]
+    ezra import --from redis://host:port[/db] [--port N | --data-dir DIR] [--dry-run] QUEUE ...
+
+What maps to what (README "Moving to Redis (and back)", docs/usage.md):
+
+    EZRA queue q                        Redis
+    available, delayed, in-flight  ->   entries of stream q, same id and fields, new to the group
+    dead                           ->   entries of stream q::dead
+    attempts > 0                   ->   hash q::ezra-attempts: id -> attempts (entries stay the user's)
+    group name (XGROUP CREATE)     ->   XGROUP CREATE q <group> 0 MKSTREAM
+
+    Redis stream q, group g             EZRA queue q
+    after g's last-delivered id    ->   available (attempts from q::ezra-attempts, else 0)
+    pending (XPENDING)             ->   available, attempts + its delivery count
+    delivered and acked            ->   nothing: done in Redis
+    stream q::dead                 ->   dead (XADD q::dead)
+
+Ids are kept (XADD with the explicit id), so a re-run adds nothing: an id at or below the
+destination stream's last id is already there. Both tools end by reading the destination
+back and counting the source's ids in it. The copy code is one path: sources give pages of
+`Task`s in id order, a `Writer` pipelines XADDs, `verify` walks the destination (those
+pieces are in stream_copy.py). Talks RESP2 with ezra/client.py on both sides: no Redis
+library needed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import sys
+from collections import Counter
+from contextlib import contextmanager
+
+import configargparse
+
+from .client import Client, ClientError, ReplyError, from_url
+from .inspector import connect, connection_parser, table
+from .progress import Progress
+from .storage import StorageError, decode_fields
+from .stream_copy import (PAGE, ZERO, Ids, MoveError, Task, Writer, format_id, next_id, pairs, parse_id,
+                          report_verified, shown, stream_entries, stream_facts, verify)
+
+DEAD_SUFFIX = b"::dead"
+ATTEMPTS_SUFFIX = b"::ezra-attempts"
+UNFINISHED = ("available", "delayed", "in_flight")
+RELOCATED = 1 << 62  # added to the sequence of a dead entry whose id the queue's stream has too
+
+
+# ---------------------------------------------------------------- export: EZRA -> Redis
+
+class PortSource:
+    """A running EZRA through its port: XINFO TASKS pages (with attempts and state), INFO for names."""
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    def queue_names(self) -> list[bytes]:
+        names = []
+        for line in self.client.call("INFO", "queues").splitlines():
+            if line.startswith(b"queue_"):
+                name = line[len(b"queue_"):].rpartition(b":")[0]
+                # INFO writes ? for , CR LF and U+FFFD for bytes that are not UTF-8: such a name is
+                # only trusted if it exists as shown.
+                if (b"?" in name or "\ufffd".encode() in name) and not self.client.call("EXISTS", name):
+                    raise MoveError(f"the queue shown as {shown(name)!r} in INFO has a name INFO cannot show "
+                                    f"exactly: name the queues to export on the command line")
+                names.append(name)
+        return names
+
+    def facts(self, queue: bytes) -> dict | None:
+        try:
+            info = pairs(self.client.call("XINFO", "STREAM", queue))
+            groups = self.client.call("XINFO", "GROUPS", queue)
+        except ReplyError as exc:
+            if "no such key" in str(exc):
+                return None
+            raise
+        counts = {state: info[key] for state, key in
+                  (("available", b"available"), ("delayed", b"delayed"), ("in_flight", b"in-flight"),
+                   ("dead", b"dead"))}
+        return {"group": pairs(groups[0])[b"name"], "counts": counts}
+
+    def pages(self, queue: bytes, dead: bool):
+        after = b"0-0"
+        while True:
+            page = self.client.call("XINFO", "TASKS", queue, "dead" if dead else "unfinished",
+                                    "COUNT", PAGE, "AFTER", after)
+            tasks = [pairs(flat) for flat in page]
+            yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"]) for t in tasks]
+            if len(page) < PAGE:
+                return
+            after = tasks[-1][b"id"]
+
+
+class FileSource:
+    """An ezra.db read in one read-only snapshot (storage.Snapshot): no server needed."""
+
+    def __init__(self, data_dir: str):
+        from .storage import DB_FILENAME, Snapshot
+        self.snapshot = Snapshot(os.path.join(data_dir, DB_FILENAME))
+
+    def queue_names(self) -> list[bytes]:
+        return self.snapshot.queue_names()
+
+    def facts(self, queue: bytes) -> dict | None:
+        facts = self.snapshot.queue_facts(queue)
+        if facts is not None:
+            facts["group"] = facts["group"] or b"default"  # what XINFO GROUPS shows for it
+        return facts
+
+    def close(self) -> None:
+        self.snapshot.close()
+
+    def pages(self, queue: bytes, dead: bool):
+        states, after = (("dead",) if dead else UNFINISHED), ZERO
+        while True:
+            rows = self.snapshot.tasks_by_id(queue, states, PAGE, after)
+            yield [Task((row[0], row[1]), row[-1], row[3], decode_fields(row[2])) for row in rows]
+            if len(rows) < PAGE:
+                return
+            after = rows[-1][:2]
+
+
+def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
+    """Copy one queue to Redis; its summary line (a dry run: its table row). MoveError when it
+    cannot be copied or does not verify."""
+    facts = source.facts(queue)
+    if facts is None:
+        raise MoveError("no such queue in EZRA")
+    dead_key, attempts_key = queue + DEAD_SUFFIX, queue + ATTEMPTS_SUFFIX
+    last = {False: stream_facts(redis, queue)[1], True: stream_facts(redis, dead_key)[1]}
+    stream_facts(redis, attempts_key, kinds=(b"hash",))
+    group = os.fsencode(options.group) if options.group else facts["group"]
+    counts, expected = copy_to_redis(source, Writer(None if options.dry_run else redis), queue, last,
+                                     Progress(f"export {shown(queue)}", sum(facts["counts"].values())))
+    unfinished = sum(counts[state] for state in UNFINISHED)
+    if counts["delayed"]:
+        warn("export", queue, f"{counts['delayed']} delayed task(s) become available at once "
+                              "(Redis Streams have no delayed delivery)")
+    if group == b"default" and not options.group and unfinished:
+        warn("export", queue, "EZRA knows no group name for it (workers never ran XGROUP CREATE), so "
+                              "the group is 'default'; --group NAME gives it your workers' name")
+    if options.dry_run:
+        return dry_row(queue, counts, group)
+    if unfinished:
+        create_group(redis, queue, group)
+    found, total = verify(redis, [queue, dead_key], [expected[False], expected[True]])
+    checked = report_verified(found, total, counts["present"], "Redis")
+    return (f"{shown(queue)}: {total - counts['present']} copied, {counts['present']} already there "
+            f"({counts['available']} available, {counts['delayed']} delayed, {counts['in_flight']} in flight, "
+            f"{counts['dead']} dead to {shown(dead_key)}); group {shown(group)!r}; {checked}")
+
+
+def copy_to_redis(source, writer: Writer, queue: bytes, last: dict, progress: Progress) -> tuple:
+    """Both passes (unfinished tasks to q, dead ones to q::dead); (counts, {dead?: Ids})."""
+    attempts_key = queue + ATTEMPTS_SUFFIX
+    counts, expected = Counter(), {False: Ids(), True: Ids()}
+    # Dead last: on a running EZRA, a task that dies during the copy is not missed (it may then
+    # be in both streams); one that is acked meanwhile is done, and may be copied all the same.
+    for dead in (False, True):
+        key = queue + DEAD_SUFFIX if dead else queue
+        for page in source.pages(queue, dead):
+            for task in page:
+                counts[task.state] += 1
+                expected[dead].add(task.id)
+                if task.id <= last[dead]:  # explicit ids: Redis has it from an earlier run
+                    counts["present"] += 1
+                    continue
+                if task.attempts:  # before its entry: a run cut short leaves no entry without it
+                    writer.add([b"HSET", attempts_key, format_id(task.id), b"%d" % task.attempts])
+                writer.add([b"XADD", key, format_id(task.id), *task.fields], expected=format_id(task.id))
+            writer.flush()
+            progress.advance(len(page))
+    progress.finish()
+    return counts, expected
+
+
+def create_group(redis: Client, queue: bytes, group: bytes) -> None:
+    """The group the workers will read with, at 0: every exported entry is new to it."""
+    try:
+        redis.call("XGROUP", "CREATE", queue, group, "0", "MKSTREAM")
+    except ReplyError as exc:
+        if not str(exc).startswith("BUSYGROUP"):  # there already (a re-run): kept as it is
+            raise
+
+
+def dry_row(queue: bytes, counts: Counter, group: bytes) -> list:
+    moved = sum(counts[state] for state in (*UNFINISHED, "dead"))
+    return [shown(queue), counts["available"], counts["delayed"], counts["in_flight"], counts["dead"],
+            counts["present"], moved - counts["present"], shown(group)]
+
+
+def export_main(argv: list[str]) -> int:
+    parser = move_parser("ezra export", "Copy EZRA's unfinished and dead tasks into Redis streams, with their "
+                         "ids, and create the consumer group.", "--from-port")
+    parser.add_argument("--to", required=True, metavar="redis://HOST:PORT[/DB]", help="the Redis server")
+    parser.add_argument("--data-dir", default=None, metavar="DIR", help="read DIR/ezra.db (read-only, server "
+                        "running or not) instead of asking the server through its port; command line only")
+    parser.add_argument("queues", nargs="*", metavar="QUEUE", help="queues to copy (default: all)")
+    options = parser.parse_args(argv)
+    with both_ends(options, options.to) as (ezra, redis):
+        source = FileSource(options.data_dir) if options.data_dir else PortSource(ezra)
+        try:
+            names = [os.fsencode(name) for name in options.queues] or source.queue_names()
+            return run_queues("export", names, lambda queue: export_queue(source, redis, queue, options),
+                              options, ["queue", "available", "delayed", "in flight", "dead", "already in Redis",
+                                        "to copy", "group"], f"to {redis.address}")
+        finally:
+            if options.data_dir:
+                source.close()
+
+
+# ---------------------------------------------------------------- import: Redis -> EZRA
+
+def redis_group(redis: Client, queue: bytes, wanted: str | None) -> dict | None:
+    """The consumer group whose progress says what is done: the only one, or --group's."""
+    groups = [pairs(flat) for flat in redis.call("XINFO", "GROUPS", queue)]
+    if wanted is not None:
+        for group in groups:
+            if group[b"name"] == os.fsencode(wanted):
+                return group
+        raise MoveError(f"no group {wanted!r} on this stream (it has: "
+                        f"{', '.join(shown(g[b'name']) for g in groups) or 'none'})")
+    if len(groups) > 1:
+        raise MoveError(f"{len(groups)} consumer groups ({', '.join(shown(g[b'name']) for g in groups)}): "
+                        "--group names the one whose progress says what is done")
+    return groups[0] if groups else None
+
+
+def pending_counts(redis: Client, queue: bytes, group: bytes) -> dict:
+    """{id: delivery count} of the group's pending entries (XPENDING's extended form, paged)."""
+    pending, start = {}, b"-"
+    while True:
+        page = redis.call("XPENDING", queue, group, start, "+", PAGE)
+        for raw_id, _consumer, _idle, deliveries in page:
+            pending[parse_id(raw_id)] = deliveries
+        if len(page) < PAGE:
+            return pending
+        start = next_id(page[-1][0])
+
+
+def attempts_hash(redis: Client, key: bytes) -> dict:
+    """{id: attempts} from an export's q::ezra-attempts hash (HSCAN: never one huge reply)."""
+    found, cursor = {}, b"0"
+    while True:
+        cursor, flat = redis.call("HSCAN", key, cursor, "COUNT", PAGE)
+        for raw_id, attempts in pairs(flat).items():
+            found[parse_id(raw_id)] = int(attempts)
+        if cursor == b"0":
+            return found
+
+
+def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict):
+    """Every entry of q and q::dead in id order, as Tasks: available, pending, done or dead."""
+    delivered = parse_id(group[b"last-delivered-id"]) if group else ZERO
+
+    def live():
+        for stream_id, fields in stream_entries(redis, queue):
+            earlier = attempts.get(stream_id, 0)
+            if stream_id > delivered:
+                yield Task(stream_id, "available", earlier, fields)
+            elif stream_id in pending:
+                yield Task(stream_id, "pending", earlier + pending[stream_id], fields)
+            else:
+                yield Task(stream_id, "done", earlier, fields)
+
+    def dead():
+        for stream_id, fields in stream_entries(redis, queue + DEAD_SUFFIX):
+            yield Task(stream_id, "dead", attempts.get(stream_id, 0), fields)
+
+    return one_id_space(heapq.merge(live(), dead(), key=lambda task: task.id))
+
+
+def one_id_space(tasks):
+    """Tasks of q and q::dead, merged by id, with ids one EZRA queue can hold.
+
+    A dead-letter stream written with `*` ids has its own ids, which may be ids of the queue's
+    stream too (same millisecond). Such a dead entry gets sequence + 2**62: after every id Redis
+    makes in that millisecond, before the next one, and the same on every run (a re-run finds it
+    already there). It is held back until the merge passes its new id, so ids still only grow.
+    """
+    held, previous = [], None
+    for task in tasks:
+        if previous is not None and task.id == previous.id and task.state == "dead":
+            heapq.heappush(held, task._replace(id=(task.id[0], task.id[1] + RELOCATED)))
+            continue  # the merge is stable: the queue's entry came first and keeps the id
+        while held and held[0].id < task.id:
+            yield heapq.heappop(held)
+        previous = task
+        yield task
+    while held:
+        yield heapq.heappop(held)
+
+
+def ezra_last_id(ezra: Client, queue: bytes) -> tuple:
+    try:
+        return parse_id(pairs(ezra.call("XINFO", "STREAM", queue))[b"last-generated-id"])
+    except ReplyError as exc:
+        if "no such key" in str(exc):
+            return ZERO
+        raise
+
+
+def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | list:
+    """Copy one Redis stream (and its ::dead) into EZRA; its summary line (a dry run: its row)."""
+    dead_key = queue + DEAD_SUFFIX
+    if stream_facts(redis, queue)[0] == b"none":
+        raise MoveError(f"no stream {shown(queue)} at {redis.address}")
+    stream_facts(redis, dead_key)
+    has_attempts = stream_facts(redis, queue + ATTEMPTS_SUFFIX, kinds=(b"hash",))[0] == b"hash"
+    group = redis_group(redis, queue, options.group)
+    name = group[b"name"] if group else None
+    pending = pending_counts(redis, queue, name) if group else {}
+    attempts = attempts_hash(redis, queue + ATTEMPTS_SUFFIX) if has_attempts else {}
+    tasks = redis_tasks(redis, queue, group, pending, attempts)
+    progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
+    counts, expected = copy_to_ezra(tasks, Writer(None if options.dry_run else ezra), queue,
+                                    ezra_last_id(ezra, queue), progress)
+    if counts["relocated"]:
+        warn("import", queue, f"{counts['relocated']} dead entr{'y' if counts['relocated'] == 1 else 'ies'} of "
+                              f"{shown(dead_key)} had an id of {shown(queue)} too: given sequence + 2^62 "
+                              "(ms-seq becomes ms-(seq+4611686018427387904))")
+    unseen = len(pending) - counts["pending"]
+    if unseen:
+        warn("import", queue, f"{unseen} pending entr{'y is' if unseen == 1 else 'ies are'} no longer in the "
+                              "stream (deleted in Redis): nothing to copy for them")
+    if options.dry_run:
+        return [shown(queue), counts["available"], counts["pending"], counts["done"], counts["dead"],
+                counts["present"], len(expected) - counts["present"], shown(name) if name else ""]
+    if name is not None and len(expected):
+        ezra.call("XGROUP", "CREATE", queue, name, "0", "MKSTREAM")  # EZRA keeps the group's name
+    found, total = verify(ezra, [queue, dead_key], [expected])
+    checked = report_verified(found, total, counts["present"], "EZRA")
+    return (f"{shown(queue)}: {total - counts['present']} copied, {counts['present']} already there "
+            f"({counts['available']} new, {counts['pending']} pending (their delivery counts added to "
+            f"attempts), {counts['dead']} dead; {counts['done']} done in Redis, not copied); "
+            f"{f'group {shown(name)!r}' if name else 'no group'}; {checked}")
+
+
+def copy_to_ezra(tasks, writer: Writer, queue: bytes, last: tuple, progress: Progress) -> tuple:
+    """Push every task not done in Redis, in id order (EZRA's ids only grow); (counts, Ids)."""
+    dead_key = queue + DEAD_SUFFIX
+    counts, expected, previous = Counter(), Ids(), None
+    for task in tasks:
+        if task.id == previous:
+            raise MoveError(f"id {format_id(task.id).decode()} is in both {shown(queue)} and {shown(dead_key)}: "
+                            "one EZRA queue has one task per id")
+        previous = task.id
+        counts[task.state] += 1
+        counts["relocated"] += task.state == "dead" and task.id[1] >= RELOCATED
+        progress.advance()
+        if task.state == "done":
+            continue
+        expected.add(task.id)
+        if task.id <= last:  # explicit ids: EZRA has it from an earlier run
+            counts["present"] += 1
+            continue
+        attempts = [b"ATTEMPTS", b"%d" % task.attempts] if task.attempts else []
+        writer.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, format_id(task.id),
+                    *task.fields], expected=format_id(task.id))
+    writer.flush()
+    progress.finish()
+    return counts, expected
+
+
+def import_main(argv: list[str]) -> int:
+    parser = move_parser("ezra import", "Copy Redis streams used as queues into EZRA: new and pending "
+                         "entries become available tasks, q::dead entries dead ones; ids kept.", "--to-port")
+    parser.add_argument("--from", dest="source", required=True, metavar="redis://HOST:PORT[/DB]",
+                        help="the Redis server")
+    parser.add_argument("--data-dir", default=None, metavar="DIR", help="import into this data directory with "
+                        "EZRA stopped (EZRA runs inside this program meanwhile) instead of through a running "
+                        "server's port; command line only")
+    parser.add_argument("queues", nargs="+", metavar="QUEUE", help="streams to copy")
+    options = parser.parse_args(argv)
+    with both_ends(options, options.source, embedded=bool(options.data_dir)) as (ezra, redis):
+        names = [os.fsencode(name) for name in options.queues]
+        return run_queues("import", names, lambda queue: import_queue(redis, ezra, queue, options), options,
+                          ["queue", "new", "pending", "done in Redis", "dead", "already in EZRA", "to copy",
+                           "group"], f"from {redis.address}")
+
+
+# ---------------------------------------------------------------- the programs around them
+
+class MoveParser(configargparse.ArgParser):
+    """The server's config file names the server's data directory: --data-dir, which switches
+    the tools away from the port, is taken from the command line only."""
+
+    def get_possible_config_keys(self, action):
+        return [] if action.dest == "data_dir" else super().get_possible_config_keys(action)
+
+
+def move_parser(prog: str, description: str, port_alias: str):
+    parser = connection_parser(prog, description, port_flags=("--port", port_alias), parser_class=MoveParser)
+    add = parser.add_argument
+    add("--group", default=None, help="the consumer group (export: its name in Redis, default the one EZRA "
+        "knows; import: required when a stream has several)")
+    add("--dry-run", action="store_true", help="count what would be copied, per queue; write nothing")
+    # --timeout (from connection_parser) bounds each wait for EZRA and for Redis alike
+    return parser
+
+
+@contextmanager
+def both_ends(options, url: str, embedded: bool = False):
+    """(EZRA's client or None for export --data-dir, Redis's client); closed on the way out,
+    and EZRA started in this program (import --data-dir) stopped."""
+    server, clients = None, []
+    try:
+        if embedded:
+            server = start_embedded(options.data_dir)
+            clients.append(Client("127.0.0.1", server.port, options.timeout))
+        else:
+            clients.append(connect(options) if options.data_dir is None else None)
+        clients.append(from_url(url, options.timeout))
+        yield clients
+    finally:
+        for client in clients:
+            if client is not None:
+                client.close()
+        if server is not None:
+            server.stop()
+
+
+def start_embedded(data_dir: str):
+    """EZRA on `data_dir` inside this program, on a free loopback port; refused while another
+    process has the database open (a running server would not see the tasks added under it)."""
+    from loguru import logger
+
+    from .embed import Server
+    from .storage import DB_FILENAME, database_in_use
+    path = os.path.join(data_dir, DB_FILENAME)
+    if os.path.exists(path) and database_in_use(path):
+        raise MoveError(f"{path} is in use (is EZRA running on it?): import through its port instead "
+                        "(--port), or stop it first")
+    logger.remove()  # the embedded server's start and stop lines are not this program's news
+    logger.add(sys.stderr, level="WARNING", format="{level}: ezra: {message}")
+    return Server(data_dir=data_dir, port=0, bind="127.0.0.1").start()
+
+
+def warn(tool: str, queue: bytes, message: str) -> None:
+    print(f"ezra {tool}: warning: {shown(queue)}: {message}", file=sys.stderr)
+
+
+def run_queues(tool: str, names: list[bytes], move, options, headers: list[str], where: str) -> int:
+    """Move each queue; failures are reported and the rest go on. Exit 1 if any failed."""
+    failed, rows = 0, []
+    for queue in names:
+        try:
+            result = move(queue)
+        except MoveError as exc:
+            failed += 1
+            print(f"ezra {tool}: {shown(queue)}: {exc}", file=sys.stderr)
+            continue
+        if options.dry_run:
+            rows.append(result)
+        else:
+            print(result, flush=True)
+    if options.dry_run:
+        print(f"dry run, nothing written; what ezra {tool} would copy {where}:")
+        print(table(headers, rows, right=set(range(1, len(headers) - 1))) if rows else "(no queues)")
+    elif not names:
+        print("no queues to move")
+    return 1 if failed else 0
+
+
+def run(main, argv: list[str]) -> int:
+    """Errors that stop the whole program (unreachable server, unreadable file) become one line."""
+    tool = "export" if main is export_main else "import"
+    try:
+        return main(argv)
+    except (ClientError, ReplyError, StorageError, MoveError) as exc:
+        print(f"ezra {tool}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"ezra {tool}: interrupted; a re-run carries on where this one stopped", file=sys.stderr)
+        return 130
+
+
+SUBCOMMANDS = {"export": export_main, "import": import_main}
