@@ -195,6 +195,13 @@ def new_id(requested: bytes, last: StreamId, now: int) -> StreamId:
     return stream_id
 
 
+def check_push_id(requested: bytes) -> None:
+    """XADD's id is well formed ('*', 'ms-*', 'ms-seq' or 'ms'), else Redis's id error."""
+    if requested != b"*":
+        ms_part, sep, seq_part = requested.partition(b"-")
+        parse_id(ms_part if sep and seq_part == b"*" else requested)
+
+
 def _next_id_or_error(last: StreamId) -> StreamId:
     try:
         return _next_id(last)
