@@ -8,7 +8,8 @@ delayed, in-flight or dead one (that is upkeep.Upkeep._trim_done).
   (MAXLEN) or that entries below the id may stay (MINID), so removing finished work only
   keeps that promise. The entries counted by MAXLEN are the queue's stream entries as
   XRANGE shows them: available, delayed, in-flight and done tasks (dead ones live in
-  `q::dead`).
+  `q::dead`). Like Redis's (which frees whole nodes of 100 entries), MAXLEN ~ n lets a
+  queue run a little over n (`slack`) and then trims it back to n in one go.
 - Exact trimming (`MAXLEN n`, `MAXLEN = n`, `MINID id`, `MINID = id`) promises that
   nothing above the threshold stays, which would mean dropping unfinished work. It is
   refused, by XADD and XTRIM alike, with one error that says to use `~`; no library
@@ -31,6 +32,7 @@ MAXLEN = "MAXLEN"
 MINID = "MINID"
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10000
+NODE_ENTRIES = 100  # Redis's stream-node-max-entries: how far over n its approximate trims leave a stream
 INT64_MAX = 2 ** 63 - 1
 UINT64_MAX = 2 ** 64 - 1
 INTEGER = re.compile(rb"-?[0-9]{1,20}")  # digits only ("1_0", " 5" are no integers to Redis)
@@ -95,6 +97,14 @@ class TrimArgs:
             raise errors.EXACT_TRIM_REFUSED
         limit = DEFAULT_LIMIT if self.limit is None else min(self.limit or MAX_LIMIT, MAX_LIMIT)
         return Trim(self.strategy, self.threshold, limit)
+
+
+def slack(maxlen: int) -> int:
+    """How far over MAXLEN ~ n a queue may be before a trim runs: a tenth of n, at most
+    NODE_ENTRIES. Redis trims whole nodes of 100 entries, so its streams hover between n and
+    n + 100; here one statement then removes many done tasks instead of one per push (which
+    cost a producer sending MAXLEN ~ on every push about half again its time per push)."""
+    return min(maxlen // 10, NODE_ENTRIES)
 
 
 def _count(arg: bytes, negative) -> int:

@@ -30,6 +30,7 @@ from loguru import logger
 from . import lifecycle
 from .lifecycle import AVAILABLE, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART
 from .storage import name_bytes
+from . import trimming
 from .trimming import MAXLEN, MINID
 
 REAPER_INTERVAL = 0.1  # seconds between passes when there is nothing to catch up on
@@ -182,7 +183,10 @@ class Upkeep:
         never an available, delayed, in-flight or dead one. How many went."""
         if trim.strategy == MAXLEN:  # the entries XRANGE shows: dead tasks are in q::dead
             entries = sum(queue.counts[state] for state in (AVAILABLE, DELAYED, IN_FLIGHT, DONE))
-            wanted, below = min(queue.counts[DONE], entries - trim.threshold, trim.limit), TOP
+            excess = entries - trim.threshold
+            if excess <= trimming.slack(trim.threshold):
+                return 0  # approximate: a queue a little over n waits, then many go in one statement
+            wanted, below = min(queue.counts[DONE], excess, trim.limit), TOP
         else:
             wanted, below = min(queue.counts[DONE], trim.limit), trim.threshold
         if wanted <= 0 or below <= queue.trim_floor:

@@ -143,6 +143,20 @@ def test_minid_removes_done_tasks_below_the_id(r, queue):
     assert entry_ids(r, queue) == ["3-1"]
 
 
+def test_maxlen_waits_for_a_tenth_of_n_over_then_trims_to_n(r, queue):
+    """Approximate, as Redis's nodes of 100 entries: a queue up to n + n/10 (at most n + 100) over
+    MAXLEN ~ n is left alone; past that, one trim takes it back to n."""
+    push(r, queue, 108)
+    assert len(claim(r, queue, 108, noack=True)) == 108
+    assert r.execute_command("XTRIM", queue, "MAXLEN", "~", "100") == 0  # 8 over: within the tenth
+    r.execute_command("XADD", queue, "MAXLEN", "~", "100", "*", "n", "a")
+    r.execute_command("XADD", queue, "MAXLEN", "~", "100", "*", "n", "b")
+    assert len(entry_ids(r, queue)) == 110
+    r.execute_command("XADD", queue, "MAXLEN", "~", "100", "*", "n", "c")  # 111: trimmed to 100
+    assert len(entry_ids(r, queue)) == 100 and r.xlen(queue) == 3
+    assert r.execute_command("XTRIM", queue, "MAXLEN", "~", "50") == 50
+
+
 def test_tasks_done_late_below_earlier_trims_are_trimmed_too(r, queue):
     """A trim scans from where the last one stopped; an ack or a NOACK claim of an older task
     (a slow worker, a requeued dead task) must make it look lower again."""

@@ -60,19 +60,20 @@ def test_redis_streams_broker_default_publish(shared_server, queue):
     assert out["acked"] == total - 1 and out["badPayloads"] == 0 and out["pending"] == 0, out
     assert out["dropAck"] is None, out  # MULTI, XACK, XDEL, EXEC: the transaction runs
     assert out["limitPublish"].startswith("ERR unknown command 'eval'"), out
-    # Its default trim (~ 100): N + 1 entries are under it; after the second round, a push
-    # trims the done tasks down to 100 entries, exactly, and never an unfinished one.
+    # Its default trim (~ 100): N + 1 entries are under it; after the second round the pushes
+    # have trimmed done tasks down to 100 each time the queue went past 110 (trimming.slack)
     assert out["entriesAfterTail"] == N + 1, out
-    assert out["overflow"] == {"entries": 100, "pending": 0, "xlen": 0}, out
+    assert 100 <= out["overflow"]["entries"] <= 110, out
+    assert out["overflow"]["pending"] == 0 and out["overflow"]["xlen"] == 0, out
     client = shared_server.client()
     assert client.xpending(queue, "workers")["pending"] == 0 and client.xlen(queue) == 0
-    assert entries(client, queue) == 100
+    assert 100 <= entries(client, queue) <= 110
     client.close()
     row.done("works",
              "joinConsumerGroup, publish(payload) with its default trim (XADD MAXLEN ~ 100), subscribe "
              "(XREADGROUP BLOCK), markAsRead (XACK), pendingSummary: two consumers, every task once, "
-             f"nothing pending; after {OVERFLOW} more tasks are done, the next push trims the queue to 100 "
-             "entries (done tasks only). publish(p, limit, true) runs a Lua script: "
+             f"nothing pending; with {OVERFLOW} more tasks, its pushes trim done tasks back to 100 entries "
+             "whenever the queue is over 110 (never an unfinished task). publish(p, limit, true) runs a Lua script: "
              f"\"{short(out['limitPublish'])}\". markAsRead(true) (ack and drop) sends MULTI, XACK, XDEL, "
              "EXEC: the task is acked; the XDEL of a done task keeps its record (EZRA's XDEL reports a "
              "failure; trimming, retention or XACKDEL remove done tasks)")
@@ -199,13 +200,13 @@ def test_edx_event_bus_redis_defaults(shared_server, queue):
     assert produced["errors"] == [], produced
     assert sorted(sum((r["received"] for r in results.values()), [])) == sorted(f"p{i}" for i in range(N, N + 10))
     assert client.xpending(queue, "workers")["pending"] == 0
-    assert entries(client, queue) == 10 and client.xlen(queue) == 0
+    assert 10 <= entries(client, queue) <= 11 and client.xlen(queue) == 0  # 10 + a tenth
     client.close()
     row.done("works",
              "create_producer().send() (XADD MAXLEN ~ 10000, its default) and two RedisEventConsumer "
              "processes of one group (XGROUP CREATE MKSTREAM, SETID $, XPENDING, XREADGROUP BLOCK, XACK): "
              "every event once, nothing pending; with EVENT_BUS_REDIS_STREAM_MAX_LEN=10 the pushes trim "
-             "handled events down to 10 entries. Its producer logs and swallows errors: before EZRA "
+             "handled events down to 10 entries (11 at most). Its producer logs and swallows errors: before EZRA "
              "trimmed, every event was refused and lost with a log line. walrus's create() adds a "
              "placeholder {'': ''} and XDELs it: it stays a task, and a consumer logs that it cannot "
              "parse it and acks it. Its consumer's SIGALRM timeout needs the main thread: one process "
@@ -335,9 +336,9 @@ def test_redisqueue_defaults(shared_server, queue):
     client = shared_server.client()
     assert client.xpending(queue, "workers")["pending"] == 0 and client.xlen(queue) == 0
     assert entries(client, queue) >= 1000, "approximate: at least 1000 entries stay"
-    client.execute_command("XADD", queue, "MAXLEN", "~", "1000", "*", "n", "tail")  # as its next push would
-    assert entries(client, queue) == 1000, "the next push trims done tasks down to 1000"
+    assert entries(client, queue) <= 1100, "its pushes trim done tasks to 1000 once 100 over"
     client.close()
     row.done("works", "Producer with its default options (XADD MAXLEN ~ 1000) and two Consumers of one group "
                       "(XGROUP CREATE MKSTREAM, XREADGROUP BLOCK, XPENDING, XCLAIM, XACK): every task once, "
-                      "nothing pending; pushes trim done tasks down to 1000 entries, never unfinished ones")
+                      "nothing pending; its pushes trim done tasks back to 1000 entries once the queue is 100 "
+                      "over, never an unfinished one")
