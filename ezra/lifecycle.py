@@ -5,7 +5,7 @@
                            in_flight -> available | delayed   (nack, timeout, worker gone: attempts left;
                                                                delayed while the queue's backoff runs)
                            in_flight -> dead        (nack or timeout: no attempts left)
-              dead -> available (requeue) ; done/dead -> purged (retention / TTL)
+              dead -> available (requeue) ; done/dead -> purged (retention / TTL; done: trimming)
 
     transition   from        to                         attempts
     push         -           available | delayed        0

@@ -6,13 +6,13 @@ Each pass, in order:
              readers are served in the same transaction
     purge    done tasks older than their queue's retention, and finished tasks whose
              own TTL ran out, are deleted in small batches
-
-Trimming (XADD/XTRIM MAXLEN|MINID ~, trimming.py) removes done tasks too, in the
-push's or XTRIM's own transaction, and counts them as purges do (`_purged`).
     forget   idempotent-producer ids past IDMP-DURATION
     vacuum   when purges left much of the file free and have stopped for a while, give
              some pages back (incremental vacuum); until then new tasks reuse them. While
              the disk is full, after a second of quiet, as many as pushes need to resume
+
+Trimming (XADD/XTRIM MAXLEN|MINID ~, trimming.py) removes done tasks too, in the
+push's or XTRIM's own transaction, and counts them as purges do (`_purged`).
 
 Idle cost is near zero: for each kind of work the reaper keeps the earliest time
 anything can be due (a lower bound, lowered by whoever creates the work) and
@@ -27,10 +27,9 @@ from collections import Counter
 import gevent
 from loguru import logger
 
-from . import lifecycle
+from . import lifecycle, trimming
 from .lifecycle import AVAILABLE, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART
 from .storage import name_bytes
-from . import trimming
 from .trimming import MAXLEN, MINID
 
 REAPER_INTERVAL = 0.1  # seconds between passes when there is nothing to catch up on
