@@ -60,7 +60,7 @@ def now_ms() -> int:
 class QueueState:
     """What the broker remembers about one queue (settings as stored: None = the server's)."""
 
-    __slots__ = ("name", "last_id", "counts", "group", "last_delivered", "next_purge",
+    __slots__ = ("name", "last_id", "counts", "group", "last_delivered", "next_purge", "trim_floor",
                  "deleted", "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates",
                  "totals", *SETTING_COLUMNS)
 
@@ -71,6 +71,7 @@ class QueueState:
         self.group = None           # the name XGROUP CREATE gave
         self.last_delivered = None  # newest id delivered; None: not known since start
         self.next_purge = 0         # no done task is due for purging before this (ms)
+        self.trim_floor = (0, 0)    # no done task has a lower id (trimming scans from here)
         self.deleted = 0            # tasks removed for good, and the newest of them
         self.max_deleted = (0, 0)
         self.deleted_dirty = False
@@ -142,14 +143,23 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
 
     def push(self, queue: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool = False,
              delay_ms: int = 0, ttl_ms: int | None = None, idmp: tuple | None = None,
-             attempts: int = 0, dead: bool = False):
+             attempts: int = 0, dead: bool = False, trim=None):
         """Submit XADD; the request's result is the id (bytes) or None (NOMKSTREAM).
 
         `idmp` is (producer, iid): a push already made with them returns the first id.
         `attempts` (XADD ATTEMPTS) and `dead` (XADD q::dead) bring tasks in from elsewhere
-        (ezra import) with the deliveries they had, or as dead letters."""
+        (ezra import) with the deliveries they had, or as dead letters.
+        `trim` (trimming.Trim): done tasks removed after the push, in its transaction."""
         return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                  attempts, dead, grows=True)
+                                  attempts, dead, trim, grows=True)
+
+    def trim(self, queue: bytes, trim):
+        """XTRIM ~: remove done tasks as `trim` (trimming.Trim) says; how many went."""
+        return self.writer.submit(self._tx_trim, queue, trim)
+
+    def destroy_group(self, queue: bytes, group: bytes):
+        """XGROUP DESTROY: 1 if XGROUP CREATE named that group (forgotten now), else 0. Tasks stay."""
+        return self.writer.submit(self._tx_destroy_group, queue, group)
 
     def read(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
              block_ms: int | None, wait, claim_idle: int | None = None):
@@ -325,6 +335,20 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
             queue = self.queues[name] = QueueState(name)
         return queue
 
+    def _tx_trim(self, name: bytes, trim) -> int:
+        queue = self.queues.get(name)
+        return 0 if queue is None else self._trim_done(queue, trim)
+
+    def _tx_destroy_group(self, name: bytes, group: bytes) -> int:
+        queue = self.queues.get(name)
+        if queue is None:
+            raise errors.XGROUP_NEEDS_KEY
+        if queue.group is None or group != queue.group:
+            return 0
+        self.db.save_group_name(name, None)
+        queue.group = None
+        return 1
+
     def _tx_create_queue(self, name: bytes, must_exist: bool, group: bytes | None) -> bool:
         if must_exist and name not in self.queues:
             raise errors.XGROUP_NEEDS_KEY
@@ -335,7 +359,8 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         return True
 
     def _tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool,
-                 delay_ms: int, ttl_ms: int | None, idmp: tuple | None, attempts: int = 0, dead: bool = False):
+                 delay_ms: int, ttl_ms: int | None, idmp: tuple | None, attempts: int = 0, dead: bool = False,
+                 trim=None):
         now = self.clock()
         queue = self._queue(name, now, create=not nomkstream)
         if queue is None:
@@ -355,6 +380,8 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         queue.last_id = task_id
         queue.counts[state] += 1
         self._tally(queue, "pushed")
+        if trim is not None:
+            self._trim_done(queue, trim)  # as Redis: after the add, the new task counted
         if state == DELAYED:
             self.due_at(available_at)
         elif state == AVAILABLE:
@@ -375,6 +402,8 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         if rows:
             if deadline is not None:
                 self.lease_until(deadline)
+            else:  # NOACK: done at once
+                queue.trim_floor = min(queue.trim_floor, rows[0][:2])
             queue.last_delivered = max(queue.last_delivered or (0, 0), rows[-1][:2])
         queue.move(AVAILABLE, state, len(rows))
         self._tally(queue, "delivered", len(rows))
@@ -503,6 +532,8 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
             queue.counts[IN_FLIGHT] -= len(deleted)
             self._note_deleted(queue, deleted)
         acked = self.db.ack(name, ids, self.clock())
+        if acked:
+            queue.trim_floor = min(queue.trim_floor, *ids)  # some of them are done now
         queue.move(IN_FLIGHT, DONE, acked)
         self._tally(queue, "acked", acked + len(deleted))
         return acked + len(deleted)

@@ -25,6 +25,7 @@ from .errors import CommandError
 from .lifecycle import parse_after_id, parse_id, split_queue
 from .observers import LAST_ONE, SINCE_NOW
 from .resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString
+from .trimming import TrimArgs
 
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
 # RETRYCOUNT above this means the same (above any MAX-ATTEMPTS): the deliveries counted after it stay 64-bit.
@@ -213,8 +214,9 @@ def broker(session: Session):
 
 @command("XADD", -5)
 def xadd(session, args):
-    """XADD queue [NOMKSTREAM] [IDMP producer iid | IDMPAUTO producer] [DELAY s] [TTL s] [ATTEMPTS n]
-    <* | id> field value ...  (on queue::dead: a dead task, as ezra import brings dead letters in)"""
+    """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
+    [DELAY s] [TTL s] [ATTEMPTS n] <* | id> field value ...
+    (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, dead = split_queue(args[1])
     if dead:
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
@@ -222,18 +224,25 @@ def xadd(session, args):
     i = 2
     while i < len(args) and options.take(args, i):
         i = options.next
+    if i < len(args):
+        lifecycle.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
+    options.trimming.check()
     fields = args[i + 1:]
     if not fields or len(fields) % 2:
         raise errors.wrong_arity("xadd")
     if dead and options.delay_ms:
         raise errors.err("DELAY does not apply to a dead task (XADD on a ::dead queue): it is never delivered")
+    trim = options.trimming.trim()  # exact trimming is refused here, before anything is stored
+    if dead and trim is not None:
+        raise errors.err("MAXLEN/MINID trim a live queue's done tasks: they do not apply to a dead task "
+                         "(XADD on a ::dead queue)")
     size = sum(map(len, fields))
     limit = session.server.settings.max_task_size
     if size > limit:
         raise errors.task_too_large(size, limit)
     idmp = options.idempotency(args[i], fields)
     return Deferred(broker(session).push(queue, args[i], fields, options.nomkstream, options.delay_ms,
-                                         options.ttl_ms, idmp, options.attempts, dead))
+                                         options.ttl_ms, idmp, options.attempts, dead, trim))
 
 
 class PushOptions:
@@ -241,6 +250,7 @@ class PushOptions:
 
     def __init__(self):
         self.nomkstream = False
+        self.trimming = TrimArgs("xadd")
         self.delay_ms = 0
         self.ttl_ms = None
         self.attempts = 0  # deliveries the task had elsewhere (ezra import)
@@ -253,10 +263,12 @@ class PushOptions:
         option, left = args[i].upper(), len(args) - i - 1
         if option == b"NOMKSTREAM":
             self.nomkstream, self.next = True, i + 1
-        elif option in (b"MAXLEN", b"MINID"):
-            raise errors.TRIM_REFUSED
+        elif option in (b"MAXLEN", b"MINID", b"LIMIT") and left >= 1:
+            self.next = self.trimming.take(args, i)
         elif option in (b"KEEPREF", b"DELREF", b"ACKED"):
-            self.next = i + 1  # Redis 8.2's trimming policies: nothing is ever trimmed
+            # Redis 8.2's reference policies for trimming: EZRA trims only acked (done) tasks,
+            # which is what ACKED asks, and a done task has no pending reference to keep or drop.
+            self.next = i + 1
         elif option == b"IDMP" and left >= 3:
             self._producer(args[i + 1], args[i + 2], auto=False)
             self.next = i + 3
@@ -296,6 +308,20 @@ class PushOptions:
         if id_arg != b"*":
             raise errors.err("IDMP/IDMPAUTO can be used only with auto-generated IDs")
         return self.producer, lifecycle.idmp_auto_iid(fields) if self.auto_iid else self.iid
+
+
+@command("XTRIM", -4)
+def xtrim(session, args):
+    """XTRIM queue MAXLEN|MINID ~ threshold [LIMIT n]: how many done tasks went (trimming.py)."""
+    queue = live_queue(args[1])
+    trimming, i = TrimArgs("xtrim"), 2
+    while i < len(args):
+        following = trimming.take(args, i) if i + 1 < len(args) else None  # each option has a value
+        if following is None:
+            raise errors.SYNTAX
+        i = following
+    trimming.check()
+    return Deferred(broker(session).trim(queue, trimming.trim()))
 
 
 @command("XREADGROUP", -7)
@@ -543,7 +569,7 @@ def pending_summary_reply(summary) -> list:
 
 @command("XGROUP", -2)
 def xgroup(session, args):
-    """XGROUP CREATE queue group id [MKSTREAM]: accepted (one implicit group per queue)."""
+    """XGROUP CREATE|DESTROY|SETID|CREATECONSUMER|DELCONSUMER|HELP: one implicit group per queue."""
     sub = args[1].upper()
     if sub == b"CREATE" and len(args) >= 5:
         mkstream = any(arg.upper() == b"MKSTREAM" for arg in args[5:])
@@ -553,8 +579,11 @@ def xgroup(session, args):
         return OK
     if sub == b"CREATECONSUMER" and len(args) == 5:
         return 1
-    if sub in (b"DELCONSUMER", b"DESTROY") and len(args) in (4, 5):
-        return 0  # groups and consumers are implicit: nothing to delete, no task is dropped
+    if sub == b"DESTROY" and len(args) == 4:
+        # 1 for the group XGROUP CREATE named (forgotten), else 0; the tasks stay as they are
+        return Deferred(broker(session).destroy_group(live_queue(args[2]), args[3]))
+    if sub == b"DELCONSUMER" and len(args) in (4, 5):
+        return 0  # consumers are implicit: nothing to delete, no task is dropped
     if sub == b"HELP":
         return [SimpleString(line) for line in XGROUP_HELP]
     if sub in (b"CREATE", b"SETID", b"CREATECONSUMER", b"DELCONSUMER", b"DESTROY"):
@@ -566,7 +595,9 @@ XGROUP_HELP = [
     "XGROUP <subcommand> [<arg> [value] [opt] ...]. EZRA has one implicit group per queue:",
     "CREATE <key> <groupname> <id|$> [MKSTREAM]",
     "    Accepted; with MKSTREAM the queue is created.",
-    "SETID, CREATECONSUMER, DELCONSUMER, DESTROY",
+    "DESTROY <key> <groupname>",
+    "    1 if CREATE named that group (the name is forgotten), else 0; no task is dropped.",
+    "SETID, CREATECONSUMER, DELCONSUMER",
     "    Accepted and ignored: no task is ever dropped.",
 ]
 

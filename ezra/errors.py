@@ -80,7 +80,17 @@ XGROUP_NEEDS_KEY = _fixed(
 )
 DB_OUT_OF_RANGE = _fixed("ERR DB index is out of range")
 SELECT_ONLY_ZERO = _fixed("ERR EZRA has one database: only SELECT 0 is allowed")
-TRIM_REFUSED = _fixed("ERR EZRA never drops tasks: MAXLEN/MINID trimming is not supported (XTRIM too)")
+# Trimming (trimming.py): Redis 7's syntax errors, word for word, then EZRA's one refusal.
+TRIM_STRATEGIES_BOTH = _fixed("ERR syntax error, MAXLEN and MINID options at the same time are not compatible")
+MAXLEN_NEGATIVE = _fixed("ERR The MAXLEN argument must be >= 0.")
+LIMIT_NEGATIVE = _fixed("ERR The LIMIT argument must be >= 0.")
+LIMIT_WITHOUT_STRATEGY = _fixed("ERR syntax error, LIMIT cannot be used without specifying a trimming strategy")
+LIMIT_WITHOUT_TILDE = _fixed("ERR syntax error, LIMIT cannot be used without the special ~ option")
+XTRIM_WITHOUT_STRATEGY = _fixed("ERR syntax error, XTRIM must be called with a trimming strategy")
+EXACT_TRIM_REFUSED = _fixed(
+    "ERR exact trimming is refused: EZRA never drops unfinished tasks, which MAXLEN n, MAXLEN = n, "
+    "MINID id and MINID = id could do. Use MAXLEN ~ n or MINID ~ id: approximate trimming removes "
+    "done tasks only, oldest first (XADD and XTRIM alike)")
 INTERNAL = _fixed("ERR internal error (logged on the server)")
 NOAUTH = _fixed("NOAUTH Authentication required.")
 WRONGPASS = _fixed("WRONGPASS invalid username-password pair or user is disabled.")

@@ -5,7 +5,7 @@
                            in_flight -> available | delayed   (nack, timeout, worker gone: attempts left;
                                                                delayed while the queue's backoff runs)
                            in_flight -> dead        (nack or timeout: no attempts left)
-              dead -> available (requeue) ; done/dead -> purged (retention / TTL)
+              dead -> available (requeue) ; done/dead -> purged (retention / TTL; done: trimming)
 
     transition   from        to                         attempts
     push         -           available | delayed        0
@@ -211,6 +211,13 @@ def new_id(requested: bytes, last: StreamId, now: int) -> StreamId:
     if stream_id <= last:
         raise errors.ID_TOO_SMALL
     return stream_id
+
+
+def check_push_id(requested: bytes) -> None:
+    """XADD's id is well formed ('*', 'ms-*', 'ms-seq' or 'ms'), else Redis's id error."""
+    if requested != b"*":
+        ms_part, sep, seq_part = requested.partition(b"-")
+        parse_id(ms_part if sep and seq_part == b"*" else requested)
 
 
 def _next_id_or_error(last: StreamId) -> StreamId:

@@ -36,7 +36,7 @@ QUEUE_COUNTERS = (
     ("released", "ezra_releases", "Tasks given back because their worker disconnected (release on disconnect)."),
     ("dead", "ezra_dead_letters", "Tasks moved to the dead-letter queue (attempts exhausted or FATAL)."),
     ("requeued", "ezra_requeues", "Dead tasks sent back to their queue (XREQUEUE, the dashboard)."),
-    ("purged", "ezra_purged", "Finished tasks removed by retention or TTL."),
+    ("purged", "ezra_purged", "Finished tasks removed by retention, TTL or trimming."),
 )
 
 

@@ -611,9 +611,10 @@ class Database:
             self.conn.execute(f"UPDATE queues SET {', '.join(c + ' = ?' for c in columns)} WHERE name = ?",
                               (*(changes[c] for c in columns), name_value(name)))
 
-    def save_group_name(self, name: bytes, group: bytes) -> None:
+    def save_group_name(self, name: bytes, group: bytes | None) -> None:
+        """The name XGROUP CREATE gave the queue's group; None: forgotten (XGROUP DESTROY)."""
         self.conn.execute("UPDATE queues SET group_name = ? WHERE name = ?",
-                          (name_value(group), name_value(name)))
+                          (None if group is None else name_value(group), name_value(name)))
 
     # -- tasks
 
@@ -757,6 +758,14 @@ class Database:
             "DELETE FROM tasks WHERE rowid IN (SELECT rowid FROM tasks WHERE state = 'done' "
             "AND finished_at < ? AND queue = ? AND ttl_ms IS NULL ORDER BY finished_at LIMIT ?) "
             "RETURNING id_ms, id_seq", (finished_before, name_value(queue), limit)).fetchall()
+
+    def trim_done(self, queue: bytes, start: tuple, below: tuple, limit: int) -> list[tuple]:
+        """Trimming: delete up to `limit` done tasks with ids from `start` to below `below`, lowest
+        first (in the primary key's order: the scan starts at `start`); their ids, in order."""
+        return sorted(self.conn.execute(
+            "DELETE FROM tasks WHERE rowid IN (SELECT rowid FROM tasks WHERE queue = ? AND state = 'done' "
+            "AND (id_ms, id_seq) >= (?, ?) AND (id_ms, id_seq) < (?, ?) ORDER BY id_ms, id_seq LIMIT ?) "
+            "RETURNING id_ms, id_seq", (name_value(queue), *start, *below, limit)).fetchall())
 
     def oldest_done(self, queue: bytes) -> int | None:
         """When the oldest done task (without its own TTL) of a queue finished."""

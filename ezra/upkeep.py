@@ -11,6 +11,9 @@ Each pass, in order:
              some pages back (incremental vacuum); until then new tasks reuse them. While
              the disk is full, after a second of quiet, as many as pushes need to resume
 
+Trimming (XADD/XTRIM MAXLEN|MINID ~, trimming.py) removes done tasks too, in the
+push's or XTRIM's own transaction, and counts them as purges do (`_purged`).
+
 Idle cost is near zero: for each kind of work the reaper keeps the earliest time
 anything can be due (a lower bound, lowered by whoever creates the work) and
 runs no query before it. A pass that filled a batch reports more work, and the
@@ -24,9 +27,10 @@ from collections import Counter
 import gevent
 from loguru import logger
 
-from . import lifecycle
-from .lifecycle import AVAILABLE, DELAYED, DONE
+from . import lifecycle, trimming
+from .lifecycle import AVAILABLE, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART
 from .storage import name_bytes
+from .trimming import MAXLEN, MINID
 
 REAPER_INTERVAL = 0.1  # seconds between passes when there is nothing to catch up on
 EXPIRE_BATCH = 1000
@@ -41,6 +45,7 @@ DISK_FULL_QUIET_MS = 1000  # ... or this long while the disk is full: pushes wai
 VACUUM_MIN_FREE_PAGES = 2048
 VACUUM_STEP_PAGES = 256    # pages given back per pass (1 MB at 4 KB pages)
 INF = float("inf")
+TOP = (MAX_ID_PART, MAX_ID_PART)
 
 
 class Upkeep:
@@ -164,15 +169,44 @@ class Upkeep:
             return False
         keep_ms = lifecycle.to_ms(retention)
         ids = self.db.purge_done(queue.name, now - keep_ms, PURGE_BATCH)
-        queue.counts[DONE] -= len(ids)
-        self._tally(queue, "purged", len(ids))
-        self._note_deleted(queue, ids)
+        self._purged(queue, ids)
         if len(ids) == PURGE_BATCH:
             return True
         oldest = self.db.oldest_done(queue.name)
         # Later acks finish later: nothing of this queue is due before the oldest's time.
         queue.next_purge = (now if oldest is None else oldest) + keep_ms + 1
         return False
+
+    def _trim_done(self, queue, trim) -> int:
+        """XADD/XTRIM MAXLEN|MINID ~: done tasks go, lowest ids first, at most `trim.limit`;
+        never an available, delayed, in-flight or dead one. How many went."""
+        if trim.strategy == MAXLEN:  # the entries XRANGE shows: dead tasks are in q::dead
+            entries = sum(queue.counts[state] for state in (AVAILABLE, DELAYED, IN_FLIGHT, DONE))
+            excess = entries - trim.threshold
+            if excess <= trimming.slack(trim.threshold):
+                return 0  # approximate: a queue a little over n waits, then many go in one statement
+            wanted, below = min(queue.counts[DONE], excess, trim.limit), TOP
+        else:
+            wanted, below = min(queue.counts[DONE], trim.limit), trim.threshold
+        if wanted <= 0 or below <= queue.trim_floor:
+            return 0
+        ids = self.db.trim_done(queue.name, queue.trim_floor, below, wanted)
+        if len(ids) == wanted:
+            queue.trim_floor = ids[-1]  # every done task below the last one removed is gone
+        elif trim.strategy == MINID:
+            queue.trim_floor = below  # every done task below the threshold is gone
+        else:
+            # Fewer done tasks above the floor than counted: the floor was too high (it is only
+            # kept up by acks and NOACK claims); the next trim looks from the start.
+            queue.trim_floor = (0, 0)
+        self._purged(queue, ids)
+        return len(ids)
+
+    def _purged(self, queue, ids: list[tuple]) -> None:
+        """Done tasks were deleted (retention, trimming): count them and keep ids from repeating."""
+        queue.counts[DONE] -= len(ids)
+        self._tally(queue, "purged", len(ids))
+        self._note_deleted(queue, ids)
 
     def _purge_ttl(self, now: int) -> bool:
         """Finished tasks pushed with TTL go when it runs out (done or dead)."""

@@ -3,11 +3,12 @@
 README's "## Compatibility" section (the same text).
 
 tests/test_clients.py writes build/compat/clients.json (client, version, protocol,
-settings, status per case), tests/test_worker_libs.py writes build/compat/worker_libs.json
-(library, version, status, notes) and tests/test_parity.py writes build/compat/parity.json
+settings, status per case), tests/test_worker_libs.py and tests/test_worker_libs_trim.py write
+build/compat/worker_libs.json (library, version, status, notes) and tests/test_parity.py writes build/compat/parity.json
 (redis-server version, scenarios, graduation, intended differences with both replies).
 
-    python -m pytest tests/test_clients.py tests/test_worker_libs.py tests/test_parity.py
+    python -m pytest tests/test_clients.py tests/test_worker_libs.py tests/test_worker_libs_trim.py \
+        tests/test_parity.py
     python scripts/compat_table.py --write    # docs/compatibility.md and README.md
     python scripts/compat_table.py            # or just print it
 """
@@ -52,10 +53,13 @@ def clients_part(clients: list[dict]) -> list[str]:
 
 def worker_libs_part(libs: list[dict]) -> list[str]:
     out = ["", "### Worker libraries", "",
-           "`tests/test_worker_libs.py` runs each library as its README shows, with its defaults:",
-           "a producer and two consumers of one consumer group, every task done exactly once and",
-           "nothing pending. The notes are what the test measured. The group-less readers",
-           "(`tests/test_worker_libs_xread.py`) run next to a group's worker instead.", "",
+           "`tests/test_worker_libs.py` and `tests/test_worker_libs_trim.py` run each library as its",
+           "README shows, with its defaults: a producer and two consumers of one consumer group,",
+           "every task done exactly once and nothing pending. For the libraries whose producer trims",
+           "by default (`XADD ... MAXLEN ~ n`), the trim is honored too: done tasks go down to n",
+           "entries, never unfinished ones (see \"Trimming\" in docs/usage.md). The group-less readers",
+           "(`tests/test_worker_libs_xread.py`) run next to a group's worker instead. The notes are",
+           "what the test measured.", "",
            "| library | version | status | what ran; what fails and why |", "|---|---|---|---|"]
     for e in sorted(libs, key=lambda e: (not e["status"].startswith("works"), e["library"].lower())):
         out.append(f"| {cell(e['library'])} | {cell(e['version'])} | {cell(e['status'])} | {cell(e['notes'])} |")
@@ -86,7 +90,7 @@ def parity_part(parity: dict) -> list[str]:
     out = ["", "### Parity with Redis", "",
            "`tests/test_parity.py` runs scripted scenarios of the portable subset (XADD with ids,",
            "XGROUP CREATE, XREADGROUP `>` / `0` / COUNT / BLOCK, XACK, XLEN, XPENDING, XRANGE,",
-           "XCLAIM, XAUTOCLAIM, XINFO GROUPS, MULTI/EXEC/DISCARD) against EZRA and redis-server "
+           "XCLAIM, XAUTOCLAIM, XINFO GROUPS, MULTI/EXEC/DISCARD, XTRIM) against EZRA and redis-server "
            f"{parity.get('redis_version')}, and compares every reply byte for byte in RESP2 and RESP3",
            "(idle times masked). Scenarios that passed:", ""]
     out += [f"- {s}" for s in parity.get("scenarios", [])]

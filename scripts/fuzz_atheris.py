@@ -40,7 +40,8 @@ from reliability import Err, errors_in, parse_reply  # noqa: E402  (tests/, afte
 SKIPPED = {b"BACKUP"}  # writes a file wherever it is told: not for random input
 OPTION_WORDS = ["GROUP", "COUNT", "BLOCK", "NOACK", "CLAIM", "STREAMS", "IDS", "FAIL", "SILENT", "FATAL",
                 "RETRYCOUNT", "FORCE", "JUSTID", "IDLE", "TIME", "LASTID", "MKSTREAM", "NOMKSTREAM", "FULL",
-                "DELAY", "TTL", "IDMP", "IDMPAUTO", "MAXLEN", "KEEPREF", "DELREF", "ACKED", "ALL", "CREATE",
+                "DELAY", "TTL", "IDMP", "IDMPAUTO", "MAXLEN", "MINID", "LIMIT", "~", "=", "KEEPREF", "DELREF", "ACKED",
+                "ALL", "CREATE", "DESTROY",
                 "SETNAME", "SETINFO", "AUTH", "VISIBILITY-TIMEOUT", "MAX-ATTEMPTS", "RETENTION", "BACKOFF",
                 "EXPONENTIAL", "FIXED", "RELEASE-ON-DISCONNECT", "IDMP-DURATION", "IDMP-MAXSIZE", "DEFAULT",
                 "STREAM", "GROUPS", "CONSUMERS", "HELP", ">", "0-0", "*", "-", "+", "::dead",

@@ -140,7 +140,8 @@ xadd = words(b"XADD", one(queues),
              flat(st.lists(st.one_of(st.just([b"NOMKSTREAM"]), words(b"DELAY", one(seconds)),
                                 words(b"TTL", one(seconds)), words(b"IDMP", one(workers), one(st.binary(max_size=4))),
                                 words(b"IDMPAUTO", one(workers)), st.just([b"MAXLEN", b"10"]),
-                                st.just([b"KEEPREF"])), max_size=3)),
+                                st.just([b"MAXLEN", b"~", b"2"]), words(b"MINID", b"~", one(task_ids)),
+                                words(b"LIMIT", one(numbers)), st.just([b"KEEPREF"])), max_size=3)),
              one(st.one_of(st.just(b"*"), st.just(b"*"), st.sampled_from(BAD_IDS))),
              st.lists(st.tuples(st.binary(max_size=8), field_values), min_size=0, max_size=3).map(
                  lambda pairs: [a for pair in pairs for a in pair]))
@@ -159,6 +160,9 @@ xnack = st.one_of(
     words(b"XNACK", one(queues), one(groups), st.lists(task_ids, min_size=1, max_size=3)))
 xdel = words(b"XDEL", one(queues), st.lists(task_ids, min_size=1, max_size=3))
 xlen = words(b"XLEN", one(queues))
+xtrim = words(b"XTRIM", one(queues), one(st.sampled_from([b"MAXLEN", b"MINID", b"maxlen", b"NOPE"])),
+              opt(one(st.sampled_from([b"~", b"~", b"="]))), one(st.one_of(numbers, task_ids)),
+              opt(words(b"LIMIT", one(numbers))))
 xrange_ = words(one(st.sampled_from([b"XRANGE", b"XREVRANGE"])), one(queues), one(task_ids), one(task_ids),
                 opt(words(b"COUNT", one(numbers))))
 xpending = st.one_of(words(b"XPENDING", one(queues), one(groups)),
@@ -206,7 +210,7 @@ hello = words(b"HELLO", opt(one(st.sampled_from([b"2", b"3", b"4", b"-1", b"abc"
               opt(words(b"SETNAME", one(st.sampled_from([b"fuzz", b"a b"])))))
 
 # What redis-py can send without changing the connection under its feet (HELLO, QUIT).
-COMMON = [xadd, xadd, xreadgroup, xreadgroup, xread, xack, xnack, xdel, xlen, xrange_, xpending, xgroup, xinfo,
+COMMON = [xadd, xadd, xreadgroup, xreadgroup, xread, xack, xnack, xdel, xlen, xtrim, xrange_, xpending, xgroup, xinfo,
           xcfgset, xclaim, xautoclaim, xackdel, xrequeue, client_, connection]
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import ROOT, EzraProcess, wait_until
+from ezra import errors
 import test_clients  # its run_examples (a module import: its fixtures stay there)
 from test_vectors import RespConnection, encode_command
 
@@ -119,6 +120,7 @@ def unknown(command: str) -> Prefix:
 XLEN_DONE = "XLEN counts the tasks not done yet (available, delayed, in flight); Redis counts entries"
 CONSUMERS = ("EZRA keeps no registry of consumers: XINFO GROUPS counts the workers holding tasks "
              "(Redis counts every consumer that ever read)")
+EXACT_REFUSED = "-" + errors.EXACT_TRIM_REFUSED.message + "\r\n"
 REDELIVERY = "a task given back (XNACK, XDEL, an expired lease) is delivered again by `>`; Redis only by id 0/XCLAIM"
 
 
@@ -189,12 +191,29 @@ SCENARIOS: dict[str, list[Step]] = {
         S("p", "XINFO", "GROUPS", "{k}", differ=Differ(CONSUMERS, groups(0, 0, "7-3", 3, 0),
                                                        groups(2, 0, "7-3", 3, 0))),
     ],
-    "maxlen_refused": [
+    "exact_trim_refused": [
         S("p", "XADD", "{k}", "MAXLEN", "10", "9-1", "n", "1", differ=Differ(
-            "EZRA never drops tasks: MAXLEN/MINID trimming is refused",
-            "-ERR EZRA never drops tasks: MAXLEN/MINID trimming is not supported (XTRIM too)\r\n",
-            "$3\r\n9-1\r\n")),
+            "exact trimming (MAXLEN n, MAXLEN = n, MINID [=] id) could drop unfinished tasks: refused, "
+            "by XADD and XTRIM alike, with a pointer to ~", EXACT_REFUSED, "$3\r\n9-1\r\n")),
         S("p", "XLEN", "{k}", differ=Differ("the refused XADD stored nothing", ":0\r\n", ":1\r\n")),
+        S("p", "XTRIM", "{k}", "MAXLEN", "=", "0", differ=Differ(
+            "exact trimming could drop unfinished tasks: refused", EXACT_REFUSED, ":1\r\n")),
+        S("p", "XLEN", "{k}"),
+    ],
+    "approximate_trim": [
+        S("p", "XGROUP", "CREATE", "{k}", "g", "0", "MKSTREAM"),
+        S("p", "XADD", "{k}", "1-1", "n", "1"),
+        S("p", "XADD", "{k}", "1-2", "n", "2"),
+        S("p", "XADD", "{k}", "1-3", "n", "3"),
+        S("w1", "XREADGROUP", "GROUP", "g", "w1", "COUNT", "2", "STREAMS", "{k}", ">"),
+        S("w1", "XACK", "{k}", "g", "1-1"),
+        S("p", "XADD", "{k}", "MAXLEN", "~", "10", "1-4", "n", "4"),
+        S("p", "XTRIM", "{k}", "MAXLEN", "~", "0", differ=Differ(
+            "approximate trimming removes done tasks only, oldest first (here 1-1); Redis drops whole "
+            "nodes of entries, pending or never read", ":1\r\n", ":4\r\n")),
+        S("p", "XLEN", "{k}", differ=Differ("the in-flight 1-2 and the unread 1-3 and 1-4 were kept",
+                                            ":3\r\n", ":0\r\n")),
+        S("w1", "XACK", "{k}", "g", "1-2"),
     ],
     "implicit_group": [
         S("p", "XADD", "{k}", "9-1", "n", "1"),

@@ -249,10 +249,15 @@ def test_xgroup_create_is_accepted(r, queue):
         r.xgroup_create(queue + "-missing", "workers")
 
 
-def test_trimming_is_refused_and_nothing_stored(r, queue):
-    with pytest.raises(redis.ResponseError, match="never drops tasks"):
-        r.xadd(queue, {"a": 1}, maxlen=10)
-    assert r.xlen(queue) == 0
+def test_exact_trimming_is_refused_and_nothing_stored(r, queue):
+    """redis-py's maxlen= trims approximately (kept: nothing is done), exact trimming is refused
+    (tests/test_trim.py has the rest)."""
+    for _ in range(3):
+        assert r.xadd(queue, {"a": 1}, maxlen=1)  # MAXLEN ~ 1: no task is done, so none goes
+    assert r.xlen(queue) == 3
+    with pytest.raises(redis.ResponseError, match="exact trimming is refused: EZRA never drops unfinished"):
+        r.xadd(queue, {"a": 1}, maxlen=10, approximate=False)
+    assert r.xlen(queue) == 3
 
 
 def test_nomkstream(r, queue):

@@ -8,6 +8,8 @@ Also the black-box tests of EXISTS and TYPE (ezra/commands_keys.py), which walru
 
 walrus is in setup.cfg's test extra; the others, with their dependencies, go to
 build/venv-worker-libs (made on first use) and build/node (tests/node/package.json).
+The libraries whose default producer trims (redis-streams-broker, edx-event-bus-redis,
+redisqueue) are in tests/test_worker_libs_trim.py.
 Every case records library / version / status / notes in build/compat/worker_libs.json,
 which scripts/compat_table.py turns into the README's table.
 """
@@ -256,27 +258,6 @@ def test_faststream_stream_subscriber(shared_server, queue, venv_python):
     client.close()
     row.done("works", "RedisBroker, publish(stream=...) and two StreamSub(stream, group, consumer) "
                       "subscribers: every task once, acked after its handler returned, nothing pending")
-
-
-# ------------------------------------------------------------------ redis-streams-broker (npm)
-
-def test_redis_streams_broker(shared_server, queue):
-    env = node_env()
-    row = Row("redis-streams-broker (Node.js, on ioredis)", node_version("redis-streams-broker"))
-    out = run_json(["node", str(NODE_SRC / "streams_broker.js"), str(shared_server.port), queue, str(N)],
-                   env=env)
-    assert_once(out["pushed"], out["done"])
-    assert out["acked"] == N - 1 and out["badPayloads"] == 0 and out["pending"] == 0, out
-    assert out["dropAck"] is None, out  # MULTI, XACK, XDEL, EXEC: the transaction runs
-    assert "EZRA never drops tasks: MAXLEN/MINID trimming is not supported" in out["defaultPublish"], out
-    assert out["limitPublish"].startswith("ERR unknown command 'eval'"), out
-    row.done("works with publish(payload, -1)",
-             "joinConsumerGroup, subscribe (XREADGROUP BLOCK), markAsRead (XACK), pendingSummary: two "
-             "consumers, every task once, nothing pending. Its default publish(payload) trims "
-             f"(XADD MAXLEN ~ 100) and is refused: \"{out['defaultPublish']}\"; publish(p, limit, true) "
-             f"runs a Lua script: \"{short(out['limitPublish'])}\". markAsRead(true) (ack and drop) "
-             "sends MULTI, XACK, XDEL, EXEC: the task is acked; the XDEL of a done task keeps its record "
-             "(EZRA's XDEL reports a failure; retention or XACKDEL removes done tasks)")
 
 
 # ------------------------------------------------------------------ BullMQ, RQ and Celery: lists, clear errors
