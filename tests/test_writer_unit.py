@@ -14,6 +14,19 @@ def open_broker(tmp_path, durability="full") -> Broker:
     return Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path), durability=durability))
 
 
+def submit_broken_request(broker: Broker) -> None:
+    """A request whose statement fails: its whole batch rolls back and answers a storage error."""
+    def broken():
+        broker.db.conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+    try:
+        broker.writer.submit(broken)
+    except Exception as exc:
+        assert "storage error" in str(exc)
+    else:
+        raise AssertionError("the broken request was answered")
+
+
 def test_pushes_of_one_loop_turn_commit_together(tmp_path):
     broker = open_broker(tmp_path)
     writer = broker.writer
@@ -56,16 +69,7 @@ def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
     broker = open_broker(tmp_path, durability="normal")
     try:
         first = broker.push(b"jobs", b"*", [b"f", b"v"])
-
-        def broken():
-            broker.db.conn.execute("INSERT INTO no_such_table VALUES (1)")
-
-        try:
-            broker.writer.submit(broken)
-        except Exception as exc:
-            assert "storage error" in str(exc)
-        else:
-            raise AssertionError("the broken request was answered")
+        submit_broken_request(broker)
         try:
             first.wait()
         except Exception as exc:
@@ -97,14 +101,7 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
 
         reader = gevent.spawn(blocked_read)
         gevent.sleep(0)  # the reader's batch is open and it waits for the commit
-
-        def broken():
-            broker.db.conn.execute("INSERT INTO no_such_table VALUES (1)")
-
-        try:
-            broker.writer.submit(broken)
-        except Exception as exc:
-            assert "storage error" in str(exc)
+        submit_broken_request(broker)
         reader.join(5)
         assert reader.ready() and "storage error" in str(reader.exception)
         broker.push(b"jobs", b"*", [b"f", b"v2"]).wait()
