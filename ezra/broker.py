@@ -380,6 +380,8 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         queue.last_id = task_id
         queue.counts[state] += 1
         self._tally(queue, "pushed")
+        if dead:
+            self._view_grew(queue.name, True)  # XREAD's observers of q::dead look again
         if trim is not None:
             self._trim_done(queue, trim)  # as Redis: after the add, the new task counted
         if state == DELAYED:

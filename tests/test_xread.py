@@ -203,6 +203,17 @@ def test_the_dead_view_wakes_when_a_task_dies(shared_server, protocol, queue):
     assert out == [{queue + "::dead": [(task, [b"n", b"1"])]}]
 
 
+def test_the_dead_view_wakes_when_a_dead_task_is_pushed(shared_server, protocol, queue):
+    # XADD q::dead (what `ezra import` uses for dead letters) adds to the dead view, not the live one.
+    observer, client = raw(shared_server, protocol), shared_server.client(protocol)
+    client.xadd(queue, {"n": "0"})
+    thread, out = in_thread(lambda: read(observer, "BLOCK", "20000", "STREAMS", queue + "::dead", "0"))
+    wait_until(lambda: blocked(client) >= 1, message="the XREAD to block")
+    task = client.xadd(queue + "::dead", {"n": "1"})
+    thread.join(10)
+    assert out == [{queue + "::dead": [(task, [b"n", b"1"])]}]
+
+
 def test_block_inside_multi_does_not_block(x, queue):
     pushed = x.xadd(queue, {"n": "1"})
     pipe = x.pipeline(transaction=True)
