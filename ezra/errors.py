@@ -36,12 +36,33 @@ def wrong_arity(name: str) -> CommandError:
     return err(f"wrong number of arguments for '{name.lower()}' command")
 
 
+# Redis's commands for what a streams-only task queue does not have. Libraries built on them
+# (BullMQ, Celery, RQ, dramatiq, huey, arq, saq, bee-queue...) cannot run on EZRA, and their
+# users see nothing but this error: it says so, not only that the command is unknown.
+OUTSIDE_A_QUEUE = {
+    "Lua scripts": "EVAL EVALSHA EVAL_RO EVALSHA_RO SCRIPT FUNCTION FCALL FCALL_RO",
+    "Lists": "LPUSH RPUSH LPUSHX RPUSHX LPOP RPOP BLPOP BRPOP LMOVE BLMOVE RPOPLPUSH BRPOPLPUSH "
+             "LMPOP BLMPOP LLEN LRANGE LINDEX LSET LINSERT LREM LTRIM LPOS",
+    "Pub/sub channels": "SUBSCRIBE PSUBSCRIBE SSUBSCRIBE UNSUBSCRIBE PUNSUBSCRIBE SUNSUBSCRIBE "
+                        "PUBLISH SPUBLISH PUBSUB",
+    "Keys other than queues (strings, hashes, sets, sorted sets)":
+        "SET SETNX SETEX PSETEX GET GETSET GETDEL GETEX MGET MSET INCR INCRBY DECR DECRBY "
+        "DEL UNLINK EXPIRE PEXPIRE EXPIREAT PEXPIREAT TTL PTTL PERSIST KEYS SCAN DBSIZE RENAME "
+        "WATCH UNWATCH HSET HSETNX HGET HMSET HMGET HGETALL HDEL HINCRBY HEXISTS HLEN HKEYS HVALS "
+        "SADD SREM SMEMBERS SISMEMBER SCARD SPOP ZADD ZREM ZRANGE ZRANGEBYSCORE ZREVRANGE "
+        "ZREVRANGEBYSCORE ZCARD ZSCORE ZINCRBY ZPOPMIN ZPOPMAX BZPOPMIN BZPOPMAX ZREMRANGEBYSCORE",
+}
+_OUTSIDE = {command: what for what, commands in OUTSIDE_A_QUEUE.items() for command in commands.split()}
+
+
 def unknown_command(name, args: list[bytes], supported: str) -> CommandError:
     # Redis's wording first (clients and people recognise it), then the hint.
     shown = "".join(f"'{_printable(a)}' " for a in args[:20])
+    what = _OUTSIDE.get(_printable(name).upper())
+    why = f". {what} are outside a streams-only queue: a library built on them cannot run on EZRA" if what else ""
     return err(
         f"unknown command '{_printable(name)}', with args beginning with: {shown}"
-        f"(EZRA is a task queue; supported: {supported})"
+        f"(EZRA is a task queue; supported: {supported}{why})"
     )
 
 

@@ -1,13 +1,16 @@
-"""Redis-Streams worker libraries against EZRA, and the list-based ones that cannot work.
+"""Redis-Streams worker libraries against EZRA, and the ones built on Lua, lists or pub/sub.
 
 Each library runs as its README shows, with its defaults: a producer, two consumers of one
 consumer group, every task done exactly once and nothing pending. The libraries built on
-Redis lists and Lua (RQ, Celery, BullMQ) must fail at once with EZRA's clear error, not
-hang or lose tasks.
+Lua scripts, lists or pub/sub (BullMQ, Celery, RQ, dramatiq, huey, arq, saq, bee-queue,
+NestJS's Redis transport; taskiq-redis, whose stream broker takes a Lua lock) must fail
+with EZRA's clear error in front of their user, and not hang (every wait is bounded) or
+lose tasks (a producer that pushed nothing was told so; what was pushed is still queued).
 Also the black-box tests of EXISTS and TYPE (ezra/commands_keys.py), which walrus needs.
 
 walrus is in setup.cfg's test extra; the others, with their dependencies, go to
-build/venv-worker-libs (made on first use) and build/node (tests/node/package.json).
+build/venv-worker-libs* (made on first use) and build/node (tests/node/package.json).
+The Python libraries' apps are in tests/worker_libs/, run with their own command lines.
 The libraries whose default producer trims (redis-streams-broker, edx-event-bus-redis,
 redisqueue) are in tests/test_worker_libs_trim.py.
 Every case records library / version / status / notes in build/compat/worker_libs.json,
@@ -18,19 +21,27 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
-from conftest import wait_until
+from conftest import ROOT, wait_until
 from test_clients import NODE_SRC, node_env, node_version, python_venv, record_results
 
 N = 20
 RESULTS: list[dict] = []
-VENV_REQUIREMENTS = ["celery[redis]>=5.4,<6", "rq>=2,<4", "faststream[redis]>=0.6,<0.8"]
+APPS = ROOT / "tests" / "worker_libs"
+VENV_REQUIREMENTS = ["celery[redis]>=5.4,<6", "rq>=2,<4", "faststream[redis]>=0.6,<0.8",
+                     "taskiq-redis>=1.2,<2", "dramatiq[redis]>=2,<3", "huey[redis]>=3,<4"]
+# arq pins redis<6 and saq[redis] redis<8, while taskiq-redis needs redis>=8 and Celery's kombu
+# redis>=6.4: these two get a venv of their own. saq imports typing_extensions without requiring it.
+VENV_REDIS5_REQUIREMENTS = ["arq>=0.26,<1", "saq[redis]>=0.26,<1", "typing_extensions"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -51,18 +62,47 @@ class Row:
         self.entry.update(status=status, notes=notes)
 
 
+PIPELINED = re.compile(r"(Command # \d+ \(\S+) [^)]*\)")  # redis-py: "Command # 1 (LLEN q-…) of pipeline"
+
+
 def short(message: str) -> str:
     """An error for the README's table, without what varies from run to run (the arguments,
     the list of supported commands): "unknown command 'SET', with args beginning with: … (EZRA
-    is a task queue; …)"."""
-    head, hint, _ = message.partition(" (EZRA is a task queue;")
+    is a task queue; … Keys other than queues (strings, …) are outside a streams-only queue: …)"."""
+    head, hint, rest = PIPELINED.sub(r"\1 …)", message).partition(" (EZRA is a task queue;")
     command, args, _ = head.partition(" with args beginning with:")
-    return command + (" with args beginning with: …" if args else "") + (" (EZRA is a task queue; …)" if hint else "")
+    why = rest.partition(". ")[2].partition(":")[0]
+    return (command + (" with args beginning with: …" if args else "")
+            + (f" (EZRA is a task queue; … {why}: …)" if why else " (EZRA is a task queue; …)" if hint else ""))
+
+
+# EZRA's error for a command outside the queue (errors.unknown_command): the command, then the
+# reason when it is one of the kinds a streams-only queue lacks.
+REFUSAL = re.compile(r"unknown command '([^']+)', with args beginning with: .*?\(EZRA is a task queue; "
+                     r"supported: [A-Z_ ]+(?:\. (.+?) are outside a streams-only queue: "
+                     r"a library built on them cannot run on EZRA)?\)", re.S)
+
+
+def first_refusal(text: str) -> tuple[str, str | None, str]:
+    """The first of EZRA's refusals in what a library showed its user: (command, reason, error)."""
+    match = REFUSAL.search(text or "")
+    assert match, f"no EZRA error in:\n{(text or '')[-3000:]}"
+    return match.group(1).upper(), match.group(2), match.group(0)
+
+
+def refusals(text: str) -> dict[str, str | None]:
+    """Every command refused in a worker's log, with EZRA's reason."""
+    return {command.upper(): reason for command, reason in reversed(REFUSAL.findall(text))}
 
 
 @pytest.fixture(scope="module")
 def venv_python():
     return python_venv("venv-worker-libs", VENV_REQUIREMENTS)
+
+
+@pytest.fixture(scope="module")
+def venv_redis5_python():
+    return python_venv("venv-worker-libs-redis5", VENV_REDIS5_REQUIREMENTS)
 
 
 def dist_version(python, distribution: str) -> str:
@@ -115,19 +155,32 @@ def test_exists_and_type_answer_as_redis(shared_server, redis_server_port, queue
         client.close()
 
 
-def test_list_commands_get_a_clear_error(shared_server, queue):
-    """RQ, Celery, BullMQ... speak lists: Redis's unknown-command error, then what EZRA is."""
+OUTSIDE = [  # what the libraries below send first, and the reason EZRA gives
+    (["EVAL", "return 1", "0"], "Lua scripts"), (["EVALSHA", "f" * 40, "0"], "Lua scripts"),
+    (["SCRIPT", "EXISTS", "f" * 40], "Lua scripts"), (["LPUSH", "{q}", "x"], "Lists"),
+    (["BRPOP", "{q}", "5"], "Lists"), (["BLMOVE", "{q}", "{q}-b", "LEFT", "RIGHT", "5"], "Lists"),
+    (["SUBSCRIBE", "{q}"], "Pub/sub channels"), (["PUBLISH", "{q}", "x"], "Pub/sub channels"),
+    (["SET", "lock:{q}", "token", "NX"], "Keys other than queues (strings, hashes, sets, sorted sets)"),
+    (["WATCH", "{q}"], "Keys other than queues (strings, hashes, sets, sorted sets)"),
+    (["DBSIZE"], "Keys other than queues (strings, hashes, sets, sorted sets)"), (["NOSUCHCOMMAND"], None),
+]
+
+
+def test_commands_outside_a_queue_get_a_clear_error(shared_server, queue):
+    """Lua, lists, pub/sub, keys: Redis's unknown-command error, then what EZRA is and why the
+    command is not there; blocking ones answer at once; nothing is stored."""
     client = shared_server.client()
     started = time.monotonic()
-    for command in (["LPUSH", queue, "x"], ["RPUSH", queue, "x"], ["BRPOP", queue, "5"],
-                    ["BLMOVE", queue, queue + "-b", "LEFT", "RIGHT", "5"], ["EVAL", "return 1", "0"]):
+    for command, reason in OUTSIDE:
+        command = [arg.replace("{q}", queue) for arg in command]
         with pytest.raises(redis.ResponseError) as failure:
             client.execute_command(*command)
         message = str(failure.value)
         assert message.startswith(f"unknown command '{command[0]}', with args beginning with: "), message
         assert "(EZRA is a task queue; supported: XACK" in message and "XREADGROUP" in message, message
+        assert first_refusal(message)[:2] == (command[0], reason), message
     assert time.monotonic() - started < 5, "BRPOP/BLMOVE answer at once, they do not block"
-    assert client.ping() and client.xlen(queue) == 0
+    assert client.ping() and client.xlen(queue) == 0 and client.exists(queue, "lock:" + queue) == 0
     client.close()
 
 
@@ -343,3 +396,247 @@ def test_celery_fails_clearly(shared_server, queue, venv_python, tmp_path):
     row.done("fails, clear error",
              "kombu's redis transport uses lists and sets, not streams: task.delay() raises "
              f"{short(out['delay'])}; `celery worker` exits at start with {short(last)}")
+
+
+# ------------------------------------------------------------------ taskiq-redis, dramatiq, huey, arq, saq (PyPI)
+
+class Worker:
+    """A library's worker command line, in its own process group, its output in a file."""
+
+    def __init__(self, command: list, env: dict, log: Path):
+        self.log, self.exited = log, None
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([str(arg) for arg in command], stdout=out, stderr=subprocess.STDOUT,
+                                         env=env, cwd=log.parent, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, condition, timeout: float = 30) -> str:
+        """Its output once `condition(output)` holds or it has exited; a timeout fails the test."""
+        wait_until(lambda: self.proc.poll() is not None or condition(self.output()), timeout,
+                   message=f"{self.proc.args[:4]} to show it (output: {self.log})")
+        self.exited = self.proc.poll()
+        return self.output()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its process group: the workers it forked too
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def start_worker(tmp_path):
+    """start_worker(command, env): a Worker; whatever still runs is killed at the end."""
+    started: list[Worker] = []
+
+    def start(command: list, env: dict) -> Worker:
+        started.append(Worker(command, env, tmp_path / f"worker{len(started)}.log"))
+        return started[-1]
+
+    yield start
+    for worker in started:
+        worker.kill()
+
+
+def app_env(server, queue: str, **more: str) -> dict:
+    return dict(os.environ, EZRA_PORT=str(server.port), QUEUE=queue, PYTHONPATH=str(APPS), **more)
+
+
+def produce(python, app: str, env: dict, n: int = N) -> dict:
+    """tests/worker_libs/<app>.py's producer: version, how many pushes returned, the error."""
+    return run_json([str(python), "-c", f"import {app}; {app}.produce({n})"], env=env, timeout=60)
+
+
+def queues(server) -> set[str]:
+    client = server.client()
+    names = set(client.info("queues"))
+    client.close()
+    return names
+
+
+def stream_counts(server, queue: str) -> dict:
+    """XINFO STREAM's task counts: available, in-flight, done, dead..."""
+    client = server.client()
+    reply = client.execute_command("XINFO", "STREAM", queue)
+    client.close()
+    fields = dict(zip(reply[::2], reply[1::2]))
+    return {key.decode(): fields[key] for key in (b"available", b"delayed", b"in-flight", b"done", b"dead")}
+
+
+def done_lines(output: str) -> list[tuple[int, int]]:
+    """The tasks a worker ran: (n, pid) of each "DONE n pid" line the apps print."""
+    return [(int(n), int(pid)) for n, pid in re.findall(r"^DONE (\d+) (\d+)$", output, re.M)]
+
+
+def test_taskiq_redis_stream_broker_fails_clearly(shared_server, queue, venv_python, start_worker):
+    env = app_env(shared_server, queue, BROKER="stream")
+    out = produce(venv_python, "taskiq_app", env)
+    row = Row("taskiq-redis (Python, RedisStreamBroker)", f"{out['version']} (taskiq {out['taskiq']})")
+    assert out["error"] is None and out["pushed"] == N, out  # XGROUP CREATE ... MKSTREAM, XADD
+    worker = start_worker([venv_python, "-m", "taskiq", "worker", "taskiq_app:broker"], env)  # 2 processes
+    log = worker.wait_for(lambda log: "unknown command 'SCRIPT'" in log and "is dead. Scheduling reload" in log)
+    assert worker.exited is None, log[-3000:]  # its process manager restarts the dead worker
+    command, reason, error = first_refusal(log)
+    assert (command, reason) == ("SCRIPT", "Lua scripts") and "'EXISTS'" in error, error
+    worker.kill()
+    counts = stream_counts(shared_server, queue)
+    assert counts["dead"] == 0 and counts["available"] + counts["in-flight"] + counts["done"] == N, counts
+    assert len({n for n, _ in done_lines(log)}) >= counts["done"], "an acked task ran"
+    row.done("fails, clear error",
+             "kiq() works (XGROUP CREATE ... MKSTREAM, XADD) and a worker hands its first XREADGROUP's tasks "
+             "to its functions; then listen() takes a redis-py Lock around its XAUTOCLAIM, in a pipeline "
+             "that first loads the Lock's Lua release script (SCRIPT EXISTS, then MULTI, SET NX, XAUTOCLAIM, "
+             f"EVALSHA, EXEC): \"{short(error)}\". The worker process dies of it and `taskiq worker` restarts "
+             "it, to die again after each read. Nothing is lost: every task stays in the queue, done, "
+             "available, or in flight until its visibility timeout. No option turns the lock off (listen() "
+             "takes it whatever the settings); a subclass without that step runs: see \"RedisStreamBroker "
+             "without its lock\"")
+
+
+def test_taskiq_redis_without_the_lock_works(shared_server, queue, venv_python, start_worker):
+    """The patch: RedisStreamBroker.listen without its locked XAUTOCLAIM (tests/worker_libs/taskiq_app.py)."""
+    env = app_env(shared_server, queue, BROKER="ezra")
+    client = shared_server.client()
+
+    def blocked():
+        return client.info("clients")["blocked_clients"]
+
+    wait_until(lambda: blocked() == 0, message="the readers of earlier tests to be gone")
+    worker = start_worker([venv_python, "-m", "taskiq", "worker", "taskiq_app:broker"], env)  # 2 processes
+    wait_until(lambda: worker.proc.poll() is None and blocked() == 2, 30,
+               message=f"two taskiq worker processes waiting in XREADGROUP ({worker.log})")
+    out = produce(venv_python, "taskiq_app", env)
+    row = Row("taskiq-redis (Python, RedisStreamBroker without its lock)", f"{out['version']} (taskiq {out['taskiq']})")
+    assert out["error"] is None and out["pushed"] == N, out
+    wait_until(lambda: len(done_lines(worker.output())) >= N and client.xpending(queue, "taskiq")["pending"] == 0,
+               30, message=f"every task done and acked ({worker.log})")
+    done = done_lines(worker.output())
+    assert sorted(n for n, _ in done) == list(range(N)), "every task exactly once"
+    assert len({pid for _, pid in done}) == 2, "both worker processes took tasks"
+    assert client.xlen(queue) == 0 and "unknown command" not in worker.output(), worker.output()[-3000:]
+    client.close()
+    row.done("works with a patch",
+             "class EzraStreamBroker(RedisStreamBroker) whose listen() is RedisStreamBroker.listen's first "
+             "half only: XREADGROUP (COUNT 100, BLOCK 2000) and an AckableMessage per task, acked with "
+             "XACK (self._ack_generator); it drops the pipe.lock() / XAUTOCLAIM / lock.release() step, which "
+             "EZRA does not need: a task whose worker died is delivered again by XREADGROUP after the "
+             "visibility timeout (11 lines, tests/worker_libs/taskiq_app.py). kiq() and `taskiq worker` with "
+             "two processes: every task once, by both, nothing pending")
+
+
+def test_dramatiq_fails_clearly(shared_server, queue, venv_python, start_worker):
+    env, before = app_env(shared_server, queue), queues(shared_server)
+    out = produce(venv_python, "dramatiq_app", env)
+    row = Row("dramatiq (Python, RedisBroker)", out["version"])
+    command, reason, error = first_refusal(out["error"])
+    assert (command, reason, out["pushed"]) == ("EVALSHA", "Lua scripts", 0), out
+    worker = start_worker([venv_python, "-m", "dramatiq", "dramatiq_app", "--processes", "1", "--threads", "2"], env)
+    log = worker.wait_for(lambda log: "Restarting consumer" in log)
+    assert worker.exited is None and first_refusal(log)[:2] == ("EVALSHA", "Lua scripts"), log[-3000:]
+    assert queues(shared_server) == before, "nothing half-written"
+    row.done("fails, clear error",
+             "messages live in lists and hashes changed by Lua scripts: actor.send() raises "
+             f"\"{short(error)}\" (the broker's first script, maxstack.lua, probes Lua's stack before "
+             "dispatch.lua would push); the `dramatiq` worker's consumers log the same error and restart "
+             "every 3 s")
+
+
+def test_huey_fails_clearly(shared_server, queue, venv_python, start_worker):
+    env, before = app_env(shared_server, queue), queues(shared_server)
+    out = produce(venv_python, "huey_app", env)
+    row = Row("huey (Python, RedisHuey)", out["version"])
+    command, reason, error = first_refusal(out["error"])
+    assert (command, reason, out["pushed"]) == ("LPUSH", "Lists", 0), out
+    worker = start_worker([venv_python, "-m", "huey.bin.huey_consumer", "huey_app.huey", "--workers", "2"], env)
+    log = worker.wait_for(lambda log: {"BRPOP", "EVALSHA"} <= set(refusals(log)))
+    assert worker.exited is None and "Error reading from queue" in log, log[-3000:]
+    assert refusals(log)["BRPOP"] == "Lists" and refusals(log)["EVALSHA"] == "Lua scripts"
+    assert queues(shared_server) == before, "nothing half-written"
+    row.done("fails, clear error",
+             f"tasks live in lists: calling a task raises \"{short(error)}\"; `huey_consumer`'s workers log "
+             "\"Error reading from queue\" with BRPOP's error and retry, its scheduler logs EVALSHA's "
+             "(a Lua script reads the schedule)")
+
+
+def test_arq_fails_clearly(shared_server, queue, venv_redis5_python, start_worker):
+    env, before = app_env(shared_server, queue), queues(shared_server)
+    out = produce(venv_redis5_python, "arq_app", env)
+    row = Row("arq (Python)", out["version"])
+    command, reason, error = first_refusal(out["error"])
+    assert (command, out["pushed"]) == ("WATCH", 0) and reason.startswith("Keys other than queues"), out
+    assert first_refusal(out["worker"])[0] == "DBSIZE", out["worker"]
+    worker = start_worker([venv_redis5_python, "-m", "arq", "arq_app.WorkerSettings"], env)
+    log = worker.wait_for(lambda log: False)  # it exits
+    assert worker.exited not in (None, 0) and first_refusal(log)[0] == "DEL", log[-3000:]
+    assert queues(shared_server) == before, "nothing half-written"
+    row.done("fails, clear error",
+             "jobs live in sorted sets and string keys: enqueue_job() raises "
+             f"\"{short(error)}\" (it WATCHes the job's key in a transaction); the `arq` worker exits at "
+             "start: its first refused command is DBSIZE (it logs the server's figures), but the error it "
+             f"prints is its cleanup's: \"{short(first_refusal(log)[2])}\"")
+
+
+def test_saq_fails_clearly(shared_server, queue, venv_redis5_python, start_worker):
+    env, before = app_env(shared_server, queue), queues(shared_server)
+    out = produce(venv_redis5_python, "saq_app", env)
+    row = Row("saq (Python, Redis queue)", out["version"])
+    command, reason, error = first_refusal(out["error"])
+    assert (command, reason, out["pushed"]) == ("EVALSHA", "Lua scripts", 0), out
+    client = shared_server.client()
+    commands = client.info("stats")["total_commands_processed"]
+    worker = start_worker([venv_redis5_python, "-m", "saq", "saq_app.settings"], env)
+    worker.wait_for(lambda log: "Upkeep task failed unexpectedly" in log and "EVALSHA" in refusals(log))
+    # its dequeue's BLMOVE is refused at once and tried again at once: a busy loop, not logged
+    wait_until(lambda: client.info("stats")["total_commands_processed"] - commands > 1000, 20,
+               message="saq's worker to send a thousand commands")
+    worker.kill()
+    client.close()
+    log = worker.output()
+    assert worker.exited is None and refusals(log)["EVALSHA"] == "Lua scripts", log[-3000:]
+    assert "BLMOVE" not in refusals(log), log[-3000:]
+    assert queues(shared_server) == before, "nothing half-written"
+    row.done("fails, clear error",
+             f"jobs live in lists and hashes changed by Lua scripts: enqueue() raises \"{short(error)}\"; "
+             "the `saq` worker logs \"Upkeep task failed unexpectedly\" with the same error again and again, "
+             "and "
+             "its dequeue (BLMOVE) fails without a log and is tried again at once, again and again")
+
+
+# ------------------------------------------------------------------ bee-queue, NestJS (npm)
+
+def test_bee_queue_fails_clearly(shared_server, queue):
+    env, before = node_env(), queues(shared_server)
+    row = Row("bee-queue (Node.js)", node_version("bee-queue"))
+    out = run_json(["node", str(NODE_SRC / "bee_queue.js"), str(shared_server.port), queue], env=env, timeout=60)
+    defaults, quiet = out["defaults"], out["noEvents"]
+    for step in ("save", "ready"):
+        assert first_refusal(defaults[step])[:2] == ("SUBSCRIBE", "Pub/sub channels"), out
+        assert first_refusal(quiet[step])[:2] == ("SCRIPT", "Lua scripts"), out
+    assert defaults["workerErrors"] and first_refusal(defaults["workerErrors"][0])[0] == "SUBSCRIBE", out
+    assert queues(shared_server) == before, "nothing half-written"
+    row.done("fails, clear error",
+             "jobs live in lists and hashes changed by Lua scripts, announced on pub/sub: with its defaults "
+             f"createJob().save() rejects with \"{short(defaults['save'])}\" (its job events channel) and a "
+             "worker queue emits it as an error and never becomes ready; with getEvents: false the first "
+             f"refusal is the scripts' loading: \"{short(quiet['save'])}\"")
+
+
+def test_nestjs_redis_transport_fails_clearly(shared_server, queue):
+    env, before = node_env(), queues(shared_server)
+    row = Row("NestJS microservices (Node.js, Redis transport)", node_version("@nestjs/microservices"))
+    script, port = str(NODE_SRC / "nestjs.js"), str(shared_server.port)
+    client = run_json(["node", script, port, queue, "client"], env=env, timeout=60)
+    assert first_refusal(client["send"])[:2] == ("SUBSCRIBE", "Pub/sub channels"), client
+    assert first_refusal(client["emit"])[:2] == ("PUBLISH", "Pub/sub channels"), client
+    server = subprocess.run(["node", script, port, queue, "server"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert server.returncode != 0 and '{"listen"' not in server.stdout, server.stdout
+    command, reason, error = first_refusal(server.stderr)
+    assert (command, reason) == ("SUBSCRIBE", "Pub/sub channels"), server.stderr[-3000:]
+    assert queues(shared_server) == before, "nothing half-written"
+    row.done("fails, clear error",
+             "the transport is pub/sub (requests PUBLISHed, replies on a subscribed channel): a ClientProxy's "
+             f"send() errors with \"{short(client['send'])}\" (its reply channel), emit() with "
+             f"\"{short(client['emit'])}\"; NestFactory.createMicroservice(...).listen() SUBSCRIBEs to its "
+             "patterns, the rejection is unhandled and the Node.js process exits with it")
