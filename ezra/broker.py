@@ -161,6 +161,10 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         """XGROUP DESTROY: 1 if XGROUP CREATE named that group (forgotten now), else 0. Tasks stay."""
         return self.writer.submit(self._tx_destroy_group, queue, group)
 
+    def delete_worker(self, queue: bytes, worker: bytes):
+        """XGROUP DELCONSUMER: the worker's in-flight tasks in `queue` go back; how many."""
+        return self.writer.submit(self._tx_delete_worker, queue, worker)
+
     def read(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
              block_ms: int | None, wait, claim_idle: int | None = None):
         """XREADGROUP with '>': claim, or block until a task comes or the time is up.
@@ -338,6 +342,18 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
     def _tx_trim(self, name: bytes, trim) -> int:
         queue = self.queues.get(name)
         return 0 if queue is None else self._trim_done(queue, trim)
+
+    def _tx_delete_worker(self, name: bytes, worker: bytes) -> int:
+        """Redis drops a deleted consumer's pending entries; EZRA fails them as a lost lease would
+        (the attempt counts: back to available, or dead without attempts left)."""
+        queue = self.queues.get(name)
+        if queue is None:
+            raise errors.XGROUP_NEEDS_KEY
+        rows = self.db.held_by(name, worker) if queue.counts[IN_FLIGHT] else []
+        if rows:
+            self._apply_failures(queue, rows, lifecycle.FAIL, None, self.clock())
+            self._tally(queue, "released", len(rows))
+        return len(rows)
 
     def _tx_destroy_group(self, name: bytes, group: bytes) -> int:
         queue = self.queues.get(name)

@@ -582,8 +582,9 @@ def xgroup(session, args):
     if sub == b"DESTROY" and len(args) == 4:
         # 1 for the group XGROUP CREATE named (forgotten), else 0; the tasks stay as they are
         return Deferred(broker(session).destroy_group(live_queue(args[2]), args[3]))
-    if sub == b"DELCONSUMER" and len(args) in (4, 5):
-        return 0  # consumers are implicit: nothing to delete, no task is dropped
+    if sub == b"DELCONSUMER" and len(args) == 5:
+        # As Redis, how many tasks the worker held; EZRA gives them back instead of dropping them
+        return Deferred(broker(session).delete_worker(live_queue(args[2]), args[4]))
     if sub == b"HELP":
         return [SimpleString(line) for line in XGROUP_HELP]
     if sub in (b"CREATE", b"SETID", b"CREATECONSUMER", b"DELCONSUMER", b"DESTROY"):
@@ -597,7 +598,9 @@ XGROUP_HELP = [
     "    Accepted; with MKSTREAM the queue is created.",
     "DESTROY <key> <groupname>",
     "    1 if CREATE named that group (the name is forgotten), else 0; no task is dropped.",
-    "SETID, CREATECONSUMER, DELCONSUMER",
+    "DELCONSUMER <key> <groupname> <consumername>",
+    "    The consumer's in-flight tasks in that queue go back (an attempt, as a lost lease): their count.",
+    "SETID, CREATECONSUMER",
     "    Accepted and ignored: no task is ever dropped.",
 ]
 

@@ -249,6 +249,22 @@ def test_xgroup_create_is_accepted(r, queue):
         r.xgroup_create(queue + "-missing", "workers")
 
 
+def test_xgroup_delconsumer_gives_the_workers_tasks_back(r, queue):
+    # Redis answers how many entries the consumer had pending and drops them from its pending
+    # list; EZRA answers the same count and puts the tasks back, as a lost lease would.
+    ids = [r.xadd(queue, {"n": n}) for n in range(3)]
+    assert [i for i, _ in claim(r, queue, worker="w1", count=2)] == ids[:2]
+    assert r.xgroup_delconsumer(queue, "g", "w2") == 0
+    assert r.xgroup_delconsumer(queue, "g", "w1") == 2
+    assert r.xpending(queue, "g")["pending"] == 0
+    assert [i for i, _ in claim(r, queue, worker="w3", count=10)] == ids
+    assert [t["times_delivered"] for t in r.xpending_range(queue, "g", "-", "+", 10)] == [2, 2, 1]
+    with pytest.raises(redis.ResponseError, match="requires the key to exist"):
+        r.xgroup_delconsumer(queue + "-missing", "g", "w1")
+    with pytest.raises(redis.ResponseError, match="wrong number of arguments for 'xgroup|delconsumer'"):
+        r.execute_command("XGROUP", "DELCONSUMER", queue, "g")
+
+
 def test_exact_trimming_is_refused_and_nothing_stored(r, queue):
     """redis-py's maxlen= trims approximately (kept: nothing is done), exact trimming is refused
     (tests/test_trim.py has the rest)."""
