@@ -3,9 +3,10 @@
 README's "## Compatibility" section (the same text).
 
 tests/test_clients.py writes build/compat/clients.json (client, version, protocol,
-settings, status per case), tests/test_worker_libs.py and tests/test_worker_libs_trim.py write
-build/compat/worker_libs.json (library, version, status, notes) and tests/test_parity.py writes build/compat/parity.json
-(redis-server version, scenarios, graduation, intended differences with both replies).
+settings, status per case), tests/test_worker_libs.py, tests/test_worker_libs_trim.py and
+tests/test_worker_libs_xread.py write build/compat/worker_libs.json (library, version,
+status, notes) and tests/test_parity.py writes build/compat/parity.json (redis-server
+version, scenarios, graduation, intended differences with both replies).
 
     python -m pytest tests/test_clients.py tests/test_worker_libs.py tests/test_worker_libs_trim.py \
         tests/test_parity.py
@@ -93,10 +94,14 @@ def worker_libs_part(libs: list[dict]) -> list[str]:
                   "available, delayed, in flight or done and still retained; dead ones under `q::dead`),",
                   "and nothing is claimed, leased or counted, so the queue's workers still get every task,",
                   "each once. An observer cannot tell a done task from a waiting one and does not stop a",
-                  "task from being worked on: to process tasks, read with a consumer group. The socket.io",
-                  "redis-streams adapter reads this way too, but each of its publishes trims",
-                  "(`XADD ... MAXLEN ~ 10000`, no option turns it off): its row waits for approximate",
-                  "trimming."]
+                  "task from being worked on: to process tasks, read with a consumer group.", "",
+                  "The socket.io Redis Streams adapter is such a reader: each server pushes its broadcasts",
+                  "(`XADD ... MAXLEN ~ 10000`) and reads everyone's with `XREAD`. Nothing ever takes or",
+                  "acks them, so on EZRA they stay available tasks, which trimming never removes (it",
+                  "removes done tasks only): its stream grows with every broadcast, where Redis keeps",
+                  "about 10,000 entries. Since 0.3 it also needs pub/sub, and its Node process exits at",
+                  "start. Its rows give what was measured; \"Trimming\" in docs/usage.md says how to",
+                  "drain its stream, and why Redis is the better home for socket.io's fan-out."]
 
 
 def parity_part(parity: dict) -> list[str]:

@@ -3,8 +3,12 @@
 FastStream's StreamSub without a group and walrus's Stream.read read a stream with XREAD
 (BLOCK, '$'). On EZRA that is a read-only look: each observer sees every pushed task,
 nothing is claimed or counted, and the consumer group's worker still gets each task once.
-The socket.io redis-streams adapter also reads this way, but every publish it makes
-trims (XADD MAXLEN ~ maxLen, with no option to turn it off), so it has no case here.
+The socket.io Redis Streams adapter reads this way too, and pushes every broadcast with
+XADD MAXLEN ~ 10000: its entries are tasks nobody takes, so they stay available, and trimming,
+which removes done tasks only, never removes them (its stream grows until someone drains it).
+Since 0.3 it also needs pub/sub (SUBSCRIBE at start, PUBLISH for serverSideEmit), which EZRA
+refuses: its Node process exits at start. Its scenario is tests/node/socketio_adapter.js, run
+on redis-server first, then on EZRA.
 
 The rows go to build/compat/worker_libs.json with test_worker_libs.py's (its Row and
 RESULTS), which scripts/compat_table.py turns into the README's table.
@@ -12,14 +16,18 @@ RESULTS), which scripts/compat_table.py turns into the README's table.
 
 from __future__ import annotations
 
+import subprocess
 import threading
+from collections import Counter
 
 import pytest
+import redis
 
 import test_worker_libs as worker_libs
 from conftest import wait_until
-from test_clients import record_results
-from test_worker_libs import Row, dist_version, run_json, venv_python, walrus_database  # noqa: F401
+from test_clients import NODE_SRC, node_env, node_version, record_results
+from test_worker_libs import Row, dist_version, first_refusal, run_json, short, walrus_database
+from test_worker_libs import venv_python  # noqa: F401 (a fixture)
 
 N = 20
 
@@ -145,3 +153,150 @@ def test_walrus_stream_read(shared_server, queue):
                       "last_id='$'): every entry in order once; two readers blocked on '$' both woke on one "
                       "push; a timeout reads as []. Nothing was claimed: a consumer group's worker then got "
                       "every task, each delivered once")
+
+
+# ------------------------------------------------------------------ @socket.io/redis-streams-adapter (npm)
+
+SOCKETIO = str(NODE_SRC / "socketio_adapter.js")
+ADAPTER = "@socket.io/redis-streams-adapter"
+ADAPTER_02 = "socketio-streams-adapter02"  # tests/node/package.json: npm:@socket.io/redis-streams-adapter@^0.2.3
+BROADCAST, SERVER_SIDE_EMIT = "3", "9"  # socket.io-adapter's MessageType, the entries' "type" field
+INITIAL_HEARTBEAT, HEARTBEAT = "1", "2"  # 0.2 also sends its heartbeats through the stream
+
+
+def socketio(port: int, stream: str, package: str, client: str, env: dict) -> dict:
+    """Two socket.io servers with the adapter, two clients on each: what each client got."""
+    return run_json(["node", SOCKETIO, str(port), stream, str(N), package, client], env=env, timeout=90)
+
+
+def assert_broadcasts(out: dict) -> int:
+    """Every client got every broadcast once, each server's in the order it sent them, the room's
+    only in the room; the broadcasts the servers sent (each one XADD)."""
+    sent = {"A": list(range(0, N, 2)), "B": list(range(1, N, 2))}
+    for got in out["clients"]:
+        for origin, numbers in sent.items():
+            assert [i for name, i in got["all"] if name == origin] == numbers, got
+            in_room = [i for i in numbers if i % 3 == 0] if got["room"] else []
+            assert [i for name, i in got["inRoom"] if name == origin] == in_room, got
+        assert len(got["all"]) == N and sorted(got["ends"]) == ["A", "B"], got
+    return sum(out["warmups"].values()) + N + out["rooms"] + 2
+
+
+def stream_census(client, stream: str) -> tuple[Counter, dict]:
+    """The entries' types, and XINFO STREAM's counts."""
+    types = Counter(fields[b"type"].decode() for _, fields in client.xrange(stream))
+    info = client.xinfo_stream(stream)
+    return types, {key: info[key] for key in ("length", "available", "in-flight", "done", "entries-added")}
+
+
+def assert_never_trimmed(client, stream: str, entries: int) -> None:
+    """The adapter's entries are tasks nobody takes: all available, so no trimming removes one;
+    a reader of a consumer group that acks them makes them done, and then they trim."""
+    assert stream_census(client, stream)[1] == {"length": entries, "available": entries, "in-flight": 0,
+                                                "done": 0, "entries-added": entries}
+    assert client.xtrim(stream, maxlen=0, approximate=True) == 0, "XTRIM ~ 0 removes none of them"
+    assert client.xlen(stream) == entries
+    [(_, drained)] = client.xreadgroup("drain", "d1", {stream: ">"}, count=entries + 1)
+    assert len(drained) == entries and client.xack(stream, "drain", *[i for i, _ in drained]) == entries
+    assert client.xlen(stream) == 0 and stream_census(client, stream)[1]["done"] == entries
+    assert client.xtrim(stream, maxlen=0, approximate=True) == entries and client.xrange(stream) == []
+
+
+class Drainer(threading.Thread):
+    """docs/usage.md's advice for the adapter's stream: a consumer group's reader that acks every entry."""
+
+    def __init__(self, port: int, stream: str):
+        super().__init__(daemon=True)
+        self.client, self.stream = redis.Redis(port=port, socket_timeout=30), stream
+        self.stopping, self.acked, self.error = threading.Event(), 0, None
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                for _, entries in self.client.xreadgroup("drain", "d1", {self.stream: ">"}, count=1000, block=100):
+                    self.acked += self.client.xack(self.stream, "drain", *[i for i, _ in entries])
+        except Exception as error:  # re-raised by stop(), in the test
+            self.error = error
+
+    def stop(self) -> int:
+        self.stopping.set()
+        self.join(10)
+        self.client.close()
+        if self.error:
+            raise self.error
+        return self.acked
+
+
+def test_socketio_redis_streams_adapter_03(shared_server, redis_server_port, queue):
+    env = node_env()
+    row = Row("@socket.io/redis-streams-adapter (Node.js, on node-redis)", node_version(ADAPTER))
+    on_redis = socketio(redis_server_port, queue, ADAPTER, "redis5", env)
+    assert_broadcasts(on_redis)
+    assert on_redis["unhandled"] == [] and on_redis["serverSideEmit"] == [["from A"]], on_redis
+    # As its README shows (no handler for unhandled rejections): its first SUBSCRIBE ends the process.
+    client = shared_server.client()
+    for redis_client in ("redis5", "ioredis"):
+        start = subprocess.run(["node", SOCKETIO, str(shared_server.port), queue, str(N), ADAPTER, redis_client,
+                                "startup"], env=env, capture_output=True, text=True, timeout=60)
+        assert start.returncode != 0 and '{"started"' not in start.stdout, (start.stdout, start.stderr[-3000:])
+        assert first_refusal(start.stderr)[:2] == ("SUBSCRIBE", "Pub/sub channels"), start.stderr[-3000:]
+    assert client.xlen(queue) == 0 and client.xrange(queue) == [], "the adapter pushed nothing"
+    # With a handler: the broadcasts go through the stream; what goes over pub/sub is refused.
+    out = socketio(shared_server.port, queue, ADAPTER, "redis5", env)
+    broadcasts = assert_broadcasts(out)
+    refused = [first_refusal(message)[:2] for message in out["unhandled"]]
+    assert refused == [("SUBSCRIBE", "Pub/sub channels")] * 2 + [("PUBLISH", "Pub/sub channels")], out["unhandled"]
+    assert out["serverSideEmit"] == [], out
+    assert stream_census(client, queue)[0] == {BROADCAST: broadcasts}
+    assert_never_trimmed(client, queue, broadcasts)
+    client.close()
+    row.done("fails, clear error",
+             "createAdapter(redisClient) as its README shows: each server SUBSCRIBEs at start (since 0.3 "
+             "serverSideEmit, emitWithAck and fetchSockets go over pub/sub) and leaves the refusal unhandled, "
+             f"so the Node process exits with \"{short(out['unhandled'][0])}\" (node-redis 5 and ioredis alike). "
+             "An app that handles unhandled rejections keeps running: then io.emit and room broadcasts go "
+             f"through the stream (XADD MAXLEN ~ 10000, XREAD BLOCK 5000 from the last id) and {N} of them, "
+             "from two servers, reached each of four clients once, in order; serverSideEmit is refused "
+             f"(\"{short(out['unhandled'][2])}\", unhandled too) and never arrives. Its entries are never "
+             "acked: XLEN is the number of broadcasts, all available, and XTRIM MAXLEN ~ 0 removes none (see "
+             "0.2.3's row). The same run passes on redis-server")
+
+
+def test_socketio_redis_streams_adapter_02(shared_server, redis_server_port, queue):
+    env = node_env()
+    row = Row("@socket.io/redis-streams-adapter (Node.js, on ioredis)", node_version(ADAPTER_02))
+    on_redis = socketio(redis_server_port, queue, ADAPTER_02, "ioredis", env)
+    assert_broadcasts(on_redis)
+    assert on_redis["unhandled"] == [] and on_redis["serverSideEmit"] == [["from A"]], on_redis
+    client = shared_server.client()
+    out = socketio(shared_server.port, queue, ADAPTER_02, "ioredis", env)
+    broadcasts = assert_broadcasts(out)
+    assert out["unhandled"] == [] and out["serverSideEmit"] == [["from A"]], out
+    types, counts = stream_census(client, queue)
+    assert types[BROADCAST] == broadcasts and types[SERVER_SIDE_EMIT] == 1, types
+    assert types[INITIAL_HEARTBEAT] >= 2, types
+    assert set(types) <= {BROADCAST, SERVER_SIDE_EMIT, INITIAL_HEARTBEAT, HEARTBEAT}, types
+    assert_never_trimmed(client, queue, counts["length"])
+    # The advice: with a reader that acks each entry as it comes, the servers still read them all
+    # (XREAD shows done tasks until they are trimmed), and they are done, for trimming to remove.
+    drained = queue + "-drained"
+    drainer = Drainer(shared_server.port, drained)
+    drainer.start()
+    assert_broadcasts(socketio(shared_server.port, drained, ADAPTER_02, "ioredis", env))
+    wait_until(lambda: client.xlen(drained) == 0, message="the drainer acks every entry")
+    entries = drainer.stop()
+    assert stream_census(client, drained)[1] == {"length": 0, "available": 0, "in-flight": 0, "done": entries,
+                                                 "entries-added": entries}
+    assert client.xtrim(drained, maxlen=0, approximate=True) == entries
+    client.close()
+    row.done("works, but its stream is never trimmed",
+             "createAdapter(redisClient) on ioredis, as its README shows (0.2's node-redis path imports the "
+             "`redis` package itself); every message goes through the stream: XADD MAXLEN ~ 10000 and XREAD "
+             f"BLOCK 100 from the last id. Two servers, four clients: {N} io.emit and {out['rooms']} room "
+             "broadcasts reached each client once, in order, only the room's members for the room; "
+             "serverSideEmit arrived. But no one acks its entries (XREAD takes nothing): they stay available "
+             "tasks, which no trimming removes (its MAXLEN ~ 10000, XTRIM MAXLEN ~ 0: none), nor a retention "
+             "(done tasks only), so the stream grows with every broadcast and heartbeat: XLEN is the number "
+             "of entries pushed, all available. With a consumer group's reader that acks each entry as "
+             "it comes (docs/usage.md), the same run delivered every broadcast once and left only done tasks, "
+             "which trimming removes; for socket.io fan-out, Redis is the better home")
