@@ -635,7 +635,7 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         now = self.clock()
         before = None if min_idle_ms is None else now - min_idle_ms
         rows = self.db.pending_entries(name, start, end, count, worker, before)
-        return [[b"%d-%d" % (ms, seq), name_bytes(owner), max(now - delivered, 0), attempts]
+        return [[lifecycle.format_id((ms, seq)), name_bytes(owner), max(now - delivered, 0), attempts]
                 for ms, seq, owner, delivered, attempts in rows]
 
     def _tx_counts(self) -> dict:

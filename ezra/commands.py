@@ -22,7 +22,7 @@ from loguru import logger
 from . import errors, lifecycle, queue_settings
 from .broker import DEFAULT_READ_COUNT, MAX_READ_COUNT
 from .errors import CommandError
-from .lifecycle import parse_after_id, parse_id, split_queue
+from .lifecycle import format_id, parse_after_id, parse_id, split_queue
 from .observers import LAST_ONE, SINCE_NOW
 from .resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString
 from .trimming import TrimArgs
@@ -563,7 +563,7 @@ def pending_summary_reply(summary) -> list:
     first, last, workers = summary
     if not workers:
         return [0, None, None, NULL_ARRAY]
-    return [sum(n for _, n in workers), b"%d-%d" % first, b"%d-%d" % last,
+    return [sum(n for _, n in workers), format_id(first), format_id(last),
             [[worker, str(n).encode()] for worker, n in workers]]
 
 

@@ -156,7 +156,7 @@ def decode_fields(text: str) -> list[bytes]:
 
 def entry(row) -> list:
     """A task row (id_ms, id_seq, fields) as a Redis stream entry [id, [f, v, ...]]."""
-    return [b"%d-%d" % (row[0], row[1]), decode_fields(row[2])]
+    return [lifecycle.format_id(row[:2]), decode_fields(row[2])]
 
 
 # ---------------------------------------------------------------- opening

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from .client import Client, ReplyError
 from .inspector import printable
+from .lifecycle import format_id  # noqa: F401  (move.py takes it from here too)
 
 PAGE = 1000              # entries per read (XINFO TASKS, XRANGE, XPENDING, HSCAN)
 BATCH = 500              # XADDs per pipeline...
@@ -36,10 +37,6 @@ def parse_id(text: bytes) -> tuple:
     """A stream id as a pair of ints (Redis allows 64-bit parts; EZRA refuses what it cannot keep)."""
     ms, _, seq = text.partition(b"-")
     return int(ms), int(seq or 0)
-
-
-def format_id(stream_id: tuple) -> bytes:
-    return b"%d-%d" % stream_id
 
 
 def next_id(raw_id: bytes) -> bytes:
