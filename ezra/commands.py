@@ -206,7 +206,7 @@ def live_queue(name: bytes) -> bytes:
     return queue
 
 
-def broker(session: Session):
+def broker_of(session: Session):
     return session.server.broker
 
 
@@ -241,7 +241,7 @@ def xadd(session, args):
     if size > limit:
         raise errors.task_too_large(size, limit)
     idmp = options.idempotency(args[i], fields)
-    return Deferred(broker(session).push(queue, args[i], fields, options.nomkstream, options.delay_ms,
+    return Deferred(broker_of(session).push(queue, args[i], fields, options.nomkstream, options.delay_ms,
                                          options.ttl_ms, idmp, options.attempts, dead, trim))
 
 
@@ -321,7 +321,7 @@ def xtrim(session, args):
             raise errors.SYNTAX
         i = following
     trimming.check()
-    return Deferred(broker(session).trim(queue, trimming.trim()))
+    return Deferred(broker_of(session).trim(queue, trimming.trim()))
 
 
 @command("XREADGROUP", -7)
@@ -365,7 +365,7 @@ def xreadgroup(session, args):
     if all(stream_id is None for stream_id in ids):
         if block_ms is not None:
             session.flush()  # a blocked client has its earlier pipelined replies already
-        result = broker(session).read(queues, worker, count, noack, block_ms, session.wait, claim_idle)
+        result = broker_of(session).read(queues, worker, count, noack, block_ms, session.wait, claim_idle)
         return NULL_ARRAY if result is None else result
     return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
 
@@ -400,9 +400,9 @@ def xread(session, args):
         reads.setdefault(stream, (stream, split_queue(stream), after))
     count = read_count(count)
     if block_ms is None or session.in_exec:  # as Redis: inside MULTI/EXEC nothing blocks
-        return Deferred(broker(session).look(list(reads.values()), count), lambda found: found or NULL_ARRAY)
+        return Deferred(broker_of(session).look(list(reads.values()), count), lambda found: found or NULL_ARRAY)
     session.flush()  # a blocked client has its earlier pipelined replies already
-    result = broker(session).observe(list(reads.values()), count, block_ms, session.wait)
+    result = broker_of(session).observe(list(reads.values()), count, block_ms, session.wait)
     return result or NULL_ARRAY
 
 
@@ -445,11 +445,11 @@ def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
     result = PairsMap()
     for queue, after in zip(queues, ids):
         if after is None:
-            claimed = broker(session).read([queue], worker, count, noack, None, session.wait, claim_idle)
+            claimed = broker_of(session).read([queue], worker, count, noack, None, session.wait, claim_idle)
             if claimed:
                 result.update(claimed)
         else:
-            result[queue] = broker(session).reread(queue, worker, after, count).wait()
+            result[queue] = broker_of(session).reread(queue, worker, after, count).wait()
     return result or NULL_ARRAY
 
 
@@ -460,7 +460,7 @@ def xack(session, args):
     queue, dead = split_queue(args[1])
     if dead:
         return 0
-    return Deferred(broker(session).ack(queue, ids))
+    return Deferred(broker_of(session).ack(queue, ids))
 
 
 @command("XNACK", -4)
@@ -469,7 +469,7 @@ def xnack(session, args):
     queue = live_queue(args[1])
     mode = args[3].upper().decode("latin-1")
     if mode not in lifecycle.NACK_MODES:
-        return Deferred(broker(session).fail(queue, ids_of(args[3:])))
+        return Deferred(broker_of(session).fail(queue, ids_of(args[3:])))
     if len(args) < 7 or args[4].upper() != b"IDS":
         raise errors.SYNTAX
     numids = to_int(args[5])
@@ -488,7 +488,7 @@ def xnack(session, args):
             force, rest = True, rest[1:]
         else:
             raise errors.SYNTAX
-    return Deferred(broker(session).fail(queue, ids, mode, retry_count, force))
+    return Deferred(broker_of(session).fail(queue, ids, mode, retry_count, force))
 
 
 @command("XDEL", -3)
@@ -497,15 +497,15 @@ def xdel(session, args):
     ids = ids_of(args[2:])
     queue, dead = split_queue(args[1])
     if dead:
-        return Deferred(broker(session).delete_dead(queue, ids))
-    return Deferred(broker(session).fail(queue, ids))
+        return Deferred(broker_of(session).delete_dead(queue, ids))
+    return Deferred(broker_of(session).fail(queue, ids))
 
 
 @command("XLEN", 2)
 def xlen(session, args):
     """XLEN queue: tasks not done (available + in flight); on queue::dead, dead tasks."""
     queue, dead = split_queue(args[1])
-    return Deferred(broker(session).length(queue, dead))
+    return Deferred(broker_of(session).length(queue, dead))
 
 
 def range_command(session, args, reverse: bool):
@@ -522,7 +522,7 @@ def range_command(session, args, reverse: bool):
         raise errors.SYNTAX
     if start > end:
         return []
-    return Deferred(broker(session).range(queue, dead, start, end, count, reverse))
+    return Deferred(broker_of(session).range(queue, dead, start, end, count, reverse))
 
 
 @command("XRANGE", -4)
@@ -542,7 +542,7 @@ def xpending(session, args):
     """XPENDING queue group [[IDLE min-idle] start end count [worker]]"""
     queue = live_queue(args[1])
     if len(args) == 3:
-        return Deferred(broker(session).pending_summary(queue), pending_summary_reply)
+        return Deferred(broker_of(session).pending_summary(queue), pending_summary_reply)
     rest, min_idle = args[3:], None
     if rest[0].upper() == b"IDLE":
         if len(rest) < 2:
@@ -556,7 +556,7 @@ def xpending(session, args):
     worker = rest[3] if len(rest) == 4 else None
     if count <= 0 or start > end:
         return []
-    return Deferred(broker(session).pending_entries(queue, start, end, count, worker, min_idle))
+    return Deferred(broker_of(session).pending_entries(queue, start, end, count, worker, min_idle))
 
 
 def pending_summary_reply(summary) -> list:
@@ -573,7 +573,7 @@ def xgroup(session, args):
     sub = args[1].upper()
     if sub == b"CREATE" and len(args) >= 5:
         mkstream = any(arg.upper() == b"MKSTREAM" for arg in args[5:])
-        return Deferred(broker(session).create_queue(live_queue(args[2]), not mkstream, args[3]),
+        return Deferred(broker_of(session).create_queue(live_queue(args[2]), not mkstream, args[3]),
                         lambda _: OK)
     if sub == b"SETID" and len(args) >= 5:
         return OK
@@ -581,10 +581,10 @@ def xgroup(session, args):
         return 1
     if sub == b"DESTROY" and len(args) == 4:
         # 1 for the group XGROUP CREATE named (forgotten), else 0; the tasks stay as they are
-        return Deferred(broker(session).destroy_group(live_queue(args[2]), args[3]))
+        return Deferred(broker_of(session).destroy_group(live_queue(args[2]), args[3]))
     if sub == b"DELCONSUMER" and len(args) == 5:
         # As Redis, how many tasks the worker held; EZRA gives them back instead of dropping them
-        return Deferred(broker(session).delete_worker(live_queue(args[2]), args[4]))
+        return Deferred(broker_of(session).delete_worker(live_queue(args[2]), args[4]))
     if sub == b"HELP":
         return [SimpleString(line) for line in XGROUP_HELP]
     if sub in (b"CREATE", b"SETID", b"CREATECONSUMER", b"DELCONSUMER", b"DESTROY"):

@@ -9,13 +9,13 @@ queues here, so there is no DEL: EZRA never drops tasks.
 
 from __future__ import annotations
 
-from .commands import broker, command
+from .commands import broker_of, command
 from .lifecycle import split_queue
 from .resp import SimpleString
 
 
 def known_queues(session) -> dict:
-    return broker(session).queue_counts()
+    return broker_of(session).queue_counts()
 
 
 @command("EXISTS", -2)

@@ -14,7 +14,7 @@ Same rules as commands.py: parse, call the broker, return a reply value.
 from __future__ import annotations
 
 from . import errors, lifecycle, queue_settings
-from .commands import (MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, Deferred, broker, command, ids_of, live_queue,
+from .commands import (MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, Deferred, broker_of, command, ids_of, live_queue,
                        to_int)
 from .errors import CommandError
 from .lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
@@ -44,7 +44,7 @@ def xcfgset(session, args):
     """XCFGSET queue SETTING value [SETTING value ...]: OK; creates the queue if it does not exist."""
     queue = live_queue(args[1])
     changes = queue_settings.parse(args[2:])
-    return Deferred(broker(session).configure(queue, changes), lambda _: OK)
+    return Deferred(broker_of(session).configure(queue, changes), lambda _: OK)
 
 
 # ---------------------------------------------------------------- leases
@@ -80,7 +80,7 @@ def xclaim(session, args):
             i += 2
         else:
             raise errors.err(f"Unrecognized XCLAIM option '{args[i].decode('utf-8', 'replace')[:128]}'")
-    return Deferred(broker(session).claim_over(queue, worker, min_idle, ids, **opts))
+    return Deferred(broker_of(session).claim_over(queue, worker, min_idle, ids, **opts))
 
 
 @command("XAUTOCLAIM", -6)
@@ -102,7 +102,7 @@ def xautoclaim(session, args):
             justid, i = True, i + 1
         else:
             raise errors.SYNTAX
-    return Deferred(broker(session).autoclaim(queue, worker, min_idle, start, count, justid))
+    return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid))
 
 
 @command("XACKDEL", -6)
@@ -115,7 +115,7 @@ def xackdel(session, args):
     ids, end = ids_block(args, i)
     if end != len(args):
         raise errors.SYNTAX
-    return Deferred(broker(session).ack_delete(queue, ids))
+    return Deferred(broker_of(session).ack_delete(queue, ids))
 
 
 # ---------------------------------------------------------------- redrive
@@ -125,11 +125,11 @@ def xrequeue(session, args):
     """XREQUEUE queue ALL | IDS numids id...: dead tasks back to available, attempts reset; how many."""
     queue, _ = split_queue(args[1])  # 'q' and 'q::dead' both name q's dead tasks
     if args[2].upper() == b"ALL" and len(args) == 3:
-        return Deferred(broker(session).requeue(queue, None))
+        return Deferred(broker_of(session).requeue(queue, None))
     ids, end = ids_block(args, 2)
     if end != len(args):
         raise errors.SYNTAX
-    return Deferred(broker(session).requeue(queue, ids))
+    return Deferred(broker_of(session).requeue(queue, ids))
 
 
 # ---------------------------------------------------------------- XINFO
@@ -149,11 +149,11 @@ def xinfo(session, args):
         raise errors.err(f"wrong number of arguments for 'xinfo|{sub.decode().lower()}' command")
     queue = live_queue(args[2])
     if sub == b"GROUPS":
-        return Deferred(broker(session).stream_info(queue), lambda info: [group_reply(info)])
+        return Deferred(broker_of(session).stream_info(queue), lambda info: [group_reply(info)])
     if sub == b"CONSUMERS":
-        return Deferred(broker(session).stream_info(queue), consumers_reply)
+        return Deferred(broker_of(session).stream_info(queue), consumers_reply)
     full_count = stream_full_count(args[3:])
-    return Deferred(broker(session).stream_info(queue, full_count),
+    return Deferred(broker_of(session).stream_info(queue, full_count),
                     stream_reply if full_count is None else stream_full_reply)
 
 
@@ -185,7 +185,7 @@ def xinfo_tasks(session, args):
         else:
             after = parse_id(rest[1])
         rest = rest[2:]
-    return Deferred(broker(session).tasks(queue, state, count, after),
+    return Deferred(broker_of(session).tasks(queue, state, count, after),
                     lambda rows: [task_reply(row, state) for row in rows])
 
 
@@ -286,7 +286,7 @@ def backup(session, args):
     """BACKUP dest-path: a consistent copy of ezra.db, a new file in the backup directory (SQLite's backup API)."""
     dest = args[1].decode("utf-8", "surrogateescape")
     try:
-        broker(session).backup(dest)
+        broker_of(session).backup(dest)
     except StorageError as exc:
         raise errors.err(f"BACKUP failed: {exc}") from None
     return OK
