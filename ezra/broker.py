@@ -165,7 +165,7 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
         """XGROUP DELCONSUMER: the worker's in-flight tasks in `queue` go back; how many."""
         return self.writer.submit(self._tx_delete_worker, queue, worker)
 
-    def read(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
+    def claim(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
              block_ms: int | None, wait, claim_idle: int | None = None):
         """XREADGROUP with '>': claim, or block until a task comes or the time is up.
 
@@ -203,9 +203,9 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
             raise waiter.error
         return waiter.result
 
-    def reread(self, queue: bytes, worker: bytes, after: tuple, count: int | None):
+    def claim_own(self, queue: bytes, worker: bytes, after: tuple, count: int | None):
         """XREADGROUP with an id: this worker's own in-flight tasks after `after`."""
-        return self.writer.submit(self._tx_reread, queue, worker, after, count, durable=False)
+        return self.writer.submit(self._tx_claim_own, queue, worker, after, count, durable=False)
 
     def ack(self, queue: bytes, ids: list[tuple]):
         return self.writer.submit(self._tx_ack, queue, ids)
@@ -531,14 +531,14 @@ class Broker(Leases, Upkeep, QueueAdmin, Observers):
             ids = [lifecycle.parse_id(task_id) for task_id, *_ in entries]
             self.writer.submit(self._tx_fail, name, ids, lifecycle.SILENT, None, False)
 
-    def _tx_reread(self, name: bytes, worker: bytes, after: tuple, count: int | None):
+    def _tx_claim_own(self, name: bytes, worker: bytes, after: tuple, count: int | None):
         queue = self.queues.get(name)
         if queue is None:
             return []
         now = self.clock()
         deadline = lifecycle.lease_deadline(now, self._visibility_timeout(queue))
         self.lease_until(deadline)
-        return [entry(row) for row in self.db.reread(name, worker, after, count, now, deadline)]
+        return [entry(row) for row in self.db.claim_own(name, worker, after, count, now, deadline)]
 
     def _tx_ack(self, name: bytes, ids: list[tuple]) -> int:
         queue = self.queues.get(name)

@@ -365,7 +365,7 @@ def xreadgroup(session, args):
     if all(stream_id is None for stream_id in ids):
         if block_ms is not None:
             session.flush()  # a blocked client has its earlier pipelined replies already
-        result = broker_of(session).read(queues, worker, count, noack, block_ms, session.wait, claim_idle)
+        result = broker_of(session).claim(queues, worker, count, noack, block_ms, session.wait, claim_idle)
         return NULL_ARRAY if result is None else result
     return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
 
@@ -445,11 +445,11 @@ def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
     result = PairsMap()
     for queue, after in zip(queues, ids):
         if after is None:
-            claimed = broker_of(session).read([queue], worker, count, noack, None, session.wait, claim_idle)
+            claimed = broker_of(session).claim([queue], worker, count, noack, None, session.wait, claim_idle)
             if claimed:
                 result.update(claimed)
         else:
-            result[queue] = broker_of(session).reread(queue, worker, after, count).wait()
+            result[queue] = broker_of(session).claim_own(queue, worker, after, count).wait()
     return result or NULL_ARRAY
 
 

@@ -80,7 +80,7 @@ def xclaim(session, args):
             i += 2
         else:
             raise errors.err(f"Unrecognized XCLAIM option '{args[i].decode('utf-8', 'replace')[:128]}'")
-    return Deferred(broker_of(session).claim_over(queue, worker, min_idle, ids, **opts))
+    return Deferred(broker_of(session).take_over(queue, worker, min_idle, ids, **opts))
 
 
 @command("XAUTOCLAIM", -6)

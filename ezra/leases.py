@@ -52,10 +52,10 @@ class Leases:
 
     # ------------------------------------------------------------ greenlet API
 
-    def claim_over(self, queue: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms=None,
+    def take_over(self, queue: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms=None,
                    time_ms=None, retry_count=None, force=False, justid=False):
         """XCLAIM: entries (or ids with JUSTID) of the tasks now leased to `worker`."""
-        return self.writer.submit(self._tx_claim_over, queue, worker, min_idle, ids, idle_ms, time_ms,
+        return self.writer.submit(self._tx_take_over, queue, worker, min_idle, ids, idle_ms, time_ms,
                                   retry_count, force, justid, durable=False)
 
     def autoclaim(self, queue: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
@@ -124,7 +124,7 @@ class Leases:
                 logger.debug("released {} tasks of gone worker {!r} in {!r}", len(rows), worker, queue.name)
         return wait
 
-    def _tx_claim_over(self, name: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms,
+    def _tx_take_over(self, name: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms,
                        time_ms, retry_count, force: bool, justid: bool) -> list:
         queue = self.queues.get(name)
         if queue is None:

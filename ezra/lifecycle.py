@@ -11,7 +11,7 @@
     push         -           available | delayed        0
     promote      delayed     available (its time came)  =
     claim        available   in_flight (worker, lease)  +1 (every delivery counts)
-    reread       in_flight   in_flight (lease renewed)  +1 (as Redis counts re-reads with id 0)
+    claim own    in_flight   in_flight (lease renewed)  +1 (as Redis counts re-reads with id 0)
     renew        in_flight   in_flight (XCLAIM by the owner: a heartbeat)   =
     take over    in_flight   in_flight (XCLAIM/XAUTOCLAIM/CLAIM by another) +1
     ack          in_flight   done (or deleted: retention 0, XACKDEL)        =

@@ -642,7 +642,7 @@ class Database:
         rows.sort()
         return rows
 
-    def reread(self, queue: bytes, worker: bytes, after: tuple, count: int | None, now: int,
+    def claim_own(self, queue: bytes, worker: bytes, after: tuple, count: int | None, now: int,
                deadline: int) -> list[tuple]:
         """A worker's own in-flight tasks after `after`; each counts a delivery, lease renewed."""
         rows = self.conn.execute(

@@ -66,7 +66,7 @@ def instrument() -> None:
     for name in ("begin", "commit"):
         setattr(storage.Database, name, timed("commit", getattr(storage.Database, name)))
     storage.Database.sync_wal = timed("fsync", storage.Database.sync_wal)
-    for name in ("insert_task", "claim", "ack", "reread", "in_flight_attempts", "set_outcome", "insert_queue"):
+    for name in ("insert_task", "claim", "ack", "claim_own", "in_flight_attempts", "set_outcome", "insert_queue"):
         setattr(storage.Database, name, timed("sql", getattr(storage.Database, name)))
 
 
