@@ -267,10 +267,8 @@ def info_memory(state: ServerState):
 
 
 def info_persistence(state: ServerState):
-    path = state.broker.db.path
-    size = sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
-    writer = state.broker.writer
-    return [("loading", 0), ("database_file", path), ("database_bytes", size),
+    db, writer = state.broker.db, state.broker.writer
+    return [("loading", 0), ("database_file", db.path), ("database_bytes", db.bytes_on_disk()),
             ("durability", state.settings.durability), ("commit_batches", writer.batches),
             ("wal_fsyncs", writer.fsyncs),
             ("committed_requests", writer.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0)]

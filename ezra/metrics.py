@@ -16,7 +16,6 @@ there are (10,000 queues made a 7 MB scrape that took 2 s).
 
 from __future__ import annotations
 
-import os
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -47,7 +46,6 @@ def queue_label(name: bytes) -> str:
 def snapshot(state) -> dict:
     """Everything /metrics shows, read on the event loop (one writer round trip)."""
     broker, writer = state.broker, state.broker.writer
-    path = broker.db.path
     view = broker.busiest(state.settings.metrics_queues)
     return {
         "queues": view["queues"], "rest": view["rest"], "queue_count": view["queue_count"], "now": broker.clock(),
@@ -55,7 +53,7 @@ def snapshot(state) -> dict:
         "fsync_seconds": None if writer.fsync_seconds is None else copy(writer.fsync_seconds),
         "disk_full": int(writer.disk_full), "connected": len(state.sessions), "blocked": broker.blocked_clients(),
         "parked": state.parked_clients,
-        "database_bytes": sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p)),
+        "database_bytes": broker.db.bytes_on_disk(),
         "durability": state.settings.durability,
     }
 

@@ -476,6 +476,10 @@ class Database:
         """Bytes in the WAL file (one fstat): above `wal_limit`, time for a checkpoint."""
         return os.fstat(self._wal_fd).st_size
 
+    def bytes_on_disk(self) -> int:
+        """The database file and its WAL (INFO's database_bytes, /metrics' ezra_database_bytes)."""
+        return os.path.getsize(self.path) + self.wal_size()
+
     # -- the disk reserve (a ballast file): see Writer._on_disk_full
 
     def make_reserve(self) -> bool:
