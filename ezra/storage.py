@@ -1,4 +1,4 @@
-"""All of EZRA's SQL: the schema, pragmas, named queries, recovery, backup.
+"""All of EZRA's SQL: the schema (in schema.sql), pragmas, named queries, recovery, backup.
 
 Only this module imports sqlite3. The methods here run on the event loop, in
 the transaction of the current loop turn (see writer.py), except
@@ -21,8 +21,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import sqlite3
 import stat
+from importlib import resources
 
 from loguru import logger
 
@@ -39,73 +41,35 @@ RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still co
 OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME)
 DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--disk-reserve), which servers use
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS queues (
-    name                  TEXT PRIMARY KEY,  -- queue name (BLOB if not UTF-8)
-    last_id_ms            INTEGER NOT NULL DEFAULT 0,  -- the last id handed out, saved before
-    last_id_seq           INTEGER NOT NULL DEFAULT 0,  -- tasks are deleted: ids never repeat
-    -- Settings (XCFGSET, config file); NULL = the server's flag.
-    visibility_timeout    REAL,     -- seconds
-    max_attempts          INTEGER,
-    retention_seconds     REAL,     -- seconds a done task is kept; -1 = forever
-    backoff               TEXT,     -- 'fixed <s>' or 'exponential <base s> <max s>'
-    release_on_disconnect REAL,     -- grace seconds; -1 = off
-    idmp_duration         INTEGER,  -- seconds an idempotent id is remembered (NULL: 100)
-    idmp_maxsize          INTEGER,  -- idempotent ids kept per producer (NULL: 100)
-    paused                INTEGER,  -- 1: claims hand out nothing (pushes still land); NULL or 0: running
-    group_name            TEXT,     -- the name XGROUP CREATE gave the queue's one group
-    deleted_count         INTEGER NOT NULL DEFAULT 0,  -- tasks removed for good (XINFO entries-added)
-    max_deleted_ms        INTEGER NOT NULL DEFAULT 0,  -- the newest removed id (XINFO
-    max_deleted_seq       INTEGER NOT NULL DEFAULT 0,  --   max-deleted-entry-id)
-    created_at            INTEGER NOT NULL  -- ms since the epoch
-);
+# The schema lives in schema.sql (package data, bundled by setup.cfg and ezra.spec); read once.
+SCHEMA = resources.files("ezra").joinpath("schema.sql").read_text(encoding="utf-8")
+_CREATES = re.compile(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+) ")
 
-CREATE TABLE IF NOT EXISTS tasks (
-    queue         TEXT    NOT NULL,
-    id_ms         INTEGER NOT NULL,  -- the Redis stream id is id_ms-id_seq
-    id_seq        INTEGER NOT NULL,
-    id            TEXT    GENERATED ALWAYS AS (id_ms || '-' || id_seq) VIRTUAL,
-    state         TEXT    NOT NULL
-                  CHECK (state IN ('available', 'delayed', 'in_flight', 'done', 'dead')),
-    fields        TEXT    NOT NULL,  -- JSON array: [name, value, name, value, ...]
-    attempts      INTEGER NOT NULL DEFAULT 0,  -- deliveries so far
-    worker        TEXT,              -- the consumer holding it while in_flight
-    created_at    INTEGER NOT NULL,  -- ms since the epoch
-    available_at  INTEGER NOT NULL,  -- delayed: becomes available then (DELAY, backoff)
-    deadline      INTEGER,           -- in_flight: redelivered after this
-    delivered_at  INTEGER,           -- last delivery (XPENDING idle time)
-    finished_at   INTEGER,           -- when it became done or dead
-    ttl_ms        INTEGER,           -- XADD TTL: kept this long once done or dead (NULL: retention)
-    PRIMARY KEY (queue, id_ms, id_seq)
-);
 
--- Few indexes on purpose: every index costs a page write per state change.
--- Claims take the oldest available task of a queue: FIFO.
-CREATE INDEX IF NOT EXISTS tasks_available ON tasks (queue, id_ms, id_seq) WHERE state = 'available';
--- XREADGROUP 0, XPENDING and the reaper look at in-flight tasks (few: leased ones).
-CREATE INDEX IF NOT EXISTS tasks_in_flight ON tasks (queue, worker, id_ms, id_seq) WHERE state = 'in_flight';
--- Retention purges a queue's done tasks, oldest first.
-CREATE INDEX IF NOT EXISTS tasks_done ON tasks (queue, finished_at) WHERE state = 'done';
--- The dead-letter view (queue::dead) and start-up counts; tasks seldom die, so it costs little.
-CREATE INDEX IF NOT EXISTS tasks_dead ON tasks (queue, id_ms, id_seq) WHERE state = 'dead';
--- The reaper makes delayed tasks available when their time comes (only delayed tasks are in it).
-CREATE INDEX IF NOT EXISTS tasks_delayed ON tasks (available_at) WHERE state = 'delayed';
--- Finished tasks pushed with TTL, by expiry (tasks without TTL are never in it).
-CREATE INDEX IF NOT EXISTS tasks_ttl ON tasks (finished_at + ttl_ms)
-    WHERE ttl_ms IS NOT NULL AND state IN ('done', 'dead');
+def _named_statements(script: str) -> dict[str, str]:
+    """The script's statements by the name of the table or index each creates.
 
--- Idempotent producers (XADD IDMP / IDMPAUTO): a retried push returns the first id.
-CREATE TABLE IF NOT EXISTS idempotency (
-    queue       TEXT    NOT NULL,
-    producer    TEXT    NOT NULL,  -- IDMP <producer>
-    iid         BLOB    NOT NULL,  -- the producer's idempotent id (IDMPAUTO: a digest of the fields)
-    id_ms       INTEGER NOT NULL,  -- the task the first push created
-    id_seq      INTEGER NOT NULL,
-    expires_at  INTEGER NOT NULL,  -- ms; a push after this is new again
-    UNIQUE (queue, producer, iid)
-);
-CREATE INDEX IF NOT EXISTS idempotency_expiry ON idempotency (expires_at);
-"""
+    Migrations take a statement by its name (the v1 tasks table is rebuilt from "tasks"),
+    never by cutting the text at a comment. Comments between statements are left out.
+    """
+    statements, lines = {}, []
+    for line in script.splitlines(keepends=True):
+        if not lines and (not line.strip() or line.lstrip().startswith("--")):
+            continue
+        lines.append(line)
+        statement = "".join(lines)
+        if sqlite3.complete_statement(statement):
+            match = _CREATES.match(statement)
+            if not match or match.group(1) in statements:
+                raise ValueError(f"schema.sql: not a CREATE of a new name: {statement[:80]!r}")
+            statements[match.group(1)] = statement.strip()
+            lines = []
+    if lines:
+        raise ValueError(f"schema.sql ends inside a statement: {''.join(lines)[:80]!r}")
+    return statements
+
+
+SCHEMA_STATEMENTS = _named_statements(SCHEMA)
 
 # Version 1's tasks table lacked 'delayed' in its CHECK and the ttl_ms column: it is
 # rebuilt (SQLite cannot change a CHECK in place); queues only gains columns.
@@ -287,8 +251,7 @@ def _migrate_to_v2(conn) -> None:
                                  "AND tbl_name = 'tasks' AND sql IS NOT NULL").fetchall():
         conn.execute(f'DROP INDEX "{index}"')
     conn.execute("ALTER TABLE tasks RENAME TO tasks_v1")
-    table = SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS tasks"):SCHEMA.index("-- Few indexes")]
-    conn.execute(table)
+    conn.execute(SCHEMA_STATEMENTS["tasks"])
     conn.execute(f"INSERT INTO tasks ({TASK_COLUMNS_V1}) SELECT {TASK_COLUMNS_V1} FROM tasks_v1")
     conn.execute("DROP TABLE tasks_v1")
 

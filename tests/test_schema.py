@@ -1,0 +1,91 @@
+"""The schema (ezra/schema.sql) and the migration of a schema 1 file, through the real server.
+
+Schema 2 and 3 are covered by test_pause.py (a schema 2 file gains queues.paused); here a
+file as EZRA 0.1 wrote it (schema 1: no 'delayed' state, no ttl_ms, fewer queue settings)
+is opened: its tasks table is rebuilt from the schema's own `tasks` statement, so the
+migrated file must end with exactly the tables and indexes a new file gets.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from test_operations import claim, text
+
+# Schema 1 as EZRA wrote it (storage.py before schema 2), comments left out.
+SCHEMA_V1 = """
+CREATE TABLE IF NOT EXISTS queues (
+    name                TEXT PRIMARY KEY,
+    last_id_ms          INTEGER NOT NULL DEFAULT 0,
+    last_id_seq         INTEGER NOT NULL DEFAULT 0,
+    visibility_timeout  REAL,
+    max_attempts        INTEGER,
+    retention_seconds   REAL,
+    created_at          INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    queue         TEXT    NOT NULL,
+    id_ms         INTEGER NOT NULL,
+    id_seq        INTEGER NOT NULL,
+    id            TEXT    GENERATED ALWAYS AS (id_ms || '-' || id_seq) VIRTUAL,
+    state         TEXT    NOT NULL CHECK (state IN ('available', 'in_flight', 'done', 'dead')),
+    fields        TEXT    NOT NULL,
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    worker        TEXT,
+    created_at    INTEGER NOT NULL,
+    available_at  INTEGER NOT NULL,
+    deadline      INTEGER,
+    delivered_at  INTEGER,
+    finished_at   INTEGER,
+    PRIMARY KEY (queue, id_ms, id_seq)
+);
+CREATE INDEX IF NOT EXISTS tasks_available ON tasks (queue, id_ms, id_seq) WHERE state = 'available';
+CREATE INDEX IF NOT EXISTS tasks_in_flight ON tasks (queue, worker, id_ms, id_seq) WHERE state = 'in_flight';
+CREATE INDEX IF NOT EXISTS tasks_done ON tasks (queue, finished_at) WHERE state = 'done';
+"""
+
+
+def schema_of(path) -> tuple[list, set]:
+    """Every table and index as created, but queues' (which only gains columns): its columns."""
+    with sqlite3.connect(path) as db:
+        rows = db.execute("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name != 'queues' "
+                          "ORDER BY type, name").fetchall()
+        columns = {row for row in db.execute("PRAGMA table_info(queues)")}
+    db.close()
+    return rows, {(name, kind, notnull, default) for _, name, kind, notnull, default, _ in columns}
+
+
+def write_v1_file(data_dir) -> None:
+    data_dir.mkdir(mode=0o700)
+    db = sqlite3.connect(data_dir / "ezra.db")
+    db.executescript(SCHEMA_V1)
+    db.execute("PRAGMA application_id = 1163547201")  # 0x455A5241, "EZRA"
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO queues (name, last_id_ms, last_id_seq, max_attempts, created_at) "
+               "VALUES ('jobs', 1000, 1, 7, 1000)")
+    db.executemany("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, "
+                   "available_at, finished_at) VALUES ('jobs', 1000, ?, ?, ?, ?, 1000, 1000, ?)",
+                   [(0, "available", '["n", "1"]', 0, None), (1, "dead", '["n", "2"]', 7, 1500)])
+    db.commit()
+    db.close()
+
+
+def test_a_schema_1_file_is_migrated_to_the_schema_a_new_file_gets(ezra_factory, tmp_path):
+    fresh = ezra_factory()
+    fresh.stop()
+    write_v1_file(tmp_path / "old")
+    server = ezra_factory(data_dir=tmp_path / "old")
+    assert "from schema 1 to 3" in server.log()
+    r = server.client()
+    assert text(r.xinfo_stream("jobs")["max-attempts"]) == "7"
+    assert [(i, f) for i, f in claim(r, "jobs")] == [(b"1000-0", {b"n": b"1"})]
+    assert [i for i, _ in r.xrange("jobs::dead")] == [b"1000-1"]
+    r.xadd("jobs", {"n": 3}, id="2000-0")  # the new table takes what schema 1 refused
+    r.execute_command("XADD", "jobs", "DELAY", "60", "*", "n", "4")
+    r.close()
+    server.stop()
+    with sqlite3.connect(server.data_dir / "ezra.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("SELECT count(*) FROM tasks WHERE state = 'delayed'").fetchone()[0] == 1
+    db.close()
+    assert schema_of(server.data_dir / "ezra.db") == schema_of(fresh.data_dir / "ezra.db")
