@@ -20,10 +20,10 @@ import time
 from loguru import logger
 
 from . import errors, lifecycle, queue_settings
-from .broker import DEFAULT_READ_COUNT, MAX_READ_COUNT
+from .broker.core import DEFAULT_READ_COUNT, MAX_READ_COUNT
 from .errors import CommandError
 from .lifecycle import format_id, parse_after_id, parse_id, split_queue
-from .observers import LAST_ONE, SINCE_NOW
+from .broker.observers import LAST_ONE, SINCE_NOW
 from .resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString
 from .trimming import TrimArgs
 

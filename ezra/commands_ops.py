@@ -1,7 +1,7 @@
 """The operations commands, in the same table as commands.py (imported by it to register).
 
     XCFGSET queue SETTING value ...          per-queue settings (queue_settings.py)
-    XCLAIM / XAUTOCLAIM                       leases: heartbeats and take-overs (leases.py)
+    XCLAIM / XAUTOCLAIM                       leases: heartbeats and take-overs (ezra/broker/leases.py)
     XACKDEL queue group [KEEPREF|DELREF|ACKED] IDS n id...   ack and drop the record
     XREQUEUE queue ALL | IDS n id...          dead tasks back to available
     XINFO STREAM|GROUPS|CONSUMERS|HELP        Redis's shapes, plus EZRA's counts and settings

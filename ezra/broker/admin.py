@@ -20,10 +20,11 @@ from operator import itemgetter
 from gevent import get_hub
 from loguru import logger
 
-from . import errors, lifecycle
-from .lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
-from .queue_settings import backoff_text, number, optional_seconds
-from .storage import StorageError, backup_database, entry, name_bytes
+from .. import errors, lifecycle
+from ..lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
+from ..queue_settings import backoff_text, number, optional_seconds
+from ..storage import StorageError, backup_database, entry, name_bytes
+from .base import BrokerCore
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
 TOP = (MAX_ID_PART, MAX_ID_PART)
@@ -32,7 +33,7 @@ XACKDEL_DELETED = 1
 XACKDEL_NOT_FOUND = -1
 
 
-class QueueAdmin:
+class QueueAdmin(BrokerCore):
     """Operator commands (mixed into Broker)."""
 
     # ------------------------------------------------------------ greenlet API

@@ -27,10 +27,11 @@ from collections import Counter
 import gevent
 from loguru import logger
 
-from . import lifecycle, trimming
-from .lifecycle import AVAILABLE, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART
-from .storage import name_bytes
-from .trimming import MAXLEN, MINID
+from .. import lifecycle, trimming
+from ..lifecycle import AVAILABLE, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART
+from ..storage import name_bytes
+from ..trimming import MAXLEN, MINID
+from .base import BrokerCore
 
 REAPER_INTERVAL = 0.1  # seconds between passes when there is nothing to catch up on
 EXPIRE_BATCH = 1000
@@ -48,7 +49,7 @@ INF = float("inf")
 TOP = (MAX_ID_PART, MAX_ID_PART)
 
 
-class Upkeep:
+class Upkeep(BrokerCore):
     """The reaper's schedule and passes (mixed into Broker)."""
 
     def __init__(self):

@@ -22,9 +22,10 @@ from __future__ import annotations
 import gevent
 from loguru import logger
 
-from . import lifecycle
-from .lifecycle import AVAILABLE, IN_FLIGHT
-from .storage import decode_fields, name_bytes
+from .. import lifecycle
+from ..lifecycle import AVAILABLE, IN_FLIGHT
+from ..storage import decode_fields, name_bytes
+from .base import BrokerCore
 
 AUTOCLAIM_SCAN_FACTOR = 10  # XAUTOCLAIM looks at up to COUNT x 10 in-flight tasks, as Redis does
 
@@ -43,7 +44,7 @@ def delivery_time(now: int, idle_ms: int | None, time_ms: int | None) -> int | N
     return delivered if 0 <= delivered <= now else now
 
 
-class Leases:
+class Leases(BrokerCore):
     """Lease operations and the worker-name registry (mixed into Broker)."""
 
     def __init__(self):

@@ -8,7 +8,7 @@ needed. The mixins follow the same rule:
 
     leases.py       XCLAIM / XAUTOCLAIM / XREADGROUP CLAIM; release on disconnect
     upkeep.py       the reaper: expiry, delayed tasks coming due, retention, TTL, vacuum
-    queue_admin.py  XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
+    admin.py        XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
     observers.py    XREAD: a read-only look at a queue, woken by pushes without taking them
 
 A blocked reader is served inside the transaction that makes a task available
@@ -31,15 +31,15 @@ from collections import OrderedDict
 
 from gevent.event import Event
 
-from . import errors, lifecycle, queue_settings
+from .. import errors, lifecycle, queue_settings
 from .leases import Leases
-from .lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from .observers import Observers
-from .queue_admin import QueueAdmin
-from .resp import PairsMap
-from .storage import SETTING_COLUMNS, Database, entry, name_bytes
+from .admin import QueueAdmin
+from ..resp import PairsMap
+from ..storage import SETTING_COLUMNS, Database, entry, name_bytes
 from .upkeep import Upkeep
-from .writer import Writer
+from ..writer import Writer
 
 DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA caps it
 MAX_READ_COUNT = 10000

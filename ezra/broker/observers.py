@@ -24,9 +24,10 @@ import time
 
 from gevent.event import Event
 
-from .lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART, previous_id
-from .resp import PairsMap
-from .storage import entry
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART, previous_id
+from ..resp import PairsMap
+from ..storage import entry
+from .base import BrokerCore
 
 LIVE_VIEW = (AVAILABLE, DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a live queue
 DEAD_VIEW = (DEAD,)
@@ -47,7 +48,7 @@ class Observer:
         self.cancelled = False  # the server is stopping: answer null
 
 
-class Observers:
+class Observers(BrokerCore):
     """XREAD (mixed into Broker)."""
 
     def __init__(self):

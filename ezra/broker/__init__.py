@@ -1,0 +1,45 @@
+"""The broker: EZRA's queue state machine. `from ezra.broker import Broker`.
+
+The Broker's verbs (the public methods the command handlers call; each runs in
+a connection greenlet and submits a `_tx_*` script to the writer):
+
+    verb                 command                  what it does
+    push                 XADD                     add a task (delayed, TTL, idempotent, dead)
+    claim                XREADGROUP >             claim tasks, or block until one comes
+    claim_own            XREADGROUP <id>          re-read the worker's own tasks in flight
+    ack                  XACK                     a task is done
+    fail                 XNACK / XDEL             a delivery failed: back (with backoff) or dead
+    delete_dead          XDEL q::dead             remove dead letters
+    create_queue         XGROUP CREATE            make the queue (and name its group)
+    destroy_group        XGROUP DESTROY           forget the group name; tasks stay
+    delete_worker        XGROUP DELCONSUMER       the worker's tasks in flight go back
+    trim                 XTRIM                    remove done tasks
+    length, range        XLEN, XRANGE/XREVRANGE   read a queue or its dead view
+    pending_summary      XPENDING q g             tasks in flight, per worker
+    pending_entries      XPENDING q g - + n       tasks in flight, one by one
+    take_over            XCLAIM                   heartbeat, or take a task in flight over
+    autoclaim            XAUTOCLAIM               take over tasks idle for long enough
+    worker_seen/_gone    (connections)            release a gone worker's tasks after a grace
+    configure            XCFGSET                  a queue's settings (pause, lease, backoff...)
+    requeue              XREQUEUE                 dead letters back to the queue
+    ack_delete           XACKDEL                  ack and remove
+    stream_info, tasks   XINFO                    a queue's figures and tasks
+    overview, busiest    INFO, /metrics, dashboard  figures across queues
+    backup               BGSAVE / SAVE            hot backup of the database
+    look, observe        XREAD                    read without claiming; block for new entries
+    queue_counts, blocked_clients                 INFO's figures
+    start_reaper, stop, cancel_waiters            life: reaper, shutdown
+
+The parts:
+
+    base.py       BrokerCore: the attributes and helpers the parts share through `self`
+    core.py       Broker: push, claim, ack, fail; blocked readers; per-queue state
+    leases.py     XCLAIM / XAUTOCLAIM / XREADGROUP CLAIM; release on disconnect
+    upkeep.py     the reaper: expiry, delayed tasks coming due, retention, TTL, vacuum
+    admin.py      XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
+    observers.py  XREAD: a read-only look at a queue, woken by pushes without taking them
+"""
+
+from .core import Broker
+
+__all__ = ["Broker"]
