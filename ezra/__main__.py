@@ -1,6 +1,6 @@
 """python -m ezra: the same program as the `ezra` command."""
 
-from .entry import main
+from .tools.entry import main
 
 if __name__ == "__main__":
     main()

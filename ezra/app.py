@@ -78,7 +78,7 @@ class App:
         self.server.start()
         self.broker.start_reaper()
         if settings.http_port is not None:
-            from .web import WebServer  # here: without --http-port, prometheus_client is never loaded
+            from .web.server import WebServer  # here: without --http-port, prometheus_client is never loaded
             self.web = WebServer(self.server.state, self.server.auth_throttle)
             self.web.start()
             logger.info("metrics and dashboard on {}://{}:{}/ (/metrics, /healthz)", self.web.scheme,
@@ -150,7 +150,7 @@ def tune_collector() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the server until SIGTERM/SIGINT (subcommands are dispatched in entry.py)."""
+    """Run the server until SIGTERM/SIGINT (subcommands are dispatched in tools/entry.py)."""
     settings = parse_settings(argv)
     setup_logging(settings.log_level)
     logger.info("config: port={} bind={} data_dir={} visibility_timeout={}s max_attempts={} "

@@ -54,7 +54,7 @@ UNAUTHENTICATED_MAX_BULK = 16 * 1024
 # scripting, as Redis calls it): the connection is closed before anything after it runs.
 HTTP_WORDS = {b"POST", b"HOST:"}
 ATTACK_LOG_GAP = 60.0  # seconds between two log lines about it, as Redis
-HTTP_CONNECTIONS = 1024  # --http-port: connections served at once (web.py); their descriptors are reserved too
+HTTP_CONNECTIONS = 1024  # --http-port: connections served at once (web/server.py); their descriptors are reserved too
 PARK_AFTER = 1.0  # seconds between sweeps: a connection idle through a whole sweep interval is parked
 TRIM_AFTER_PARKING = 100  # parked at once: hand the freed stacks back to the system (see trim_freed_memory)
 

@@ -2,7 +2,7 @@
 
 The binary is built once by scripts/build-binary.sh and cached in
 build/test-binary/<hash>/, the hash covering everything that goes into it
-(ezra/*.py, ezra/schema.sql, ezra/static/, ezra.spec, setup.cfg, the build
+(ezra/**/*.py, ezra/schema.sql, ezra/web/static/, ezra.spec, setup.cfg, the build
 script, this Python); later runs reuse it. A cold build takes about a minute on 2 cores. EZRA_BINARY=<path>
 tests a given binary instead (the release workflow does this on each runner);
 EZRA_SKIP_BINARY=1 skips this module.
@@ -49,8 +49,8 @@ def binary_name() -> str:
 
 def source_hash() -> str:
     digest = hashlib.sha256(f"{sys.version}\0{platform.machine()}\0".encode())
-    inputs = (sorted((ROOT / "ezra").glob("*.py")) + sorted((ROOT / "ezra").glob("*.sql"))
-              + sorted((ROOT / "ezra" / "static").iterdir())
+    inputs = (sorted((ROOT / "ezra").rglob("*.py")) + sorted((ROOT / "ezra").rglob("*.sql"))
+              + sorted((ROOT / "ezra" / "web" / "static").iterdir())
               + [ROOT / name for name in ("ezra.spec", "setup.cfg", "scripts/build-binary.sh")])
     for path in inputs:
         digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import ezra.dashboard as dashboard
-from ezra.dashboard import History
+import ezra.web.dashboard as dashboard
+from ezra.web.dashboard import History
 
 
 def queue(pushed=0, acked=0):

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from conftest import ROOT
-from ezra.progress import Progress
+from ezra.tools.progress import Progress
 
 EXAMPLES = ROOT / "examples"
 BLOB = bytes(range(256))  # every byte value, NUL and non-UTF-8 ones included

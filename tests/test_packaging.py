@@ -27,7 +27,7 @@ import pytest
 
 from ezra import Server
 from ezra.config import Settings, build_parser
-from ezra.healthcheck import main as ping_main
+from ezra.tools.ping import main as ping_main
 
 from conftest import ROOT
 
@@ -284,8 +284,8 @@ def test_systemd_unit():
 def test_console_script_and_binary_start_in_ezra_entry():
     setup = configparser.ConfigParser()
     setup.read(ROOT / "setup.cfg")
-    assert "ezra = ezra.entry:main" in setup["options.entry_points"]["console_scripts"]
-    assert "from ezra.entry import main" in (ROOT / "ezra.spec").read_text()
+    assert "ezra = ezra.tools.entry:main" in setup["options.entry_points"]["console_scripts"]
+    assert "from ezra.tools.entry import main" in (ROOT / "ezra.spec").read_text()
 
 
 # ------------------------------------------------------------------ ezra ping

@@ -221,7 +221,7 @@ def test_unknown_pages(web):
     assert http(web.http_url + "/nope")[0] == 404
     assert http(web.http_url + "/queue?name=missing")[0] == 404
     assert http(web.http_url + "/queue")[0] == 400
-    assert http(web.http_url + "/static/../web.py")[0] == 404
+    assert http(web.http_url + "/static/../server.py")[0] == 404
     status, headers, body = http(web.http_url + "/static/dashboard.js")
     assert status == 200 and headers["Content-Type"].startswith("text/javascript") and b"setInterval" in body
     assert "Traceback" not in web.log()

@@ -20,7 +20,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from . import __version__, lifecycle
+from .. import __version__, lifecycle
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -16,18 +16,18 @@ def main(argv: list[str] | None = None) -> None:
     """Run a subcommand (`ezra ping [options]`...) or the server (`ezra [options]`)."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["ping"]:
-        from .healthcheck import main as ping
+        from .ping import main as ping
         sys.exit(ping(args[1:]))
     if args[:1] == ["backup"]:
-        from .cli import backup_main  # a short-lived program of its own: no gevent, no server
+        from .backup import backup_main  # a short-lived program of its own: no gevent, no server
         sys.exit(backup_main(args[1:]))
     if args[:1] and args[0] in ("export", "import"):
         from .move import SUBCOMMANDS as MOVES, run as run_move  # EZRA <-> Redis: no gevent unless --data-dir
         sys.exit(run_move(MOVES[args[0]], args[1:]))
     if args[:1] and args[0] in ("stats", "ls", "requeue"):
-        from .inspector import SUBCOMMANDS, run  # over the server's port: no gevent, no database
+        from .inspect import SUBCOMMANDS, run  # over the server's port: no gevent, no database
         sys.exit(run(SUBCOMMANDS[args[0]], args[1:]))
-    from .lean_imports import defer_loguru_asyncio
+    from ..lean_imports import defer_loguru_asyncio
     defer_loguru_asyncio()  # before app imports loguru: 6 MB less at idle
-    from .app import main as serve
+    from ..app import main as serve
     serve(args)

@@ -45,10 +45,10 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 from loguru import logger
 
 from . import dashboard, metrics
-from .errors import CommandError
-from .gate import LOCAL_PEERS
-from .lifecycle import parse_id
-from .server import HTTP_CONNECTIONS, tls_context  # (server.py reserves their descriptors)
+from ..errors import CommandError
+from ..gate import LOCAL_PEERS
+from ..lifecycle import parse_id
+from ..server import HTTP_CONNECTIONS, tls_context  # (server.py reserves their descriptors)
 
 MAX_FORM_BYTES = 64 * 1024
 HEALTH_TIMEOUT = 2.0         # /healthz: seconds the writer has to answer before "down"
@@ -307,7 +307,7 @@ def see_other(name: bytes, message: str):
 def static_file(name: str):
     if name not in dashboard.STATIC_FILES:
         raise HttpError("404 Not Found", "no such file")
-    body = resources.files("ezra").joinpath("static", name).read_bytes()
+    body = resources.files("ezra.web").joinpath("static", name).read_bytes()
     content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
     return "200 OK", [("Content-Type", f"{content_type}; charset=utf-8"), ("Cache-Control", "max-age=3600")], body
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from .client import Client, ClientError, ReplyError, reachable_host
-from .config import build_parser
+from ..client import Client, ClientError, ReplyError, reachable_host
+from ..config import build_parser
 
 DEFAULT_TIMEOUT = 3.0
 

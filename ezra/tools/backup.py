@@ -13,8 +13,8 @@ import sys
 
 import configargparse
 
-from .config import Settings
-from .storage import DB_FILENAME, StorageError, backup_database
+from ..config import Settings
+from ..storage import DB_FILENAME, StorageError, backup_database
 
 
 def build_parser() -> configargparse.ArgParser:

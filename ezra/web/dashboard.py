@@ -2,7 +2,7 @@
 
 Queue names and task fields are whatever producers sent, so every one of them
 goes through `text()` (html.escape) or `quote()` (URLs) on its way out; the
-pages carry no inline script or style (the CSP in web.py forbids both), and
+pages carry no inline script or style (the CSP in server.py forbids both), and
 the charts are inline SVG drawn here from the throughput history.
 """
 
@@ -16,9 +16,9 @@ from urllib.parse import quote as url_quote
 import gevent
 from loguru import logger
 
-from . import __version__, humanize, lifecycle
-from .lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
-from .storage import decode_fields
+from .. import __version__, humanize, lifecycle
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from ..storage import decode_fields
 
 SAMPLE_SECONDS = 5.0
 SAMPLES = 121                  # ten minutes of 5-second samples
@@ -297,7 +297,7 @@ def form(action: str, name: bytes, csrf: str, fields: dict, label: str, css_clas
     hidden = "".join(f'<input type="hidden" name="{key}" value="{text(value)}">' for key, value in fields.items())
     confirm_attr = f' data-confirm="{text(confirm)}"' if confirm else ""
     # The queue name travels in the action's query string, percent-encoded byte for byte
-    # (it need not be UTF-8, which a form field could not carry); web.py decodes it to bytes.
+    # (it need not be UTF-8, which a form field could not carry); server.py decodes it to bytes.
     return (f'<form method="post" action="{text(action + "?name=" + quote(name))}" class="inline"{confirm_attr}>'
             f'<input type="hidden" name="csrf" value="{text(csrf)}">{hidden}'
             f'<button type="submit" class="{css_class}">{text(label)}</button></form>')

@@ -35,10 +35,10 @@ from contextlib import contextmanager
 
 import configargparse
 
-from .client import Client, ClientError, ReplyError, from_url
-from .inspector import connect, connection_parser, table
+from ..client import Client, ClientError, ReplyError, from_url
+from .inspect import connect, connection_parser, table
 from .progress import Progress
-from .storage import StorageError, decode_fields
+from ..storage import StorageError, decode_fields
 from .stream_copy import (PAGE, ZERO, Ids, MoveError, Task, Writer, format_id, next_id, pairs, parse_id,
                           report_verified, shown, stream_entries, stream_facts, verify)
 
@@ -98,7 +98,7 @@ class FileSource:
     """An ezra.db read in one read-only snapshot (storage.Snapshot): no server needed."""
 
     def __init__(self, data_dir: str):
-        from .storage import DB_FILENAME, Snapshot
+        from ..storage import DB_FILENAME, Snapshot
         self.snapshot = Snapshot(os.path.join(data_dir, DB_FILENAME))
 
     def queue_names(self) -> list[bytes]:
@@ -428,8 +428,8 @@ def start_embedded(data_dir: str):
     process has the database open (a running server would not see the tasks added under it)."""
     from loguru import logger
 
-    from .embed import Server
-    from .storage import DB_FILENAME, database_in_use
+    from ..embed import Server
+    from ..storage import DB_FILENAME, database_in_use
     path = os.path.join(data_dir, DB_FILENAME)
     if os.path.exists(path) and database_in_use(path):
         raise MoveError(f"{path} is in use (is EZRA running on it?): import through its port instead "
