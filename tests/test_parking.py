@@ -11,8 +11,7 @@ import pytest
 import redis
 
 from conftest import wait_until
-from test_operations import configure, pending
-from test_queue import claim
+from support import claim, configure
 
 PARK_DEADLINE = 20.0  # parking happens 1-2 s after a connection goes quiet; a loaded CI machine is slower
 

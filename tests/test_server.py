@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from conftest import wait_until
-from test_queue import claim, entries_of
+from support import claim, entries_of
 
 
 def raw_exchange(port: int, payload: bytes, expect_close: bool = False) -> bytes:
