@@ -28,6 +28,8 @@ import redis
 from conftest import ROOT, wait_until
 from support import NODE_SRC, node_env, node_version, python_venv, record_results, run_examples
 
+pytestmark = pytest.mark.slow  # other runtimes and clients: not in `pytest -m "not slow"`
+
 N = 40
 EXAMPLES = ROOT / "examples"
 ID = re.compile(r"(?<![\w-])\d+-\d+(?![\w-])")  # a task id anywhere in redis-cli's output

@@ -24,6 +24,8 @@ from conftest import LISTENING, ROOT, wait_until
 from reliability import report
 from support import leave_free, tmpfs
 
+pytestmark = pytest.mark.slow  # strace, tmpfs mounts and slow disks: not in `pytest -m "not slow"`
+
 # ---------------------------------------------------------------- power-loss model
 
 SYSCALL = re.compile(r"^(\d+)\s+[\d.]+\s+(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")

@@ -446,6 +446,7 @@ def test_ids_never_repeat_after_the_newest_task_is_purged(ezra_factory):
     r.close()
 
 
+@pytest.mark.slow  # about 10 s of load: not in `pytest -m "not slow"`
 def test_purge_under_load_keeps_the_file_bounded(ezra_factory):
     server = ezra_factory()
     r = server.client()

@@ -258,6 +258,7 @@ def http_address(server) -> tuple[str, int]:
     return host, int(port)
 
 
+@pytest.mark.slow  # waits out the request deadline: not in `pytest -m "not slow"`
 def test_slowloris_that_keeps_sending_is_closed_at_the_request_deadline(web):
     """70 connections (more than the old 64 slots) that each send one more header line every
     half second, faster than any per-read timeout: /healthz still answers at once, and each

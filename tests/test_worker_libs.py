@@ -34,6 +34,8 @@ from conftest import ROOT, wait_until
 from support import (NODE_SRC, VENV_REDIS5_REQUIREMENTS, Row, dist_version, first_refusal, node_env, node_version,
                      python_venv, record_worker_libs, refusals, run_json, short, walrus_database)
 
+pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
+
 N = 20
 APPS = ROOT / "tests" / "worker_libs"
 

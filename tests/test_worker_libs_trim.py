@@ -31,6 +31,8 @@ from conftest import ROOT, wait_until
 from support import (NODE_SRC, Row, dist_version, node_env, node_version, python_venv, record_worker_libs, run_json,
                      short)
 
+pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
+
 N = 20
 OVERFLOW = 150  # tests/node/streams_broker.js's second round: more than its MAXLEN ~ 100
 

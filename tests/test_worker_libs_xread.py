@@ -27,6 +27,8 @@ from conftest import wait_until
 from support import (NODE_SRC, Row, dist_version, first_refusal, node_env, node_version, record_worker_libs, run_json,
                      short, walrus_database)
 
+pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
+
 N = 20
 
 
