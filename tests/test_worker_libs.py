@@ -294,6 +294,7 @@ def add(x, y):
 """
 
 CELERY_PRODUCER = r"""
+import json
 import celery, kombu
 from ezra_probe import add
 try:
