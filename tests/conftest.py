@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import ROOT, VENV_REQUIREMENTS, python_venv, tmpfs
+
 LISTENING = re.compile(r"listening on [^ ]+:(\d+),")
 HTTP_LISTENING = re.compile(r"dashboard on (https?://[^ ]+:\d+)/")
 
@@ -186,3 +187,15 @@ def certificates(tmp_path_factory):
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
                  "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=d)
     return d
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 16 MB tmpfs as a data directory (disk full); skips where it cannot be mounted."""
+    yield from tmpfs(tmp_path / "fs", "16m")
+
+
+@pytest.fixture(scope="module")
+def venv_python():
+    """build/venv-worker-libs's python, with the worker libraries (test_worker_libs*.py)."""
+    return python_venv("venv-worker-libs", VENV_REQUIREMENTS)

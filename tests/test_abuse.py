@@ -19,6 +19,8 @@ import redis
 from conftest import wait_until
 from reliability import report
 
+pytestmark = pytest.mark.slow  # resource exhaustion, TLS and slowed-down clients: not in `pytest -m "not slow"`
+
 # Not a speed test (the benchmark measures speed): a server stalled by the
 # misbehaving client would answer the others in seconds, not in this bound.
 STALLED_MS = 1000

@@ -9,6 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a whole benchmark run, about 35 s: not in `pytest -m "not slow"`
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -33,6 +33,8 @@ from ezra.config import build_parser
 
 from conftest import ROOT, wait_until
 
+pytestmark = pytest.mark.slow  # builds and runs the PyInstaller binary: not in `pytest -m "not slow"`
+
 CACHE = ROOT / "build" / "test-binary"
 BUILD_TIMEOUT = 900
 MAX_SIZE = 20_000_000  # bytes (issue 7: at most 20 MB)

@@ -17,7 +17,8 @@ from conftest import ROOT, wait_until
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="apt-get install chromium (scripts/test.sh does)")
+pytestmark = [pytest.mark.slow,  # a real browser: not in `pytest -m "not slow"`
+              pytest.mark.skipif(CHROMIUM is None, reason="apt-get install chromium (scripts/test.sh does)")]
 SCREENSHOTS = ROOT / "build" / "screenshots"
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=1">'
 # As the machine's notes say: without these, Chromium tries Google's hosts at start.

@@ -22,6 +22,9 @@ import redis
 
 from conftest import LISTENING, ROOT, wait_until
 from reliability import report
+from support import leave_free, tmpfs
+
+pytestmark = pytest.mark.slow  # strace, tmpfs mounts and slow disks: not in `pytest -m "not slow"`
 
 # ---------------------------------------------------------------- power-loss model
 
@@ -164,32 +167,6 @@ def test_the_fsync_check_catches_replies_sent_before_fsync(tmp_path):
 
 # ---------------------------------------------------------------- disk full
 
-def _mount_small_tmpfs(path: Path, size: str) -> str | None:
-    """Mount a tmpfs of `size` at path; None on success, else why not."""
-    if os.geteuid() != 0:
-        return "needs root to mount a small tmpfs as the data directory"
-    path.mkdir(parents=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"mount is not permitted here: {done.stderr.strip()[:200]}"
-    return None
-
-
-def _tmpfs(mount_point: Path, size: str):
-    """A fixture's body: a tmpfs of `size` mounted at `mount_point`, unmounted after the test."""
-    reason = _mount_small_tmpfs(mount_point, size)
-    if reason:
-        pytest.skip(reason)
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    yield from _tmpfs(tmp_path / "fs", "16m")
-
-
 def _fill(client, queue: str, pushed: dict, payload: bytes, limit: int = 100_000) -> redis.ResponseError:
     """Push until XADD fails; returns the error. Pushes that got an id go in `pushed`."""
     for n in range(limit):
@@ -243,7 +220,7 @@ def test_disk_full_fails_clearly_loses_nothing_and_recovers(small_fs, ezra_facto
 @pytest.fixture
 def fs_20m(tmp_path):
     """A 20 MB tmpfs: the size the disk-full reports of round two used."""
-    yield from _tmpfs(tmp_path / "fs20", "20m")
+    yield from tmpfs(tmp_path / "fs20", "20m")
 
 
 def _drain(client, queue: str) -> int:
@@ -289,14 +266,6 @@ def test_disk_full_then_drained_takes_pushes_again_without_restart(fs_20m, ezra_
     report("disk_full_drained", pushes_before_full=len(pushed), resumed_after_s=round(resumed_after, 2))
 
 
-def _leave_free(mount_point: Path, room: int) -> Path:
-    """Fill the file system with a file, so that about `room` bytes stay free; the file."""
-    stats = os.statvfs(mount_point)
-    filler = mount_point / "filler"
-    filler.write_bytes(b"\0" * (stats.f_bavail * stats.f_frsize - room))
-    return filler
-
-
 def _exec_too_big(client, *claims: tuple) -> list:
     """One MULTI/EXEC (one writer batch): 7 pushes of 1 MB, which cannot fit in the 4 MB left,
     then an XREADGROUP of each queue given; the EXEC's replies, errors included."""
@@ -316,7 +285,7 @@ def test_claims_in_the_batch_that_fills_the_disk_succeed(small_fs, ezra_factory)
     client.xgroup_create("jobs", "g", id="0", mkstream=True)
     for n in range(50):
         client.xadd("jobs", {"n": str(n)})
-    _leave_free(small_fs, 4 * 1024 * 1024)
+    leave_free(small_fs, 4 * 1024 * 1024)
     replies = _exec_too_big(client, "jobs")
     assert all(isinstance(reply, redis.ResponseError) and "storage error" in str(reply)
                for reply in replies[:-1]), replies[:-1]
@@ -344,7 +313,7 @@ def test_a_blocked_reader_served_by_the_push_that_fills_the_disk_keeps_waiting(s
     thread = threading.Thread(target=lambda: result.append(_blocked_read(reader)), daemon=True)
     thread.start()
     wait_until(lambda: client.info("clients")["blocked_clients"] == 1, 10, message="the worker to block")
-    filler = _leave_free(small_fs, 4 * 1024 * 1024)
+    filler = leave_free(small_fs, 4 * 1024 * 1024)
     pipe = client.pipeline(transaction=True)
     pipe.xadd("jobs", {"n": "lost"})  # hands its task to the blocked worker, in the batch that fails
     for _ in range(7):

@@ -44,6 +44,8 @@ from redis.client import CaseInsensitiveDict
 from conftest import EzraProcess, wait_until
 from reliability import Err, Incomplete, errors_in, parse_all, parse_reply, report
 
+pytestmark = pytest.mark.slow  # fuzzing (hypothesis, atheris): not in `pytest -m "not slow"`
+
 EXAMPLES = int(os.environ.get("EZRA_FUZZ_EXAMPLES", "40"))
 SEED = os.environ.get("EZRA_FUZZ_SEED")
 RSS_LIMIT = int(os.environ.get("EZRA_FUZZ_RSS_MB", "600")) * 1024 * 1024

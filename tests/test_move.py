@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from conftest import ROOT
+from support import node_env
 from ezra.tools.progress import Progress
 
 EXAMPLES = ROOT / "examples"
@@ -228,9 +229,9 @@ def test_redis_py_workers_do_every_exported_task_once(ezra_factory, redis_server
     assert redis.Redis(port=redis_server_port).xpending(queue, "workers")["pending"] == 0
 
 
+@pytest.mark.slow  # Node.js, as the clients family: not in `pytest -m "not slow"`
 def test_node_example_worker_consumes_the_exported_stream(ezra_factory, redis_server_port):
-    from test_clients import node_env  # skips when Node.js or its modules are missing
-    env = node_env()
+    env = node_env()  # skips when Node.js or its modules are missing
     source = ezra_factory()
     src = source.client()
     queue = unique("node")

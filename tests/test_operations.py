@@ -20,41 +20,12 @@ import time
 import pytest
 import redis
 from conftest import ROOT, wait_until
-
-OK_REPLIES = (True, b"OK", "OK")
-
+from support import OK_REPLIES, claim, configure, entries_of, pending, text
 
 # ---------------------------------------------------------------- helpers
 
-def configure(r, queue, *settings):
-    assert r.execute_command("XCFGSET", queue, *settings) in OK_REPLIES
-
-
-def entries_of(reply, queue):
-    """The entries for `queue` in an XREADGROUP reply, in either protocol's shape."""
-    if not reply:
-        return []
-    key = queue.encode()
-    if isinstance(reply, dict):  # RESP3: {queue: [entries]}
-        items = reply.get(key, [])
-        return items[0] if items and isinstance(items[0], list) else items
-    return {name: items for name, items in reply}.get(key, [])
-
-
-def claim(r, queue, worker="w1", count=None, block=None, **kwargs):
-    return entries_of(r.xreadgroup("g", worker, {queue: ">"}, count=count, block=block, **kwargs), queue)
-
-
 def info(r, queue) -> dict:
     return r.xinfo_stream(queue)
-
-
-def pending(r, queue) -> list[dict]:
-    return r.xpending_range(queue, "g", "-", "+", 100)
-
-
-def text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # ---------------------------------------------------------------- 1. per-queue settings
@@ -475,6 +446,7 @@ def test_ids_never_repeat_after_the_newest_task_is_purged(ezra_factory):
     r.close()
 
 
+@pytest.mark.slow  # about 10 s of load: not in `pytest -m "not slow"`
 def test_purge_under_load_keeps_the_file_bounded(ezra_factory):
     server = ezra_factory()
     r = server.client()

@@ -24,8 +24,7 @@ import pytest
 
 from conftest import ROOT, EzraProcess, wait_until
 from ezra import errors
-import test_clients  # its run_examples (a module import: its fixtures stay there)
-from test_vectors import RespConnection, encode_command
+from support import RespConnection, encode_command, run_examples
 
 COMPAT = ROOT / "build" / "compat"
 REDIS_VERSION: list[str] = []
@@ -409,8 +408,8 @@ def test_graduation_examples_run_on_redis(redis_port):
     RUN["graduation"] = "fail"
     examples = ROOT / "examples" / "python"
     queue = "graduation"
-    test_clients.run_examples(redis_port, [sys.executable, str(examples / "producer.py")],
-                              [sys.executable, str(examples / "worker.py")], queue, dict(os.environ))
+    run_examples(redis_port, [sys.executable, str(examples / "producer.py")],
+                 [sys.executable, str(examples / "worker.py")], queue, dict(os.environ))
     probe = RespConnection(redis_port)
     assert probe.call(["XPENDING", queue, "workers"]).startswith(b"*4\r\n:0\r\n")
     assert probe.call(["XLEN", queue]) == b":10\r\n"  # Redis keeps acked entries

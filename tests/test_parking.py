@@ -11,8 +11,7 @@ import pytest
 import redis
 
 from conftest import wait_until
-from test_operations import configure, pending
-from test_queue import claim
+from support import claim, configure
 
 PARK_DEADLINE = 20.0  # parking happens 1-2 s after a connection goes quiet; a loaded CI machine is slower
 
@@ -178,6 +177,7 @@ def test_tls_connections_park_and_resume(ezra_factory, certificates):
     assert "Traceback" not in server.log()
 
 
+@pytest.mark.slow  # about 10 s of churn: not in `pytest -m "not slow"`
 def test_clients_that_keep_going_quiet_get_every_reply(ezra_factory):
     """Churn: connections pause across sweeps (some mid-command) while others talk; parking and
     resuming race with data arriving, and every reply must still come back, whole and in order."""

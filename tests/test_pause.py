@@ -20,9 +20,7 @@ import threading
 import pytest
 import redis
 from conftest import ROOT, wait_until
-from test_operations import claim, configure, entries_of, pending, text
-from test_vectors import RespConnection
-from test_web import basic, form_token, http, scrape, value
+from support import RespConnection, basic, claim, configure, entries_of, form_token, http, pending, scrape, text, value
 
 
 def pause(r, queue, paused=1):

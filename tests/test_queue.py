@@ -8,20 +8,7 @@ import pytest
 import redis
 
 from conftest import wait_until
-
-
-def entries_of(reply, queue):
-    """The entries for `queue` in an XREADGROUP reply, in either protocol's shape."""
-    if not reply:
-        return []
-    key = queue.encode()
-    if isinstance(reply, dict):  # RESP3: {queue: [entries]}
-        return reply[key][0] if reply[key] and isinstance(reply[key][0], list) else reply[key]
-    return dict((name, items) for name, items in reply)[key]
-
-
-def claim(r, queue, worker="w1", count=None, block=None):
-    return entries_of(r.xreadgroup("g", worker, {queue: ">"}, count=count, block=block), queue)
+from support import claim, entries_of
 
 
 def test_round_trip_push_claim_ack(r, queue):

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from conftest import wait_until
-from test_queue import claim, entries_of
+from support import claim, entries_of
 
 
 def raw_exchange(port: int, payload: bytes, expect_close: bool = False) -> bytes:
@@ -197,6 +197,7 @@ def test_huge_declared_length_allocates_nothing(shared_server):
         assert shared_server.client().ping()
 
 
+@pytest.mark.slow  # about 10 s: failed AUTHs are slowed down: not in `pytest -m "not slow"`
 def test_password_protects_every_command(ezra_factory):
     server = ezra_factory("--password", "s3cret")
     anonymous = server.client()

@@ -5,7 +5,6 @@ test_dashboard.py."""
 
 from __future__ import annotations
 
-import base64
 import re
 import select
 import socket
@@ -19,48 +18,11 @@ from urllib.parse import quote
 
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT, wait_until
+from support import NoRedirect, basic, form_token, http, scrape, value
 
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=1">'
-
-
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
-        return None  # a 303 is the answer we check, not a page to follow
-
-
-OPENER = urllib.request.build_opener(NoRedirect)
-
-
-def http(url: str, data: bytes | None = None, headers: dict | None = None, opener=OPENER) -> tuple[int, dict, bytes]:
-    request = urllib.request.Request(url, data=data, headers=headers or {})
-    try:
-        with opener.open(request, timeout=10) as response:
-            return response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), error.read()
-
-
-def basic(password: str, user: str = "admin") -> dict:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
-
-
-def scrape(server, headers=None) -> dict:
-    """{(metric sample name, frozenset(labels)): value} from /metrics."""
-    status, response_headers, body = http(server.http_url + "/metrics", headers=headers)
-    assert status == 200, body
-    assert response_headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    samples = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for sample in family.samples:
-            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return samples
-
-
-def value(samples: dict, name: str, **labels) -> float:
-    return samples[(name, frozenset(labels.items()))]
 
 
 @pytest.fixture
@@ -159,12 +121,6 @@ def dead_task(client, queue: str, fields: dict) -> str:
     client.xreadgroup("g", "w", {queue: ">"}, count=1)
     client.execute_command("XNACK", queue, "g", "FATAL", "IDS", 1, task_id)
     return task_id
-
-
-def form_token(server, queue: str) -> str:
-    status, _, body = http(f"{server.http_url}/queue?name={quote(queue)}")
-    assert status == 200
-    return re.search(rb'name="csrf" value="([0-9a-f]+)"', body).group(1).decode()
 
 
 def test_forms_refuse_cross_site_requests(web):
@@ -302,6 +258,7 @@ def http_address(server) -> tuple[str, int]:
     return host, int(port)
 
 
+@pytest.mark.slow  # waits out the request deadline: not in `pytest -m "not slow"`
 def test_slowloris_that_keeps_sending_is_closed_at_the_request_deadline(web):
     """70 connections (more than the old 64 slots) that each send one more header line every
     half second, faster than any per-read timeout: /healthz still answers at once, and each

@@ -19,7 +19,6 @@ which scripts/compat_table.py turns into the README's table.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -32,90 +31,24 @@ import pytest
 import redis
 
 from conftest import ROOT, wait_until
-from test_clients import NODE_SRC, node_env, node_version, python_venv, record_results
+from support import (NODE_SRC, VENV_REDIS5_REQUIREMENTS, Row, dist_version, first_refusal, node_env, node_version,
+                     python_venv, record_worker_libs, refusals, run_json, short, walrus_database)
+
+pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
 
 N = 20
-RESULTS: list[dict] = []
 APPS = ROOT / "tests" / "worker_libs"
-VENV_REQUIREMENTS = ["celery[redis]>=5.4,<6", "rq>=2,<4", "faststream[redis]>=0.6,<0.8",
-                     "taskiq-redis>=1.2,<2", "dramatiq[redis]>=2,<3", "huey[redis]>=3,<4"]
-# arq pins redis<6 and saq[redis] redis<8, while taskiq-redis needs redis>=8 and Celery's kombu
-# redis>=6.4: these two get a venv of their own. saq imports typing_extensions without requiring it.
-VENV_REDIS5_REQUIREMENTS = ["arq>=0.26,<1", "saq[redis]>=0.26,<1", "typing_extensions"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compat_json():
     yield
-    record_results("worker_libs", RESULTS, key=lambda e: (e["library"], e["version"]))
-
-
-class Row:
-    """One library's line in the README: it starts as a failure until the test says otherwise."""
-
-    def __init__(self, library: str, version: str):
-        self.entry = dict(library=library, version=version, status="fail (test did not finish)",
-                          notes="", when=time.strftime("%Y-%m-%d %H:%M:%S"))
-        RESULTS.append(self.entry)
-
-    def done(self, status: str, notes: str) -> None:
-        self.entry.update(status=status, notes=notes)
-
-
-PIPELINED = re.compile(r"(Command # \d+ \(\S+) [^)]*\)")  # redis-py: "Command # 1 (LLEN q-…) of pipeline"
-
-
-def short(message: str) -> str:
-    """An error for the README's table, without what varies from run to run (the arguments,
-    the list of supported commands): "unknown command 'SET', with args beginning with: … (EZRA
-    is a task queue; … Keys other than queues (strings, …) are outside a streams-only queue: …)"."""
-    head, hint, rest = PIPELINED.sub(r"\1 …)", message).partition(" (EZRA is a task queue;")
-    command, args, _ = head.partition(" with args beginning with:")
-    why = rest.partition(". ")[2].partition(":")[0]
-    return (command + (" with args beginning with: …" if args else "")
-            + (f" (EZRA is a task queue; … {why}: …)" if why else " (EZRA is a task queue; …)" if hint else ""))
-
-
-# EZRA's error for a command outside the queue (errors.unknown_command): the command, then the
-# reason when it is one of the kinds a streams-only queue lacks.
-REFUSAL = re.compile(r"unknown command '([^']+)', with args beginning with: .*?\(EZRA is a task queue; "
-                     r"supported: [A-Z_ ]+(?:\. (.+?) are outside a streams-only queue: "
-                     r"a library built on them cannot run on EZRA)?\)", re.S)
-
-
-def first_refusal(text: str) -> tuple[str, str | None, str]:
-    """The first of EZRA's refusals in what a library showed its user: (command, reason, error)."""
-    match = REFUSAL.search(text or "")
-    assert match, f"no EZRA error in:\n{(text or '')[-3000:]}"
-    return match.group(1).upper(), match.group(2), match.group(0)
-
-
-def refusals(text: str) -> dict[str, str | None]:
-    """Every command refused in a worker's log, with EZRA's reason."""
-    return {command.upper(): reason for command, reason in reversed(REFUSAL.findall(text))}
-
-
-@pytest.fixture(scope="module")
-def venv_python():
-    return python_venv("venv-worker-libs", VENV_REQUIREMENTS)
+    record_worker_libs()
 
 
 @pytest.fixture(scope="module")
 def venv_redis5_python():
     return python_venv("venv-worker-libs-redis5", VENV_REDIS5_REQUIREMENTS)
-
-
-def dist_version(python, distribution: str) -> str:
-    """The installed version of a distribution in another interpreter (build/venv-*)."""
-    return subprocess.run([str(python), "-c", f"import importlib.metadata as m; print(m.version({distribution!r}))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-
-
-def run_json(command: list[str], timeout: float = 60, **kwargs) -> dict:
-    """Run a scenario script; its last stdout line that is a JSON object is its summary."""
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
 
 
 def assert_once(pushed: list[str], done: dict[str, list[str]]) -> None:
@@ -202,14 +135,6 @@ def test_transactional_pipelines(shared_server, queue, protocol):
 
 
 # ------------------------------------------------------------------ walrus (PyPI, in-process)
-
-def walrus_database(port: int):
-    try:
-        import walrus
-    except ImportError:
-        pytest.skip("walrus is not installed (pip install -e '.[test]')")
-    return walrus, walrus.Database(port=port)
-
 
 def test_walrus_consumer_group(shared_server, queue):
     walrus, db = walrus_database(shared_server.port)

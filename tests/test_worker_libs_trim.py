@@ -28,8 +28,10 @@ import subprocess
 import pytest
 
 from conftest import ROOT, wait_until
-from test_clients import NODE_SRC, node_env, node_version, python_venv, record_results
-from test_worker_libs import RESULTS, Row, dist_version, run_json, short
+from support import (NODE_SRC, Row, dist_version, node_env, node_version, python_venv, record_worker_libs, run_json,
+                     short)
+
+pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
 
 N = 20
 OVERFLOW = 150  # tests/node/streams_broker.js's second round: more than its MAXLEN ~ 100
@@ -38,7 +40,7 @@ OVERFLOW = 150  # tests/node/streams_broker.js's second round: more than its MAX
 @pytest.fixture(scope="module", autouse=True)
 def compat_json():
     yield
-    record_results("worker_libs", RESULTS, key=lambda e: (e["library"], e["version"]))
+    record_worker_libs()
 
 
 def entries(client, queue: str) -> int:

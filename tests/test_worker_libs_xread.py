@@ -10,8 +10,8 @@ Since 0.3 it also needs pub/sub (SUBSCRIBE at start, PUBLISH for serverSideEmit)
 refuses: its Node process exits at start. Its scenario is tests/node/socketio_adapter.js, run
 on redis-server first, then on EZRA.
 
-The rows go to build/compat/worker_libs.json with test_worker_libs.py's (its Row and
-RESULTS), which scripts/compat_table.py turns into the README's table.
+The rows go to build/compat/worker_libs.json with test_worker_libs.py's (support.py's Row and
+WORKER_LIBS_RESULTS), which scripts/compat_table.py turns into the README's table.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from collections import Counter
 import pytest
 import redis
 
-import test_worker_libs as worker_libs
 from conftest import wait_until
-from test_clients import NODE_SRC, node_env, node_version, record_results
-from test_worker_libs import Row, dist_version, first_refusal, run_json, short, walrus_database
-from test_worker_libs import venv_python  # noqa: F401 (a fixture)
+from support import (NODE_SRC, Row, dist_version, first_refusal, node_env, node_version, record_worker_libs, run_json,
+                     short, walrus_database)
+
+pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
 
 N = 20
 
@@ -35,7 +35,7 @@ N = 20
 @pytest.fixture(scope="module", autouse=True)
 def compat_json():
     yield
-    record_results("worker_libs", worker_libs.RESULTS, key=lambda e: (e["library"], e["version"]))
+    record_worker_libs()
 
 
 def delivered(client, queue: str) -> int:

@@ -14,8 +14,7 @@ import pytest
 import redis
 
 from conftest import wait_until
-from test_faults import _leave_free, small_fs  # noqa: F401  (small_fs: a fixture, a 16 MB tmpfs)
-from test_vectors import RespConnection, blocked_clients, encode_command
+from support import RespConnection, blocked_clients, encode_command, leave_free
 
 
 def raw(server, protocol):
@@ -326,14 +325,14 @@ def test_errors_as_redis_words_them(x, args, message):
 
 # ------------------------------------------------------------------ only committed entries
 
-def test_an_observer_never_sees_a_push_that_was_rolled_back(small_fs, ezra_factory):  # noqa: F811
+def test_an_observer_never_sees_a_push_that_was_rolled_back(small_fs, ezra_factory):
     """The push in the batch that meets the full disk is refused: an observer blocked on its
     queue is not woken by it, and gets the first push that commits once there is room."""
     server = ezra_factory("--disk-reserve", str(2 * 1024 * 1024), data_dir=small_fs)
     client, observer = server.client(), raw(server, 2)
     thread, out = in_thread(lambda: read(observer, "BLOCK", "60000", "STREAMS", "jobs", "$"))
     wait_until(lambda: blocked(client) == 1, message="the XREAD to block")
-    filler = _leave_free(small_fs, 4 * 1024 * 1024)
+    filler = leave_free(small_fs, 4 * 1024 * 1024)
     pipe = client.pipeline(transaction=True)
     pipe.xadd("jobs", {"n": "lost"})
     for _ in range(7):
