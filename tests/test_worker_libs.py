@@ -330,7 +330,7 @@ class Worker:
 
     def __init__(self, command: list, env: dict, log: Path):
         self.log, self.exited = log, None
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:  # O_APPEND: each worker process's write lands whole at the end
             self.proc = subprocess.Popen([str(arg) for arg in command], stdout=out, stderr=subprocess.STDOUT,
                                          env=env, cwd=log.parent, start_new_session=True)
 

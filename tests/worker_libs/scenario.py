@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 PORT = int(os.environ["EZRA_PORT"])
 QUEUE = os.environ["QUEUE"]
@@ -18,7 +19,10 @@ URL = f"redis://127.0.0.1:{PORT}"
 
 
 def done(n) -> None:
-    print("DONE", n, os.getpid(), flush=True)
+    # One write() per line: a library's worker processes share one log file, and print()
+    # writes its pieces separately, so two workers' lines could interleave mid-line.
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), b"DONE %d %d\n" % (n, os.getpid()))
 
 
 def failure(error: BaseException) -> str:
