@@ -1,0 +1,127 @@
+"""The package's plan holds: no import circle, no module over 600 lines, every folder says what it holds.
+
+Issue 16's "done when", kept true by a test rather than by memory. The import graph is read
+from the source (ast), not by importing. It holds the imports that run when a module loads
+(at its top level, in `if`/`try` blocks too); an import inside a function runs when the
+function is called, after the modules have loaded, so it cannot meet a half-loaded module
+(ezra/__init__ imports embed lazily that way, so `import ezra` stays cheap).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "ezra"
+MAX_MODULE_LINES = 600
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def load_time_statements(body: list):
+    """The statements a module runs as it loads: its top level, class bodies, if/try/with blocks;
+    not function bodies, nor `if TYPE_CHECKING:` (read by type checkers only)."""
+    for node in body:
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        type_checking = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            if not (type_checking and field == "body"):
+                yield from load_time_statements(getattr(node, field, []) or [])
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The ezra modules `path` imports (relative and absolute; `from . import x` counts x)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in load_time_statements(ast.parse(path.read_text(), str(path)).body):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            submodules = {f"{base}.{alias.name}" for alias in node.names} & modules
+            # `from . import errors` loads the module errors; `from .storage import Database` loads storage
+            found.update(submodules or {base})
+    return {module for module in found if module in modules and module != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(path) for path in paths}
+    return {module_name(path): imported_modules(path, modules) for path in paths}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as a path [a, b, ..., a], or None."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]):
+        state[node] = "open"
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                return path[path.index(target):] + [target]
+            if target not in state:
+                cycle = visit(target, path + [target])
+                if cycle:
+                    return cycle
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            cycle = visit(start, [start])
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_finder_sees_a_circle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"p": {"p.x", "p.y"}, "p.x": {"p.y"}, "p.y": set()}) is None
+    assert find_cycle({"p": {"p.x"}, "p.x": {"p"}}) == ["p", "p.x", "p"]
+
+
+def test_the_package_has_no_import_circle():
+    graph = import_graph()
+    assert "ezra.broker" in graph and graph["ezra.app"], "the graph was read"
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_no_module_is_over_600_lines():
+    sizes = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    assert {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES} == {}
+
+
+def tracked_folders() -> set[Path]:
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return {(ROOT / name).parent for name in files.split()
+            if not any(part.startswith(".") for part in Path(name).parts)}
+
+
+def says_what_it_holds(folder: Path) -> bool:
+    """A README.md, a package docstring of a paragraph, or its parent's README or docstring naming it."""
+    if (folder / "README.md").is_file():
+        return True
+    init = folder / "__init__.py"
+    if init.is_file():
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        return len(docstring.split()) >= 25
+    parent_texts = [(folder.parent / name).read_text() for name in ("README.md", "__init__.py")
+                    if (folder.parent / name).is_file()]
+    return any(f"{folder.name}/" in text for text in parent_texts)
+
+
+def test_every_folder_says_what_it_holds():
+    folders = tracked_folders() - {ROOT}
+    assert PACKAGE in folders and ROOT / "tests" in folders, "git ls-files was read"
+    assert sorted(str(folder.relative_to(ROOT)) for folder in folders if not says_what_it_holds(folder)) == []
