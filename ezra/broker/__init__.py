@@ -30,14 +30,21 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     queue_counts, blocked_clients                 INFO's figures
     start_reaper, stop, cancel_waiters            life: reaper, shutdown
 
-The parts:
+The parts (mixins of Broker, in its bases' order; each is a class over BrokerCore):
 
     base.py       BrokerCore: the attributes and helpers the parts share through `self`
-    core.py       Broker: push, claim, ack, fail; blocked readers; per-queue state
+    core.py       Broker: push, ack, fail; per-queue state (QueueState), the settings in force
+    claims.py     XREADGROUP's claims; the workers blocked waiting for one (Waiter), woken per batch
     leases.py     XCLAIM / XAUTOCLAIM / XREADGROUP CLAIM; release on disconnect
     upkeep.py     the reaper: expiry, delayed tasks coming due, retention, TTL, vacuum
     admin.py      XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
     observers.py  XREAD: a read-only look at a queue, woken by pushes without taking them
+
+What the parts may import: the layers below (storage, writer, lifecycle, errors,
+queue_settings, trimming, resp's reply types), gevent and loguru; never commands,
+server, web, tools or app, which call the broker, not the other way round. A part
+reaches another only through `self`, by names BrokerCore declares
+(scripts/broker_xrefs.py counts the undeclared ones: keep it at 0).
 """
 
 from .core import Broker
