@@ -6,7 +6,7 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     verb                 command                  what it does
     push                 XADD                     add a task (delayed, TTL, idempotent, dead)
     claim                XREADGROUP >             claim tasks, or block until one comes
-    claim_own            XREADGROUP <id>          re-read the worker's own tasks in flight
+    claim_own            XREADGROUP <id>          claim the worker's own tasks in flight again
     ack                  XACK                     a task is done
     fail                 XNACK / XDEL             a delivery failed: back (with backoff) or dead
     delete_dead          XDEL q::dead             remove dead letters

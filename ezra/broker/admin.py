@@ -1,7 +1,7 @@
 """Operators' side of the Broker (a mixin): settings, redrive, XACKDEL, XINFO's figures, backup.
 
     configure      XCFGSET and the config file's queue lines: stored in `queues`, applied at once
-                   (PAUSED 0 hands the queue's available tasks to its blocked readers in that batch)
+                   (PAUSED 0 hands the queue's available tasks to its blocked workers in that batch)
     requeue        XREQUEUE: dead tasks back to available, attempts reset, in one statement
     ack_delete     XACKDEL: ack and drop the record
     stream_info    the figures behind XINFO STREAM / GROUPS / CONSUMERS
@@ -99,7 +99,7 @@ class QueueAdmin(BrokerCore):
         if self._paused(queue) != paused_before:
             logger.info("queue {!r} {}", name.decode("utf-8", "replace"),
                         "paused: pushes land, nothing is handed out" if self._paused(queue) else "resumed")
-            self._serve_waiters(queue, now)  # resumed: blocked readers get its tasks now
+            self._serve_waiters(queue, now)  # resumed: blocked workers get its tasks now
         return True
 
     def _tx_requeue(self, name: bytes, ids: list[tuple] | None) -> int:

@@ -106,8 +106,8 @@ class BrokerCore:
         raise NotImplementedError
 
     # ------------------------------------------------------------ leases.py
-    def _take_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
-        """leases.py: take over tasks in flight for `min_idle` ms (XREADGROUP CLAIM)."""
+    def _claim_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
+        """leases.py: claim tasks in flight idle for `min_idle` ms (XREADGROUP CLAIM)."""
         raise NotImplementedError
 
     def stop_release_timers(self) -> None:

@@ -110,7 +110,7 @@ class Claims(BrokerCore):
         return workers + self.observers_blocked()
 
     def cancel_waiters(self) -> None:
-        """Shutdown: every blocked reader (XREADGROUP, XREAD) gets a null reply now."""
+        """Shutdown: every blocked worker (XREADGROUP) and observer (XREAD) gets a null reply now."""
         self.writer.call(self._tx_cancel_waiters, durable=False)
 
     # ------------------------------------------------------------ writer's batch
@@ -142,7 +142,7 @@ class Claims(BrokerCore):
                 continue
             entries = []
             if claim_idle is not None and queue.counts[IN_FLIGHT]:
-                entries = self._take_idle(queue, worker, count, claim_idle, now)
+                entries = self._claim_idle(queue, worker, count, claim_idle, now)
             room = count - len(entries)
             if room > 0 and queue.counts[AVAILABLE]:
                 extra = [] if claim_idle is None else [0, 0]  # CLAIM: new tasks are idle 0, delivered 0 times
@@ -179,7 +179,7 @@ class Claims(BrokerCore):
         waiter.registered = True
 
     def _serve_waiters(self, queue: QueueState, now: int) -> None:
-        """Hand newly available tasks of `queue` to its blocked readers, first come first served
+        """Hand newly available tasks of `queue` to its blocked workers, first come first served
         (none while it is paused: they wait for the resume, which calls this again)."""
         if self._paused(queue):
             return
@@ -204,7 +204,7 @@ class Claims(BrokerCore):
         waiter.registered = False
 
     def _forget(self, waiter: Waiter) -> None:
-        """Its reader will not wait after all: take it off the queues' lines, and give back what a
+        """Its worker will not wait after all: take it off the queues' lines, and give back what a
         later batch may have claimed for it already."""
         if waiter.registered:
             self._unregister(waiter)
@@ -228,7 +228,7 @@ class Claims(BrokerCore):
                 self._served.append(waiter)  # woken with result None: a null reply
 
     def _release_unsent(self, result: PairsMap) -> None:
-        """The reader hung up after tasks were claimed for it: give them back unspent."""
+        """The worker hung up after tasks were claimed for it: give them back unspent."""
         for name, entries in result.items():
             ids = [lifecycle.parse_id(task_id) for task_id, *_ in entries]
             self.writer.submit(self._tx_fail, name, ids, lifecycle.SILENT, None, False)
@@ -243,12 +243,12 @@ class Claims(BrokerCore):
         return [entry(row) for row in self.db.claim_own(name, worker, after, count, now, deadline)]
 
     def _after_batch(self, ok: bool) -> None:
-        """In the event loop, after a batch: wake the readers it served, then the observers
+        """In the event loop, after a batch: wake the waiters it served, then the observers
         (XREAD) of the queues it added entries to.
 
-        A rolled-back batch served nobody: a reader it handed tasks to waits again, first in line
+        A rolled-back batch served nobody: a waiter it handed tasks to waits again, first in line
         (before, it got a storage error: a worker blocked while a push filled the disk failed).
-        Once only: should serving this reader be what fails, the next rollback answers the error.
+        Once only: should serving this waiter be what fails, the next rollback answers the error.
         """
         served, self._served = self._served, []
         for waiter in served:
