@@ -24,10 +24,11 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     requeue              XREQUEUE                 dead letters back to the queue
     ack_delete           XACKDEL                  ack and remove
     stream_info, tasks   XINFO                    a queue's figures and tasks
-    overview, busiest    INFO, /metrics, dashboard  figures across queues
+    figures              INFO, /metrics, dashboard  one snapshot of the figures (a Figures)
     backup               BGSAVE / SAVE            hot backup of the database
     look, observe        XREAD                    read without claiming; block for new entries
-    queue_counts, blocked_clients                 INFO's figures
+    queue_counts         EXISTS, TYPE             every queue's counts by state
+    blocked_clients      (figures)                blocked XREADGROUPs and XREADs
     start_reaper, stop, cancel_waiters            life: reaper, shutdown
 
 The parts (mixins of Broker, in its bases' order; each is a class over BrokerCore):
@@ -37,7 +38,7 @@ The parts (mixins of Broker, in its bases' order; each is a class over BrokerCor
     claims.py     XREADGROUP's claims; the workers blocked waiting for one (Waiter), woken per batch
     leases.py     XCLAIM / XAUTOCLAIM / XREADGROUP CLAIM; release on disconnect
     upkeep.py     the reaper: expiry, delayed tasks coming due, retention, TTL, vacuum
-    admin.py      XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
+    admin.py      XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, figures(), hot backup
     observers.py  XREAD: a read-only look at a queue, woken by pushes without taking them
 
 What the parts may import: the layers below (storage, writer, lifecycle, errors,
@@ -47,6 +48,7 @@ reaches another only through `self`, by names BrokerCore declares
 (scripts/broker_xrefs.py counts the undeclared ones: keep it at 0).
 """
 
+from .admin import ALL_QUEUES, Figures
 from .core import Broker
 
-__all__ = ["Broker"]
+__all__ = ["ALL_QUEUES", "Broker", "Figures"]

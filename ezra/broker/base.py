@@ -101,6 +101,10 @@ class BrokerCore:
         """claims.py: claim available tasks for the queue's blocked workers, in the batch."""
         raise NotImplementedError
 
+    def blocked_clients(self) -> int:
+        """claims.py: blocked XREADGROUPs and XREADs."""
+        raise NotImplementedError
+
     def _after_batch(self, ok: bool) -> None:
         """claims.py: the writer's hook after each batch: wake the waiters it served, then observers."""
         raise NotImplementedError
