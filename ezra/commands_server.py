@@ -14,6 +14,7 @@ import time
 from loguru import logger
 
 from . import __version__, errors, lifecycle
+from .broker import ALL_QUEUES
 from .commands import COMMANDS, Deferred, ServerState, Session, command, run, to_int
 from .errors import CommandError
 from .resp import OK, ErrorReply, SimpleString, Verbatim
@@ -231,15 +232,18 @@ def info(session, args):
     """INFO [section ...]: server, clients, memory, persistence, stats, queues."""
     wanted = {arg.decode("utf-8", "replace").lower() for arg in args[1:]} or {"default"}
     everything = bool(wanted & {"all", "everything", "default"})
+    # One snapshot of the broker's figures for every section; the queues' only when shown.
+    figures = session.server.broker.figures(ALL_QUEUES if everything or "queues" in wanted else (),
+                                            head_since=False)
     sections = []
     for name, build in INFO_SECTIONS:
         if everything or name in wanted:
-            lines = build(session.server)
+            lines = build(session.server, figures)
             sections.append(f"# {name.capitalize()}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in lines))
     return Verbatim("\r\n".join(sections))
 
 
-def info_server(state: ServerState):
+def info_server(state: ServerState, figures):
     uptime = int(time.time() - state.started)
     return [("redis_version", REDIS_COMPAT_VERSION), ("ezra_version", __version__),
             ("redis_mode", "standalone"), ("os", f"{platform.system()} {platform.release()} {platform.machine()}"),
@@ -249,12 +253,12 @@ def info_server(state: ServerState):
             ("config_file", state.settings.config or "")]
 
 
-def info_clients(state: ServerState):
-    return [("connected_clients", len(state.sessions)), ("blocked_clients", state.broker.blocked_clients()),
+def info_clients(state: ServerState, figures):
+    return [("connected_clients", len(state.sessions)), ("blocked_clients", figures.blocked),
             ("maxclients", state.max_clients), ("parked_clients", state.parked_clients)]
 
 
-def info_memory(state: ServerState):
+def info_memory(state: ServerState, figures):
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     current = rss
     try:
@@ -266,16 +270,15 @@ def info_memory(state: ServerState):
             ("maxmemory", 0)]
 
 
-def info_persistence(state: ServerState):
-    db, writer = state.broker.db, state.broker.writer
-    return [("loading", 0), ("database_file", db.path), ("database_bytes", db.bytes_on_disk()),
-            ("durability", state.settings.durability), ("commit_batches", writer.batches),
-            ("wal_fsyncs", writer.fsyncs),
-            ("committed_requests", writer.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0)]
+def info_persistence(state: ServerState, figures):
+    return [("loading", 0), ("database_file", state.broker.db.path), ("database_bytes", figures.database_bytes),
+            ("durability", state.settings.durability), ("commit_batches", figures.batches),
+            ("wal_fsyncs", figures.fsyncs),
+            ("committed_requests", figures.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0)]
 
 
-def info_stats(state: ServerState):
-    stats = state.broker.stats
+def info_stats(state: ServerState, figures):
+    stats = figures.stats
     return [("total_connections_received", state.total_connections),
             ("total_commands_processed", state.total_commands),
             ("rejected_connections", state.rejected_connections),
@@ -286,9 +289,9 @@ def info_stats(state: ServerState):
             ("tasks_redelivered", stats["redelivered"]), ("tasks_requeued", stats["requeued"])]
 
 
-def info_queues(state: ServerState):
+def info_queues(state: ServerState, figures):
     lines = []
-    for name, queue in sorted(state.broker.overview(head_since=False).items()):
+    for name, queue in sorted(figures.queues.items()):
         shown = name.decode("utf-8", "replace").translate(INFO_NAME_SAFE)
         figures = [(key, queue["counts"][key]) for key in INFO_STATES]
         figures += [(key, queue["totals"][key]) for key in INFO_TALLIES]

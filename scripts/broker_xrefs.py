@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Count self.<name> uses in each broker part whose definition lives in another part."""
+"""Count self.<name> uses in each broker part whose definition lives in another part, and
+the BrokerCore stubs (methods declared in base.py) that no part implements."""
 import ast, sys, collections
 files = sys.argv[1:] or sorted(str(p) for p in __import__("pathlib").Path("ezra/broker").glob("*.py") if p.name != "__init__.py")
 defs = {}   # name -> set(files)
@@ -29,4 +30,5 @@ for f in files:
     hidden = [a for a in cross if not any(b in defs[a] for b in base)]
     total += len(cross); undeclared += len(hidden)
     print(f, "cross-file:", len(cross), "not declared in base:", len(hidden), sorted(set(hidden))[:40])
-print("TOTAL cross-file", total, "undeclared", undeclared)
+stubs = sorted(name for name, where in defs.items() if where == set(base)) if base else []
+print("TOTAL cross-file", total, "undeclared", undeclared, "unimplemented stubs", len(stubs), stubs)

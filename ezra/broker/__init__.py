@@ -6,7 +6,7 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     verb                 command                  what it does
     push                 XADD                     add a task (delayed, TTL, idempotent, dead)
     claim                XREADGROUP >             claim tasks, or block until one comes
-    claim_own            XREADGROUP <id>          re-read the worker's own tasks in flight
+    claim_own            XREADGROUP <id>          claim the worker's own tasks in flight again
     ack                  XACK                     a task is done
     fail                 XNACK / XDEL             a delivery failed: back (with backoff) or dead
     delete_dead          XDEL q::dead             remove dead letters
@@ -24,22 +24,31 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     requeue              XREQUEUE                 dead letters back to the queue
     ack_delete           XACKDEL                  ack and remove
     stream_info, tasks   XINFO                    a queue's figures and tasks
-    overview, busiest    INFO, /metrics, dashboard  figures across queues
+    figures              INFO, /metrics, dashboard  one snapshot of the figures (a Figures)
     backup               BGSAVE / SAVE            hot backup of the database
     look, observe        XREAD                    read without claiming; block for new entries
-    queue_counts, blocked_clients                 INFO's figures
+    queue_counts         EXISTS, TYPE             every queue's counts by state
+    blocked_clients      (figures)                blocked XREADGROUPs and XREADs
     start_reaper, stop, cancel_waiters            life: reaper, shutdown
 
-The parts:
+The parts (mixins of Broker, in its bases' order; each is a class over BrokerCore):
 
     base.py       BrokerCore: the attributes and helpers the parts share through `self`
-    core.py       Broker: push, claim, ack, fail; blocked readers; per-queue state
+    core.py       Broker: push, ack, fail; per-queue state (QueueState), the settings in force
+    claims.py     XREADGROUP's claims; the workers blocked waiting for one (Waiter), woken per batch
     leases.py     XCLAIM / XAUTOCLAIM / XREADGROUP CLAIM; release on disconnect
     upkeep.py     the reaper: expiry, delayed tasks coming due, retention, TTL, vacuum
-    admin.py      XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
+    admin.py      XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, figures(), hot backup
     observers.py  XREAD: a read-only look at a queue, woken by pushes without taking them
+
+What the parts may import: the layers below (storage, writer, lifecycle, errors,
+queue_settings, trimming, resp's reply types), gevent and loguru; never commands,
+server, web, tools or app, which call the broker, not the other way round. A part
+reaches another only through `self`, by names BrokerCore declares
+(scripts/broker_xrefs.py counts the undeclared ones: keep it at 0).
 """
 
+from .admin import ALL_QUEUES, Figures
 from .core import Broker
 
-__all__ = ["Broker"]
+__all__ = ["ALL_QUEUES", "Broker", "Figures"]

@@ -1,10 +1,12 @@
-"""Operators' side of the Broker (a mixin): settings, redrive, XACKDEL, XINFO's figures, backup.
+"""Operators' side of the Broker (a mixin): settings, redrive, XACKDEL, figures, backup.
 
     configure      XCFGSET and the config file's queue lines: stored in `queues`, applied at once
-                   (PAUSED 0 hands the queue's available tasks to its blocked readers in that batch)
+                   (PAUSED 0 hands the queue's available tasks to its blocked workers in that batch)
     requeue        XREQUEUE: dead tasks back to available, attempts reset, in one statement
     ack_delete     XACKDEL: ack and drop the record
     stream_info    the figures behind XINFO STREAM / GROUPS / CONSUMERS
+    figures        one snapshot of the figures across queues (`Figures`): INFO, /metrics and the
+                   dashboard each format it their own way
     backup         SQLite's online backup API on a native thread; writers carry on meanwhile.
                    It writes only a new file inside the backup directory (--backup-dir, else
                    the data directory): anyone who can send commands can run it.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
+from dataclasses import dataclass
 from operator import itemgetter
 
 from gevent import get_hub
@@ -31,6 +34,27 @@ TOP = (MAX_ID_PART, MAX_ID_PART)
 STREAM_NODE_ENTRIES = 100  # Redis's stream-node-max-entries: XINFO's radix-tree figures estimate it
 XACKDEL_DELETED = 1
 XACKDEL_NOT_FOUND = -1
+ALL_QUEUES = "all"  # figures(ALL_QUEUES): every queue's figures
+
+
+@dataclass(slots=True)
+class Figures:
+    """A snapshot of the broker's figures (Broker.figures): plain values, safe to format on any thread."""
+
+    now: int                    # ms since the epoch, when it was taken
+    queues: dict                # {name: {"counts", "totals", "paused", "head_since"}}: the queues asked for
+    rest: dict | None           # with busiest: {"counts", "totals", "paused"} summed over the other queues
+    queue_count: int            # queues in all
+    stats: dict[str, int]       # events since start (core.TALLIES), all queues
+    blocked: int                # blocked XREADGROUPs and XREADs
+    database_bytes: int         # ezra.db and its WAL
+    batches: int                # the writer's committed batches (transactions)
+    committed_requests: int     # requests in them
+    fsyncs: int                 # fsyncs of the WAL
+    disk_full: bool             # pushes are refused until there is room
+    batch_sizes: tuple          # histograms, each (cumulative buckets, sum): requests per batch,
+    commit_seconds: tuple       # seconds per COMMIT,
+    fsync_seconds: tuple | None  # seconds per fsync (None: --durability normal does not fsync per commit)
 
 
 class QueueAdmin(BrokerCore):
@@ -59,17 +83,21 @@ class QueueAdmin(BrokerCore):
         "unfinished": available, delayed and in-flight ones in id order, each row ending with its state."""
         return self.writer.submit(self._tx_tasks, queue, state, count, after, durable=False)
 
-    def overview(self, head_since: bool = True, names=None) -> dict:
-        """{queue: {"counts", "totals", "head_since"}} for /metrics, the dashboard and INFO, one
-        snapshot; head_since=False skips the one index lookup per queue that it costs; `names`
-        (an iterable of queue names) limits it to those that exist (a dashboard page)."""
-        return self.writer.call(self._tx_overview, head_since, names, durable=False)
+    def figures(self, queues=(), head_since: bool = True, busiest: int | None = None) -> Figures:
+        """The broker's figures in one snapshot, taken on the event loop in one go (INFO, /metrics,
+        the dashboard). Per-queue figures cost per queue, so the caller says which it needs:
 
-    def busiest(self, count: int) -> dict:
-        """/metrics' bounded view, one snapshot: {"queues": the overview of the `count` queues with
-        the most unfinished tasks (ties by name; never the queue named "", whose label is the
-        rest's), "rest": {"counts", "totals"} summed over the others, "queue_count": all of them}."""
-        return self.writer.call(self._tx_busiest, count, durable=False)
+            queues=()            none (and no writer round trip: nothing to look up)
+            queues=ALL_QUEUES    every queue (INFO)
+            queues=[names...]    those of them that exist (a dashboard page)
+            busiest=n            the n queues with the most unfinished tasks (ties by name; never
+                                 the queue named "", whose label is the rest's), the others summed
+                                 in `rest` (/metrics)
+
+        head_since=False skips the one index lookup per queue shown that it costs (INFO)."""
+        if not queues and busiest is None:
+            return self._tx_figures(queues, head_since, busiest)
+        return self.writer.call(self._tx_figures, queues, head_since, busiest, durable=False)
 
     def backup(self, dest_path: str) -> dict:
         """BACKUP: copy the live database (SQLite online backup) to a new file in the backup
@@ -99,7 +127,7 @@ class QueueAdmin(BrokerCore):
         if self._paused(queue) != paused_before:
             logger.info("queue {!r} {}", name.decode("utf-8", "replace"),
                         "paused: pushes land, nothing is handed out" if self._paused(queue) else "resumed")
-            self._serve_waiters(queue, now)  # resumed: blocked readers get its tasks now
+            self._serve_waiters(queue, now)  # resumed: blocked workers get its tasks now
         return True
 
     def _tx_requeue(self, name: bytes, ids: list[tuple] | None) -> int:
@@ -120,8 +148,21 @@ class QueueAdmin(BrokerCore):
             return self.db.tasks_by_id(name, lifecycle.WAITING, count, after)
         return self.db.tasks_in_state(name, state, count, after)
 
-    def _tx_overview(self, head_since: bool, names) -> dict:
-        queues = self.queues.items() if names is None else \
+    def _tx_figures(self, queues, head_since: bool, busiest: int | None) -> Figures:
+        rest = None
+        if busiest is not None:
+            queues, rest = self._busiest(busiest)
+        writer = self.writer
+        return Figures(
+            now=self.clock(), queues=self._queue_figures(queues, head_since), rest=rest,
+            queue_count=len(self.queues), stats=dict(self.stats), blocked=self.blocked_clients(),
+            database_bytes=self.db.bytes_on_disk(), batches=writer.batches,
+            committed_requests=writer.committed_requests, fsyncs=writer.fsyncs, disk_full=writer.disk_full,
+            batch_sizes=_copy(writer.batch_sizes), commit_seconds=_copy(writer.commit_seconds),
+            fsync_seconds=None if writer.fsync_seconds is None else _copy(writer.fsync_seconds))
+
+    def _queue_figures(self, names, head_since: bool) -> dict:
+        queues = self.queues.items() if names == ALL_QUEUES else \
             [(name, self.queues[name]) for name in names if name in self.queues]
         return {name: {"counts": dict(queue.counts), "totals": dict(queue.totals), "paused": self._paused(queue),
                        # when the next task to deliver became available (ms): how long it waits
@@ -129,7 +170,8 @@ class QueueAdmin(BrokerCore):
                        if head_since and queue.counts[AVAILABLE] else None}
                 for name, queue in queues}
 
-    def _tx_busiest(self, count: int) -> dict:
+    def _busiest(self, count: int) -> tuple[list[bytes], dict | None]:
+        """The names of the `count` busiest queues, and the others' figures summed (None: no others)."""
         # Plain reads of what the broker keeps, no query but one index lookup per queue shown:
         # 10,000 queues rank and sum in a few milliseconds.
         def rank(queue):
@@ -140,11 +182,10 @@ class QueueAdmin(BrokerCore):
         shown_set = set(shown)
         rest = [queue for name, queue in self.queues.items() if name not in shown_set]
         counts, totals = [queue.counts for queue in rest], [queue.totals for queue in rest]
-        return {"queues": self._tx_overview(True, shown), "queue_count": len(self.queues),
-                "rest": None if not rest else {
-                    "counts": {state: sum(map(itemgetter(state), counts)) for state in lifecycle.STATES},
-                    "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]},
-                    "paused": sum(1 for queue in rest if self._paused(queue))}}
+        return shown, None if not rest else {
+            "counts": {state: sum(map(itemgetter(state), counts)) for state in lifecycle.STATES},
+            "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]},
+            "paused": sum(1 for queue in rest if self._paused(queue))}
 
     def _tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[int]:
         queue = self.queues.get(name)
@@ -228,6 +269,11 @@ class QueueAdmin(BrokerCore):
             "release-on-disconnect": optional_seconds(self._release_grace(queue), "off"),
             "paused": "1" if self._paused(queue) else "0",
         }
+
+
+def _copy(histogram) -> tuple:
+    """A histogram.Histogram's figures as they are now: (cumulative buckets, sum)."""
+    return histogram.cumulative(), histogram.sum
 
 
 def _backup_on_thread(source: str, dest: str) -> tuple[dict | None, StorageError | None]:

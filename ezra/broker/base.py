@@ -1,8 +1,8 @@
 """BrokerCore: what the broker's parts (core.py and the mixins) share through `self`.
 
 Construction order (Broker.__init__): db, settings, default_backoff, clock, queues,
-blocked, _served, stats; then Leases, Upkeep and Observers set their own state
-(Upkeep reads `db`); then `_reload()` fills `queues`; `writer` comes last.
+stats; then Claims, Leases, Upkeep and Observers set their own state (Upkeep reads
+`db`); then `_reload()` fills `queues`; `writer` comes last.
 The stubs below are implemented by the part named in each docstring; the parts
 list earlier in Broker's bases, so their definitions win.
 """
@@ -29,9 +29,10 @@ class BrokerCore:
     default_backoff: object                 # the server's backoff policy, for queues without one
     clock: object                           # () -> ms since the epoch; tests replace it
     queues: dict[bytes, QueueState]         # per-queue caches, touched only in writer batches
-    blocked: dict[bytes, OrderedDict]       # blocked XREADGROUP waiters, FIFO per queue
     stats: dict[str, int]                   # event tallies since start, all queues
     writer: Writer                          # runs the `_tx_*` scripts in batches; set last
+    # --- set by Claims.__init__ (claims.py)
+    blocked: dict[bytes, OrderedDict]       # blocked XREADGROUP waiters, FIFO per queue
     # --- set by Leases.__init__ (leases.py)
     worker_connections: dict[bytes, int]    # worker name -> open connections that used it
     # --- set by Observers.__init__ (observers.py)
@@ -46,12 +47,12 @@ class BrokerCore:
         """core.py: count an event (TALLIES) for the queue and in all."""
         raise NotImplementedError
 
-    def _serve_waiters(self, queue: QueueState, now: int) -> None:
-        """core.py: claim available tasks for the queue's blocked readers, in the batch."""
-        raise NotImplementedError
-
     def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int):
         """core.py: failed deliveries go back (with backoff) or die, as the queue says."""
+        raise NotImplementedError
+
+    def _tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None, force: bool) -> int:
+        """core.py: XNACK's script: failed deliveries of tasks in flight; how many."""
         raise NotImplementedError
 
     def _note_deleted(self, queue: QueueState, ids: list[tuple]) -> None:
@@ -95,9 +96,22 @@ class BrokerCore:
         """core.py: the queue's idempotency limits."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------ claims.py
+    def _serve_waiters(self, queue: QueueState, now: int) -> None:
+        """claims.py: claim available tasks for the queue's blocked workers, in the batch."""
+        raise NotImplementedError
+
+    def blocked_clients(self) -> int:
+        """claims.py: blocked XREADGROUPs and XREADs."""
+        raise NotImplementedError
+
+    def _after_batch(self, ok: bool) -> None:
+        """claims.py: the writer's hook after each batch: wake the waiters it served, then observers."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------ leases.py
-    def _take_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
-        """leases.py: take over tasks in flight for `min_idle` ms (XREADGROUP CLAIM)."""
+    def _claim_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
+        """leases.py: claim tasks in flight idle for `min_idle` ms (XREADGROUP CLAIM)."""
         raise NotImplementedError
 
     def stop_release_timers(self) -> None:

@@ -136,9 +136,9 @@ class Leases(BrokerCore):
         claimed = []
         for row in self.db.lease_rows(name, ids, states):
             state, delivered = row[3], row[5]
-            if (state == IN_FLIGHT and now - delivered < min_idle) or not self._may_lease(queue, row, worker):
+            if (state == IN_FLIGHT and now - delivered < min_idle) or not self._may_claim(queue, row, worker):
                 continue
-            claimed.append(self._take_lease(queue, row, worker, now, justid, retry_count, delivered_at))
+            claimed.append(self._claim_one(queue, row, worker, now, justid, retry_count, delivered_at))
         return claimed
 
     def _tx_autoclaim(self, name: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
@@ -154,27 +154,28 @@ class Leases(BrokerCore):
             if len(claimed) == count:
                 break
             examined += 1
-            if now - row[5] >= min_idle and self._may_lease(queue, row, worker):
-                claimed.append(self._take_lease(queue, row, worker, now, justid))
+            if now - row[5] >= min_idle and self._may_claim(queue, row, worker):
+                claimed.append(self._claim_one(queue, row, worker, now, justid))
         cursor = lifecycle.format_id(rows[examined][1:3]) if examined < len(rows) else b"0-0"
         return [cursor, claimed, []]
 
-    def _may_lease(self, queue, row, worker: bytes) -> bool:
-        """While the queue is paused, only the owner's own lease may be renewed (LEASE_COLUMNS row)."""
+    def _may_claim(self, queue, row, worker: bytes) -> bool:
+        """While the queue is paused, a claim may only renew the owner's own lease (LEASE_COLUMNS row)."""
         return not self._paused(queue) or (row[3] == IN_FLIGHT and name_bytes(row[4]) == worker)
 
-    def _take_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
-        """XREADGROUP CLAIM: take over tasks idle >= min_idle; entries with [idle, deliveries so far]."""
-        taken = []
+    def _claim_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
+        """XREADGROUP CLAIM: claim tasks in flight idle >= min_idle; entries with [idle, deliveries so far]."""
+        claimed = []
         for row in self.db.idle_in_flight(queue.name, now - min_idle, count):
             idle, attempts = now - row[5], row[6]
-            # Redis counts a CLAIM as a delivery, even of the reader's own task.
-            taken.append(self._take_lease(queue, row, worker, now, count_attempt=True) + [idle, attempts])
-        return taken
+            # Redis counts a CLAIM as a delivery, even of the worker's own task.
+            claimed.append(self._claim_one(queue, row, worker, now, count_attempt=True) + [idle, attempts])
+        return claimed
 
-    def _take_lease(self, queue, row, worker: bytes, now: int, justid: bool = False, retry_count=None,
+    def _claim_one(self, queue, row, worker: bytes, now: int, justid: bool = False, retry_count=None,
                     delivered_at=None, count_attempt: bool = False) -> list | bytes:
-        """Lease one task (LEASE_COLUMNS row) to `worker` from now; its entry, or its id (JUSTID)."""
+        """Claim one task (LEASE_COLUMNS row) for `worker`, leased from now: the owner renews its lease,
+        another worker takes it over. Its entry, or its id (JUSTID)."""
         rowid, ms, seq, state, owner, _, attempts, fields = row
         renewal = state == IN_FLIGHT and name_bytes(owner) == worker and not count_attempt
         if retry_count is not None:

@@ -3,7 +3,7 @@
 Each pass, in order:
     expire   in-flight tasks whose lease ran out fail, through Broker._apply_failures
     promote  delayed tasks whose time came (DELAY, backoff) become available; blocked
-             readers are served in the same transaction
+             workers are served in the same transaction
     purge    done tasks older than their queue's retention, and finished tasks whose
              own TTL ran out, are deleted in small batches
     forget   idempotent-producer ids past IDMP-DURATION
@@ -149,7 +149,7 @@ class Upkeep(BrokerCore):
         return False
 
     def _promote(self, now: int) -> bool:
-        """Delayed tasks whose time came become available, and blocked readers get them."""
+        """Delayed tasks whose time came become available, and blocked workers get them."""
         promoted = Counter(name_bytes(q) for q in self.db.promote_due(now, PROMOTE_BATCH))
         for name, n in promoted.items():
             queue = self.queues.get(name)

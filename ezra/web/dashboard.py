@@ -145,12 +145,12 @@ def page(title: str, body: str, refresh: bool = True) -> bytes:
             f'<body{refresh_attr}>{body}</body></html>').encode()
 
 
-def header(state) -> str:
+def header(state, figures) -> str:
     uptime = int(time.time() - state.started)
     settings = state.settings
     return (f'<header><a class="brand" href="/">EZRA</a> <span class="muted">{text(__version__)} · '
             f'{text(settings.bind)}:{state.port} · up {text(duration(uptime * 1000))} · '
-            f'{len(state.sessions)} clients, {state.broker.blocked_clients()} blocked · '
+            f'{len(state.sessions)} clients, {figures.blocked} blocked · '
             f'durability {text(settings.durability)}</span></header>')
 
 
@@ -161,9 +161,9 @@ def error_page(status: str, message: str) -> bytes:
 
 # ---------------------------------------------------------------- pages
 
-def index_page(state, overview: dict, history: History, page_number: int = 1, total: int | None = None) -> bytes:
-    """One page of the queue list: `overview` holds that page's queues, `total` counts them all."""
-    now = state.broker.clock()
+def index_page(state, figures, history: History, page_number: int = 1, total: int | None = None) -> bytes:
+    """One page of the queue list: `figures` (Broker.figures) holds that page's queues, `total` counts them all."""
+    now, overview = figures.now, figures.queues
     total = len(overview) if total is None else total
     rows = []
     for name, queue in sorted(overview.items()):
@@ -184,7 +184,7 @@ def index_page(state, overview: dict, history: History, page_number: int = 1, to
                '(<span class="pushes-key">pushes</span>, <span class="acks-key">acks</span>)</th></tr></thead>'
              f'<tbody>{"".join(rows)}</tbody></table>')
     nav = pages_nav(page_number, len(overview), total)
-    return page("queues", f'{header(state)}<main><h1>Queues</h1>{nav}{table}{nav}</main>')
+    return page("queues", f'{header(state, figures)}<main><h1>Queues</h1>{nav}{table}{nav}</main>')
 
 
 def pages_nav(number: int, shown: int, total: int) -> str:
@@ -201,8 +201,9 @@ def pages_nav(number: int, shown: int, total: int) -> str:
             f'{" ".join(links)}</nav>')
 
 
-def queue_page(state, name: bytes, queue: dict, lists: dict, history: History, csrf: str, flash: str) -> bytes:
-    now = state.broker.clock()
+def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf: str, flash: str) -> bytes:
+    """A queue's page: its figures (from Broker.figures), the tasks in `lists` by state, its charts."""
+    now, queue = figures.now, figures.queues[name]
     counts = queue["counts"]
     tiles = "".join(f'<div class="tile {s}"><div class="count" data-state="{s}">{counts[s]}</div>'
                     f'<div class="muted">{STATE_TITLES[s]}</div></div>' for s in lifecycle.STATES)
@@ -212,7 +213,7 @@ def queue_page(state, name: bytes, queue: dict, lists: dict, history: History, c
              f'{totals["pushed"]} pushed, {totals["acked"]} acked, {totals["failed"]} failed, '
              f'{totals["expired"]} timed out, {totals["dead"]} dead')
     paused = queue["paused"]
-    body = [header(state), f'<main><p><a href="/">← queues</a></p>'
+    body = [header(state, figures), f'<main><p><a href="/">← queues</a></p>'
                            f'<h1>{text(name)}{PAUSED_BADGE if paused else ""}</h1>']
     if flash:
         body.append(f'<p class="flash" role="status">{text(flash)}</p>')

@@ -2,9 +2,10 @@
 
 Nothing here runs on the command path: the broker keeps plain counters
 (QueueState.totals) and the writer fixed-bucket histograms. A scrape copies them
-on the event loop (`snapshot`), then formats the copy on a native thread
-(`render`), so a server with many queues does not pause its clients while
-prometheus_client writes the text. Imported only when --http-port is set, so a
+on the event loop (`snapshot`: Broker.figures, the snapshot INFO and the
+dashboard read too), then formats the copy on a native thread (`render`), so a
+server with many queues does not pause its clients while prometheus_client
+writes the text. Imported only when --http-port is set, so a
 server without it never loads prometheus_client.
 
 Per-queue series are bounded: the --metrics-queues queues with the most
@@ -44,22 +45,11 @@ def queue_label(name: bytes) -> str:
 
 
 def snapshot(state) -> dict:
-    """Everything /metrics shows, read on the event loop (one writer round trip)."""
-    broker, writer = state.broker, state.broker.writer
-    view = broker.busiest(state.settings.metrics_queues)
-    return {
-        "queues": view["queues"], "rest": view["rest"], "queue_count": view["queue_count"], "now": broker.clock(),
-        "batch_sizes": copy(writer.batch_sizes), "commit_seconds": copy(writer.commit_seconds),
-        "fsync_seconds": None if writer.fsync_seconds is None else copy(writer.fsync_seconds),
-        "disk_full": int(writer.disk_full), "connected": len(state.sessions), "blocked": broker.blocked_clients(),
-        "parked": state.parked_clients,
-        "database_bytes": broker.db.bytes_on_disk(),
-        "durability": state.settings.durability,
-    }
-
-
-def copy(histogram) -> tuple:
-    return histogram.cumulative(), histogram.sum
+    """Everything /metrics shows, read on the event loop (one writer round trip): the broker's
+    figures (its --metrics-queues busiest queues, the rest summed) and the server's."""
+    return {"figures": state.broker.figures(busiest=state.settings.metrics_queues),
+            "connected": len(state.sessions), "parked": state.parked_clients,
+            "durability": state.settings.durability}
 
 
 class SnapshotCollector:
@@ -69,7 +59,7 @@ class SnapshotCollector:
         self.snap = snap
 
     def collect(self):
-        snap = self.snap
+        snap, figures = self.snap, self.snap["figures"]
         tasks = GaugeMetricFamily("ezra_tasks", "Tasks in each queue by state.", labels=["queue", "state"])
         oldest = GaugeMetricFamily(
             "ezra_oldest_available_age_seconds",
@@ -81,16 +71,16 @@ class SnapshotCollector:
             "series with an empty queue label counts the paused queues among the rest.", labels=["queue"])
         counters = {name: CounterMetricFamily(name, help_text, labels=["queue"])
                     for _, name, help_text in QUEUE_COUNTERS}
-        for name, queue in sorted(snap["queues"].items()):
+        for name, queue in sorted(figures.queues.items()):
             label = queue_label(name)
             for state in lifecycle.STATES:
                 tasks.add_metric([label, state], queue["counts"][state])
             since = queue["head_since"]
-            oldest.add_metric([label], 0.0 if since is None else max(snap["now"] - since, 0) / 1000)
+            oldest.add_metric([label], 0.0 if since is None else max(figures.now - since, 0) / 1000)
             paused.add_metric([label], int(queue["paused"]))
             for tally, metric, _ in QUEUE_COUNTERS:
                 counters[metric].add_metric([label], queue["totals"][tally])
-        rest = snap["rest"]
+        rest = figures.rest
         if rest is not None:  # summed, with an empty queue label (Prometheus keeps such series without it)
             for state in lifecycle.STATES:
                 tasks.add_metric(["", state], rest["counts"][state])
@@ -102,22 +92,23 @@ class SnapshotCollector:
         yield paused
         yield from counters.values()
         yield gauge("ezra_queues", "Queues (the --metrics-queues busiest have their own series, the rest "
-                                   "are summed in series with an empty queue label).", snap["queue_count"])
+                                   "are summed in series with an empty queue label).", figures.queue_count)
         yield histogram("ezra_commit_batch_size", "Requests committed together in one transaction.",
-                        snap["batch_sizes"])
+                        figures.batch_sizes)
         yield histogram("ezra_commit_duration_seconds",
                         "Seconds from BEGIN to COMMIT of a batch (the WAL write, without its fsync).",
-                        snap["commit_seconds"])
-        if snap["fsync_seconds"] is not None:  # --durability normal does not fsync per commit
+                        figures.commit_seconds)
+        if figures.fsync_seconds is not None:  # --durability normal does not fsync per commit
             yield histogram("ezra_fsync_duration_seconds",
-                            "Seconds per fdatasync of the WAL before durable replies.", snap["fsync_seconds"])
-        yield gauge("ezra_disk_full", "1 while pushes are refused because the disk is full.", snap["disk_full"])
+                            "Seconds per fdatasync of the WAL before durable replies.", figures.fsync_seconds)
+        yield gauge("ezra_disk_full", "1 while pushes are refused because the disk is full.",
+                    int(figures.disk_full))
         yield gauge("ezra_connected_clients", "Client connections open on the Redis-protocol port.",
                     snap["connected"])
-        yield gauge("ezra_blocked_clients", "Clients waiting in a blocking XREADGROUP or XREAD.", snap["blocked"])
+        yield gauge("ezra_blocked_clients", "Clients waiting in a blocking XREADGROUP or XREAD.", figures.blocked)
         yield gauge("ezra_parked_clients", "Idle connections kept without a greenlet (quiet for a second or more).",
                     snap["parked"])
-        yield gauge("ezra_database_bytes", "Size of ezra.db and its WAL.", snap["database_bytes"])
+        yield gauge("ezra_database_bytes", "Size of ezra.db and its WAL.", figures.database_bytes)
         info = GaugeMetricFamily("ezra_info", "The server's version and durability mode.",
                                  labels=["version", "durability"])
         info.add_metric([__version__, snap["durability"]], 1)

@@ -234,17 +234,17 @@ class WebApp:
         shown = names[(number - 1) * per_page:number * per_page]
         # Only this page's queues: 10,000 of them (counts, the head's age, a chart each) took
         # 170-400 ms on the event loop per load, and every open dashboard reloads every 3 s.
-        overview = self.broker.overview(names=shown)
-        return "200 OK", [], dashboard.index_page(self.state, overview, self.history, number, len(names))
+        figures = self.broker.figures(shown)
+        return "200 OK", [], dashboard.index_page(self.state, figures, self.history, number, len(names))
 
     def queue_page(self, environ, params):
         name = required(params, "name")
-        overview = self.broker.overview(names=[name])
-        if name not in overview:
+        figures = self.broker.figures([name])
+        if name not in figures.queues:
             raise HttpError("404 Not Found", "no such queue")
         lists = {state: self.broker.tasks(name, state, dashboard.ROWS_SHOWN).wait()
                  for state in dashboard.LISTED_STATES}
-        page = dashboard.queue_page(self.state, name, overview[name], lists, self.history, self.csrf_token,
+        page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token,
                                     params.get("done", [b""])[0].decode("utf-8", "replace"))
         return "200 OK", [], page
 
