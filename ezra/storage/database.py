@@ -1,11 +1,13 @@
 """The Database: the server's connection and every query EZRA runs, named.
 
-The broker calls these methods on the event loop, inside the writer's
-transaction of the current loop turn (see writer.py); they are the hot path
-(insert_task, claim, ack...), so each is a plain method running its statement
-directly. The exceptions: `checkpoint` uses a connection of its own on a native
-thread, `sync_wal` is called from a native thread while fsyncs are slow, and
-`recover` runs at start-up before the port opens. Every query is parameterised.
+The queries run on the event loop, inside the writer's transaction of the
+current loop turn (writer.py opens it at the turn's first submit and commits it
+from a hub callback); only start-up (`recover`, `load_queues`, `count_states`,
+before the port opens) and the broker's reload after a rollback read outside
+one. They are the hot path (insert_task, claim, ack...), so each is a plain
+method that runs its statement directly. Two methods run on native threads:
+`checkpoint`, on a connection of its own, and `sync_wal` while fsyncs are slow
+(inline on the loop otherwise). Every query is parameterised.
 """
 
 from __future__ import annotations
