@@ -18,13 +18,17 @@ slow turn; a disk that stays slow, a few (the average crosses in about three).
 
 Why the SQL runs on the event loop and not on a thread: statements and a
 no-fsync commit take microseconds, while handing each batch to a thread cost
-two GIL hand-offs per statement under load. Only checkpoints (on their own
-connection, PASSIVE, so batches never wait for them) and slow fsyncs leave the
-loop.
+two GIL hand-offs per statement under load. Three things leave the loop for
+native threads: checkpoints (on their own connection; the PASSIVE pass runs
+while batches go on, the short RESTART after it pauses them), slow fsyncs, and
+backups (BGSAVE: storage.backup_database reads on a connection of its own, see
+broker/admin.py).
 
 A function's CommandError is validated before it writes: nothing to undo, the
 caller gets it at once. Any other error (a storage failure, a bug) rolls the
-whole batch back: every request in it is answered with a storage error.
+whole batch back: every request in it is answered with a storage error. A
+commit that meets a full disk is the exception: the batch is rolled back and
+run again without its pushes, which alone are refused.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The binary is built once by scripts/build-binary.sh and cached in
 build/test-binary/<hash>/, the hash covering everything that goes into it
-(ezra/**/*.py, ezra/schema.sql, ezra/web/static/, ezra.spec, setup.cfg, the build
+(ezra/**/*.py, ezra/**/*.sql, ezra/web/static/, ezra.spec, setup.cfg, the build
 script, this Python); later runs reuse it. A cold build takes about a minute on 2 cores. EZRA_BINARY=<path>
 tests a given binary instead (the release workflow does this on each runner);
 EZRA_SKIP_BINARY=1 skips this module.

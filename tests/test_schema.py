@@ -1,4 +1,4 @@
-"""The schema (ezra/schema.sql) and the migration of a schema 1 file, through the real server.
+"""The schema (ezra/storage/schema.sql) and the migration of a schema 1 file, through the real server.
 
 Schema 2 and 3 are covered by test_pause.py (a schema 2 file gains queues.paused); here a
 file as EZRA 0.1 wrote it (schema 1: no 'delayed' state, no ttl_ms, fewer queue settings)

@@ -1,7 +1,7 @@
--- EZRA's schema, read by ezra/storage.py. A new file runs all of it; a migration picks
--- statements by the name of what they create (storage.SCHEMA_STATEMENTS["tasks"]), so every
+-- EZRA's schema, read by ezra/storage/schema.py. A new file runs all of it; a migration picks
+-- statements by the name of what they create (schema.SCHEMA_STATEMENTS["tasks"]), so every
 -- statement here is a CREATE TABLE or CREATE INDEX IF NOT EXISTS, ended by ';'.
--- Bump storage.SCHEMA_VERSION and add a migration step when a table changes.
+-- Bump schema.SCHEMA_VERSION and add a migration step (storage/opening.py) when a table changes.
 
 CREATE TABLE IF NOT EXISTS queues (
     name                  TEXT PRIMARY KEY,  -- queue name (BLOB if not UTF-8)

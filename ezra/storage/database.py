@@ -1,89 +1,30 @@
-"""All of EZRA's SQL: the schema (in schema.sql), pragmas, named queries, recovery, backup.
+"""The Database: the server's connection and every query EZRA runs, named.
 
-Only this module imports sqlite3. The methods here run on the event loop, in
-the transaction of the current loop turn (see writer.py), except
-`open_database` and `recover`, which run at start-up before anything else
-touches the file, `checkpoint` and `backup_database`, which use connections of
-their own on a native thread (or in the `ezra backup` program), `sync_wal`,
-which a native thread calls while fsyncs are slow, and `Snapshot` and
-`database_in_use`, read-only connections of the `ezra export` / `ezra import` programs.
-Every query is parameterised. `open_database` migrates an older file in place.
-
-Names (queues, workers) are stored as TEXT when they are valid UTF-8, so a
-person reading the file in a SQLite browser sees them; other names are stored
-as BLOBs. Fields are a JSON array `[name, value, ...]`, readable too; bytes that
-are not UTF-8 survive through Python's surrogateescape (JSON escapes them as
-\\udcXX), so fields stay binary-safe.
+The queries run on the event loop, inside the writer's transaction of the
+current loop turn (writer.py opens it at the turn's first submit and commits it
+from a hub callback); only start-up (`recover`, `load_queues`, `count_states`,
+before the port opens) and the broker's reload after a rollback read outside
+one. They are the hot path (insert_task, claim, ack...), so each is a plain
+method that runs its statement directly. Two methods run on native threads:
+`checkpoint`, on a connection of its own, and `sync_wal` while fsyncs are slow
+(inline on the loop otherwise). Every query is parameterised.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
-import re
 import sqlite3
 import stat
-from importlib import resources
 
 from loguru import logger
 
-from . import lifecycle
+from .. import lifecycle
+from .schema import SETTING_COLUMNS, encode_fields, name_value
 
-APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
-SCHEMA_VERSION = 3  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused
-DB_FILENAME = "ezra.db"
-BUSY_TIMEOUT_MS = 5000
 CHECKPOINT_WAIT_MS = 200
 RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still commit on a full disk
-# EZRA's own files in the data directory: never reached through a symbolic link (a link
-# planted there would make a server, often root, write wherever it points).
-OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME)
 DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--disk-reserve), which servers use
-
-# The schema lives in schema.sql (package data, bundled by setup.cfg and ezra.spec); read once.
-SCHEMA = resources.files("ezra").joinpath("schema.sql").read_text(encoding="utf-8")
-_CREATES = re.compile(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+) ")
-
-
-def _named_statements(script: str) -> dict[str, str]:
-    """The script's statements by the name of the table or index each creates.
-
-    Migrations take a statement by its name (the v1 tasks table is rebuilt from "tasks"),
-    never by cutting the text at a comment. Comments between statements are left out.
-    """
-    statements, lines = {}, []
-    for line in script.splitlines(keepends=True):
-        if not lines and (not line.strip() or line.lstrip().startswith("--")):
-            continue
-        lines.append(line)
-        statement = "".join(lines)
-        if sqlite3.complete_statement(statement):
-            match = _CREATES.match(statement)
-            if not match or match.group(1) in statements:
-                raise ValueError(f"schema.sql: not a CREATE of a new name: {statement[:80]!r}")
-            statements[match.group(1)] = statement.strip()
-            lines = []
-    if lines:
-        raise ValueError(f"schema.sql ends inside a statement: {''.join(lines)[:80]!r}")
-    return statements
-
-
-SCHEMA_STATEMENTS = _named_statements(SCHEMA)
-
-# Version 1's tasks table lacked 'delayed' in its CHECK and the ttl_ms column: it is
-# rebuilt (SQLite cannot change a CHECK in place); queues only gains columns.
-QUEUE_COLUMNS_V2 = {
-    "backoff": "TEXT", "release_on_disconnect": "REAL", "idmp_duration": "INTEGER",
-    "idmp_maxsize": "INTEGER", "group_name": "TEXT",
-    "deleted_count": "INTEGER NOT NULL DEFAULT 0", "max_deleted_ms": "INTEGER NOT NULL DEFAULT 0",
-    "max_deleted_seq": "INTEGER NOT NULL DEFAULT 0",
-}
-QUEUE_COLUMNS_V3 = {"paused": "INTEGER"}  # version 3 only adds columns
-TASK_COLUMNS_V1 = ("queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, "
-                   "deadline, delivered_at, finished_at")
-SETTING_COLUMNS = ("visibility_timeout", "max_attempts", "retention_seconds", "backoff",
-                   "release_on_disconnect", "idmp_duration", "idmp_maxsize", "paused")
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
 # What the dashboard and XINFO TASKS show of a task.
@@ -94,302 +35,15 @@ INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.IN_FLIGHT: "id_
                  lifecycle.DONE: "finished_at DESC, id_ms DESC, id_seq DESC"}
 
 
-class StorageError(Exception):
-    """The database could not be opened or used; the message names the file."""
-
-
-def name_value(name: bytes):
-    """The SQL value of a queue or worker name (TEXT when it is UTF-8)."""
-    try:
-        return name.decode()
-    except UnicodeDecodeError:
-        return name
-
-
-def name_bytes(value) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
-
-
-def encode_fields(fields: list[bytes]) -> str:
-    return json.dumps([f.decode("utf-8", "surrogateescape") for f in fields])
-
-
-def decode_fields(text: str) -> list[bytes]:
-    return [f.encode("utf-8", "surrogateescape") for f in json.loads(text)]
-
-
-def entry(row) -> list:
-    """A task row (id_ms, id_seq, fields) as a Redis stream entry [id, [f, v, ...]]."""
-    return [lifecycle.format_id(row[:2]), decode_fields(row[2])]
-
-
-# ---------------------------------------------------------------- opening
-
-def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> "Database":
-    """Open (or create) data_dir/ezra.db, migrate it; refuse a file that is not EZRA's."""
-    os.makedirs(data_dir, mode=0o700, exist_ok=True)
-    _check_own_files(data_dir)
-    path = os.path.join(data_dir, DB_FILENAME)
-    existed = os.path.exists(path) and os.path.getsize(path) > 0
-    conn = _connect(path)
-    try:
-        version = _check_owner(conn, path, existed)
-        _set_pragmas(conn)
-        if version < SCHEMA_VERSION and _has_table(conn, "tasks"):
-            _migrate(conn, version, path)
-        conn.executescript(SCHEMA)
-        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a fresh WAL; the file exists from here on
-    except sqlite3.Error as exc:
-        conn.close()
-        raise StorageError(f"{path} is not a usable SQLite database: {exc}") from exc
-    except StorageError:
-        conn.close()
-        raise
-    _fsync_directory(data_dir)  # the new files' names are durable too
-    return Database(conn, path, reserve_bytes)
-
-
-def _check_own_files(data_dir: str) -> None:
-    """Refuse to start on a data directory where one of EZRA's files is a link or not a file."""
-    for name in OWN_FILES:
-        path = os.path.join(data_dir, name)
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise StorageError(f"cannot inspect {path}: {exc}") from exc
-        if stat.S_ISLNK(mode):
-            fix = ("remove the link: EZRA makes this file itself" if name == RESERVE_FILENAME else
-                   "put the file itself in its place, or point --data-dir at the directory that holds it")
-            raise StorageError(f"{path} is a symbolic link (to {os.readlink(path)}); EZRA does not follow "
-                               f"links for its own files: {fix}")
-        if not stat.S_ISREG(mode):
-            raise StorageError(f"{path} is not a regular file; move it out of the data directory")
-
-
-def _connect(path: str, create: bool = False) -> sqlite3.Connection:
-    # The file holds users' data: create it 0600 (SQLite gives its -wal and -shm
-    # the same mode). Not through the umask, which is the whole process's.
-    # O_NOFOLLOW: never through a link. `create`: a new file only (a backup's copy).
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if create else 0)
-    try:
-        os.close(os.open(path, flags, 0o600))
-    except FileExistsError:
-        kind = " (a symbolic link, not followed)" if os.path.islink(path) else ""
-        raise StorageError(f"{path} exists already{kind}; refusing to overwrite it") from None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise StorageError(f"{path} is a symbolic link; refusing to follow it") from None
-        raise StorageError(f"cannot open {path}: {exc}") from exc
-    try:
-        return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise StorageError(f"cannot open {path}: {exc}") from exc
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _check_owner(conn, path: str, existed: bool) -> int:
-    """The file's schema version (0: new). Never build our schema over somebody else's database."""
-    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-    tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-    if app_id == APPLICATION_ID:
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StorageError(f"{path} was written by a newer EZRA (schema {version}); upgrade EZRA")
-        return version
-    if existed and (app_id != 0 or tables):
-        raise StorageError(f"{path} is not an EZRA database (application_id={app_id:#x}, {tables} objects); "
-                           "refusing to touch it")
-    return 0
-
-
-def _has_table(conn, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                        (name,)).fetchone() is not None
-
-
-def _migrate(conn, version: int, path: str) -> None:
-    """Upgrade an older ezra.db in place, in one transaction: all of it or none of it."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if version < 2:
-            _migrate_to_v2(conn)
-        if version < 3:
-            _add_queue_columns(conn, QUEUE_COLUMNS_V3)
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    logger.info("migrated {} from schema {} to {}", path, version, SCHEMA_VERSION)
-
-
-def _add_queue_columns(conn, columns: dict) -> None:
-    have = {row[1] for row in conn.execute("PRAGMA table_info(queues)")}
-    for column, kind in columns.items():
-        if column not in have:
-            conn.execute(f"ALTER TABLE queues ADD COLUMN {column} {kind}")
-
-
-def _migrate_to_v2(conn) -> None:
-    _add_queue_columns(conn, QUEUE_COLUMNS_V2)
-    task_sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()[0]
-    if "'delayed'" in task_sql:
-        return
-    # SQLite's documented way to change a table's constraints: build the new table, copy, swap.
-    for (index,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
-                                 "AND tbl_name = 'tasks' AND sql IS NOT NULL").fetchall():
-        conn.execute(f'DROP INDEX "{index}"')
-    conn.execute("ALTER TABLE tasks RENAME TO tasks_v1")
-    conn.execute(SCHEMA_STATEMENTS["tasks"])
-    conn.execute(f"INSERT INTO tasks ({TASK_COLUMNS_V1}) SELECT {TASK_COLUMNS_V1} FROM tasks_v1")
-    conn.execute("DROP TABLE tasks_v1")
-
-
-def _set_pragmas(conn) -> None:
-    # Freed pages are reused; incremental vacuum (Database.vacuum_some) gives them back to the
-    # file system. Only takes effect on a new file (an existing one keeps its mode until VACUUM).
-    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-    conn.execute("PRAGMA journal_mode = WAL").fetchone()
-    # Commits write the WAL without fsync; the writer's fsync thread makes durable
-    # batches durable (writer.Syncer), and checkpoints, which EZRA runs itself
-    # off the event loop, fsync as NORMAL prescribes.
-    conn.execute("PRAGMA synchronous = NORMAL")
-    conn.execute("PRAGMA wal_autocheckpoint = 0")
-    conn.execute("PRAGMA foreign_keys = OFF")
-    # Deleted tasks are zeroed only where that costs no extra write (some builds default to
-    # ON, which writes every freed page again: as much I/O as the purged tasks themselves).
-    conn.execute("PRAGMA secure_delete = FAST")
-    conn.execute("PRAGMA temp_store = MEMORY")
-    conn.execute("PRAGMA cache_size = -16000")  # 16 MB page cache: bounded memory
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # a backup or a browser may hold a read lock
-
-
-def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
-    """Copy a live ezra.db through SQLite's online backup API; returns the copy's task counts.
-
-    Reads a consistent snapshot (one read transaction; writers carry on in WAL mode),
-    writes a self-contained file (rollback journal, no -wal beside it), fsyncs it, then
-    checks that the copy opens. Safe from another process or a thread: it uses its own
-    connections.
-    """
-    dest = _connect(dest_path, create=True)  # O_EXCL | O_NOFOLLOW: a new file, never through a link
-    source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
-    try:
-        source.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        source.backup(dest)  # pages=-1: the whole file in one step, one snapshot
-        dest.execute("PRAGMA journal_mode = DELETE").fetchone()
-        check = dest.execute("PRAGMA quick_check").fetchone()[0]
-        if check != "ok":
-            raise StorageError(f"the copy in {dest_path} does not check out: {check}")
-        counts = dict(dest.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
-    except sqlite3.Error as exc:
-        raise StorageError(f"backup of {source_path} to {dest_path} failed: {exc}") from exc
-    finally:
-        source.close()
-        dest.close()
-    fd = os.open(dest_path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    _fsync_directory(os.path.dirname(os.path.abspath(dest_path)))
-    return counts
-
-
 def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
     """INSPECT_COLUMNS + state of a queue's tasks in `states`, in id order after `after`
-    (the primary key's order: pages of any size, no sort)."""
+    (the primary key's order: pages of any size, no sort). Shared by the server's
+    Database and the export's Snapshot."""
     marks = ",".join("?" * len(states))
     return conn.execute(
         f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE queue = ? AND state IN ({marks}) "
         "AND (id_ms, id_seq) > (?, ?) ORDER BY id_ms, id_seq LIMIT ?",
         (name_value(queue), *states, after[0], after[1], count)).fetchall()
-
-
-def database_in_use(path: str) -> bool:
-    """Whether another connection (a running EZRA, a reader) has the file open.
-
-    In WAL mode every open connection holds a shared lock on the file, so an exclusive
-    lock is granted only to a connection that is alone with it; taken and let go at once.
-    """
-    conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=0, isolation_level=None)  # never creates
-    try:
-        conn.execute("PRAGMA locking_mode = EXCLUSIVE")
-        conn.execute("BEGIN EXCLUSIVE")
-        conn.execute("ROLLBACK")
-        return False
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):
-            return True
-        raise StorageError(f"cannot open {path}: {exc}") from exc
-    finally:
-        conn.close()
-
-
-class Snapshot:
-    """A read-only look at an ezra.db, whether a server runs on it or not (ezra export --data-dir).
-
-    Every query runs in one read transaction: a single moment of the file, however long the
-    export takes (WAL mode lets a running server write meanwhile; its WAL grows until the
-    snapshot ends). Nothing is written: the file is opened read-only, no recovery runs.
-    """
-
-    def __init__(self, path: str):
-        if not os.path.isfile(path):
-            raise StorageError(f"no database at {path}")
-        try:
-            self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
-            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
-            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.Error as exc:
-            raise StorageError(f"{path} is not a usable SQLite database: {exc}") from exc
-        if app_id != APPLICATION_ID:
-            self.conn.close()
-            raise StorageError(f"{path} is not an EZRA database (application_id={app_id:#x})")
-        if version != SCHEMA_VERSION:
-            self.conn.close()
-            raise StorageError(f"{path} has schema {version}, this EZRA reads {SCHEMA_VERSION}: "
-                               "start this EZRA on it once (it migrates the file), or use the matching EZRA")
-        self.path = path
-        self.conn.execute("BEGIN")  # deferred: the first read below fixes the snapshot
-
-    def queue_names(self) -> list[bytes]:
-        return sorted(name_bytes(row[0]) for row in self.conn.execute("SELECT name FROM queues"))
-
-    def queue_facts(self, queue: bytes) -> dict | None:
-        """{"group": name or None, "last_id": (ms, seq), "counts": {state: n}}; None: no such queue."""
-        q = name_value(queue)
-        row = self.conn.execute(
-            "SELECT group_name, last_id_ms, last_id_seq, (SELECT id_ms FROM tasks WHERE queue = ?1 "
-            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1), (SELECT id_seq FROM tasks WHERE queue = ?1 "
-            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1) FROM queues WHERE name = ?1", (q,)).fetchone()
-        if row is None:
-            return None
-        group, last_ms, last_seq, newest_ms, newest_seq = row
-        counts = dict.fromkeys(lifecycle.STATES, 0)
-        counts.update(self.conn.execute("SELECT state, count(*) FROM tasks WHERE queue = ? GROUP BY state",
-                                        (q,)).fetchall())
-        newest = (0, 0) if newest_ms is None else (newest_ms, newest_seq)
-        return {"group": None if group is None else name_bytes(group),
-                "last_id": max((last_ms, last_seq), newest), "counts": counts}
-
-    def tasks_by_id(self, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
-        return tasks_by_id(self.conn, queue, states, count, after)
-
-    def close(self) -> None:
-        self.conn.close()  # ends the read transaction: nothing was written
 
 
 class Database:

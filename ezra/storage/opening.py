@@ -1,0 +1,190 @@
+"""Opening ezra.db: the data directory's own files, the connection, the pragmas, migrations.
+
+`open_database` runs at start-up, before anything else touches the file: it
+refuses a file that is not EZRA's (or one of its files reached through a link),
+sets the pragmas in one place, migrates an older file in place in one
+transaction, and hands the connection to a Database.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import stat
+
+from loguru import logger
+
+from .database import DEFAULT_RESERVE_BYTES, RESERVE_FILENAME, Database
+from .schema import APPLICATION_ID, SCHEMA, SCHEMA_STATEMENTS, SCHEMA_VERSION, StorageError
+
+DB_FILENAME = "ezra.db"
+BUSY_TIMEOUT_MS = 5000
+# EZRA's own files in the data directory: never reached through a symbolic link (a link
+# planted there would make a server, often root, write wherever it points).
+OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME)
+
+# Version 1's tasks table lacked 'delayed' in its CHECK and the ttl_ms column: it is
+# rebuilt (SQLite cannot change a CHECK in place); queues only gains columns.
+QUEUE_COLUMNS_V2 = {
+    "backoff": "TEXT", "release_on_disconnect": "REAL", "idmp_duration": "INTEGER",
+    "idmp_maxsize": "INTEGER", "group_name": "TEXT",
+    "deleted_count": "INTEGER NOT NULL DEFAULT 0", "max_deleted_ms": "INTEGER NOT NULL DEFAULT 0",
+    "max_deleted_seq": "INTEGER NOT NULL DEFAULT 0",
+}
+QUEUE_COLUMNS_V3 = {"paused": "INTEGER"}  # version 3 only adds columns
+TASK_COLUMNS_V1 = ("queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, "
+                   "deadline, delivered_at, finished_at")
+
+
+def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> Database:
+    """Open (or create) data_dir/ezra.db, migrate it; refuse a file that is not EZRA's."""
+    os.makedirs(data_dir, mode=0o700, exist_ok=True)
+    _check_own_files(data_dir)
+    path = os.path.join(data_dir, DB_FILENAME)
+    existed = os.path.exists(path) and os.path.getsize(path) > 0
+    conn = connect(path)
+    try:
+        version = _check_owner(conn, path, existed)
+        _set_pragmas(conn)
+        if version < SCHEMA_VERSION and _has_table(conn, "tasks"):
+            _migrate(conn, version, path)
+        conn.executescript(SCHEMA)
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a fresh WAL; the file exists from here on
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StorageError(f"{path} is not a usable SQLite database: {exc}") from exc
+    except StorageError:
+        conn.close()
+        raise
+    fsync_directory(data_dir)  # the new files' names are durable too
+    return Database(conn, path, reserve_bytes)
+
+
+def _check_own_files(data_dir: str) -> None:
+    """Refuse to start on a data directory where one of EZRA's files is a link or not a file."""
+    for name in OWN_FILES:
+        path = os.path.join(data_dir, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise StorageError(f"cannot inspect {path}: {exc}") from exc
+        if stat.S_ISLNK(mode):
+            fix = ("remove the link: EZRA makes this file itself" if name == RESERVE_FILENAME else
+                   "put the file itself in its place, or point --data-dir at the directory that holds it")
+            raise StorageError(f"{path} is a symbolic link (to {os.readlink(path)}); EZRA does not follow "
+                               f"links for its own files: {fix}")
+        if not stat.S_ISREG(mode):
+            raise StorageError(f"{path} is not a regular file; move it out of the data directory")
+
+
+def connect(path: str, create: bool = False) -> sqlite3.Connection:
+    """A connection in autocommit mode to a file of EZRA's own (the server's, a backup's copy)."""
+    # The file holds users' data: create it 0600 (SQLite gives its -wal and -shm
+    # the same mode). Not through the umask, which is the whole process's.
+    # O_NOFOLLOW: never through a link. `create`: a new file only (a backup's copy).
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if create else 0)
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except FileExistsError:
+        kind = " (a symbolic link, not followed)" if os.path.islink(path) else ""
+        raise StorageError(f"{path} exists already{kind}; refusing to overwrite it") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageError(f"{path} is a symbolic link; refusing to follow it") from None
+        raise StorageError(f"cannot open {path}: {exc}") from exc
+    try:
+        return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot open {path}: {exc}") from exc
+
+
+def fsync_directory(path: str) -> None:
+    """Make the names of files just created in `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_owner(conn, path: str, existed: bool) -> int:
+    """The file's schema version (0: new). Never build our schema over somebody else's database."""
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    if app_id == APPLICATION_ID:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StorageError(f"{path} was written by a newer EZRA (schema {version}); upgrade EZRA")
+        return version
+    if existed and (app_id != 0 or tables):
+        raise StorageError(f"{path} is not an EZRA database (application_id={app_id:#x}, {tables} objects); "
+                           "refusing to touch it")
+    return 0
+
+
+def _has_table(conn, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                        (name,)).fetchone() is not None
+
+
+def _migrate(conn, version: int, path: str) -> None:
+    """Upgrade an older ezra.db in place, in one transaction: all of it or none of it."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if version < 2:
+            _migrate_to_v2(conn)
+        if version < 3:
+            _add_queue_columns(conn, QUEUE_COLUMNS_V3)
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    logger.info("migrated {} from schema {} to {}", path, version, SCHEMA_VERSION)
+
+
+def _add_queue_columns(conn, columns: dict) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(queues)")}
+    for column, kind in columns.items():
+        if column not in have:
+            conn.execute(f"ALTER TABLE queues ADD COLUMN {column} {kind}")
+
+
+def _migrate_to_v2(conn) -> None:
+    _add_queue_columns(conn, QUEUE_COLUMNS_V2)
+    task_sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()[0]
+    if "'delayed'" in task_sql:
+        return
+    # SQLite's documented way to change a table's constraints: build the new table, copy, swap.
+    for (index,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
+                                 "AND tbl_name = 'tasks' AND sql IS NOT NULL").fetchall():
+        conn.execute(f'DROP INDEX "{index}"')
+    conn.execute("ALTER TABLE tasks RENAME TO tasks_v1")
+    conn.execute(SCHEMA_STATEMENTS["tasks"])
+    conn.execute(f"INSERT INTO tasks ({TASK_COLUMNS_V1}) SELECT {TASK_COLUMNS_V1} FROM tasks_v1")
+    conn.execute("DROP TABLE tasks_v1")
+
+
+def _set_pragmas(conn) -> None:
+    # Freed pages are reused; incremental vacuum (Database.vacuum_some) gives them back to the
+    # file system. Only takes effect on a new file (an existing one keeps its mode until VACUUM).
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    # Commits write the WAL without fsync; the writer's fsync thread makes durable
+    # batches durable (writer.Syncer), and checkpoints, which EZRA runs itself
+    # off the event loop, fsync as NORMAL prescribes.
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("PRAGMA foreign_keys = OFF")
+    # Deleted tasks are zeroed only where that costs no extra write (some builds default to
+    # ON, which writes every freed page again: as much I/O as the purged tasks themselves).
+    conn.execute("PRAGMA secure_delete = FAST")
+    conn.execute("PRAGMA temp_store = MEMORY")
+    conn.execute("PRAGMA cache_size = -16000")  # 16 MB page cache: bounded memory
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")  # a backup or a browser may hold a read lock
+

@@ -1,0 +1,86 @@
+"""The schema and how values sit in its rows: schema.sql read and split by name,
+the file's mark and version, the column lists the queries share, StorageError.
+
+Names (queues, workers) are stored as TEXT when they are valid UTF-8, so a
+person reading the file in a SQLite browser sees them; other names are stored
+as BLOBs. Fields are a JSON array `[name, value, ...]`, readable too; bytes that
+are not UTF-8 survive through Python's surrogateescape (JSON escapes them as
+\\udcXX), so fields stay binary-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from importlib import resources
+
+from .. import lifecycle
+
+APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
+SCHEMA_VERSION = 3  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused
+
+# The schema lives in schema.sql beside this module (package data, bundled by setup.cfg
+# and ezra.spec); read once.
+SCHEMA = resources.files("ezra.storage").joinpath("schema.sql").read_text(encoding="utf-8")
+_CREATES = re.compile(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+) ")
+
+
+def _named_statements(script: str) -> dict[str, str]:
+    """The script's statements by the name of the table or index each creates.
+
+    Migrations take a statement by its name (the v1 tasks table is rebuilt from "tasks"),
+    never by cutting the text at a comment. Comments between statements are left out.
+    """
+    statements, lines = {}, []
+    for line in script.splitlines(keepends=True):
+        if not lines and (not line.strip() or line.lstrip().startswith("--")):
+            continue
+        lines.append(line)
+        statement = "".join(lines)
+        if sqlite3.complete_statement(statement):
+            match = _CREATES.match(statement)
+            if not match or match.group(1) in statements:
+                raise ValueError(f"schema.sql: not a CREATE of a new name: {statement[:80]!r}")
+            statements[match.group(1)] = statement.strip()
+            lines = []
+    if lines:
+        raise ValueError(f"schema.sql ends inside a statement: {''.join(lines)[:80]!r}")
+    return statements
+
+
+SCHEMA_STATEMENTS = _named_statements(SCHEMA)
+
+# The queues table's settings columns (XCFGSET); NULL in one: the server's flag.
+SETTING_COLUMNS = ("visibility_timeout", "max_attempts", "retention_seconds", "backoff",
+                   "release_on_disconnect", "idmp_duration", "idmp_maxsize", "paused")
+
+
+class StorageError(Exception):
+    """The database could not be opened or used; the message names the file."""
+
+
+def name_value(name: bytes):
+    """The SQL value of a queue or worker name (TEXT when it is UTF-8)."""
+    try:
+        return name.decode()
+    except UnicodeDecodeError:
+        return name
+
+
+def name_bytes(value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def encode_fields(fields: list[bytes]) -> str:
+    return json.dumps([f.decode("utf-8", "surrogateescape") for f in fields])
+
+
+def decode_fields(text: str) -> list[bytes]:
+    return [f.encode("utf-8", "surrogateescape") for f in json.loads(text)]
+
+
+def entry(row) -> list:
+    """A task row (id_ms, id_seq, fields) as a Redis stream entry [id, [f, v, ...]]."""
+    return [lifecycle.format_id(row[:2]), decode_fields(row[2])]
+

@@ -1,0 +1,122 @@
+"""Looks at ezra.db from beside the writer, each on a connection of its own: a hot
+backup (`backup_database`: BGSAVE on a native thread, or the `ezra backup` program),
+a read-only snapshot (`Snapshot`: `ezra export --data-dir`) and whether a server
+has the file open (`database_in_use`: `ezra import --data-dir`).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from .. import lifecycle
+from .database import tasks_by_id
+from .opening import BUSY_TIMEOUT_MS, connect, fsync_directory
+from .schema import APPLICATION_ID, SCHEMA_VERSION, StorageError, name_bytes, name_value
+
+
+def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
+    """Copy a live ezra.db through SQLite's online backup API; returns the copy's task counts.
+
+    Reads a consistent snapshot (one read transaction; writers carry on in WAL mode),
+    writes a self-contained file (rollback journal, no -wal beside it), fsyncs it, then
+    checks that the copy opens. Safe from another process or a thread: it uses its own
+    connections.
+    """
+    dest = connect(dest_path, create=True)  # O_EXCL | O_NOFOLLOW: a new file, never through a link
+    source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
+    try:
+        source.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        source.backup(dest)  # pages=-1: the whole file in one step, one snapshot
+        dest.execute("PRAGMA journal_mode = DELETE").fetchone()
+        check = dest.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise StorageError(f"the copy in {dest_path} does not check out: {check}")
+        counts = dict(dest.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
+    except sqlite3.Error as exc:
+        raise StorageError(f"backup of {source_path} to {dest_path} failed: {exc}") from exc
+    finally:
+        source.close()
+        dest.close()
+    fd = os.open(dest_path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_directory(os.path.dirname(os.path.abspath(dest_path)))
+    return counts
+
+
+def database_in_use(path: str) -> bool:
+    """Whether another connection (a running EZRA, a reader) has the file open.
+
+    In WAL mode every open connection holds a shared lock on the file, so an exclusive
+    lock is granted only to a connection that is alone with it; taken and let go at once.
+    """
+    conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=0, isolation_level=None)  # never creates
+    try:
+        conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+        conn.execute("BEGIN EXCLUSIVE")
+        conn.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return True
+        raise StorageError(f"cannot open {path}: {exc}") from exc
+    finally:
+        conn.close()
+
+
+class Snapshot:
+    """A read-only look at an ezra.db, whether a server runs on it or not (ezra export --data-dir).
+
+    Every query runs in one read transaction: a single moment of the file, however long the
+    export takes (WAL mode lets a running server write meanwhile; its WAL grows until the
+    snapshot ends). Nothing is written: the file is opened read-only, no recovery runs.
+    """
+
+    def __init__(self, path: str):
+        if not os.path.isfile(path):
+            raise StorageError(f"no database at {path}")
+        try:
+            self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise StorageError(f"{path} is not a usable SQLite database: {exc}") from exc
+        if app_id != APPLICATION_ID:
+            self.conn.close()
+            raise StorageError(f"{path} is not an EZRA database (application_id={app_id:#x})")
+        if version != SCHEMA_VERSION:
+            self.conn.close()
+            raise StorageError(f"{path} has schema {version}, this EZRA reads {SCHEMA_VERSION}: "
+                               "start this EZRA on it once (it migrates the file), or use the matching EZRA")
+        self.path = path
+        self.conn.execute("BEGIN")  # deferred: the first read below fixes the snapshot
+
+    def queue_names(self) -> list[bytes]:
+        return sorted(name_bytes(row[0]) for row in self.conn.execute("SELECT name FROM queues"))
+
+    def queue_facts(self, queue: bytes) -> dict | None:
+        """{"group": name or None, "last_id": (ms, seq), "counts": {state: n}}; None: no such queue."""
+        q = name_value(queue)
+        row = self.conn.execute(
+            "SELECT group_name, last_id_ms, last_id_seq, (SELECT id_ms FROM tasks WHERE queue = ?1 "
+            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1), (SELECT id_seq FROM tasks WHERE queue = ?1 "
+            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1) FROM queues WHERE name = ?1", (q,)).fetchone()
+        if row is None:
+            return None
+        group, last_ms, last_seq, newest_ms, newest_seq = row
+        counts = dict.fromkeys(lifecycle.STATES, 0)
+        counts.update(self.conn.execute("SELECT state, count(*) FROM tasks WHERE queue = ? GROUP BY state",
+                                        (q,)).fetchall())
+        newest = (0, 0) if newest_ms is None else (newest_ms, newest_seq)
+        return {"group": None if group is None else name_bytes(group),
+                "last_id": max((last_ms, last_seq), newest), "counts": counts}
+
+    def tasks_by_id(self, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
+        return tasks_by_id(self.conn, queue, states, count, after)
+
+    def close(self) -> None:
+        self.conn.close()  # ends the read transaction: nothing was written
