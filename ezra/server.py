@@ -28,9 +28,10 @@ from gevent.server import StreamServer
 from loguru import logger
 
 from . import errors
-from .commands import Deferred, ServerState, Session, dispatch
+from .commands import Deferred, dispatch
 from .gate import Gate
 from .resp import ErrorReply, ProtocolError, RequestReader, encode
+from .session import ServerState, Session
 
 READ_SIZE = 64 * 1024
 MAX_PIPELINE = 1024  # replies held before they are sent, even if more commands are buffered

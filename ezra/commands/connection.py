@@ -1,6 +1,6 @@
 """Connection and server commands: PING, ECHO, QUIT, SELECT, AUTH, HELLO, CLIENT,
-COMMAND, MULTI/EXEC/DISCARD and INFO. Same rules as commands.py, which holds the
-command table, the session and the queue commands.
+COMMAND, MULTI/EXEC/DISCARD and INFO. Same rules as every command (table.py); these
+act on the connection's session (ezra/session.py) more than on the broker.
 """
 
 from __future__ import annotations
@@ -10,13 +10,18 @@ import platform
 import resource
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from . import __version__, errors, lifecycle
-from .commands import COMMANDS, Deferred, ServerState, Session, command, run, to_int
-from .errors import CommandError
-from .resp import OK, ErrorReply, SimpleString, Verbatim
+from .. import __version__, errors, lifecycle
+from ..errors import CommandError
+from ..resp import OK, ErrorReply, SimpleString, Verbatim
+from .args import to_int
+from .table import COMMANDS, Deferred, command, run
+
+if TYPE_CHECKING:  # annotations only: no command module imports the connection side
+    from ..session import ServerState, Session
 
 REDIS_COMPAT_VERSION = "7.0.15"  # what clients see: the Redis version whose replies EZRA matches
 

@@ -1,4 +1,4 @@
-"""The operations commands, in the same table as commands.py (imported by it to register).
+"""The operations commands:
 
     XCFGSET queue SETTING value ...          per-queue settings (queue_settings.py)
     XCLAIM / XAUTOCLAIM                       leases: heartbeats and take-overs (ezra/broker/leases.py)
@@ -8,18 +8,18 @@
     XINFO TASKS queue state [COUNT n] [AFTER id]   EZRA's: the tasks of one state (ezra ls)
     BACKUP dest-path                          a hot backup of ezra.db, a new file in the backup directory
 
-Same rules as commands.py: parse, call the broker, return a reply value.
+Same rules as every command (table.py): parse, call the broker, return a reply value.
 """
 
 from __future__ import annotations
 
-from . import errors, lifecycle, queue_settings
-from .commands import (MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, Deferred, broker_of, command, ids_of, live_queue,
-                       to_int)
-from .errors import CommandError
-from .lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
-from .resp import OK, SimpleString
-from .storage import StorageError, decode_fields, name_bytes
+from .. import errors, lifecycle, queue_settings
+from ..errors import CommandError
+from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
+from ..resp import OK, SimpleString
+from ..storage import StorageError, decode_fields, name_bytes
+from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int
+from .table import Deferred, command
 
 AUTOCLAIM_DEFAULT_COUNT = 100
 AUTOCLAIM_MAX_COUNT = 10000
