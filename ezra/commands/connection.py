@@ -16,6 +16,7 @@ from loguru import logger
 
 from .. import __version__, errors, lifecycle
 from ..errors import CommandError
+from ..options import Custom, Options, Value, parse_options
 from ..resp import OK, ErrorReply, SimpleString, Verbatim
 from .args import to_int
 from .table import COMMANDS, Deferred, command, run
@@ -142,6 +143,25 @@ def check_password(session: Session, user: bytes, password: bytes) -> None:
     session.authenticated = True
 
 
+def valid_client_name(name: bytes) -> bytes:
+    if any(c <= 32 or c >= 127 for c in name):
+        raise errors.err("Client names cannot contain spaces, newlines or special characters.")
+    return name
+
+
+def take_credentials(args: list[bytes], i: int, _) -> tuple:
+    """AUTH username password -> (username, password)."""
+    return (args[i + 1], args[i + 2]), i + 3
+
+
+def unknown_hello_option(word: bytes) -> CommandError:
+    return errors.err(f"Syntax error in HELLO option '{word.decode('utf-8', 'replace')}'")
+
+
+HELLO_OPTIONS = Options(AUTH=Custom(take_credentials, need=2), SETNAME=Value(valid_client_name),
+                        unknown=unknown_hello_option)
+
+
 @command("HELLO", -1)
 def hello(session, args):
     """HELLO [protover [AUTH username password] [SETNAME clientname]]"""
@@ -152,15 +172,7 @@ def hello(session, args):
             raise errors.NOPROTO
     # Every option is checked before anything changes: a HELLO that fails leaves the connection as it
     # was (an invalid name must not leave it authenticated), as Redis does since redis/redis#11037.
-    rest, name, credentials = args[2:], None, None
-    while rest:
-        option = rest[0].upper()
-        if option == b"AUTH" and len(rest) >= 3:
-            credentials, rest = (rest[1], rest[2]), rest[3:]
-        elif option == b"SETNAME" and len(rest) >= 2:
-            name, rest = valid_client_name(rest[1]), rest[2:]
-        else:
-            raise errors.err(f"Syntax error in HELLO option '{rest[0].decode('utf-8', 'replace')}'")
+    (credentials, name), _ = parse_options(args, 2, HELLO_OPTIONS)
     if credentials is not None:
         check_password(session, *credentials)
     if not session.authenticated:
@@ -172,12 +184,6 @@ def hello(session, args):
     session.proto = proto
     return {"server": "ezra", "version": REDIS_COMPAT_VERSION, "proto": proto, "id": session.id,
             "mode": "standalone", "role": "master", "modules": []}
-
-
-def valid_client_name(name: bytes) -> bytes:
-    if any(c <= 32 or c >= 127 for c in name):
-        raise errors.err("Client names cannot contain spaces, newlines or special characters.")
-    return name
 
 
 @command("CLIENT", -2)
