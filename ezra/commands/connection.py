@@ -138,7 +138,7 @@ def check_password(session: Session, user: bytes, password: bytes) -> None:
     expected = session.server.settings.password
     import hmac  # here: it loads OpenSSL (3.4 MB), which a server without a password need not hold
     if expected and not (user == b"default" and hmac.compare_digest(password, expected.encode())):
-        logger.debug("failed authentication from {}", session.addr)  # server.py logs bursts
+        logger.debug("failed authentication from {}", session.addr)  # ezra/connection.py logs bursts
         raise errors.WRONGPASS
     session.authenticated = True
 
