@@ -16,9 +16,9 @@ from loguru import logger
 
 from . import __version__
 from .broker import Broker
-from .commands import ServerState
 from .config import Settings, parse_settings
 from .server import EzraServer
+from .session import ServerState
 from .storage import StorageError, open_database
 
 SHUTDOWN_GRACE = 5.0  # seconds busy connections get to finish at shutdown

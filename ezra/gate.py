@@ -6,7 +6,7 @@ the others get Redis's DENIED explanation and are closed. As in Redis 7, only
 those two addresses count as local, not the rest of 127.0.0.0/8.
 
 Unauthenticated connections per host: with a password, AUTH failures are
-throttled per connection and per host (server.AuthThrottle), but a reply's
+throttled per connection and per host (connection.AuthThrottle), but a reply's
 delay only slows one connection, so 2,000 connections still tried 1,644
 passwords a second. A host may hold at most --max-unauthenticated-per-host
 connections that have not authenticated yet; the next are refused with an

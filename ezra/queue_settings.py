@@ -23,6 +23,7 @@ import math
 
 from . import errors
 from .lifecycle import EXPONENTIAL, FIXED
+from .options import Custom, Options, Value, parse_options
 
 FOREVER = -1.0  # RETENTION FOREVER, stored as -1
 OFF = -1.0      # RELEASE-ON-DISCONNECT OFF, stored as -1
@@ -49,22 +50,8 @@ def parse(args: list[bytes]) -> dict[str, object]:
     """XCFGSET's arguments after the queue name -> {column: stored value}. Raises CommandError."""
     if not args:
         raise errors.err("At least one setting is required: " + ", ".join(t.decode() for t in COLUMNS))
-    changes: dict[str, object] = {}
-    i = 0
-    while i < len(args):
-        token = args[i].upper()
-        column = COLUMNS.get(token)
-        if column is None or i + 1 >= len(args):
-            raise errors.SYNTAX
-        if args[i + 1].upper() == b"DEFAULT":
-            changes[column], i = None, i + 2
-            continue
-        if column == "backoff":
-            changes[column], used = parse_backoff(args[i + 1:])
-        else:
-            changes[column], used = PARSERS[column](args[i + 1]), 1
-        i += 1 + used
-    return changes
+    values, _ = parse_options(args, 0, SETTINGS)
+    return {column: value for column, value in zip(COLUMNS.values(), values) if value is not UNSET}
 
 
 def parse_backoff(args: list[bytes]) -> tuple[str, int]:
@@ -158,6 +145,26 @@ PARSERS = {
     "idmp_maxsize": _idmp_maxsize,
     "paused": _paused,
 }
+
+
+UNSET = object()  # a setting the arguments do not name (None is DEFAULT: the server's flag)
+
+
+def setting(convert) -> Value:
+    """SETTING value, where the value may also be DEFAULT (None)."""
+    return Value(lambda arg: None if arg.upper() == b"DEFAULT" else convert(arg), UNSET)
+
+
+def _take_backoff(args: list[bytes], i: int, _) -> tuple[str | None, int]:
+    if args[i + 1].upper() == b"DEFAULT":
+        return None, i + 2
+    text, used = parse_backoff(args[i + 1:])
+    return text, i + 1 + used
+
+
+# In the order of COLUMNS (parse pairs them up).
+SETTINGS = Options({token.decode(): Custom(_take_backoff, default=UNSET) if column == "backoff"
+                    else setting(PARSERS[column]) for token, column in COLUMNS.items()})
 
 
 def parse_queue_line(line: str) -> tuple[bytes, dict[str, object]]:

@@ -33,6 +33,7 @@ with atheris.instrument_imports(include=["ezra"]):
     from ezra.broker import Broker
     from ezra.config import parse_settings
     from ezra.resp import ErrorReply, ProtocolError, RequestReader, encode
+    from ezra.session import ServerState, Session
     from ezra.storage import open_database
 
 from reliability import Err, errors_in, parse_reply  # noqa: E402  (tests/, after the path above)
@@ -56,12 +57,12 @@ class Harness:
         self.settings = parse_settings(["--data-dir", data_dir, "--port", "0", "--durability", "normal",
                                         "--visibility-timeout", "0.05", "--disk-reserve", "0"])
         self.broker = Broker(open_database(data_dir, 0), self.settings)
-        self.state = commands.ServerState(self.broker, self.settings)
+        self.state = ServerState(self.broker, self.settings)
         self.runs = 0
 
     def session(self):
         # A blocked read times out at once; there is nothing to flush to.
-        return commands.Session(self.state, "fuzz:1", lambda event, timeout: False, lambda: None)
+        return Session(self.state, "fuzz:1", lambda event, timeout: False, lambda: None)
 
     def one_input(self, data: bytes) -> None:
         self.runs += 1

@@ -37,6 +37,7 @@ import gevent  # noqa: E402
 from ezra import commands, resp, storage  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
 from ezra.config import Settings  # noqa: E402
+from ezra.session import ServerState, Session  # noqa: E402
 
 clock = time.thread_time
 spent: dict[str, float] = {}
@@ -85,8 +86,8 @@ def main() -> None:
     data = tempfile.mkdtemp(prefix="ezra-stages-")
     settings = Settings(data_dir=data, durability=a.durability)
     broker = Broker(storage.open_database(data), settings)
-    state = commands.ServerState(broker, settings)
-    session = commands.Session(state, "stages:1", lambda event, timeout: event.wait(timeout), lambda: None)
+    state = ServerState(broker, settings)
+    session = Session(state, "stages:1", lambda event, timeout: event.wait(timeout), lambda: None)
     reader = resp.RequestReader(max_bulk_len=settings.max_task_size)
     payload = b"x" * 200
     per_kind = max(a.per_commit // 3, 1)

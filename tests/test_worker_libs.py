@@ -6,7 +6,7 @@ Lua scripts, lists or pub/sub (BullMQ, Celery, RQ, dramatiq, huey, arq, saq, bee
 NestJS's Redis transport; taskiq-redis, whose stream broker takes a Lua lock) must fail
 with EZRA's clear error in front of their user, and not hang (every wait is bounded) or
 lose tasks (a producer that pushed nothing was told so; what was pushed is still queued).
-Also the black-box tests of EXISTS and TYPE (ezra/commands_keys.py), which walrus needs.
+Also the black-box tests of EXISTS and TYPE (ezra/commands/keys.py), which walrus needs.
 
 walrus is in setup.cfg's test extra; the others, with their dependencies, go to
 build/venv-worker-libs* (made on first use) and build/node (tests/node/package.json).

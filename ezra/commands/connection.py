@@ -1,6 +1,6 @@
 """Connection and server commands: PING, ECHO, QUIT, SELECT, AUTH, HELLO, CLIENT,
-COMMAND, MULTI/EXEC/DISCARD and INFO. Same rules as commands.py, which holds the
-command table, the session and the queue commands.
+COMMAND, MULTI/EXEC/DISCARD and INFO. Same rules as every command (table.py); these
+act on the connection's session (ezra/session.py) more than on the broker.
 """
 
 from __future__ import annotations
@@ -10,14 +10,20 @@ import platform
 import resource
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from loguru import logger
 
-from . import __version__, errors, lifecycle
-from .broker import ALL_QUEUES
-from .commands import COMMANDS, Deferred, ServerState, Session, command, run, to_int
-from .errors import CommandError
-from .resp import OK, ErrorReply, SimpleString, Verbatim
+from .. import __version__, errors, lifecycle
+from ..broker import ALL_QUEUES
+from ..errors import CommandError
+from ..options import Custom, Options, Value, parse_options
+from ..resp import OK, ErrorReply, SimpleString, Verbatim
+from .args import to_int
+from .table import COMMANDS, Deferred, command, run
+
+if TYPE_CHECKING:  # annotations only: no command module imports the connection side
+    from ..session import ServerState, Session
 
 REDIS_COMPAT_VERSION = "7.0.15"  # what clients see: the Redis version whose replies EZRA matches
 
@@ -133,9 +139,28 @@ def check_password(session: Session, user: bytes, password: bytes) -> None:
     expected = session.server.settings.password
     import hmac  # here: it loads OpenSSL (3.4 MB), which a server without a password need not hold
     if expected and not (user == b"default" and hmac.compare_digest(password, expected.encode())):
-        logger.debug("failed authentication from {}", session.addr)  # server.py logs bursts
+        logger.debug("failed authentication from {}", session.addr)  # ezra/connection.py logs bursts
         raise errors.WRONGPASS
     session.authenticated = True
+
+
+def valid_client_name(name: bytes) -> bytes:
+    if any(c <= 32 or c >= 127 for c in name):
+        raise errors.err("Client names cannot contain spaces, newlines or special characters.")
+    return name
+
+
+def take_credentials(args: list[bytes], i: int, _) -> tuple:
+    """AUTH username password -> (username, password)."""
+    return (args[i + 1], args[i + 2]), i + 3
+
+
+def unknown_hello_option(word: bytes) -> CommandError:
+    return errors.err(f"Syntax error in HELLO option '{word.decode('utf-8', 'replace')}'")
+
+
+HELLO_OPTIONS = Options(AUTH=Custom(take_credentials, need=2), SETNAME=Value(valid_client_name),
+                        unknown=unknown_hello_option)
 
 
 @command("HELLO", -1)
@@ -148,15 +173,7 @@ def hello(session, args):
             raise errors.NOPROTO
     # Every option is checked before anything changes: a HELLO that fails leaves the connection as it
     # was (an invalid name must not leave it authenticated), as Redis does since redis/redis#11037.
-    rest, name, credentials = args[2:], None, None
-    while rest:
-        option = rest[0].upper()
-        if option == b"AUTH" and len(rest) >= 3:
-            credentials, rest = (rest[1], rest[2]), rest[3:]
-        elif option == b"SETNAME" and len(rest) >= 2:
-            name, rest = valid_client_name(rest[1]), rest[2:]
-        else:
-            raise errors.err(f"Syntax error in HELLO option '{rest[0].decode('utf-8', 'replace')}'")
+    (credentials, name), _ = parse_options(args, 2, HELLO_OPTIONS)
     if credentials is not None:
         check_password(session, *credentials)
     if not session.authenticated:
@@ -168,12 +185,6 @@ def hello(session, args):
     session.proto = proto
     return {"server": "ezra", "version": REDIS_COMPAT_VERSION, "proto": proto, "id": session.id,
             "mode": "standalone", "role": "master", "modules": []}
-
-
-def valid_client_name(name: bytes) -> bytes:
-    if any(c <= 32 or c >= 127 for c in name):
-        raise errors.err("Client names cannot contain spaces, newlines or special characters.")
-    return name
 
 
 @command("CLIENT", -2)

@@ -1,4 +1,4 @@
-"""The operations commands, in the same table as commands.py (imported by it to register).
+"""The operations commands:
 
     XCFGSET queue SETTING value ...          per-queue settings (queue_settings.py)
     XCLAIM / XAUTOCLAIM                       leases: heartbeats and take-overs (ezra/broker/leases.py)
@@ -8,18 +8,19 @@
     XINFO TASKS queue state [COUNT n] [AFTER id]   EZRA's: the tasks of one state (ezra ls)
     BACKUP dest-path                          a hot backup of ezra.db, a new file in the backup directory
 
-Same rules as commands.py: parse, call the broker, return a reply value.
+Same rules as every command (table.py): parse, call the broker, return a reply value.
 """
 
 from __future__ import annotations
 
-from . import errors, lifecycle, queue_settings
-from .commands import (MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, Deferred, broker_of, command, ids_of, live_queue,
-                       to_int)
-from .errors import CommandError
-from .lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
-from .resp import OK, SimpleString
-from .storage import StorageError, decode_fields, name_bytes
+from .. import errors, lifecycle, queue_settings
+from ..errors import CommandError
+from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
+from ..options import Flag, Options, Value, parse_options
+from ..resp import OK, SimpleString
+from ..storage import StorageError, decode_fields, name_bytes
+from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int
+from .table import Deferred, command
 
 AUTOCLAIM_DEFAULT_COUNT = 100
 AUTOCLAIM_MAX_COUNT = 10000
@@ -49,6 +50,26 @@ def xcfgset(session, args):
 
 # ---------------------------------------------------------------- leases
 
+def xclaim_ms(word: str, most: int | None = None) -> Value:
+    """XCLAIM's IDLE, TIME and RETRYCOUNT: integers, below 0 read as 0 (as Redis), at most `most`."""
+    error = f"Invalid {word} option argument for XCLAIM"
+
+    def convert(arg: bytes) -> int:
+        value = max(to_int(arg, error), 0)
+        return value if most is None else min(value, most)
+    return Value(convert)
+
+
+def unknown_xclaim_option(word: bytes) -> CommandError:
+    return errors.err(f"Unrecognized XCLAIM option '{word.decode('utf-8', 'replace')[:128]}'")
+
+
+# LASTID sets the group's last id: EZRA's one group has none to set, the id is only checked.
+XCLAIM_OPTIONS = Options(IDLE=xclaim_ms("IDLE"), TIME=xclaim_ms("TIME"),
+                         RETRYCOUNT=xclaim_ms("RETRYCOUNT", MAX_RETRY_COUNT), FORCE=Flag(), JUSTID=Flag(),
+                         LASTID=Value(parse_id), unknown=unknown_xclaim_option)
+
+
 @command("XCLAIM", -6)
 def xclaim(session, args):
     """XCLAIM queue group worker min-idle-ms id... [IDLE ms] [TIME ms] [RETRYCOUNT n] [FORCE] [JUSTID] [LASTID id]"""
@@ -62,25 +83,19 @@ def xclaim(session, args):
         except CommandError:
             break  # as Redis: the ids end where the options start
         i += 1
-    opts = {"idle_ms": None, "time_ms": None, "retry_count": None, "force": False, "justid": False}
-    while i < len(args):
-        option, has_value = args[i].upper(), i + 1 < len(args)
-        if option in (b"IDLE", b"TIME", b"RETRYCOUNT") and has_value:
-            name = option.decode()
-            value = max(to_int(args[i + 1], f"Invalid {name} option argument for XCLAIM"), 0)
-            if option == b"RETRYCOUNT":
-                value = min(value, MAX_RETRY_COUNT)
-            opts[{"IDLE": "idle_ms", "TIME": "time_ms", "RETRYCOUNT": "retry_count"}[name]] = value
-            i += 2
-        elif option in (b"FORCE", b"JUSTID"):
-            opts[option.decode().lower()] = True
-            i += 1
-        elif option == b"LASTID" and has_value:
-            parse_id(args[i + 1])  # the group's last id: EZRA's one group has none to set
-            i += 2
-        else:
-            raise errors.err(f"Unrecognized XCLAIM option '{args[i].decode('utf-8', 'replace')[:128]}'")
-    return Deferred(broker_of(session).take_over(queue, worker, min_idle, ids, **opts))
+    (idle_ms, time_ms, retry_count, force, justid, _), _ = parse_options(args, i, XCLAIM_OPTIONS)
+    return Deferred(broker_of(session).take_over(queue, worker, min_idle, ids, idle_ms=idle_ms, time_ms=time_ms,
+                                                 retry_count=retry_count, force=force, justid=justid))
+
+
+def autoclaim_count(arg: bytes) -> int:
+    count = to_int(arg, "COUNT must be > 0")
+    if count < 1:
+        raise errors.err("COUNT must be > 0")
+    return min(count, AUTOCLAIM_MAX_COUNT)
+
+
+XAUTOCLAIM_OPTIONS = Options(COUNT=Value(autoclaim_count, AUTOCLAIM_DEFAULT_COUNT), JUSTID=Flag())
 
 
 @command("XAUTOCLAIM", -6)
@@ -90,18 +105,7 @@ def xautoclaim(session, args):
     worker = session.use_worker(args[3])
     min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XAUTOCLAIM"), 0)
     start = lifecycle.parse_range_bound(args[5], True)
-    count, justid, i = AUTOCLAIM_DEFAULT_COUNT, False, 6
-    while i < len(args):
-        option = args[i].upper()
-        if option == b"COUNT" and i + 1 < len(args):
-            count = to_int(args[i + 1], "COUNT must be > 0")
-            if count < 1:
-                raise errors.err("COUNT must be > 0")
-            count, i = min(count, AUTOCLAIM_MAX_COUNT), i + 2
-        elif option == b"JUSTID":
-            justid, i = True, i + 1
-        else:
-            raise errors.SYNTAX
+    (count, justid), _ = parse_options(args, 6, XAUTOCLAIM_OPTIONS)
     return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid))
 
 
@@ -163,6 +167,16 @@ TASK_STATES = ({state.encode(): state for state in lifecycle.STATES} | {b"in-fli
                | {UNFINISHED.encode(): UNFINISHED})
 
 
+def tasks_count(arg: bytes) -> int:
+    count = to_int(arg)
+    if not 0 < count <= AUTOCLAIM_MAX_COUNT:
+        raise errors.err(f"COUNT must be 1..{AUTOCLAIM_MAX_COUNT}")
+    return count
+
+
+TASKS_OPTIONS = Options(COUNT=Value(tasks_count, TASKS_DEFAULT_COUNT), AFTER=Value(parse_id, (0, 0)))
+
+
 def xinfo_tasks(session, args):
     """XINFO TASKS queue state [COUNT n] [AFTER id]: one map per task, in the state's order
     (available, in_flight, dead: by id, AFTER pages; delayed: next due first; done: newest first;
@@ -173,18 +187,7 @@ def xinfo_tasks(session, args):
     state = TASK_STATES.get(args[3].lower())
     if state is None:
         raise errors.err("state must be one of available, delayed, in_flight, done, dead, unfinished")
-    count, after, rest = TASKS_DEFAULT_COUNT, (0, 0), args[4:]
-    while rest:
-        option = rest[0].upper()
-        if len(rest) < 2 or option not in (b"COUNT", b"AFTER"):
-            raise errors.SYNTAX
-        if option == b"COUNT":
-            count = to_int(rest[1])
-            if not 0 < count <= AUTOCLAIM_MAX_COUNT:
-                raise errors.err(f"COUNT must be 1..{AUTOCLAIM_MAX_COUNT}")
-        else:
-            after = parse_id(rest[1])
-        rest = rest[2:]
+    (count, after), _ = parse_options(args, 4, TASKS_OPTIONS)
     return Deferred(broker_of(session).tasks(queue, state, count, after),
                     lambda rows: [task_reply(row, state) for row in rows])
 

@@ -1,4 +1,4 @@
-"""EXISTS and TYPE on queue names, in the same table as commands.py (imported by it to register).
+"""EXISTS and TYPE on queue names.
 
 Redis-Streams worker libraries look before they create a consumer group (walrus's
 `ConsumerGroup.create` asks EXISTS, then TYPE). Both answer as Redis does for a
@@ -9,9 +9,10 @@ queues here, so there is no DEL: EZRA never drops tasks.
 
 from __future__ import annotations
 
-from .commands import broker_of, command
-from .lifecycle import split_queue
-from .resp import SimpleString
+from ..lifecycle import split_queue
+from ..resp import SimpleString
+from .args import broker_of
+from .table import command
 
 
 def known_queues(session) -> dict:

@@ -1,0 +1,360 @@
+"""One client's connection: read its commands, dispatch them, send the replies.
+
+Each connection reads what the client sent, runs every complete command in
+it, then sends all the replies in one write. Replies that wait for the writer
+(Deferred) are resolved in order at that point, so a pipeline of XADDs costs
+one commit, not one per command. Large reads are sent in pieces; a client
+that reads none of its replies, or stalls half-way through a command, is
+closed; failed AUTHs are slowed down (AuthThrottle); a command that looks like
+HTTP closes the connection (cross-protocol scripting).
+
+A connection that waits for its next command may be parked by server.py's
+sweep: `Park` is thrown into its greenlet, `serve` returns True and the socket
+stays open without a greenlet until the client sends again. A blocked
+XREADGROUP (or XREAD) is waiting for a task, not for a command: it keeps its
+greenlet.
+
+The Session (session.py) is what the commands see of the connection; this
+module is the part that touches the socket. server.py accepts connections and
+builds one Connection per client.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import gevent
+from gevent import get_hub
+from loguru import logger
+
+from . import errors
+from .commands import Deferred, dispatch
+from .resp import ErrorReply, ProtocolError, RequestReader, encode
+from .session import ServerState, Session
+
+READ_SIZE = 64 * 1024
+MAX_PIPELINE = 1024  # replies held before they are sent, even if more commands are buffered
+# Reads (XRANGE, XINFO, XPENDING...) may each be megabytes: at most this many are computed before
+# they are sent, and a flush sends its encoded replies in pieces of about SEND_CHUNK bytes. Without
+# these, 200 pipelined XRANGEs of a 10 MB queue (an 8 KB request) held 6 GB at once.
+READS_PER_FLUSH = 8
+SEND_CHUNK = 1024 * 1024
+BULK_SLACK = 64 * 1024  # a bulk may exceed the task limit a little (names, options)
+WRONGPASS = errors.WRONGPASS  # compared by type after each command: a global is the cheapest lookup
+AUTH_FIRST_DELAY = 0.05  # seconds the reply to a failed AUTH waits; doubles with each failure on a connection
+AUTH_MAX_DELAY = 1.0  # ...up to this, which every failure waits once a host failed this often in a burst:
+AUTH_HOST_FAILURES = 100  # (new connections for each guess do not escape the delay)
+AUTH_BURST_GAP = 60.0  # seconds without failures from a host that end its burst
+AUTH_FAILURES_PER_CONNECTION = 10  # then the connection is closed
+# Before AUTH, as Redis (CVE-2021-32675): what a client that knows no password may make the server hold.
+UNAUTHENTICATED_MAX_ARGS = 10
+UNAUTHENTICATED_MAX_BULK = 16 * 1024
+# A command named like an HTTP request line or header is a web page talking to us (cross-protocol
+# scripting, as Redis calls it): the connection is closed before anything after it runs.
+HTTP_WORDS = {b"POST", b"HOST:"}
+ATTACK_LOG_GAP = 60.0  # seconds between two log lines about it, as Redis
+
+
+_attack_logged_at = -ATTACK_LOG_GAP
+
+
+def looks_like_http(name: bytes) -> bool:
+    return len(name) <= 5 and name.upper() in HTTP_WORDS
+
+
+def log_cross_protocol_attack(addr: str) -> None:
+    """Log the attack at most once a minute: a page can make a browser repeat it for ever."""
+    global _attack_logged_at
+    now = time.monotonic()
+    if now - _attack_logged_at >= ATTACK_LOG_GAP:
+        _attack_logged_at = now
+        logger.warning("Possible SECURITY ATTACK detected from {}: it sent POST or Host: as a command, as a "
+                       "web page does when it makes a browser send HTTP to EZRA's port (cross-protocol "
+                       "scripting). Connection aborted.", addr)
+
+
+class Park(Exception):
+    """Thrown into a connection's greenlet while it waits for a command: `serve` returns, the socket stays."""
+
+
+class AuthThrottle:
+    """Failed AUTH attempts per client host: each reply waits longer; one log line per burst."""
+
+    def __init__(self):
+        self.bursts: dict[str, list] = {}  # host -> [failures, last failure (monotonic)]
+
+    def failed(self, host: str, addr: str, on_connection: int) -> float:
+        """Record a failure (the connection's `on_connection`th); the seconds its reply should wait."""
+        now = time.monotonic()
+        burst = self.bursts.get(host)
+        if burst is None or now - burst[1] > AUTH_BURST_GAP:
+            if burst is not None:
+                logger.warning("{} failed AUTH attempts from {} in the previous burst", burst[0], host)
+            elif len(self.bursts) >= 10000:
+                self._forget_old(now)
+            burst = self.bursts[host] = [0, now]
+            logger.warning("failed AUTH from {}; replies to further failures from {} wait longer (up to "
+                           "{}s); they are counted, not logged one by one", addr, host, AUTH_MAX_DELAY)
+        burst[0] += 1
+        burst[1] = now
+        if burst[0] > AUTH_HOST_FAILURES:
+            return AUTH_MAX_DELAY
+        return min(AUTH_FIRST_DELAY * 2 ** (on_connection - 1), AUTH_MAX_DELAY)
+
+    def _forget_old(self, now: float) -> None:
+        for host, (_, last) in list(self.bursts.items()):
+            if now - last > AUTH_BURST_GAP:
+                del self.bursts[host]
+
+
+class Connection:
+    """One client: read commands, dispatch, write replies."""
+
+    __slots__ = ("sock", "state", "host", "auth_throttle", "auth_failures", "session", "reader", "replies",
+                 "reads", "busy", "send_timeout", "frame_timeout", "_send_now", "greenlet",
+                 "awaiting_command", "quiet", "parked", "limited", "_recv_now")  # an idle connection's memory: see the module doc
+
+    def __init__(self, state: ServerState, sock, address, auth_throttle: AuthThrottle, tls: bool = False):
+        self.sock = sock
+        self.state = state
+        host, port = address[:2]
+        self.host = host
+        self.auth_throttle = auth_throttle
+        self.auth_failures = 0
+        self.session = Session(state, f"{host}:{port}", self.wait, self.flush)
+        # Until the client authenticates, its frames are capped far lower (see `lift_limits`).
+        self.limited = not self.session.authenticated
+        if self.limited:
+            self.reader = RequestReader(max_bulk_len=UNAUTHENTICATED_MAX_BULK, max_args=UNAUTHENTICATED_MAX_ARGS,
+                                        unauthenticated=True)
+        else:
+            self.reader = RequestReader(max_bulk_len=state.settings.max_task_size + BULK_SLACK)
+        self.replies: list[tuple[int, object]] = []
+        self.reads = 0  # replies in self.replies that may be large (see READS_PER_FLUSH)
+        self.busy = False  # between reading a request and sending its replies
+        self.greenlet = None  # the greenlet serving it; None while parked
+        self.awaiting_command = False  # blocked in recv with no command begun: it may be parked
+        self.quiet = False  # the last sweep found it awaiting a command; the next one parks it
+        self.parked = None  # the I/O watcher that resumes it
+        settings = state.settings
+        self.send_timeout = settings.client_send_timeout or None
+        self.frame_timeout = settings.client_frame_timeout or None
+        # Sends try the socket once without waiting (nearly always enough);
+        # only a client that does not read its replies gets a timer. A TLS
+        # socket must encrypt: it always takes the gevent path.
+        self._send_now = None if tls else sock._sock.send
+        self._recv_now = None if tls else sock._sock.recv
+
+    def serve(self) -> bool:
+        """Serve commands until the client leaves (False) or the connection is parked (True)."""
+        session = self.session
+        reader = self.reader
+        while not session.closing:
+            try:
+                if reader.mid_frame():
+                    data = self._recv_rest_of_frame()
+                else:
+                    self.awaiting_command = True
+                    try:
+                        data = self._recv_command()
+                    finally:
+                        self.awaiting_command = False
+            except Park:
+                return True
+            except OSError:
+                return False  # reset by the peer: nothing to answer
+            if not data:
+                return False
+            self.quiet = False
+            self.busy = True
+            self.reader.feed(data)
+            try:
+                self._run_buffered_commands()
+            except ProtocolError as exc:
+                self.replies.append((session.proto, ErrorReply("ERR " + str(exc))))
+                self.flush()
+                logger.debug("closing {} after a protocol error: {}", session.addr, exc)
+                return False
+            self.flush()
+            self.busy = False
+        return False
+
+    def _recv_command(self) -> bytes:
+        """The next bytes from the client: wait until the socket is readable, then one recv.
+
+        After its replies the client is nearly always still reading them, so a
+        recv tried first would fail with EAGAIN: a system call per command for
+        nothing (gevent's recv tries first). TLS keeps gevent's recv: the TLS
+        layer may hold decrypted bytes the socket no longer shows.
+        """
+        if self._recv_now is None:
+            return self.sock.recv(READ_SIZE)
+        sock = self.sock
+        while True:
+            sock._wait(sock._read_event)  # gevent's own wait on the socket's reusable read watcher
+            try:
+                return self._recv_now(READ_SIZE)
+            except BlockingIOError:
+                continue  # woken without data (another reader took it): wait again
+
+    def park_if_quiet(self) -> None:
+        """A sweep's call, on the hub: park it if it still awaits a command (it may have woken since)."""
+        if self.awaiting_command and self.quiet:
+            self.greenlet.throw(Park)  # runs it: recv stops waiting, serve returns True
+
+    def _recv_rest_of_frame(self) -> bytes:
+        """recv while a frame is incomplete: a client that stalls mid-frame is closed (slowloris)."""
+        if self.frame_timeout is None:
+            return self.sock.recv(READ_SIZE)
+        self.sock.settimeout(self.frame_timeout)
+        try:
+            return self.sock.recv(READ_SIZE)
+        except socket.timeout:
+            logger.warning("closing client {}: half a command ({} bytes) and nothing more for {}s "
+                           "(--client-frame-timeout)", self.session.addr, self.reader.buffered(),
+                           self.frame_timeout)
+            return b""
+        finally:
+            self.sock.settimeout(None)
+
+    def hang_up_if_idle(self) -> None:
+        """At shutdown: an idle connection is closed now; a busy one finishes first."""
+        self.session.closing = True
+        if not self.busy:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the client
+
+    def _run_buffered_commands(self) -> None:
+        session = self.session
+        while not session.closing:
+            args = self.reader.next_command()
+            if args is None:
+                return
+            if looks_like_http(args[0]):
+                log_cross_protocol_attack(session.addr)
+                session.closing = True  # no reply, nothing after it runs
+                return
+            reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
+            if type(reply) is WRONGPASS:
+                self._failed_auth()
+            elif self.limited and session.authenticated:
+                self.lift_limits()
+            self.replies.append((session.proto, reply))
+            if may_be_large(reply):
+                self.reads += 1
+            if len(self.replies) >= MAX_PIPELINE or self.reads >= READS_PER_FLUSH:
+                self.flush()
+
+    def lift_limits(self) -> None:
+        """The client authenticated: the frame caps become the task limit's."""
+        self.limited = False
+        self.reader.lift_caps(self.state.settings.max_task_size + BULK_SLACK, RequestReader.MAX_ARGS)
+
+    def _failed_auth(self) -> None:
+        """Slow down password guessing: the WRONGPASS reply waits, and many close the connection."""
+        self.auth_failures += 1
+        delay = self.auth_throttle.failed(self.host, self.session.addr, self.auth_failures)
+        if self.auth_failures >= AUTH_FAILURES_PER_CONNECTION:
+            logger.warning("closing client {} after {} failed AUTH attempts", self.session.addr,
+                           self.auth_failures)
+            self.session.closing = True  # once this WRONGPASS is sent
+        self.flush()  # the replies before the failure are not held back
+        gevent.sleep(delay)
+
+    def flush(self) -> None:
+        """Send every reply computed so far, waiting for the writer where needed, in pieces."""
+        if not self.replies:
+            return
+        replies, self.replies, self.reads = self.replies, [], 0
+        out, size = [], 0
+        for proto, reply in replies:
+            if type(reply) is Deferred:
+                try:
+                    reply = reply.resolve()
+                except ErrorReply as exc:
+                    reply = exc.as_reply()
+            data = encode(reply, proto)
+            out.append(data)
+            size += len(data)
+            if size >= SEND_CHUNK:
+                if not self._send(b"".join(out)):
+                    return
+                out, size = [], 0
+        if out:
+            self._send(b"".join(out))
+
+    def _send(self, data: bytes) -> bool:
+        """Send data; False if the client is gone or reads nothing (then the connection is closing)."""
+        try:
+            if self._send_now is None:
+                return self._send_slowly(data)
+            try:
+                sent = self._send_now(data)
+            except BlockingIOError:
+                sent = 0
+            return sent == len(data) or self._send_slowly(memoryview(data)[sent:])
+        except OSError as exc:
+            self.session.closing = True
+            logger.debug("client {} went away before its replies: {}", self.session.addr, exc)
+            return False
+
+    def _send_slowly(self, rest) -> bool:
+        """The client's buffers are full: wait for it to read, up to --client-send-timeout."""
+        self.sock.settimeout(self.send_timeout)
+        try:
+            self.sock.sendall(rest)
+            return True
+        except socket.timeout:
+            self.session.closing = True
+            logger.warning("closing client {}: it read none of its replies for {}s, {} bytes pending "
+                           "(--client-send-timeout)", self.session.addr, self.send_timeout, len(rest))
+            self._abort()
+            return False
+        finally:
+            self.sock.settimeout(None)
+
+    def _abort(self) -> None:
+        """Close at once, dropping unsent replies (RST): the kernel buffers are not kept for it."""
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already gone
+
+    def wait(self, event, timeout: float | None):
+        """Wait for `event` (a blocked read): True, False on timeout, None if the client hung up."""
+        hung_up = False
+        watcher = get_hub().loop.io(self.sock.fileno(), 1)
+
+        def on_readable():
+            nonlocal hung_up
+            try:
+                # Peek on the raw socket: a callback must not block the hub.
+                data = self.sock._sock.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            watcher.stop()  # data (a pipelined command) stays for after the wait
+            if not data:
+                hung_up = True
+                event.set()
+
+        watcher.start(on_readable)
+        try:
+            woken = event.wait(timeout)
+        finally:
+            watcher.stop()
+            watcher.close()
+        return None if hung_up else woken
+
+
+def may_be_large(reply) -> bool:
+    """A read's reply (megabytes, perhaps), not a push's or an ack's small durable answer."""
+    if type(reply) is Deferred:
+        return not getattr(reply.request, "durable", False)  # EXEC's are all-replies: counted
+    return isinstance(reply, (list, dict))

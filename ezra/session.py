@@ -1,0 +1,75 @@
+"""What a command handler sees of the server: the ServerState every connection shares, and
+one connection's Session (protocol, name, authentication, MULTI, the worker names it used).
+
+The connection (ezra/connection.py) builds its Session and hands it to the command table with
+each command; the table and the handlers only read and set its fields, so neither this
+module nor the commands import the server. It imports nothing of EZRA.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+
+class ServerState:
+    """What every connection shares: the broker, settings, and figures for INFO."""
+
+    def __init__(self, broker, settings):
+        self.broker = broker
+        self.settings = settings
+        self.started = time.time()
+        self.client_ids = itertools.count(1)
+        self.sessions: dict[int, "Session"] = {}
+        self.total_connections = 0
+        self.total_commands = 0
+        self.rejected_connections = 0
+        self.parked_clients = 0  # connections idle without a greenlet (see ezra/server.py)
+        self.port = settings.port
+        self.max_clients = settings.max_clients  # the server lowers it if the open-files limit is lower
+
+
+NO_WORKERS = frozenset()
+
+
+class Session:
+    """One connection's state: protocol, name, authentication, the worker names it used."""
+
+    __slots__ = ("server", "id", "proto", "name", "lib_name", "lib_ver", "authenticated",
+                 "closing", "addr", "created", "wait", "flush", "workers", "queued", "queued_bytes",
+                 "queue_failed", "in_exec")
+
+    def __init__(self, server: ServerState, addr: str, wait, flush):
+        self.server = server
+        self.id = next(server.client_ids)
+        self.proto = 2
+        self.name = None
+        self.lib_name = self.lib_ver = None
+        self.authenticated = not server.settings.password
+        self.closing = False
+        self.addr = addr
+        self.created = time.time()
+        self.wait = wait    # wait(event, seconds) -> True | False (timeout) | None (hung up)
+        self.flush = flush  # send the replies computed so far (before blocking)
+        # Consumer names this connection used (release on disconnect). Most connections are
+        # producers or idle: they share one empty set until they name a worker (~0.2 KB each).
+        self.workers: set[bytes] | frozenset = NO_WORKERS
+        self.queued: list | None = None  # MULTI: the commands waiting for EXEC
+        self.queued_bytes = 0            # ...and the size of their arguments
+        self.queue_failed = False        # a queued command was refused: EXEC answers EXECABORT
+        self.in_exec = False             # EXEC is running the queued commands: nothing blocks
+
+    def use_worker(self, worker: bytes) -> bytes:
+        """This connection acts for `worker` (XREADGROUP, XCLAIM...): it holds the name while open."""
+        if worker not in self.workers:
+            if self.workers is NO_WORKERS:
+                self.workers = set()
+            self.workers.add(worker)
+            self.server.broker.worker_seen(worker)
+        return worker
+
+    def close(self) -> None:
+        """The connection closed: the worker names it used may be gone (release on disconnect)."""
+        workers, self.workers = self.workers, NO_WORKERS
+        for worker in workers:
+            self.server.broker.worker_gone(worker)
