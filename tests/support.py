@@ -27,6 +27,21 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# ---------------------------------------------------------------- the broker without a server
+
+def submit_broken_request(broker) -> None:
+    """A request whose statement fails: its whole batch rolls back and answers a storage error."""
+    def broken():
+        broker.db.conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+    try:
+        broker.writer.submit(broken)
+    except Exception as exc:
+        assert "storage error" in str(exc)
+    else:
+        raise AssertionError("the broken request was answered")
+
+
 # ---------------------------------------------------------------- the queue through redis-py
 
 OK_REPLIES = (True, b"OK", "OK")
