@@ -197,7 +197,6 @@ def test_huge_declared_length_allocates_nothing(shared_server):
         assert shared_server.client().ping()
 
 
-@pytest.mark.slow  # about 10 s: failed AUTHs are slowed down: not in `pytest -m "not slow"`
 def test_password_protects_every_command(ezra_factory):
     server = ezra_factory("--password", "s3cret")
     anonymous = server.client()
