@@ -148,20 +148,27 @@ def redis_server_port(tmp_path_factory):
     """A real, empty redis-server on a free port, no persistence (skipped if not installed)."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; scripts/test.sh does)")
-    port, workdir = free_port(), tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workdir = tmp_path_factory.mktemp("redis")
+    for _ in range(3):  # another process (a pytest-xdist worker's redis) may take the port first
+        port = free_port()
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(workdir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def answers_ping():
-        assert proc.poll() is None, f"redis-server exited with {proc.returncode}"
-        try:
-            return redis.Redis(port=port, socket_timeout=1, **NO_RETRY).ping()
-        except redis.ConnectionError:
-            return False
+        def answers_or_exited():
+            if proc.poll() is not None:
+                return True
+            try:  # ours answers, not another redis-server on that port: its dir is ours
+                return redis.Redis(port=port, socket_timeout=1, **NO_RETRY).config_get("dir")["dir"] == os.path.realpath(workdir)
+            except redis.ConnectionError:
+                return False
 
-    wait_until(answers_ping, message="redis-server to answer PING")
+        wait_until(answers_or_exited, message="redis-server to answer")
+        if proc.poll() is None:
+            break
+    else:
+        raise AssertionError(f"redis-server exited with {proc.returncode} three times")
     yield port
     proc.terminate()
     proc.wait(10)

@@ -7,6 +7,7 @@ Fixtures stay in conftest.py (this module holds none); state that several module
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import re
@@ -276,12 +277,14 @@ def record_results(name: str, results: list[dict], key=None) -> None:
     key = key or KEY
     COMPAT.mkdir(parents=True, exist_ok=True)
     path = COMPAT / f"{name}.json"
-    table = {}
-    if path.exists():
-        table = {key(e): e for e in json.loads(path.read_text())}
-    for entry in results:
-        table[key(entry)] = entry
-    path.write_text(json.dumps(sorted(table.values(), key=key), indent=1) + "\n")
+    with open(COMPAT / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers merge one after the other
+        table = {}
+        if path.exists():
+            table = {key(e): e for e in json.loads(path.read_text())}
+        for entry in results:
+            table[key(entry)] = entry
+        path.write_text(json.dumps(sorted(table.values(), key=key), indent=1) + "\n")
 
 
 def KEY(entry: dict) -> tuple:
