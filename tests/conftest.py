@@ -160,7 +160,8 @@ def redis_server_port(tmp_path_factory):
             if proc.poll() is not None:
                 return True
             try:  # ours answers, not another redis-server on that port: its dir is ours
-                return redis.Redis(port=port, socket_timeout=1, **NO_RETRY).config_get("dir")["dir"] == os.path.realpath(workdir)
+                client = redis.Redis(port=port, socket_timeout=1, **NO_RETRY)
+                return client.config_get("dir")["dir"] == os.path.realpath(workdir)
             except redis.ConnectionError:
                 return False
 
