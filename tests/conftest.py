@@ -143,6 +143,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _answers_or_exited(proc: subprocess.Popen, port: int, workdir: Path) -> bool:
+    """redis-server `proc` answers on `port`, or has exited (another process took the port)."""
+    if proc.poll() is not None:
+        return True
+    try:  # ours answers, not another redis-server on that port: its dir is ours
+        client = redis.Redis(port=port, socket_timeout=1, **NO_RETRY)
+        return client.config_get("dir")["dir"] == os.path.realpath(workdir)
+    except redis.ConnectionError:
+        return False
+
+
 @pytest.fixture(scope="session")
 def redis_server_port(tmp_path_factory):
     """A real, empty redis-server on a free port, no persistence (skipped if not installed)."""
@@ -155,17 +166,7 @@ def redis_server_port(tmp_path_factory):
             ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def answers_or_exited():
-            if proc.poll() is not None:
-                return True
-            try:  # ours answers, not another redis-server on that port: its dir is ours
-                client = redis.Redis(port=port, socket_timeout=1, **NO_RETRY)
-                return client.config_get("dir")["dir"] == os.path.realpath(workdir)
-            except redis.ConnectionError:
-                return False
-
-        wait_until(answers_or_exited, message="redis-server to answer")
+        wait_until(lambda: _answers_or_exited(proc, port, workdir), message="redis-server to answer")
         if proc.poll() is None:
             break
     else:
