@@ -38,4 +38,6 @@ if command -v npm >/dev/null 2>&1 && { [ ! -d build/node/node_modules ] \
 fi
 
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# Everything, one test at a time: the slow families measure latencies and merge the
+# compatibility tables. The core alone, in under a minute: scripts/test.sh -m "not slow" -n 4
 exec python3 -m pytest "$@"

@@ -7,6 +7,7 @@ Fixtures stay in conftest.py (this module holds none); state that several module
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import re
@@ -25,6 +26,21 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- the broker without a server
+
+def submit_broken_request(broker) -> None:
+    """A request whose statement fails: its whole batch rolls back and answers a storage error."""
+    def broken():
+        broker.db.conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+    try:
+        broker.writer.submit(broken)
+    except Exception as exc:
+        assert "storage error" in str(exc)
+    else:
+        raise AssertionError("the broken request was answered")
 
 
 # ---------------------------------------------------------------- the queue through redis-py
@@ -261,12 +277,14 @@ def record_results(name: str, results: list[dict], key=None) -> None:
     key = key or KEY
     COMPAT.mkdir(parents=True, exist_ok=True)
     path = COMPAT / f"{name}.json"
-    table = {}
-    if path.exists():
-        table = {key(e): e for e in json.loads(path.read_text())}
-    for entry in results:
-        table[key(entry)] = entry
-    path.write_text(json.dumps(sorted(table.values(), key=key), indent=1) + "\n")
+    with open(COMPAT / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # pytest-xdist workers merge one after the other
+        table = {}
+        if path.exists():
+            table = {key(e): e for e in json.loads(path.read_text())}
+        for entry in results:
+            table[key(entry)] = entry
+        path.write_text(json.dumps(sorted(table.values(), key=key), indent=1) + "\n")
 
 
 def KEY(entry: dict) -> tuple:

@@ -17,7 +17,7 @@ import time
 
 import redis
 
-from conftest import wait_until
+from conftest import NO_RETRY, wait_until
 from reliability import report
 
 CYCLES = int(os.environ.get("EZRA_CRASH_CYCLES", "8"))
@@ -42,7 +42,7 @@ def producer(server, ledger: Ledger, name: str):
     while not ledger.stop.is_set():
         payload = f"{name}-{n}".encode()
         try:
-            client = client or redis.Redis(port=server.port, socket_timeout=5)
+            client = client or redis.Redis(port=server.port, socket_timeout=5, **NO_RETRY)
             task_id = client.xadd("crash", {"p": payload})
         except NETWORK_ERRORS:
             client = None
@@ -57,7 +57,7 @@ def worker(server, ledger: Ledger, name: str, done: threading.Event):
     client = None
     while not done.is_set():
         try:
-            client = client or redis.Redis(port=server.port, socket_timeout=5)
+            client = client or redis.Redis(port=server.port, socket_timeout=5, **NO_RETRY)
             asked = time.monotonic()
             reply = client.xreadgroup("g", name, {"crash": ">"}, count=5, block=200)
             for _, entries in reply or []:

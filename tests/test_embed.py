@@ -19,7 +19,7 @@ import redis
 from ezra import Server
 from ezra.storage import StorageError
 
-from conftest import ROOT, wait_until
+from conftest import NO_RETRY, ROOT, wait_until
 
 
 def ezra_threads() -> list[str]:
@@ -204,7 +204,7 @@ def test_the_environment_is_not_read(tmp_path, monkeypatch):
 def test_password_setting(tmp_path):
     with Server(data_dir=tmp_path / "data", password="s3cret") as server:
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=server.port).xlen("q")
+            redis.Redis(port=server.port, **NO_RETRY).xlen("q")
         assert redis.Redis(port=server.port, password="s3cret").xlen("q") == 0
 
 

@@ -1,7 +1,7 @@
 """Issue 4's rules without a server: backoff, settings, and the reaper moved through time.
 
-The broker's transaction scripts run here on a real ezra.db with a clock the test
-sets, so delays, backoff, retention and TTL are checked by moving time, not waiting.
+The broker's verbs run here on a real ezra.db with a clock the test sets, so delays,
+backoff, retention and TTL are checked by moving time, not waiting.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ezra.config import Settings
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, EXPONENTIAL, FAIL, FIXED, SILENT
 from ezra.storage import open_database
+from support import submit_broken_request
 
 # ---------------------------------------------------------------- pure rules
 
@@ -80,70 +81,74 @@ def broker(tmp_path):
     b.db.close()
 
 
-def tx(broker, fn, *args):
-    """Run a transaction script as the writer would."""
-    broker.db.begin()
-    try:
-        return fn(*args)
-    finally:
-        broker.db.commit()
+def push(broker, fields=(b"a", b"1"), delay_ms=0, ttl_ms=None) -> bytes:
+    return broker.push(b"q", b"*", list(fields), delay_ms=delay_ms, ttl_ms=ttl_ms).wait()
 
 
 def claim(broker, queue=b"q", worker=b"w"):
-    result = tx(broker, broker._tx_claim, [queue], worker, 10, False, None, None)
+    result = broker.claim([queue], worker, 10, False, block_ms=None, wait=None)
     return [task_id for task_id, _ in result[queue]] if result else []
 
 
+def fail(broker, task_id: bytes) -> None:
+    broker.fail(b"q", [lifecycle.parse_id(task_id)]).wait()
+
+
+def reaper_pass(broker) -> None:
+    """One pass of the reaper, run as its loop runs it (Broker has no verb for a single pass)."""
+    broker.writer.call(broker._tx_maintain, durable=False)
+
+
 def test_a_delayed_task_comes_due_on_the_reapers_pass(broker):
-    task_id = tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 5000, None, None)
+    task_id = push(broker, delay_ms=5000)
     assert claim(broker) == [] and broker.queues[b"q"].counts[DELAYED] == 1
     broker.clock_.now += 4999
-    tx(broker, broker._tx_maintain)
+    reaper_pass(broker)
     assert claim(broker) == []
     broker.clock_.now += 1
-    tx(broker, broker._tx_maintain)
+    reaper_pass(broker)
     assert claim(broker) == [task_id]
 
 
 def test_the_reaper_runs_no_query_before_anything_is_due(broker, monkeypatch):
-    tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 60_000, None, None)
-    tx(broker, broker._tx_maintain)  # the first pass looks at everything once
+    push(broker, delay_ms=60_000)
+    reaper_pass(broker)  # the first pass looks at everything once
     broker.clock_.now += 100
     for name in ("expired", "promote_due", "purge_done", "next_due", "next_deadline"):
         monkeypatch.setattr(broker.db, name, lambda *a, name=name: pytest.fail(f"{name} queried"))
-    tx(broker, broker._tx_maintain)
+    reaper_pass(broker)
 
 
 def test_backoff_then_dead(broker):
-    tx(broker, broker._tx_configure, b"q", {"backoff": "exponential 1 60", "max_attempts": 3})
-    task_id = tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 0, None, None)
+    broker.configure(b"q", {"backoff": "exponential 1 60", "max_attempts": 3}).wait()
+    task_id = push(broker)
     for attempt, wait_ms in ((1, 1000), (2, 2000)):
         assert claim(broker) == [task_id]
-        tx(broker, broker._tx_fail, b"q", [lifecycle.parse_id(task_id)], FAIL, None, False)
+        fail(broker, task_id)
         broker.clock_.now += wait_ms - 1
-        tx(broker, broker._tx_maintain)
+        reaper_pass(broker)
         assert claim(broker) == [], f"retry {attempt} came early"
         broker.clock_.now += 1
-        tx(broker, broker._tx_maintain)
+        reaper_pass(broker)
     assert claim(broker) == [task_id]
-    tx(broker, broker._tx_fail, b"q", [lifecycle.parse_id(task_id)], FAIL, None, False)
+    fail(broker, task_id)
     assert broker.queues[b"q"].counts[DEAD] == 1
 
 
 def test_retention_and_ttl_purge_by_the_clock(broker):
-    tx(broker, broker._tx_configure, b"q", {"retention_seconds": 10.0})
-    plain = tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 0, None, None)
-    short = tx(broker, broker._tx_push, b"q", b"*", [b"b", b"2"], False, 0, 2000, None)
+    broker.configure(b"q", {"retention_seconds": 10.0}).wait()
+    plain = push(broker)
+    short = push(broker, (b"b", b"2"), ttl_ms=2000)
     claim(broker)
-    tx(broker, broker._tx_ack, b"q", [lifecycle.parse_id(plain), lifecycle.parse_id(short)])
+    broker.ack(b"q", [lifecycle.parse_id(plain), lifecycle.parse_id(short)]).wait()
     broker.clock_.now += 2000
-    tx(broker, broker._tx_maintain)
+    reaper_pass(broker)
     assert broker.queues[b"q"].counts[lifecycle.DONE] == 1  # the TTL task went first
     broker.clock_.now += 8000
-    tx(broker, broker._tx_maintain)
+    reaper_pass(broker)
     assert broker.queues[b"q"].counts[lifecycle.DONE] == 1  # kept for exactly 10 s ...
     broker.clock_.now += 1
-    tx(broker, broker._tx_maintain)
+    reaper_pass(broker)
     assert broker.queues[b"q"].counts[lifecycle.DONE] == 0  # ... and no longer
     assert broker.queues[b"q"].deleted == 2
 
@@ -151,13 +156,12 @@ def test_retention_and_ttl_purge_by_the_clock(broker):
 def test_counters_since_start_survive_a_rollback(broker):
     """After a rolled-back batch the caches are rebuilt from the file; the per-queue event
     counters (metrics, INFO) are not in the file and must not drop to zero."""
-    tx(broker, broker._tx_push, b"q", b"*", [b"a", b"1"], False, 0, None, None)
+    push(broker)
     claim(broker)
-    broker.db.begin()
-    tx_result = broker._tx_push(b"q", b"*", [b"a", b"2"], False, 0, None, None)
-    assert tx_result
-    broker.db.rollback()
-    broker._reload()  # what the writer's rollback hook runs
+    rolled_back = broker.push(b"q", b"*", [b"a", b"2"])  # runs now, commits at the turn's end...
+    submit_broken_request(broker)  # ...but a broken request in the same turn rolls the batch back
+    with pytest.raises(CommandError, match="storage error"):
+        rolled_back.wait()
     totals = broker.queues[b"q"].totals
     assert (totals["pushed"], totals["delivered"]) == (2, 1)  # the rolled-back push was counted
     assert broker.queues[b"q"].counts[AVAILABLE] == 0  # ...but the counts come from the file

@@ -177,7 +177,6 @@ def test_tls_connections_park_and_resume(ezra_factory, certificates):
     assert "Traceback" not in server.log()
 
 
-@pytest.mark.slow  # about 10 s of churn: not in `pytest -m "not slow"`
 def test_clients_that_keep_going_quiet_get_every_reply(ezra_factory):
     """Churn: connections pause across sweeps (some mid-command) while others talk; parking and
     resuming race with data arriving, and every reply must still come back, whole and in order."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from test_operations import claim, text
+from support import claim, text
 
 # Schema 1 as EZRA wrote it (storage.py before schema 2), comments left out.
 SCHEMA_V1 = """

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_until
+from conftest import EzraProcess, wait_until
 from support import AGGREGATE_TYPES, Incomplete, Reply, RespConnection, blocked_clients, parse_reply, raw
 from ezra import errors
 
@@ -257,12 +257,19 @@ def assert_hinted(expected: Hinted, got: bytes, vector: dict) -> None:
 
 # ---------------------------------------------------------------- servers
 
-@pytest.fixture
-def server_port(request):
-    """A fresh EZRA server per case (the port), or the shared redis-server."""
+@pytest.fixture(scope="module")
+def server_port(request, tmp_path_factory):
+    """One EZRA server for every case (the port), or the shared redis-server.
+
+    Like the capture (tests/vectors/README.md), every case runs once per server
+    life: its keys are its own (`v2:<case>`, `v3:<case>`), on a fresh connection.
+    """
     if AGAINST_REDIS:
-        return request.getfixturevalue("redis_server_port")
-    return request.getfixturevalue("ezra_factory")().port
+        yield request.getfixturevalue("redis_server_port")
+        return
+    server = EzraProcess(tmp_path_factory.mktemp("vectors") / "data").start()
+    yield server.port
+    assert server.stop() == 0, server.log()
 
 
 # ---------------------------------------------------------------- running a case
@@ -359,6 +366,19 @@ def test_table_matches_the_vectors():
         assert reason and expectation is not None, case
         if isinstance(expectation, SameAs):
             assert all((proto, expectation.case) in BY_KEY for proto in (2, 3)), case
+
+
+def test_each_case_has_keys_of_its_own():
+    """The cases share one server (server_port): no two may touch the same key."""
+    owner = {}
+    for vector in ALL_VECTORS:
+        commands = [*vector["setup"], vector["request_args"] or [],
+                    vector["concurrent"]["command"] if vector["concurrent"] else []]
+        prefix = f"v{vector['proto']}:"
+        keys = {arg.split("::")[0] for command in commands for arg in command if arg.startswith(prefix)}
+        for key in keys:
+            assert owner.setdefault(key, vector["case"]) == vector["case"], (key, owner[key], vector["case"])
+    assert len(owner) > 100
 
 
 def test_vectors_are_complete():

@@ -8,23 +8,11 @@ import gevent
 from ezra.broker import Broker
 from ezra.config import Settings
 from ezra.storage import open_database
+from support import submit_broken_request
 
 
 def open_broker(tmp_path, durability="full") -> Broker:
     return Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path), durability=durability))
-
-
-def submit_broken_request(broker: Broker) -> None:
-    """A request whose statement fails: its whole batch rolls back and answers a storage error."""
-    def broken():
-        broker.db.conn.execute("INSERT INTO no_such_table VALUES (1)")
-
-    try:
-        broker.writer.submit(broken)
-    except Exception as exc:
-        assert "storage error" in str(exc)
-    else:
-        raise AssertionError("the broken request was answered")
 
 
 def test_pushes_of_one_loop_turn_commit_together(tmp_path):

@@ -1,0 +1,28 @@
+"""The test suite's own rules: helpers that several test modules share live in support.py
+(fixtures in conftest.py), so no test module imports another."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules.add(node.module)
+    return modules
+
+
+def test_no_test_module_imports_another():
+    test_modules = {path.stem for path in TESTS.glob("test_*.py")}
+    assert len(test_modules) > 30
+    offenders = {path.name: sorted(imported_modules(path) & test_modules)
+                 for path in sorted(TESTS.rglob("*.py"))}
+    assert {name: found for name, found in offenders.items() if found} == {}, \
+        "move the shared helpers to tests/support.py"
