@@ -95,8 +95,8 @@ def fail(broker, task_id: bytes) -> None:
 
 
 def reaper_pass(broker) -> None:
-    """One pass of the reaper, run as its loop runs it (Broker has no verb for a single pass)."""
-    broker.writer.call(broker._tx_maintain, durable=False)
+    """One pass of the reaper, as its loop runs it."""
+    broker.maintain()
 
 
 def test_a_delayed_task_comes_due_on_the_reapers_pass(broker):

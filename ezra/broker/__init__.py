@@ -29,6 +29,7 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     look, observe        XREAD                    read without claiming; block for new entries
     queue_counts         EXISTS, TYPE             every queue's counts by state
     blocked_clients      (figures)                blocked XREADGROUPs and XREADs
+    maintain             (the reaper, tests)      one reaper pass: expire, promote, purge, trim
     start_reaper, stop, cancel_waiters            life: reaper, shutdown
 
 The parts (mixins of Broker, in its bases' order; each is a class over BrokerCore):

@@ -98,10 +98,15 @@ class Upkeep(BrokerCore):
         while True:
             gevent.sleep(0 if more else REAPER_INTERVAL)
             try:
-                more = self.writer.call(self._tx_maintain, durable=False)
+                more = self.maintain()
             except Exception as exc:
                 logger.opt(exception=exc).error("reaper pass failed: {}", exc)
                 more = False
+
+    def maintain(self) -> bool:
+        """One reaper pass (expire leases, promote due tasks, purge, trim) in its own batch;
+        True when a batch was full and the next pass should come at once."""
+        return self.writer.call(self._tx_maintain, durable=False)
 
     def _tx_maintain(self) -> bool:
         """One pass; True when a batch was full and the next pass should come at once."""
