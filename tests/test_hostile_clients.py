@@ -7,7 +7,6 @@ what the server stores, writes and keeps in memory afterwards.
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 import redis
