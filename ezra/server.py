@@ -5,8 +5,8 @@ protected mode), does the TLS handshake, and builds a Connection per client,
 served in its own greenlet from a Pool; it closes the unauthenticated
 connections gate.py gives up on (a host's oldest, to make room for a new one;
 those past --auth-timeout); at shutdown it stops listening, lets busy
-connections finish and closes the rest (app.py calls these in order). It also raises the open-files
-limit so --max-clients fit, as Redis does.
+connections finish and closes the rest (app.py calls these in order). It also
+raises the open-files limit so --max-clients fit, as Redis does.
 
 A connection that waits for its next command for PARK_AFTER seconds or more
 is parked: its greenlet ends and an I/O watcher on its socket spawns a new one
