@@ -46,6 +46,7 @@ class Settings:
     backup_dir: str | None = None               # where BACKUP may write; None: the data directory
     protected_mode: bool = True                 # no password: serve only 127.0.0.1 and ::1 (as Redis)
     max_unauthenticated_per_host: int = 100     # with a password: connections one host may hold before AUTH
+    auth_timeout: float = 30.0                  # with a password: seconds a connection may stay unauthenticated
     metrics_queues: int = 100                   # queues with their own /metrics series; the rest summed
     http_request_timeout: float = 5.0           # seconds an HTTP request (head and body) may take to arrive
 
@@ -216,8 +217,13 @@ def build_parser() -> configargparse.ArgParser:
              "error, as in Redis's protected mode (no: serve every client that can reach --bind)")
     add("--max-unauthenticated-per-host", type=non_negative_int, default=Settings.max_unauthenticated_per_host,
         metavar="N", env_var="EZRA_MAX_UNAUTHENTICATED_PER_HOST",
-        help="with --password: connections one client address may have open before they authenticate; the "
-             "next are refused with an error (this bounds one host's password guessing); 0: no limit")
+        help="with --password: connections one client address may have open before they authenticate; a "
+             "new one beyond this is served and the address's oldest unauthenticated connection is closed to "
+             "make room (password guessing is bounded apart, per network); 0: no limit")
+    add("--auth-timeout", type=non_negative_float, default=Settings.auth_timeout, metavar="SECONDS",
+        env_var="EZRA_AUTH_TIMEOUT",
+        help="with --password: close a connection that has not authenticated this long after connecting; "
+             "0: never")
     add("--metrics-queues", type=non_negative_int, default=Settings.metrics_queues, metavar="N",
         env_var="EZRA_METRICS_QUEUES",
         help="/metrics gives its own series to the N queues with the most unfinished tasks (available, "

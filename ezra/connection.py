@@ -5,8 +5,8 @@ it, then sends all the replies in one write. Replies that wait for the writer
 (Deferred) are resolved in order at that point, so a pipeline of XADDs costs
 one commit, not one per command. Large reads are sent in pieces; a client
 that reads none of its replies, or stalls half-way through a command, is
-closed; failed AUTHs are slowed down (AuthThrottle); a command that looks like
-HTTP closes the connection (cross-protocol scripting).
+closed; the answer to a wrong password is held back (gate.GuessThrottle); a
+command that looks like HTTP closes the connection (cross-protocol scripting).
 
 A connection that waits for its next command may be parked by server.py's
 sweep: `Park` is thrown into its greenlet, `serve` returns True and the socket
@@ -31,6 +31,7 @@ from loguru import logger
 
 from . import errors
 from .commands import Deferred, dispatch
+from .gate import Gate
 from .resp import ErrorReply, ProtocolError, RequestReader, encode
 from .session import ServerState, Session
 
@@ -43,10 +44,6 @@ READS_PER_FLUSH = 8
 SEND_CHUNK = 1024 * 1024
 BULK_SLACK = 64 * 1024  # a bulk may exceed the task limit a little (names, options)
 WRONGPASS = errors.WRONGPASS  # compared by type after each command: a global is the cheapest lookup
-AUTH_FIRST_DELAY = 0.05  # seconds the reply to a failed AUTH waits; doubles with each failure on a connection
-AUTH_MAX_DELAY = 1.0  # ...up to this, which every failure waits once a host failed this often in a burst:
-AUTH_HOST_FAILURES = 100  # (new connections for each guess do not escape the delay)
-AUTH_BURST_GAP = 60.0  # seconds without failures from a host that end its burst
 AUTH_FAILURES_PER_CONNECTION = 10  # then the connection is closed
 # Before AUTH, as Redis (CVE-2021-32675): what a client that knows no password may make the server hold.
 UNAUTHENTICATED_MAX_ARGS = 10
@@ -79,50 +76,21 @@ class Park(Exception):
     """Thrown into a connection's greenlet while it waits for a command: `serve` returns, the socket stays."""
 
 
-class AuthThrottle:
-    """Failed AUTH attempts per client host: each reply waits longer; one log line per burst."""
-
-    def __init__(self):
-        self.bursts: dict[str, list] = {}  # host -> [failures, last failure (monotonic)]
-
-    def failed(self, host: str, addr: str, on_connection: int) -> float:
-        """Record a failure (the connection's `on_connection`th); the seconds its reply should wait."""
-        now = time.monotonic()
-        burst = self.bursts.get(host)
-        if burst is None or now - burst[1] > AUTH_BURST_GAP:
-            if burst is not None:
-                logger.warning("{} failed AUTH attempts from {} in the previous burst", burst[0], host)
-            elif len(self.bursts) >= 10000:
-                self._forget_old(now)
-            burst = self.bursts[host] = [0, now]
-            logger.warning("failed AUTH from {}; replies to further failures from {} wait longer (up to "
-                           "{}s); they are counted, not logged one by one", addr, host, AUTH_MAX_DELAY)
-        burst[0] += 1
-        burst[1] = now
-        if burst[0] > AUTH_HOST_FAILURES:
-            return AUTH_MAX_DELAY
-        return min(AUTH_FIRST_DELAY * 2 ** (on_connection - 1), AUTH_MAX_DELAY)
-
-    def _forget_old(self, now: float) -> None:
-        for host, (_, last) in list(self.bursts.items()):
-            if now - last > AUTH_BURST_GAP:
-                del self.bursts[host]
-
-
 class Connection:
     """One client: read commands, dispatch, write replies."""
 
-    __slots__ = ("sock", "state", "host", "auth_throttle", "auth_failures", "session", "reader", "replies",
+    __slots__ = ("sock", "state", "host", "gate", "auth_failures", "answer_held", "session", "reader", "replies",
                  "reads", "busy", "send_timeout", "frame_timeout", "_send_now", "greenlet",
                  "awaiting_command", "quiet", "parked", "limited", "_recv_now")  # an idle connection's memory: see the module doc
 
-    def __init__(self, state: ServerState, sock, address, auth_throttle: AuthThrottle, tls: bool = False):
+    def __init__(self, state: ServerState, sock, address, gate: Gate, tls: bool = False):
         self.sock = sock
         self.state = state
         host, port = address[:2]
         self.host = host
-        self.auth_throttle = auth_throttle
+        self.gate = gate  # told when it authenticates; its GuessThrottle holds wrong-password answers back
         self.auth_failures = 0
+        self.answer_held = False  # a wrong password's answer is being held back (see gate.Gate._oldest)
         self.session = Session(state, f"{host}:{port}", self.wait, self.flush)
         # Until the client authenticates, its frames are capped far lower (see `lift_limits`).
         self.limited = not self.session.authenticated
@@ -252,18 +220,32 @@ class Connection:
     def lift_limits(self) -> None:
         """The client authenticated: the frame caps become the task limit's."""
         self.limited = False
+        self.gate.forget(self)  # no longer counted among its host's unauthenticated connections
         self.reader.lift_caps(self.state.settings.max_task_size + BULK_SLACK, RequestReader.MAX_ARGS)
 
     def _failed_auth(self) -> None:
-        """Slow down password guessing: the WRONGPASS reply waits, and many close the connection."""
+        """Slow down password guessing: the WRONGPASS reply waits its turn, and many close the connection."""
         self.auth_failures += 1
-        delay = self.auth_throttle.failed(self.host, self.session.addr, self.auth_failures)
+        delay = self.gate.guesses.failed(self.host, self.session.addr, self.auth_failures, time.monotonic())
         if self.auth_failures >= AUTH_FAILURES_PER_CONNECTION:
             logger.warning("closing client {} after {} failed AUTH attempts", self.session.addr,
                            self.auth_failures)
             self.session.closing = True  # once this WRONGPASS is sent
         self.flush()  # the replies before the failure are not held back
-        gevent.sleep(delay)
+        self.answer_held = True
+        try:
+            gevent.sleep(delay)
+        finally:
+            self.answer_held = False
+
+    def tell_before_close(self, error) -> None:
+        """Best effort, without waiting: why it is being closed (a TLS socket is closed without a word)."""
+        if self._send_now is None:
+            return
+        try:
+            self._send_now(encode(error, self.session.proto))
+        except OSError as exc:  # its buffers are full, or it is gone: it is closed all the same
+            logger.debug("could not tell {} why it is closed: {}", self.session.addr, exc)
 
     def flush(self) -> None:
         """Send every reply computed so far, waiting for the writer where needed, in pieces."""

@@ -157,5 +157,10 @@ def denied_protected_mode() -> CommandError:
 
 
 def too_many_unauthenticated(host: str, limit: int) -> CommandError:
-    return err(f"too many connections from {host} that have not authenticated yet (at most {limit}, "
-               f"--max-unauthenticated-per-host): authenticate the open ones (AUTH) or close them first")
+    return err(f"closed to make room: {host} has more than {limit} connections that have not authenticated "
+               f"yet (--max-unauthenticated-per-host) and this was the oldest; authenticate (AUTH) right "
+               f"after connecting")
+
+
+def auth_timeout(seconds: float) -> CommandError:
+    return err(f"closed: not authenticated within {seconds:g}s of connecting (--auth-timeout)")

@@ -1,11 +1,12 @@
 """The TCP front: a gevent StreamServer, one greenlet per connection (connection.py).
 
 EzraServer listens, accepts (or refuses, with Redis's errors: too many clients,
-protected mode, too many unauthenticated connections from one host), does the
-TLS handshake, and builds a Connection per client, served in its own greenlet
-from a Pool; at shutdown it stops listening, lets busy connections finish and
-closes the rest (app.py calls these in order). It also raises the open-files
-limit so --max-clients fit, as Redis does.
+protected mode), does the TLS handshake, and builds a Connection per client,
+served in its own greenlet from a Pool; it closes the unauthenticated
+connections gate.py gives up on (a host's oldest, to make room for a new one;
+those past --auth-timeout); at shutdown it stops listening, lets busy
+connections finish and closes the rest (app.py calls these in order). It also
+raises the open-files limit so --max-clients fit, as Redis does.
 
 A connection that waits for its next command for PARK_AFTER seconds or more
 is parked: its greenlet ends and an I/O watcher on its socket spawns a new one
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 import resource
 import socket
+import time
 
 import gevent
 from gevent import get_hub, getcurrent
@@ -28,7 +30,7 @@ from gevent.server import StreamServer
 from loguru import logger
 
 from . import errors
-from .connection import AuthThrottle, Connection
+from .connection import Connection
 from .gate import Gate
 from .resp import encode
 from .session import ServerState
@@ -142,8 +144,8 @@ class EzraServer:
         settings = state.settings
         self.pool = Pool()
         self.connections: set[Connection] = set()
-        self.auth_throttle = AuthThrottle()
-        self.gate = Gate(settings)  # protected mode; connections per host that have not authenticated
+        self.gate = Gate(settings)  # protected mode; connections that have not authenticated; guessing
+        self.auth_throttle = self.gate.guesses  # the HTTP listener's Basic auth shares the RESP port's bound
         self.tls = tls_context(settings)
         self.max_clients = state.max_clients = client_limit(
             settings.max_clients, FD_RESERVE + (HTTP_CONNECTIONS if settings.http_port is not None else 0))
@@ -170,6 +172,8 @@ class EzraServer:
         for connection in list(self.connections):
             if connection.parked is not None:
                 self._close(connection)
+            elif connection.answer_held:  # its answer is a WRONGPASS: nothing to finish
+                connection.greenlet.kill(block=False)
             else:
                 connection.hang_up_if_idle()
         self.pool.join(timeout=timeout)
@@ -216,12 +220,29 @@ class EzraServer:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if state.settings.tcp_keepalive:
             keep_alive(sock, state.settings.tcp_keepalive)
-        connection = Connection(state, sock, address, self.auth_throttle, self.tls is not None)
-        self.gate.admitted(connection)
+        connection = Connection(state, sock, address, self.gate, self.tls is not None)
+        to_close = self.gate.admitted(connection, time.monotonic())
         state.sessions[connection.session.id] = connection.session
         self.connections.add(connection)
         state.total_connections += 1
+        if to_close is not None:
+            self._close_unauthenticated(to_close, errors.too_many_unauthenticated(
+                to_close.host, self.gate.max_unauthenticated))
         return connection
+
+    def _close_unauthenticated(self, connection: Connection, error) -> None:
+        """Close a connection that has not authenticated (too old, or making room), telling it why."""
+        connection.tell_before_close(error)
+        if connection.parked is not None:
+            self._close(connection)
+            return
+        connection.session.closing = True  # if its greenlet has not started yet (just resumed)
+        try:
+            connection.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # the client closed it already
+        if connection.greenlet is not None:
+            connection.greenlet.kill(block=False)  # even while its wrong password's answer waits
 
     def _serve(self, connection: Connection) -> None:
         """Run in the connection's greenlet until it is parked or closed."""
@@ -257,7 +278,7 @@ class EzraServer:
         session = connection.session
         self.state.sessions.pop(session.id, None)
         self.connections.discard(connection)
-        self.gate.closed(connection)
+        self.gate.forget(connection)
         connection.sock.close()
         session.close()  # release on disconnect: the worker names it used may be gone
         # Session and Connection point at each other (wait, flush): break the cycle so their
@@ -267,10 +288,13 @@ class EzraServer:
         connection.reader = None
 
     def _park_idle_connections(self) -> None:
-        """Every PARK_AFTER seconds: park the connections that awaited a command since the last sweep."""
+        """Every PARK_AFTER seconds: park the connections that awaited a command since the last sweep,
+        and close those that did not authenticate within --auth-timeout."""
         loop = get_hub().loop
         while True:
             gevent.sleep(PARK_AFTER)
+            for connection in self.gate.overdue(time.monotonic()):
+                self._close_unauthenticated(connection, errors.auth_timeout(self.gate.auth_timeout))
             to_park = []
             for connection in self.connections:
                 if connection.awaiting_command:

@@ -14,7 +14,7 @@ import socket
 import pytest
 import redis
 
-from conftest import EzraProcess, wait_until
+from conftest import EzraProcess
 
 REMOTE = "127.0.0.2"  # a loopback address that is not local to protected mode (as in Redis 7)
 DENIED = (b"-DENIED EZRA is running in protected mode because protected mode is enabled and no password is set "
@@ -207,47 +207,54 @@ def open_unauthenticated(port: int, count: int) -> list[socket.socket]:
     return sockets
 
 
-REFUSED = b"-ERR too many connections from 127.0.0.1 that have not authenticated yet (at most {n}, "
+MADE_ROOM = b"-ERR closed to make room: 127.0.0.1 has more than {n} connections that have not authenticated yet "
 
 
-def test_a_host_may_hold_only_so_many_unauthenticated_connections(ezra_factory):
+def read_closed(sock: socket.socket) -> bytes:
+    """What an open connection still receives until the server closes it."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_host_beyond_its_unauthenticated_limit_loses_its_oldest_connection(ezra_factory):
+    """Until issue 21 the newcomer was refused, the right password's too (now tests/test_trust3_auth.py)."""
     server = ezra_factory("--password", "s3cret")  # the default limit, 100
     waiting = open_unauthenticated(server.port, 100)
-    refused = read_to_end(server.port, "127.0.0.1")
-    assert refused.startswith(REFUSED.replace(b"{n}", b"100")) and refused.count(b"\r\n") == 1, refused
-    assert b"--max-unauthenticated-per-host" in refused
-    waiting[0].sendall(b"AUTH s3cret\r\n")  # one authenticates: it no longer counts, one more may connect
+    waiting += open_unauthenticated(server.port, 1)  # served: the oldest is closed to make room
+    closed = read_closed(waiting.pop(0))
+    assert closed.startswith(MADE_ROOM.replace(b"{n}", b"100")) and closed.count(b"\r\n") == 1, closed
+    assert b"--max-unauthenticated-per-host" in closed
+    waiting[0].sendall(b"AUTH s3cret\r\n")  # one authenticates: it no longer counts
     assert waiting[0].recv(100) == b"+OK\r\n"
-    waiting += open_unauthenticated(server.port, 1)
-    assert read_to_end(server.port, "127.0.0.1").startswith(REFUSED.replace(b"{n}", b"100"))
-    waiting.pop().close()  # one closes: its place is free again
-    client = redis.Redis(port=server.port, password="s3cret", socket_timeout=30)
-    wait_until(lambda: _connects(client), message="a place once a waiting connection closed")
+    waiting += open_unauthenticated(server.port, 1)  # 100 unauthenticated again: none closed
+    waiting[1].sendall(b"PING\r\n")
+    assert waiting[1].recv(100) == b"-NOAUTH Authentication required.\r\n"
+    client = redis.Redis(port=server.port, password="s3cret", socket_timeout=30)  # 101st: served at once
     assert client.xlen("q") == 0
-    assert info_field(server, "rejected_connections", "s3cret") >= 2
-    assert server.log().count("refused a client from 127.0.0.1: it has 100 connections") == 1  # once per host
+    assert read_closed(waiting[1]).startswith(MADE_ROOM.replace(b"{n}", b"100"))  # the oldest unauthenticated
+    assert server.log().count("127.0.0.1 has more than 100 connections that have not authenticated") == 1
     for sock in waiting:
         sock.close()
     client.close()
-
-
-def _connects(client: redis.Redis) -> bool:
-    try:
-        return client.ping()
-    except redis.RedisError:  # refused: the server may not have seen the close yet
-        return False
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
 def test_the_unauthenticated_limit_is_configurable_and_other_hosts_are_apart(ezra_factory, protocol):
     server = ezra_factory("--password", "s3cret", "--max-unauthenticated-per-host", "3")
     waiting = open_unauthenticated(server.port, 3)
-    assert read_to_end(server.port, "127.0.0.1").startswith(REFUSED.replace(b"{n}", b"3"))
-    with pytest.raises(redis.RedisError):  # a stock client that arrives now gets an error, nothing served
-        redis.Redis(port=server.port, password="s3cret", protocol=protocol, socket_timeout=30).xlen("q")
-    other = remote_client(server, protocol, password="s3cret")  # another host is counted apart
-    assert other.xlen("q") == 0
+    client = redis.Redis(port=server.port, password="s3cret", protocol=protocol, socket_timeout=30)
+    assert client.xlen("q") == 0  # a stock client that arrives now is served; the oldest made room
+    assert read_closed(waiting.pop(0)).startswith(MADE_ROOM.replace(b"{n}", b"3"))
+    other = remote_client(server, protocol)  # another host is counted apart: it closes none of these
+    with pytest.raises(redis.AuthenticationError):
+        other.xlen("q")
+    for sock in waiting:
+        sock.sendall(b"PING\r\n")
+        assert sock.recv(100) == b"-NOAUTH Authentication required.\r\n"
     other.close()
+    client.close()
     for sock in waiting:
         sock.close()
     unlimited = ezra_factory("--password", "s3cret", "--max-unauthenticated-per-host", "0")

@@ -3,7 +3,8 @@
 A gevent WSGI server in the same process and event loop as the Redis-protocol
 port, with the same rules: the same --bind, TLS when the main port has it, and
 with --password, HTTP Basic authentication (any user name, that password;
-failures throttled like AUTH). Only /healthz answers without a password: it
+the answer to a wrong one is held back by the RESP port's GuessThrottle: one
+bound for both listeners). Only /healthz answers without a password: it
 tells nothing but "up" or "down".
 
 Without a password, only requests addressed to an IP address, `localhost` or
@@ -173,9 +174,9 @@ class WebApp:
         if scheme.lower() == "basic" and given is not None and hmac.compare_digest(
                 given.encode(), self.password.encode()):
             return
-        if header:  # a wrong password, not a first visit: slow guessing down, as AUTH does
+        if header:  # a wrong password, not a first visit: its answer waits its network's turn, as AUTH's
             host = environ.get("REMOTE_ADDR", "?")
-            gevent.sleep(self.auth_throttle.failed(host, f"{host} (HTTP)", 1))
+            gevent.sleep(self.auth_throttle.failed(host, f"{host} (HTTP)", 1, time.monotonic()))
         raise HttpError("401 Unauthorized", "this server needs its password (any user name)",
                         [("WWW-Authenticate", 'Basic realm="ezra", charset="UTF-8"')])
 
