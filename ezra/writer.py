@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import gevent
 from gevent import get_hub
@@ -60,11 +61,13 @@ WAL_SIZE_EVERY = 16  # batches between two looks at the WAL's size (an fstat eac
 class Batch:
     """One loop turn's transaction: its requests commit, or fail, together."""
 
-    __slots__ = ("requests", "durable", "error", "sync_error", "committed", "synced")
+    __slots__ = ("requests", "durable", "error", "sync_error", "committed", "synced", "held", "atomics")
 
     def __init__(self):
         self.requests: list[Request] = []  # kept to run again should the commit meet a full disk
         self.durable = False  # holds a request answered only after an fsync
+        self.held = False  # an Atomic (EXEC) is running in it: it does not commit yet
+        self.atomics: list[Atomic] = []  # the EXECs in it: all or nothing, even on a full disk
         self.error: BaseException | None = None       # rolled back: every request fails
         self.sync_error: BaseException | None = None  # committed, but the fsync failed: durable ones fail
         self.committed = Event()
@@ -74,9 +77,9 @@ class Batch:
 class Request:
     """A submitted function's result; `wait` returns it once its batch is committed (and synced)."""
 
-    __slots__ = ("batch", "fn", "args", "durable", "grows", "result", "error")
+    __slots__ = ("batch", "fn", "args", "durable", "grows", "result", "error", "atomic")
 
-    def __init__(self, batch: Batch, fn, args, durable: bool, grows: bool):
+    def __init__(self, batch: Batch, fn, args, durable: bool, grows: bool, atomic: Atomic | None = None):
         self.batch = batch
         self.fn = fn
         self.args = args
@@ -84,9 +87,18 @@ class Request:
         self.grows = grows
         self.result = None
         self.error: BaseException | None = None  # its own failure (a push refused on a full disk)
+        self.atomic = atomic  # the EXEC it belongs to, if any
 
     def wait(self):
         batch = self.batch
+        if batch.held:
+            # Inside an EXEC: its result now, without yielding (which would commit the batch
+            # half-way); the EXEC's own reply waits for the commit (Atomic.wait).
+            if batch.error is not None:
+                raise batch.error
+            if self.error is not None:
+                raise self.error
+            return self.result
         if self.durable:
             batch.synced.wait()
             if batch.sync_error is not None:
@@ -98,6 +110,36 @@ class Request:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+class Atomic:
+    """One EXEC: what it submits commits in one transaction, or not at all.
+
+    Its batch is held open while the EXEC runs (a read inside it answers at once instead
+    of waiting for a commit), so nothing else can commit part of it; `wait` then waits
+    for that batch like any request. Its `error` is set when the batch rolled back or
+    when a full disk refused it whole: every reply of the EXEC is then that error.
+    """
+
+    __slots__ = ("batch", "durable", "error")
+
+    def __init__(self):
+        self.batch: Batch | None = None  # the batch of its first request
+        self.durable = False
+        self.error: BaseException | None = None
+
+    def wait(self) -> BaseException | None:
+        """After the EXEC ran: wait for its batch; the error that undid it all, or None."""
+        batch = self.batch
+        if batch is None:
+            return self.error  # it submitted nothing (or failed before its first request)
+        if self.durable:
+            batch.synced.wait()
+            if batch.sync_error is not None:
+                return batch.sync_error
+        else:
+            batch.committed.wait()
+        return self.error or batch.error
 
 
 class Syncer:
@@ -172,6 +214,7 @@ class Writer:
         self._after_batch = after_batch or (lambda ok: None)
         self._loop = get_hub().loop
         self._batch: Batch | None = None  # the open transaction of this loop turn
+        self._atomic: Atomic | None = None  # the EXEC running now (see `atomic`)
         self._to_sync: Batch | None = None  # committed, its inline fsync in the next callback
         self._stopping = False
         self._fsync_durable = fsync_durable
@@ -204,10 +247,15 @@ class Writer:
         """
         if self._stopping:
             raise errors.err("server is shutting down")
+        atomic = self._atomic
+        if atomic is not None and atomic.error is not None:
+            raise atomic.error  # an earlier command of this EXEC rolled the batch back: none applies
         batch = self._batch or self._open_batch()
+        if atomic is not None and atomic.batch is not batch:
+            self._hold(atomic, batch)
         if grows and self.disk_full:
             self._refuse_growth()
-        request = Request(batch, fn, args, durable, grows)
+        request = Request(batch, fn, args, durable, grows, atomic)
         try:
             request.result = fn(*args)
         except errors.CommandError:
@@ -218,7 +266,40 @@ class Writer:
         batch.requests.append(request)
         if durable:
             batch.durable = True
+            if atomic is not None:
+                atomic.durable = True
         return request
+
+    @contextmanager
+    def atomic(self):
+        """Everything submitted inside (one EXEC) commits in one transaction, or not at all.
+
+        The batch is held open until the block ends, and a request's `wait` inside it
+        returns its result at once: a read in the middle of an EXEC no longer commits
+        the commands before it on their own. Nothing inside may wait for a commit
+        (`barrier` refuses): BACKUP is refused inside MULTI (commands/connection.py).
+        Yields the Atomic, whose `wait` the EXEC's reply waits on.
+        """
+        if self._atomic is not None:
+            raise errors.err("EXEC inside EXEC")  # a bug: the command table never nests them
+        atomic = self._atomic = Atomic()
+        try:
+            yield atomic
+        finally:
+            self._atomic = None
+            batch = atomic.batch
+            if batch is not None and batch.held:
+                batch.held = False
+                if batch is self._batch:
+                    self._loop.run_callback(self._end_turn, batch)  # should the turn's callback have run
+
+    def _hold(self, atomic: Atomic, batch: Batch) -> None:
+        if atomic.batch is not None:  # its batch rolled back and another opened: refuse the rest
+            atomic.error = atomic.batch.error or errors.storage_failed("the EXEC's transaction ended early")
+            raise atomic.error
+        atomic.batch = batch
+        batch.held = True
+        batch.atomics.append(atomic)
 
     def call(self, fn, *args, durable: bool = True):
         """Submit and wait: the result of `fn(*args)` once its batch committed."""
@@ -227,6 +308,8 @@ class Writer:
     def barrier(self) -> None:
         """Wait until everything submitted before this call has committed (or rolled back):
         work done off the writer (a backup) then sees every write sent before it."""
+        if self._atomic is not None:
+            raise errors.err("cannot wait for a commit inside EXEC")  # it would wait for itself
         self.submit(lambda: None, durable=False).batch.committed.wait()
 
     def pending(self) -> int:
@@ -268,6 +351,8 @@ class Writer:
         """On the hub, after every greenlet that ran this turn: commit, wake, fsync."""
         if batch is not self._batch:
             return  # rolled back already
+        if batch.held:
+            return  # an EXEC that yielded is still running: `atomic` ends the turn after it
         self._batch = None
         started = time.perf_counter()
         try:
@@ -354,7 +439,14 @@ class Writer:
             self._on_rollback()  # the broker's caches as on disk again
             self._after_batch(False)  # readers the rolled-back pushes served learn it now
             self.db.begin()
+            for atomic in batch.atomics:
+                # Its replies were built from what it read in the first run: run again, some
+                # could differ. It is refused whole (its pushes with the rest), never in part.
+                atomic.error = errors.storage_failed(f"disk full: the EXEC was rolled back ({exc})")
             for request in batch.requests:
+                if request.atomic is not None:
+                    request.result, request.error = None, request.atomic.error
+                    continue
                 if request.grows:
                     request.result, request.error = None, errors.DISK_FULL()
                     continue
@@ -382,6 +474,8 @@ class Writer:
         except Exception as rollback_exc:
             logger.opt(exception=rollback_exc).error("rollback failed: {}", rollback_exc)
         batch.error = errors.storage_failed(str(exc) or type(exc).__name__)
+        for atomic in batch.atomics:
+            atomic.error = batch.error
         try:
             self._on_rollback()
         except Exception as hook_exc:
