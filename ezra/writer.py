@@ -20,7 +20,8 @@ Why the SQL runs on the event loop and not on a thread: statements and a
 no-fsync commit take microseconds, while handing each batch to a thread cost
 two GIL hand-offs per statement under load. Three things leave the loop for
 native threads: checkpoints (on their own connection; the PASSIVE pass runs
-while batches go on, the short RESTART after it pauses them), slow fsyncs, and
+while batches go on, the short RESTART after it pauses them, and is skipped
+while another process's snapshot pins the WAL: it would only fail), slow fsyncs, and
 backups (BGSAVE: storage.backup_database reads on a connection of its own, see
 broker/admin.py).
 
@@ -224,6 +225,7 @@ class Writer:
         self._slow_work = ThreadPool(1)  # checkpoints: they fsync the database file
         self._checkpointing = False
         self._restart_wal = False
+        self.snapshot_held = False  # another process's read transaction pins the WAL (see _check_checkpoint)
         self._paused: Event | None = None  # set while a RESTART checkpoint runs: new batches wait
         self._batches_at_checkpoint = 0
         self.batches = 0
@@ -539,8 +541,8 @@ class Writer:
 
     def _checkpoint_done(self, done) -> None:
         self._checkpointing = False
-        self._restart_wal = True  # before the next batch: see _finish_checkpoint
-        self._check_checkpoint(done.value, "PASSIVE")
+        if self._check_checkpoint(done.value, "PASSIVE"):
+            self._restart_wal = True  # before the next batch: see _finish_checkpoint
 
     def _finish_checkpoint(self) -> None:
         """With batches paused, copy what the passive pass left and restart the WAL."""
@@ -552,19 +554,38 @@ class Writer:
             paused, self._paused = self._paused, None
             paused.set()
 
-    def _check_checkpoint(self, error: BaseException | None, mode: str) -> None:
-        """On the event loop: a checkpoint that failed for want of space starts the disk-full mode."""
-        if error is None:
-            return
-        if self.db.is_disk_full(error):
-            self._on_disk_full(f"{mode} checkpoint", error)
-        else:
-            logger.opt(exception=error).error("{} checkpoint failed (will retry): {}", mode, error)
+    def _check_checkpoint(self, outcome, mode: str) -> bool:
+        """On the event loop: True if the checkpoint copied the whole WAL. A reader's snapshot
+        (another process's open read transaction) pins the frames after it: then no RESTART
+        (it could only fail, or wait for that reader with every batch paused), PASSIVE
+        passes only, until the reader lets go. One that failed for want of space starts the
+        disk-full mode."""
+        if isinstance(outcome, BaseException):
+            if self.db.is_busy(outcome):
+                self._snapshot_held(True)
+            elif self.db.is_disk_full(outcome):
+                self._on_disk_full(f"{mode} checkpoint", outcome)
+            else:
+                logger.opt(exception=outcome).error("{} checkpoint failed (will retry): {}", mode, outcome)
+            return False
+        busy, frames, copied = outcome
+        self._snapshot_held(bool(busy) or copied < frames)
+        return not self.snapshot_held
 
-    def _checkpoint(self, mode: str) -> BaseException | None:
-        """On a thread; returns the error (handled on the loop: see _check_checkpoint)."""
+    def _snapshot_held(self, held: bool) -> None:
+        if held != self.snapshot_held:
+            self.snapshot_held = held
+            if held:
+                logger.info("a reader holds a snapshot of the database (ezra export, a BACKUP, Litestream): "
+                            "checkpoints stay PASSIVE until it lets go; the WAL ({} bytes) grows meanwhile",
+                            self.db.wal_size())
+            else:
+                logger.info("no reader holds a snapshot any more: the WAL ({} bytes) is folded in and starts "
+                            "over", self.db.wal_size())
+
+    def _checkpoint(self, mode: str):
+        """On a thread: SQLite's (busy, frames, copied), or the error (see _check_checkpoint)."""
         try:
-            self.db.checkpoint(mode)
+            return self.db.checkpoint(mode)
         except Exception as exc:
             return exc
-        return None
