@@ -95,10 +95,8 @@ class Request:
         if batch.held:
             # Inside an EXEC: its result now, without yielding (which would commit the batch
             # half-way); the EXEC's own reply waits for the commit (Atomic.wait).
-            if batch.error is not None:
-                raise batch.error
-            if self.error is not None:
-                raise self.error
+            if batch.error is not None or self.error is not None:
+                raise batch.error or self.error
             return self.result
         if self.durable:
             batch.synced.wait()
@@ -114,13 +112,8 @@ class Request:
 
 
 class Atomic:
-    """One EXEC: what it submits commits in one transaction, or not at all.
-
-    Its batch is held open while the EXEC runs (a read inside it answers at once instead
-    of waiting for a commit), so nothing else can commit part of it; `wait` then waits
-    for that batch like any request. Its `error` is set when the batch rolled back or
-    when a full disk refused it whole: every reply of the EXEC is then that error.
-    """
+    """One EXEC (see Writer.atomic). `error`: its batch rolled back, or a full disk refused
+    it whole; every reply of the EXEC is then that error."""
 
     __slots__ = ("batch", "durable", "error")
 
@@ -252,7 +245,12 @@ class Writer:
         atomic = self._atomic
         if atomic is not None and atomic.error is not None:
             raise atomic.error  # an earlier command of this EXEC rolled the batch back: none applies
-        batch = self._batch or self._open_batch()
+        try:
+            batch = self._batch or self._open_batch()
+        except errors.CommandError as exc:
+            if atomic is not None:
+                atomic.error = exc  # no transaction for this EXEC: none of the rest may commit alone
+            raise
         if atomic is not None and atomic.batch is not batch:
             self._hold(atomic, batch)
         if grows and self.disk_full:
@@ -274,14 +272,11 @@ class Writer:
 
     @contextmanager
     def atomic(self):
-        """Everything submitted inside (one EXEC) commits in one transaction, or not at all.
-
-        The batch is held open until the block ends, and a request's `wait` inside it
-        returns its result at once: a read in the middle of an EXEC no longer commits
-        the commands before it on their own. Nothing inside may wait for a commit
-        (`barrier` refuses): BACKUP is refused inside MULTI (commands/connection.py).
-        Yields the Atomic, whose `wait` the EXEC's reply waits on.
-        """
+        """Everything submitted inside (one EXEC) commits in one transaction, or not at all:
+        the batch is held open until the block ends, and a `wait` inside it returns at once
+        (a read in an EXEC no longer commits the commands before it alone). Nothing inside
+        may wait for a commit (`barrier` refuses; BACKUP is refused inside MULTI). Yields
+        the Atomic, whose `wait` the EXEC's reply waits on."""
         if self._atomic is not None:
             raise errors.err("EXEC inside EXEC")  # a bug: the command table never nests them
         atomic = self._atomic = Atomic()
