@@ -300,3 +300,59 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
     finally:
         broker.stop()
         broker.db.close()
+
+
+def test_every_kind_of_command_in_one_exec_is_one_commit(tmp_path):
+    """In-process, through the command table: reads, claims, blocking reads (which do not block in
+    an EXEC), take-overs, acks, nacks, settings and INFO in one EXEC make one commit, where each
+    read or claim used to commit the commands before it (the server's reaper, which commits on
+    its own, is not running here)."""
+    from ezra.broker import Broker
+    from ezra.commands import Deferred, dispatch
+    from ezra.config import Settings
+    from ezra.resp import ErrorReply
+    from ezra.session import ServerState, Session
+    from ezra.storage import open_database
+
+    settings = Settings(data_dir=str(tmp_path), durability="normal")
+    broker = Broker(open_database(str(tmp_path / "data")), settings)
+    session = Session(ServerState(broker, settings), "test:1", lambda event, seconds: event.wait(seconds),
+                      lambda: None)
+
+    def send(*words):
+        reply = dispatch(session, [word.encode() for word in words])
+        return reply.resolve() if type(reply) is Deferred else reply
+
+    try:
+        send("XGROUP", "CREATE", "jobs", "g", "0", "MKSTREAM")
+        for n in range(1, 5):
+            send("XADD", "jobs", f"1-{n}", "n", str(n))
+        send("XREADGROUP", "GROUP", "g", "w1", "COUNT", "2", "STREAMS", "jobs", ">")  # 1-1, 1-2 in flight
+        queued = [
+            ("XADD", "jobs", "*", "n", "5"),
+            ("XREADGROUP", "GROUP", "g", "w2", "COUNT", "1", "BLOCK", "1000", "STREAMS", "jobs", ">"),
+            ("XREADGROUP", "GROUP", "g", "w1", "STREAMS", "jobs", "0"),
+            ("XACK", "jobs", "g", "1-1"),
+            ("XNACK", "jobs", "g", "SILENT", "IDS", "1", "1-2"),
+            ("XCLAIM", "jobs", "g", "w3", "0", "1-3"),
+            ("XAUTOCLAIM", "jobs", "g", "w4", "0", "0-0"),
+            ("XPENDING", "jobs", "g"),
+            ("XRANGE", "jobs", "-", "+"),
+            ("XREAD", "COUNT", "1", "BLOCK", "1000", "STREAMS", "jobs", "0"),
+            ("XLEN", "jobs"),
+            ("XINFO", "STREAM", "jobs"),
+            ("XCFGSET", "jobs", "VISIBILITY-TIMEOUT", "30"),
+            ("INFO", "persistence"),
+            ("PING",),
+        ]
+        commits = broker.writer.batches
+        assert send("MULTI") == "OK"
+        for command in queued:
+            assert send(*command) == "QUEUED", command
+        replies = send("EXEC")
+        errors = [(command, reply) for command, reply in zip(queued, replies) if isinstance(reply, ErrorReply)]
+        assert not errors, errors
+        assert broker.writer.batches == commits + 1, f"the EXEC committed in {broker.writer.batches - commits} parts"
+    finally:
+        broker.stop()
+        broker.db.close()
