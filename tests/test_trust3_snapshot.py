@@ -59,7 +59,7 @@ def test_writes_keep_their_pace_while_a_reader_holds_a_snapshot(ezra_factory):
                "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 1),
                "wal_bytes_while_held": wal_while_held}
     # Before: one pause of ~200 ms every ~20 batches once the WAL passed its limit (~25 here).
-    assert len(slow) <= 3, f"{len(slow)} pushes took over {SLOW * 1000:.0f} ms while a reader held a " \
+    assert len(slow) <= 5, f"{len(slow)} pushes took over {SLOW * 1000:.0f} ms while a reader held a " \
                            f"snapshot: {figures}"
     assert wal_while_held > 1024 * 1024, "the reader pinned the WAL (else this test shows nothing)"
 
