@@ -117,16 +117,14 @@ class Atomic:
 
     __slots__ = ("batch", "durable", "error")
 
-    def __init__(self):
-        self.batch: Batch | None = None  # the batch of its first request
+    def __init__(self, batch: Batch):
+        self.batch = batch
         self.durable = False
         self.error: BaseException | None = None
 
     def wait(self) -> BaseException | None:
         """After the EXEC ran: wait for its batch; the error that undid it all, or None."""
         batch = self.batch
-        if batch is None:
-            return self.error  # it submitted nothing (or failed before its first request)
         if self.durable:
             batch.synced.wait()
             if batch.sync_error is not None:
@@ -245,14 +243,7 @@ class Writer:
         atomic = self._atomic
         if atomic is not None and atomic.error is not None:
             raise atomic.error  # an earlier command of this EXEC rolled the batch back: none applies
-        try:
-            batch = self._batch or self._open_batch()
-        except errors.CommandError as exc:
-            if atomic is not None:
-                atomic.error = exc  # no transaction for this EXEC: none of the rest may commit alone
-            raise
-        if atomic is not None and atomic.batch is not batch:
-            self._hold(atomic, batch)
+        batch = self._batch or self._open_batch()  # (never inside an EXEC: it opened its batch)
         if grows and self.disk_full:
             self._refuse_growth()
         request = Request(batch, fn, args, durable, grows, atomic)
@@ -277,26 +268,23 @@ class Writer:
         (a read in an EXEC no longer commits the commands before it alone). Nothing inside
         may wait for a commit (`barrier` refuses; BACKUP is refused inside MULTI). Yields
         the Atomic, whose `wait` the EXEC's reply waits on."""
+        if self._stopping:
+            raise errors.err("server is shutting down")
+        # Open first: this may wait out a checkpoint's pause, and other EXECs run meanwhile.
+        # From here on nothing yields until the block ends.
+        batch = self._batch or self._open_batch()
         if self._atomic is not None:
             raise errors.err("EXEC inside EXEC")  # a bug: the command table never nests them
-        atomic = self._atomic = Atomic()
+        atomic = self._atomic = Atomic(batch)
+        batch.held = True
+        batch.atomics.append(atomic)
         try:
             yield atomic
         finally:
             self._atomic = None
-            batch = atomic.batch
-            if batch is not None and batch.held:
-                batch.held = False
-                if batch is self._batch:
-                    self._loop.run_callback(self._end_turn, batch)  # should the turn's callback have run
-
-    def _hold(self, atomic: Atomic, batch: Batch) -> None:
-        if atomic.batch is not None:  # its batch rolled back and another opened: refuse the rest
-            atomic.error = atomic.batch.error or errors.storage_failed("the EXEC's transaction ended early")
-            raise atomic.error
-        atomic.batch = batch
-        batch.held = True
-        batch.atomics.append(atomic)
+            batch.held = False
+            if batch is self._batch:
+                self._loop.run_callback(self._end_turn, batch)  # should the turn's callback have run
 
     def call(self, fn, *args, durable: bool = True):
         """Submit and wait: the result of `fn(*args)` once its batch committed."""

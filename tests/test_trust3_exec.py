@@ -356,3 +356,33 @@ def test_every_kind_of_command_in_one_exec_is_one_commit(tmp_path):
     finally:
         broker.stop()
         broker.db.close()
+
+
+def test_two_execs_that_begin_during_a_checkpoint_pause_both_run(tmp_path):
+    """In-process: the first batch after a PASSIVE checkpoint pauses for the RESTART, which yields.
+    An EXEC that began then must not be the writer's current EXEC while it waits: a second
+    client's EXEC arriving meanwhile was refused ("EXEC inside EXEC")."""
+    import gevent
+
+    from ezra.broker import Broker
+    from ezra.config import Settings
+    from ezra.storage import open_database
+
+    broker = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path), durability="normal"))
+    writer = broker.writer
+
+    def an_exec(n: int):
+        with writer.atomic() as atomic:
+            broker.push(b"jobs", b"*", [b"n", b"%d" % n])
+            broker.length(b"jobs", False).wait()
+        return atomic.wait()
+
+    try:
+        writer._restart_wal = True  # as _checkpoint_done leaves it: the next batch waits for a RESTART
+        execs = [gevent.spawn(an_exec, n) for n in range(2)]
+        gevent.joinall(execs, raise_error=True)
+        assert [g.value for g in execs] == [None, None]
+        assert broker.length(b"jobs", False).wait() == 2
+    finally:
+        broker.stop()
+        broker.db.close()
