@@ -25,11 +25,14 @@ while another process's snapshot pins the WAL: it would only fail), slow fsyncs,
 backups (BGSAVE: storage.backup_database reads on a connection of its own, see
 broker/admin.py).
 
+An EXEC runs inside `atomic()`: the turn's batch stays open until it ends and its
+reads answer from the open transaction, so one EXEC is always one commit.
+
 A function's CommandError is validated before it writes: nothing to undo, the
 caller gets it at once. Any other error (a storage failure, a bug) rolls the
 whole batch back: every request in it is answered with a storage error. A
 commit that meets a full disk is the exception: the batch is rolled back and
-run again without its pushes, which alone are refused.
+run again without its pushes, which alone are refused (and any EXEC in it, whole).
 """
 
 from __future__ import annotations
