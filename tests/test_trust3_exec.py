@@ -120,7 +120,7 @@ def test_a_reader_of_the_file_never_sees_the_ack_without_its_results(ezra_factor
 
 
 def test_kill9_during_execs_leaves_each_exec_whole_or_absent(ezra_factory):
-    jobs, cycles = 60, 4
+    jobs, cycles = 80, 4
     server = ezra_factory()
     port_args = ["--port", str(server.port)]
     client = server.client()
@@ -131,12 +131,13 @@ def test_kill9_during_execs_leaves_each_exec_whole_or_absent(ezra_factory):
     rng = random.Random(21)
     cut: list[bytes] = []  # jobs whose EXEC the kill cut off before its reply
     for cycle in range(cycles):
-        client = server.client(3 if cycle % 2 else 2)
-        pending = claim_jobs(client, jobs)
+        protocol = 3 if cycle % 2 else 2
+        pending = claim_jobs(server.client(protocol), jobs)
         stop = threading.Event()
 
-        def run_execs():
-            for job_id in pending:
+        def run_execs(job_ids: list[bytes]):
+            client = server.client(protocol)  # each thread its connection: their EXECs share batches
+            for job_id in job_ids:
                 if stop.is_set():
                     return
                 try:
@@ -147,14 +148,16 @@ def test_kill9_during_execs_leaves_each_exec_whole_or_absent(ezra_factory):
                 replied.add(job_id)
 
         before = len(replied)
-        thread = threading.Thread(target=run_execs, daemon=True)
-        thread.start()
-        wait_until(lambda: len(replied) >= before + 1 or not thread.is_alive(), 120,
-                   message=f"an EXEC to finish in cycle {cycle}")
-        time.sleep(rng.uniform(0, 0.08))  # to land the kill anywhere in the next EXEC
+        threads = [threading.Thread(target=run_execs, args=(pending[half::2],), daemon=True) for half in (0, 1)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(replied) >= before + 2 or not any(t.is_alive() for t in threads), 120,
+                   message=f"EXECs to finish in cycle {cycle}")
+        time.sleep(rng.uniform(0, 0.08))  # to land the kill anywhere in the next EXECs
         server.kill9()
         stop.set()
-        thread.join(30)
+        for thread in threads:
+            thread.join(30)
         whole, torn = exec_outcomes(server.data_dir / "ezra.db")
         assert not torn, f"cycle {cycle}: EXECs neither whole nor absent (job: done, results): {torn}"
         assert replied <= whole, f"replied EXECs missing after the kill: {sorted(replied - whole)[:3]}"
