@@ -20,21 +20,26 @@ Why the SQL runs on the event loop and not on a thread: statements and a
 no-fsync commit take microseconds, while handing each batch to a thread cost
 two GIL hand-offs per statement under load. Three things leave the loop for
 native threads: checkpoints (on their own connection; the PASSIVE pass runs
-while batches go on, the short RESTART after it pauses them), slow fsyncs, and
+while batches go on, the short RESTART after it pauses them, and is skipped
+while another process's snapshot pins the WAL: it would only fail), slow fsyncs, and
 backups (BGSAVE: storage.backup_database reads on a connection of its own, see
 broker/admin.py).
+
+An EXEC runs inside `atomic()`: the turn's batch stays open until it ends and its
+reads answer from the open transaction, so one EXEC is always one commit.
 
 A function's CommandError is validated before it writes: nothing to undo, the
 caller gets it at once. Any other error (a storage failure, a bug) rolls the
 whole batch back: every request in it is answered with a storage error. A
 commit that meets a full disk is the exception: the batch is rolled back and
-run again without its pushes, which alone are refused.
+run again without its pushes, which alone are refused (and any EXEC in it, whole).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 
 import gevent
 from gevent import get_hub
@@ -60,11 +65,13 @@ WAL_SIZE_EVERY = 16  # batches between two looks at the WAL's size (an fstat eac
 class Batch:
     """One loop turn's transaction: its requests commit, or fail, together."""
 
-    __slots__ = ("requests", "durable", "error", "sync_error", "committed", "synced")
+    __slots__ = ("requests", "durable", "error", "sync_error", "committed", "synced", "held", "atomics")
 
     def __init__(self):
         self.requests: list[Request] = []  # kept to run again should the commit meet a full disk
         self.durable = False  # holds a request answered only after an fsync
+        self.held = False  # an Atomic (EXEC) is running in it: it does not commit yet
+        self.atomics: list[Atomic] = []  # the EXECs in it: all or nothing, even on a full disk
         self.error: BaseException | None = None       # rolled back: every request fails
         self.sync_error: BaseException | None = None  # committed, but the fsync failed: durable ones fail
         self.committed = Event()
@@ -74,9 +81,9 @@ class Batch:
 class Request:
     """A submitted function's result; `wait` returns it once its batch is committed (and synced)."""
 
-    __slots__ = ("batch", "fn", "args", "durable", "grows", "result", "error")
+    __slots__ = ("batch", "fn", "args", "durable", "grows", "result", "error", "atomic")
 
-    def __init__(self, batch: Batch, fn, args, durable: bool, grows: bool):
+    def __init__(self, batch: Batch, fn, args, durable: bool, grows: bool, atomic: Atomic | None = None):
         self.batch = batch
         self.fn = fn
         self.args = args
@@ -84,9 +91,16 @@ class Request:
         self.grows = grows
         self.result = None
         self.error: BaseException | None = None  # its own failure (a push refused on a full disk)
+        self.atomic = atomic  # the EXEC it belongs to, if any
 
     def wait(self):
         batch = self.batch
+        if batch.held:
+            # Inside an EXEC: its result now, without yielding (which would commit the batch
+            # half-way); the EXEC's own reply waits for the commit (Atomic.wait).
+            if batch.error is not None or self.error is not None:
+                raise batch.error or self.error
+            return self.result
         if self.durable:
             batch.synced.wait()
             if batch.sync_error is not None:
@@ -98,6 +112,29 @@ class Request:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+class Atomic:
+    """One EXEC (see Writer.atomic). `error`: its batch rolled back, or a full disk refused
+    it whole; every reply of the EXEC is then that error."""
+
+    __slots__ = ("batch", "durable", "error")
+
+    def __init__(self, batch: Batch):
+        self.batch = batch
+        self.durable = False
+        self.error: BaseException | None = None
+
+    def wait(self) -> BaseException | None:
+        """After the EXEC ran: wait for its batch; the error that undid it all, or None."""
+        batch = self.batch
+        if self.durable:
+            batch.synced.wait()
+            if batch.sync_error is not None:
+                return batch.sync_error
+        else:
+            batch.committed.wait()
+        return self.error or batch.error
 
 
 class Syncer:
@@ -172,6 +209,7 @@ class Writer:
         self._after_batch = after_batch or (lambda ok: None)
         self._loop = get_hub().loop
         self._batch: Batch | None = None  # the open transaction of this loop turn
+        self._atomic: Atomic | None = None  # the EXEC running now (see `atomic`)
         self._to_sync: Batch | None = None  # committed, its inline fsync in the next callback
         self._stopping = False
         self._fsync_durable = fsync_durable
@@ -181,6 +219,7 @@ class Writer:
         self._slow_work = ThreadPool(1)  # checkpoints: they fsync the database file
         self._checkpointing = False
         self._restart_wal = False
+        self.snapshot_held = False  # another process's read transaction pins the WAL (see _check_checkpoint)
         self._paused: Event | None = None  # set while a RESTART checkpoint runs: new batches wait
         self._batches_at_checkpoint = 0
         self.batches = 0
@@ -204,10 +243,13 @@ class Writer:
         """
         if self._stopping:
             raise errors.err("server is shutting down")
-        batch = self._batch or self._open_batch()
+        atomic = self._atomic
+        if atomic is not None and atomic.error is not None:
+            raise atomic.error  # an earlier command of this EXEC rolled the batch back: none applies
+        batch = self._batch or self._open_batch()  # (never inside an EXEC: it opened its batch)
         if grows and self.disk_full:
             self._refuse_growth()
-        request = Request(batch, fn, args, durable, grows)
+        request = Request(batch, fn, args, durable, grows, atomic)
         try:
             request.result = fn(*args)
         except errors.CommandError:
@@ -218,7 +260,34 @@ class Writer:
         batch.requests.append(request)
         if durable:
             batch.durable = True
+            if atomic is not None:
+                atomic.durable = True
         return request
+
+    @contextmanager
+    def atomic(self):
+        """Everything submitted inside (one EXEC) commits in one transaction, or not at all:
+        the batch is held open until the block ends, and a `wait` inside it returns at once
+        (a read in an EXEC no longer commits the commands before it alone). Nothing inside
+        may wait for a commit (`barrier` refuses; BACKUP is refused inside MULTI). Yields
+        the Atomic, whose `wait` the EXEC's reply waits on."""
+        if self._stopping:
+            raise errors.err("server is shutting down")
+        # Open first: this may wait out a checkpoint's pause, and other EXECs run meanwhile.
+        # From here on nothing yields until the block ends.
+        batch = self._batch or self._open_batch()
+        if self._atomic is not None:
+            raise errors.err("EXEC inside EXEC")  # a bug: the command table never nests them
+        atomic = self._atomic = Atomic(batch)
+        batch.held = True
+        batch.atomics.append(atomic)
+        try:
+            yield atomic
+        finally:
+            self._atomic = None
+            batch.held = False
+            if batch is self._batch:
+                self._loop.run_callback(self._end_turn, batch)  # should the turn's callback have run
 
     def call(self, fn, *args, durable: bool = True):
         """Submit and wait: the result of `fn(*args)` once its batch committed."""
@@ -227,6 +296,8 @@ class Writer:
     def barrier(self) -> None:
         """Wait until everything submitted before this call has committed (or rolled back):
         work done off the writer (a backup) then sees every write sent before it."""
+        if self._atomic is not None:
+            raise errors.err("cannot wait for a commit inside EXEC")  # it would wait for itself
         self.submit(lambda: None, durable=False).batch.committed.wait()
 
     def pending(self) -> int:
@@ -268,6 +339,8 @@ class Writer:
         """On the hub, after every greenlet that ran this turn: commit, wake, fsync."""
         if batch is not self._batch:
             return  # rolled back already
+        if batch.held:
+            return  # an EXEC that yielded is still running: `atomic` ends the turn after it
         self._batch = None
         started = time.perf_counter()
         try:
@@ -354,7 +427,14 @@ class Writer:
             self._on_rollback()  # the broker's caches as on disk again
             self._after_batch(False)  # readers the rolled-back pushes served learn it now
             self.db.begin()
+            for atomic in batch.atomics:
+                # Its replies were built from what it read in the first run: run again, some
+                # could differ. It is refused whole (its pushes with the rest), never in part.
+                atomic.error = errors.storage_failed(f"disk full: the EXEC was rolled back ({exc})")
             for request in batch.requests:
+                if request.atomic is not None:
+                    request.result, request.error = None, request.atomic.error
+                    continue
                 if request.grows:
                     request.result, request.error = None, errors.DISK_FULL()
                     continue
@@ -382,6 +462,8 @@ class Writer:
         except Exception as rollback_exc:
             logger.opt(exception=rollback_exc).error("rollback failed: {}", rollback_exc)
         batch.error = errors.storage_failed(str(exc) or type(exc).__name__)
+        for atomic in batch.atomics:
+            atomic.error = batch.error
         try:
             self._on_rollback()
         except Exception as hook_exc:
@@ -445,8 +527,8 @@ class Writer:
 
     def _checkpoint_done(self, done) -> None:
         self._checkpointing = False
-        self._restart_wal = True  # before the next batch: see _finish_checkpoint
-        self._check_checkpoint(done.value, "PASSIVE")
+        if self._check_checkpoint(done.value, "PASSIVE"):
+            self._restart_wal = True  # before the next batch: see _finish_checkpoint
 
     def _finish_checkpoint(self) -> None:
         """With batches paused, copy what the passive pass left and restart the WAL."""
@@ -458,19 +540,38 @@ class Writer:
             paused, self._paused = self._paused, None
             paused.set()
 
-    def _check_checkpoint(self, error: BaseException | None, mode: str) -> None:
-        """On the event loop: a checkpoint that failed for want of space starts the disk-full mode."""
-        if error is None:
-            return
-        if self.db.is_disk_full(error):
-            self._on_disk_full(f"{mode} checkpoint", error)
-        else:
-            logger.opt(exception=error).error("{} checkpoint failed (will retry): {}", mode, error)
+    def _check_checkpoint(self, outcome, mode: str) -> bool:
+        """On the event loop: True if the checkpoint copied the whole WAL. A reader's snapshot
+        (another process's open read transaction) pins the frames after it: then no RESTART
+        (it could only fail, or wait for that reader with every batch paused), PASSIVE
+        passes only, until the reader lets go. One that failed for want of space starts the
+        disk-full mode."""
+        if isinstance(outcome, BaseException):
+            if self.db.is_busy(outcome):
+                self._snapshot_held(True)
+            elif self.db.is_disk_full(outcome):
+                self._on_disk_full(f"{mode} checkpoint", outcome)
+            else:
+                logger.opt(exception=outcome).error("{} checkpoint failed (will retry): {}", mode, outcome)
+            return False
+        busy, frames, copied = outcome
+        self._snapshot_held(bool(busy) or copied < frames)
+        return not self.snapshot_held
 
-    def _checkpoint(self, mode: str) -> BaseException | None:
-        """On a thread; returns the error (handled on the loop: see _check_checkpoint)."""
+    def _snapshot_held(self, held: bool) -> None:
+        if held != self.snapshot_held:
+            self.snapshot_held = held
+            if held:
+                logger.info("a reader holds a snapshot of the database (ezra export, a BACKUP, Litestream): "
+                            "checkpoints stay PASSIVE until it lets go; the WAL ({} bytes) grows meanwhile",
+                            self.db.wal_size())
+            else:
+                logger.info("no reader holds a snapshot any more: the WAL ({} bytes) is folded in and starts "
+                            "over", self.db.wal_size())
+
+    def _checkpoint(self, mode: str):
+        """On a thread: SQLite's (busy, frames, copied), or the error (see _check_checkpoint)."""
         try:
-            self.db.checkpoint(mode)
+            return self.db.checkpoint(mode)
         except Exception as exc:
             return exc
-        return None

@@ -66,11 +66,14 @@ def multi(session, args):
 def exec_(session, args):
     """EXEC: run the queued commands in order; an array of their replies.
 
-    They are submitted to the writer one after the other without yielding, so
-    pushes, acks and nacks land in one batch: one SQLite transaction, all or
-    nothing on disk, with no other client's command between them. A read
-    (XREADGROUP, XRANGE...) waits for its batch, so commands after it commit in the
-    next one. As in Redis, a command that fails at run time does not undo the others.
+    They run in one writer transaction (Writer.atomic), with no other client's
+    command between them: every write of the EXEC commits together or not at
+    all, for a crash and for any reader of the file alike, whatever it holds (a
+    read in it answers at once from the open transaction; a blocking read does
+    not block, as in Redis). As in Redis, a command that fails at run time
+    answers its error and the others still apply; only a storage failure (or a
+    full disk met at the commit) undoes the whole EXEC, and then every reply in
+    it is that error. BACKUP, which waits for a commit, is refused at queue time.
     """
     if session.queued is None:
         raise errors.err("EXEC without MULTI")
@@ -80,19 +83,28 @@ def exec_(session, args):
         raise errors.EXECABORT
     session.in_exec = True
     try:
-        replies = [run(session, fn, queued_args) for fn, queued_args in queued]
+        with session.server.broker.writer.atomic() as atomic:
+            replies = [run(session, fn, queued_args) for fn, queued_args in queued]
     finally:
         session.in_exec = False
-    return Deferred(AllReplies(replies))
+    return Deferred(AllReplies(replies, atomic))
 
 
 class AllReplies:
-    """EXEC's replies, resolved in order once their batches committed (Deferred's request)."""
+    """EXEC's replies once its transaction committed (Deferred's request): every one an
+    error if it rolled back."""
 
-    def __init__(self, replies: list):
+    durable = False  # counted as a read by the connection (may_be_large): it may be one
+
+    def __init__(self, replies: list, atomic):
         self.replies = replies
+        self.atomic = atomic
 
     def wait(self) -> list:
+        undone = self.atomic.wait()
+        if undone is not None:
+            error = undone.as_reply() if isinstance(undone, ErrorReply) else errors.storage_failed(str(undone))
+            return [error] * len(self.replies)
         resolved = []
         for reply in self.replies:
             if type(reply) is Deferred:

@@ -37,6 +37,9 @@ class Deferred:
 COMMANDS: dict[bytes, tuple] = {}  # NAME -> (handler, arity, name in lower case)
 NO_AUTH_NEEDED = {b"AUTH", b"HELLO", b"QUIT"}
 RUN_INSIDE_MULTI = {b"EXEC", b"DISCARD", b"MULTI", b"QUIT"}  # the rest is queued until EXEC
+# ...but not these: an EXEC is one open transaction, and they wait for a commit (BACKUP copies
+# what has committed). Refused at queue time, so the EXEC answers EXECABORT.
+NOT_INSIDE_MULTI = {b"BACKUP"}
 QUEUED = SimpleString("QUEUED")
 # What one connection may hold between MULTI and EXEC. EXEC runs its commands with no other
 # client's command between them, so every other client waits for the whole EXEC: measured,
@@ -74,6 +77,9 @@ def dispatch(session, args: list[bytes]):
             raise errors.wrong_arity(lower)
         if not session.authenticated and name not in NO_AUTH_NEEDED:
             raise errors.NOAUTH
+        if session.queued is not None and name in NOT_INSIDE_MULTI:
+            raise errors.err(f"{lower.upper()} is not allowed inside MULTI: an EXEC is one transaction and "
+                             f"{lower.upper()} waits for a commit; send it on its own, after the EXEC")
         if session.queued is not None and name not in RUN_INSIDE_MULTI:
             session.queued_bytes += sum(len(arg) for arg in args)
             if len(session.queued) >= MAX_QUEUED_COMMANDS or session.queued_bytes > MAX_QUEUED_BYTES:

@@ -22,7 +22,9 @@ from loguru import logger
 from .. import lifecycle
 from .schema import SETTING_COLUMNS, encode_fields, name_value
 
-CHECKPOINT_WAIT_MS = 200
+# A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
+# Litestream) made each RESTART wait this out and fail, with every write paused meanwhile.
+CHECKPOINT_WAIT_MS = 0
 RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still commit on a full disk
 DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--disk-reserve), which servers use
 
@@ -145,18 +147,25 @@ class Database:
             return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
         return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
-    def checkpoint(self, mode: str = "PASSIVE") -> None:
-        """Copy committed WAL frames into the database file (both fsynced), on a thread.
+    def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
+        """Copy committed WAL frames into the database file (both fsynced), on a thread;
+        SQLite's (busy, frames in the WAL, frames copied).
 
         Its own connection: PASSIVE never blocks the writer, which keeps
         committing meanwhile. RESTART (run while the writer pauses) copies the
         few frames left and makes the next commit start the WAL over, so the
-        file stops growing.
+        file stops growing. Neither waits for readers (CHECKPOINT_WAIT_MS): a
+        reader's snapshot leaves frames uncopied (PASSIVE) or busy = 1 (RESTART).
         """
         if self._checkpointer is None:
             self._checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._checkpointer.execute(f"PRAGMA busy_timeout = {CHECKPOINT_WAIT_MS}")
-        self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+        return tuple(self._checkpointer.execute(f"PRAGMA wal_checkpoint({mode})").fetchone())
+
+    @staticmethod
+    def is_busy(exc: BaseException) -> bool:
+        """True for SQLITE_BUSY: a checkpoint that would have had to wait for a reader."""
+        return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
 
     def incremental_vacuum_enabled(self) -> bool:
         return self.conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
