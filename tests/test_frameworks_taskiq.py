@@ -11,30 +11,12 @@ import time
 import pytest
 
 from conftest import wait_until
-from frameworks.harness import Workers, app_env, counts, framework_python, produce
-from support import Row, configure, dist_version, record_worker_libs
+from frameworks.harness import app_env, blocked, compat_json, counts, produce, python, workers  # noqa: F401 (fixtures)
+from support import Row, configure, dist_version
 
-pytestmark = pytest.mark.slow  # framework workers in their own venv
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("compat_json")]  # framework workers in their own venv
 
 LEASE = "2"  # the queue's visibility timeout, seconds: the tasks below run longer
-
-
-@pytest.fixture(scope="module")
-def python():
-    return framework_python()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compat_json():
-    yield
-    record_worker_libs()  # the rows below, in build/compat/worker_libs.json (scripts/compat_table.py)
-
-
-@pytest.fixture
-def workers(tmp_path):
-    started = Workers(tmp_path)
-    yield started
-    started.kill_all()
 
 
 @pytest.fixture
@@ -44,10 +26,6 @@ def server(ezra_factory):
 
 def taskiq_worker(workers, python, env, processes: int):
     return workers.start([python, "-m", "taskiq", "worker", "taskiq_app:broker", "--workers", str(processes)], env)
-
-
-def blocked(client) -> int:
-    return client.info("clients")["blocked_clients"]
 
 
 def test_tasks_longer_than_the_lease_run_once_each(server, queue, python, workers):

@@ -12,9 +12,10 @@ URL = f"redis://127.0.0.1:{PORT}"
 
 
 def line(word: str, n) -> None:
-    """'<WORD> <n> <pid>' in one write(): a worker's processes share one log file."""
+    """"<WORD> <n> <pid>" in one write() to fd 1 (Celery replaces sys.stdout with a logger):
+    a worker's processes share one log file."""
     sys.stdout.flush()
-    os.write(sys.stdout.fileno(), b"%s %d %d\n" % (word.encode(), n, os.getpid()))
+    os.write(sys.__stdout__.fileno(), b"%s %d %d\n" % (word.encode(), n, os.getpid()))
 
 
 def report(**summary) -> None:

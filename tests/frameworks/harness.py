@@ -9,8 +9,10 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, wait_until
-from support import python_venv, run_json
+from support import python_venv, record_worker_libs, run_json
 
 APPS = Path(__file__).resolve().parent
 # The versions the docs name; ezra's extras (setup.cfg) ask for the same.
@@ -94,3 +96,30 @@ def counts(client, queue: str) -> dict:
     reply = client.execute_command("XINFO", "STREAM", queue)
     fields = dict(zip(reply[::2], reply[1::2]))
     return {key.decode(): fields[key] for key in (b"available", b"delayed", b"in-flight", b"done", b"dead")}
+
+
+# ---------------------------------------------------------------- fixtures the test modules import
+
+@pytest.fixture(scope="module")
+def python():
+    """The venv's interpreter (skips, with pip's reason, when it cannot be made)."""
+    return framework_python()
+
+
+@pytest.fixture
+def workers(tmp_path):
+    """workers.start(command, env): a Worker; whatever still runs is killed (SIGKILL) at the end."""
+    started = Workers(tmp_path)
+    yield started
+    started.kill_all()
+
+
+@pytest.fixture(scope="module")
+def compat_json():
+    """A module's Row()s land in build/compat/worker_libs.json (scripts/compat_table.py)."""
+    yield
+    record_worker_libs()
+
+
+def blocked(client) -> int:
+    return client.info("clients")["blocked_clients"]
