@@ -22,9 +22,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("compat_json")]  # frame
 LEASE = 3  # seconds: the queue's visibility timeout in the tests that wait for it
 
 
-def celery_worker(workers, python, env, pool: str, concurrency: int = 2):
+def celery_worker(workers, python, env, pool: str, concurrency: int = 2, *more: str):
     command = [python, "-m", "celery", "-A", "celery_app", "worker", "--pool", pool, "--concurrency",
-               str(concurrency), "--loglevel", "info", "--without-heartbeat"]
+               str(concurrency), "--loglevel", "info", *more]
     return workers.start(command, env)
 
 
@@ -41,14 +41,16 @@ def once(worker_lines: list[tuple[int, int]], n: int) -> None:
 @pytest.mark.parametrize("pool", ["prefork", "solo"])
 def test_500_tasks_run_exactly_once(ezra_factory, queue, python, workers, pool):
     """500 tasks through `celery worker`: each run once, all acked, nothing pending or dead; the
-    idle worker waits in one blocking XREADGROUP."""
+    idle worker waits in one blocking XREADGROUP. The solo worker runs with -E (events): they
+    are dropped with a warning, no queue made for them; remote control is left out by Celery."""
     server = ezra_factory()
     client = server.client()
     row = Row(f"Celery (Python, ezra.celery transport, {pool} pool)",
               f"{dist_version(python, 'celery')} (kombu {dist_version(python, 'kombu')})")
     env = app_env(server, queue)
-    worker = celery_worker(workers, python, env, pool)
+    worker = celery_worker(workers, python, env, pool, 2, *(["--events"] if pool == "solo" else []))
     ready(worker, client)
+    assert "pidbox" not in worker.output() and "mingle" not in worker.output().lower(), worker.output()[-3000:]
     commands = client.info("stats")["total_commands_processed"]
     assert produce(python, "celery_app", "produce(500)", env) == {"pushed": 500}
     wait_until(lambda: len(worker.lines("DONE")) >= 500 and counts(client, queue)["done"] == 500, 120,
@@ -61,6 +63,8 @@ def test_500_tasks_run_exactly_once(ezra_factory, queue, python, workers, pool):
     assert used < 3 * 500, f"{used} commands for 500 tasks: XADD and XACK each, and a read per batch"
     wait_until(lambda: blocked(client) == 1, 10, message="the idle worker back in its blocking read")
     assert len(client.info("queues")) == 1, "no other queue (events, remote control)"
+    if pool == "solo":
+        assert "exchange 'celeryev' (Celery's events or remote control) was dropped" in worker.output()
     client.close()
     row.done("works", "shipped in the package (pip install 'ezra[celery]', import ezra.celery, "
                       "broker='ezra://host:port'): 500 tasks each ran once; the idle worker waits in one "
