@@ -173,3 +173,18 @@ def test_a_graceful_shutdown_loses_nothing(ezra_factory, queue, python, workers)
     once(first.lines("DONE") + second.lines("DONE"), 40)
     assert counts(client, queue)["dead"] == 0
     client.close()
+
+
+def test_ezras_speaks_tls(ezra_factory, certificates, queue, python, workers):
+    """ezras:// with broker_use_ssl's CA: the worker and the producer connect over TLS."""
+    server = ezra_factory("--tls-cert-file", str(certificates / "server.pem"),
+                          "--tls-key-file", str(certificates / "server.key"))
+    client = server.client(ssl=True, ssl_ca_certs=str(certificates / "ca.pem"))
+    env = app_env(server, queue, TLS_CA=str(certificates / "ca.pem"))
+    worker = celery_worker(workers, python, env, "solo")
+    ready(worker, client)
+    assert "ezras://" in worker.output()
+    produce(python, "celery_app", "produce(5)", env)
+    wait_until(lambda: counts(client, queue)["done"] == 5, 30, message=f"5 tasks done over TLS ({worker.log})")
+    once(worker.lines("DONE"), 5)
+    client.close()

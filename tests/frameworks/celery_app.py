@@ -1,6 +1,6 @@
 """A Celery app on ezra.celery: `celery -A celery_app worker`; produce.py-style calls push.
 
-Environment: EZRA_PORT, QUEUE; PASSWORD (in the URL); STYLE=setting (broker_transport, no
+Environment: EZRA_PORT, QUEUE; PASSWORD (in the URL); TLS_CA (ezras://, verified with it); STYLE=setting (broker_transport, no
 import) or import (the default: `import ezra.celery`, broker="ezra://..."); ACKS_LATE=1
 (acks_late, task_reject_on_worker_lost, task_acks_on_failure_or_timeout=False); VT (the
 visibility_timeout transport option); SLOW (overrides the seconds of `work`, for a rerun).
@@ -15,7 +15,8 @@ from celery import Celery
 from common import PORT, QUEUE, line, report
 
 password = os.environ.get("PASSWORD")
-url = f"ezra://{':' + password + '@' if password else ''}127.0.0.1:{PORT}"
+scheme = "ezras" if os.environ.get("TLS_CA") else "ezra"
+url = f"{scheme}://{':' + password + '@' if password else ''}127.0.0.1:{PORT}"
 if os.environ.get("STYLE") == "setting":
     app = Celery("celery_app")
     app.conf.broker_url = url
@@ -25,6 +26,8 @@ else:
     app = Celery("celery_app", broker=url)
 
 app.conf.task_default_queue = QUEUE
+if os.environ.get("TLS_CA"):
+    app.conf.broker_use_ssl = {"ssl_ca_certs": os.environ["TLS_CA"], "ssl_cert_reqs": "required"}
 app.conf.broker_connection_retry_on_startup = True
 if os.environ.get("VT"):
     app.conf.broker_transport_options = {"visibility_timeout": float(os.environ["VT"])}
