@@ -5,7 +5,8 @@ README's "## Compatibility" section (the same text).
 tests/test_clients.py writes build/compat/clients.json (client, version, protocol,
 settings, status per case), tests/test_worker_libs.py, tests/test_worker_libs_trim.py and
 tests/test_worker_libs_xread.py write build/compat/worker_libs.json (library, version,
-status, notes) and tests/test_parity.py writes build/compat/parity.json (redis-server
+status, notes; so do tests/test_frameworks_*.py, for the brokers EZRA ships) and
+tests/test_parity.py writes build/compat/parity.json (redis-server
 version, scenarios, graduation, intended differences with both replies).
 
     python -m pytest tests/test_clients.py tests/test_worker_libs.py tests/test_worker_libs_trim.py \

@@ -1,0 +1,209 @@
+"""Dramatiq on EZRA: `EzraBroker`, a dramatiq Broker over EZRA's queue commands.
+
+    import dramatiq
+    from ezra.dramatiq import EzraBroker
+    dramatiq.set_broker(EzraBroker(url="redis://127.0.0.1:42002"))
+
+`pip install 'ezra[dramatiq]'`. What maps to what (docs/dramatiq.md tells it for users):
+
+    actor.send() / enqueue      XADD queue * message <dramatiq's encoded message>
+    enqueue(delay=ms)           XADD queue DELAY <s> ... (EZRA holds it; no delay queue, no eta)
+    the consumer waiting        XREADGROUP GROUP dramatiq <consumer> COUNT <prefetch left>
+                                BLOCK <worker timeout> STREAMS queue >
+    ack                         XACK
+    nack (failed for good)      XNACK FATAL: the dead queue
+    requeue (worker shutdown)   XNACK SILENT: back, no attempt counted
+    a task held long            its lease renewed (ezra/framework_leases.py)
+
+Dramatiq's Retries middleware works unchanged: a retry is a new push with a delay, and a
+message out of retries is nacked, so it ends in `queue::dead`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+
+import redis
+from dramatiq.broker import Broker, Consumer, MessageProxy
+from dramatiq.errors import ConnectionClosed
+from dramatiq.logging import get_logger
+from dramatiq.message import Message
+
+from .framework_leases import LeaseKeeper, visibility_timeout
+
+GROUP = "dramatiq"     # accepted and ignored by EZRA (one implicit group per queue)
+FIELD = b"message"     # the one field of a task: dramatiq's encoded message
+READ_MARGIN = 10.0     # seconds the socket waits beyond a blocking read
+
+
+def delay_seconds(delay_ms) -> str:
+    """XADD DELAY's seconds for dramatiq's milliseconds, rounded up to EZRA's millisecond."""
+    return repr(math.ceil(delay_ms) / 1000)
+
+
+class EzraMessage(MessageProxy):
+    """A delivered message and the id of its task on EZRA."""
+
+    def __init__(self, message: Message, task_id: str) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+
+class EzraBroker(Broker):
+    """A dramatiq broker for an EZRA server: `url` as redis-py's (redis://[:password@]host:port, rediss://)."""
+
+    def __init__(self, *, url: str = "redis://127.0.0.1:42002", middleware=None, **client_options) -> None:
+        super().__init__(middleware=middleware)
+        self.url, self.client_options = url, client_options
+        self.client = self.connect()
+        self.queues: set[str] = set()
+
+    def connect(self, block_seconds: float = 0.0) -> redis.Redis:
+        options = {"socket_timeout": block_seconds + READ_MARGIN, **self.client_options}
+        return redis.Redis.from_url(self.url, **options)
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> Consumer:
+        return EzraConsumer(self, queue_name, prefetch, timeout)
+
+    def declare_queue(self, queue_name: str) -> None:
+        if queue_name not in self.queues:
+            self.emit_before("declare_queue", queue_name)
+            self.queues.add(queue_name)
+            self.emit_after("declare_queue", queue_name)
+
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+        """XADD; with `delay` (ms) EZRA holds the task until then, so no worker does."""
+        options = ["DELAY", delay_seconds(delay)] if delay else []
+        self.logger.debug("Enqueueing message %r on queue %r.", message.message_id, message.queue_name)
+        self.emit_before("enqueue", message, delay)
+        try:
+            self.client.execute_command("XADD", message.queue_name, *options, "*", FIELD, message.encode())
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def get_declared_queues(self) -> set[str]:
+        return self.queues.copy()
+
+    def get_declared_delay_queues(self) -> set[str]:
+        """None: delayed tasks wait on EZRA (XADD DELAY), not in a delay queue a worker holds."""
+        return set()
+
+    def flush(self, queue_name: str) -> None:
+        raise NotImplementedError("EZRA never drops waiting tasks: flush is not supported (docs/dramatiq.md)")
+
+    def flush_all(self) -> None:
+        raise NotImplementedError("EZRA never drops waiting tasks: flush_all is not supported (docs/dramatiq.md)")
+
+    def join(self, queue_name: str, *, interval: int = 100, timeout: int | None = None) -> None:
+        """Wait until the queue has no task available, delayed or in flight (as RedisBroker.join, by polling)."""
+        deadline = None if timeout is None else time.monotonic() + timeout / 1000
+        while True:
+            reply = self.client.xinfo_stream(queue_name)
+            counts = {(k.decode() if isinstance(k, bytes) else k): v for k, v in reply.items()}
+            if counts["available"] + counts["delayed"] + counts["in-flight"] == 0:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"queue {queue_name!r} still has unfinished tasks")
+            time.sleep(interval / 1000)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class EzraConsumer(Consumer):
+    """One queue's consumer: its own worker name on EZRA, its leases renewed while it holds tasks."""
+
+    def __init__(self, broker: EzraBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        self.logger = get_logger(__name__, type(self))
+        self.broker, self.queue_name, self.prefetch, self.timeout = broker, queue_name, prefetch, timeout
+        self.client = broker.connect(timeout / 1000)
+        self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.cache: list[EzraMessage] = []   # read, not yet handed to dramatiq
+        self.outstanding: set[str] = set()   # handed to dramatiq, not yet acked or nacked
+        self.settled = threading.Event()     # an ack or nack made room under the prefetch limit
+        try:
+            self.client.execute_command("XGROUP", "CREATE", queue_name, GROUP, "$", "MKSTREAM")
+            self.leases = LeaseKeeper(self.client, GROUP, self.worker,
+                                      visibility_timeout(self.client, queue_name) / 3)
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None
+
+    def __next__(self) -> MessageProxy | None:
+        """The next message, or None after `timeout` ms without one (one blocking read, no sleeps)."""
+        if self.cache:
+            message = self.cache.pop(0)
+            self.outstanding.add(message.task_id)
+            return message
+        room = self.prefetch - len(self.outstanding)
+        if room <= 0:  # wait for an ack or nack rather than reading past the prefetch limit
+            self.settled.clear()
+            if self.prefetch - len(self.outstanding) <= 0:
+                self.settled.wait(self.timeout / 1000)
+            return None
+        try:
+            reply = self.client.xreadgroup(GROUP, self.worker, {self.queue_name: ">"}, count=room,
+                                           block=max(self.timeout, 1))
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None
+        for _, entries in reply or []:
+            for task_id, fields in entries:
+                message = self.decode(task_id.decode(), fields)
+                if message is not None:
+                    self.leases.hold(self.queue_name, message.task_id)
+                    self.cache.append(message)
+        return next(self) if self.cache else None
+
+    def decode(self, task_id: str, fields: dict) -> EzraMessage | None:
+        """dramatiq's message from a task; a task that is not one goes to the dead queue, with a log."""
+        try:
+            return EzraMessage(Message.decode(fields[FIELD]), task_id)
+        except Exception as exc:
+            self.logger.error("task %s of queue %r is not a dramatiq message (%r): sent to %s::dead",
+                              task_id, self.queue_name, exc, self.queue_name)
+            self.client.execute_command("XNACK", self.queue_name, GROUP, "FATAL", "IDS", 1, task_id)
+            return None
+
+    def ack(self, message: EzraMessage) -> None:
+        self.settle([message], None)
+
+    def nack(self, message: EzraMessage) -> None:
+        """Failed for good (Retries gave up, or no Retries): the dead queue."""
+        self.settle([message], "FATAL")
+
+    def requeue(self, messages: Iterable[EzraMessage]) -> None:
+        """Handed back unprocessed (worker shutdown): available again, no attempt counted."""
+        self.settle(list(messages), "SILENT")
+
+    def settle(self, messages: list[EzraMessage], how: str | None) -> None:
+        ids = [message.task_id for message in messages]
+        if not ids:
+            return
+        try:
+            if how is None:
+                self.client.xack(self.queue_name, GROUP, *ids)
+            else:
+                self.client.execute_command("XNACK", self.queue_name, GROUP, how, "IDS", len(ids), *ids)
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None
+        finally:
+            for task_id in ids:
+                self.leases.release(self.queue_name, task_id)
+                self.outstanding.discard(task_id)
+            self.settled.set()
+
+    def close(self) -> None:
+        """Hand back what was read and not yet given to dramatiq, stop renewing, close."""
+        try:
+            cached, self.cache = self.cache, []
+            self.requeue(cached)
+        finally:
+            self.leases.stop()
+            self.client.close()

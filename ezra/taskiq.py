@@ -1,0 +1,108 @@
+"""taskiq on EZRA: `EzraStreamBroker`, taskiq-redis's RedisStreamBroker without its Lua lock.
+
+    from ezra.taskiq import EzraStreamBroker
+    broker = EzraStreamBroker("redis://127.0.0.1:42002", queue_name="taskiq")
+
+`pip install 'ezra[taskiq]'` (taskiq-redis). Everything but `listen()` is RedisStreamBroker's:
+kiq() is an XADD, startup() an XGROUP CREATE ... MKSTREAM, a message's ack an XACK. Its
+listen() reads with XREADGROUP > and then, after each read, takes a redis-py Lock (SET NX
+and a Lua release script) around an XAUTOCLAIM of tasks idle for `idle_timeout`; EZRA has
+no Lua, so on EZRA that step kills the worker process after each read. EZRA needs no claim:
+a task whose worker died is delivered again by XREADGROUP > after the queue's visibility
+timeout, counting an attempt (dead after the queue's max attempts). So this listen() reads
+only. While a message is unacked its lease is renewed (XCLAIM by its owner with min-idle 0)
+every third of the queue's visibility timeout, so a task longer than the lease runs once.
+docs/taskiq.md tells the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+
+from redis.asyncio import Redis
+from taskiq import AckableMessage
+from taskiq_redis import RedisStreamBroker
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_VISIBILITY_TIMEOUT = 30.0  # EZRA's --visibility-timeout default, if XINFO STREAM does not say
+
+
+def visibility_timeout(info: dict) -> float:
+    """The queue's lease from redis-py's XINFO STREAM dict (keys str or bytes, by decode_responses)."""
+    fields = {(key.decode() if isinstance(key, bytes) else key): value for key, value in info.items()}
+    value = fields.get("visibility-timeout", DEFAULT_VISIBILITY_TIMEOUT)
+    return float(value.decode() if isinstance(value, bytes) else value)
+
+
+class EzraStreamBroker(RedisStreamBroker):
+    """RedisStreamBroker (same arguments) that reads with XREADGROUP only and renews its leases."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._held: dict[tuple[str, str], None] = {}  # (stream, id) of the messages read and not yet acked
+        self._renewer: asyncio.Task | None = None
+
+    def _ack_generator(self, id: str, queue_name: str) -> Callable[[], Awaitable[None]]:
+        xack = super()._ack_generator(id=id, queue_name=queue_name)
+
+        async def ack() -> None:
+            await xack()
+            self._held.pop((queue_name, id), None)
+        return ack
+
+    async def listen(self) -> AsyncGenerator[AckableMessage, None]:
+        """XREADGROUP > across the broker's streams, blocking `xread_block` ms; an AckableMessage per task."""
+        streams = {self.queue_name: ">", **self.additional_streams}
+        async with Redis(connection_pool=self.connection_pool) as redis:
+            if self._renewer is None:
+                period = await self._renewal_period(redis)
+                self._renewer = asyncio.create_task(self._renew_leases(period))
+            while True:
+                fetched = await redis.xreadgroup(self.consumer_group_name, self.consumer_name, streams,
+                                                 block=self.block, count=self.count)
+                for stream, messages in fetched or []:
+                    stream = stream.decode() if isinstance(stream, bytes) else stream
+                    for message_id, fields in messages:
+                        message_id = message_id.decode() if isinstance(message_id, bytes) else message_id
+                        self._held[(stream, message_id)] = None
+                        yield AckableMessage(data=fields[b"data"],
+                                             ack=self._ack_generator(id=message_id, queue_name=stream))
+
+    async def shutdown(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+        await super().shutdown()
+
+    async def _renewal_period(self, redis: Redis) -> float:
+        """A third of the shortest visibility timeout of the streams read (XINFO STREAM says it)."""
+        timeouts = []
+        for stream in (self.queue_name, *self.additional_streams):
+            try:
+                timeouts.append(visibility_timeout(await redis.xinfo_stream(stream)))
+            except Exception:
+                logger.warning("XINFO STREAM %s failed: renewing leases as for a %ss visibility timeout",
+                               stream, DEFAULT_VISIBILITY_TIMEOUT, exc_info=True)
+                timeouts.append(DEFAULT_VISIBILITY_TIMEOUT)
+        return min(timeouts) / 3
+
+    async def _renew_leases(self, period: float) -> None:
+        """Every `period` s: XCLAIM stream group me 0 ids... JUSTID, the heartbeat of EZRA's leases."""
+        async with Redis(connection_pool=self.connection_pool) as redis:
+            while True:
+                await asyncio.sleep(period)
+                by_stream: dict[str, list[str]] = {}
+                for stream, message_id in list(self._held):
+                    by_stream.setdefault(stream, []).append(message_id)
+                for stream, ids in by_stream.items():
+                    try:
+                        await redis.execute_command("XCLAIM", stream, self.consumer_group_name, self.consumer_name,
+                                                    0, *ids, "JUSTID")
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        logger.warning("renewing the leases of %d tasks of %s failed; retrying in %.1fs",
+                                       len(ids), stream, period, exc_info=True)

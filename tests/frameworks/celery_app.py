@@ -1,0 +1,75 @@
+"""A Celery app on ezra.celery: `celery -A celery_app worker`; produce.py-style calls push.
+
+Environment: EZRA_PORT, QUEUE; PASSWORD (in the URL); TLS_CA (ezras://, verified with it); STYLE=setting (broker_transport, no
+import) or import (the default: `import ezra.celery`, broker="ezra://..."); ACKS_LATE=1
+(acks_late, task_reject_on_worker_lost, task_acks_on_failure_or_timeout=False); VT (the
+visibility_timeout transport option); SLOW (overrides the seconds of `work`, for a rerun).
+"""
+
+import json
+import os
+import time
+
+from celery import Celery
+
+from common import PORT, QUEUE, line, report
+
+password = os.environ.get("PASSWORD")
+scheme = "ezras" if os.environ.get("TLS_CA") else "ezra"
+url = f"{scheme}://{':' + password + '@' if password else ''}127.0.0.1:{PORT}"
+if os.environ.get("STYLE") == "setting":
+    app = Celery("celery_app")
+    app.conf.broker_url = url
+    app.conf.broker_transport = "ezra.celery:Transport"
+else:
+    import ezra.celery  # noqa: F401  registers ezra:// with kombu
+    app = Celery("celery_app", broker=url)
+
+app.conf.task_default_queue = QUEUE
+if os.environ.get("TLS_CA"):
+    app.conf.broker_use_ssl = {"ssl_ca_certs": os.environ["TLS_CA"], "ssl_cert_reqs": "required"}
+app.conf.broker_connection_retry_on_startup = True
+if os.environ.get("VT"):
+    app.conf.broker_transport_options = {"visibility_timeout": float(os.environ["VT"])}
+if os.environ.get("ACKS_LATE") == "1":
+    app.conf.task_acks_late = True
+    app.conf.task_reject_on_worker_lost = True
+    app.conf.task_acks_on_failure_or_timeout = False
+
+
+@app.task
+def work(n, seconds=0.0):
+    line("START", n)
+    time.sleep(float(os.environ.get("SLOW", seconds)))
+    line("DONE", n)
+
+
+@app.task
+def on_time(n, eta):
+    """Prints how late it started against the time it was due (ms)."""
+    line("LATE", int((time.time() - eta) * 1000))
+    line("DONE", n)
+
+
+@app.task(bind=True, max_retries=2)
+def always_fails(self, n):
+    line("START", n)
+    raise self.retry(exc=RuntimeError(f"task {n} always fails"), countdown=0.2)
+
+
+def produce(n, seconds=0.0, first=0):
+    for i in range(first, first + n):
+        work.delay(i, seconds)
+    report(pushed=n)
+
+
+def produce_countdowns(n, countdown):
+    for i in range(n):
+        on_time.apply_async((i, time.time() + countdown), countdown=countdown)
+    report(pushed=n)
+
+
+def produce_failing(n):
+    for i in range(n):
+        always_fails.delay(i)
+    report(pushed=n)

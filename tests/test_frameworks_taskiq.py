@@ -1,0 +1,77 @@
+"""taskiq on EZRA through ezra.taskiq.EzraStreamBroker, with real `taskiq worker` processes.
+
+The apps are in tests/frameworks/, run in build/venv-frameworks (tests/frameworks/harness.py).
+The stock RedisStreamBroker's failure on EZRA is tests/test_worker_libs.py's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import wait_until
+from frameworks.harness import app_env, blocked, compat_json, counts, produce, python, workers  # noqa: F401 (fixtures)
+from support import Row, configure, dist_version
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("compat_json")]  # framework workers in their own venv
+
+LEASE = "2"  # the queue's visibility timeout, seconds: the tasks below run longer
+
+
+@pytest.fixture
+def server(ezra_factory):
+    return ezra_factory("--max-attempts", "3")
+
+
+def taskiq_worker(workers, python, env, processes: int):
+    return workers.start([python, "-m", "taskiq", "worker", "taskiq_app:broker", "--workers", str(processes)], env)
+
+
+def test_tasks_longer_than_the_lease_run_once_each(server, queue, python, workers):
+    """20 tasks of 3 s on a queue with a 2 s lease, two worker processes: the broker renews the
+    leases it holds, so each task runs once, none is redelivered, none dead."""
+    row = Row("taskiq (Python, ezra.taskiq.EzraStreamBroker)",
+              f"taskiq-redis {dist_version(python, 'taskiq-redis')} (taskiq {dist_version(python, 'taskiq')})")
+    client = server.client()
+    configure(client, queue, "VISIBILITY-TIMEOUT", LEASE)
+    env = app_env(server, queue)
+    worker = taskiq_worker(workers, python, env, 2)
+    wait_until(lambda: worker.alive() and blocked(client) == 2, 60,
+               message=f"two taskiq worker processes waiting in XREADGROUP ({worker.log})")
+    assert produce(python, "taskiq_app", "produce(20, 3.0)", env) == {"pushed": 20}
+    wait_until(lambda: len(worker.lines("DONE")) >= 20 and counts(client, queue)["done"] == 20, 60,
+               message=f"every task done and acked ({worker.log})")
+    assert sorted(n for n, _ in worker.lines("START")) == list(range(20)), "every task started exactly once"
+    assert sorted(n for n, _ in worker.lines("DONE")) == list(range(20))
+    assert len({pid for _, pid in worker.lines("DONE")}) == 2, "both worker processes took tasks"
+    assert counts(client, queue) == {"available": 0, "delayed": 0, "in-flight": 0, "done": 20, "dead": 0}
+    assert "unknown command" not in worker.output() and "is dead" not in worker.output(), worker.output()[-3000:]
+    client.close()
+    row.done("works", "shipped in the package (pip install 'ezra[taskiq]'): RedisStreamBroker's kiq(), startup() "
+                      "and acks, its listen() reading with XREADGROUP only (no Lua lock, no XAUTOCLAIM) and "
+                      "renewing the leases of unacked tasks (XCLAIM by their owner, every third of the queue's "
+                      "visibility timeout). `taskiq worker` with two processes: 20 tasks of 3 s on a 2 s lease "
+                      "each ran once; a worker killed mid-task: its task ran again after the lease; see "
+                      "docs/taskiq.md")
+
+
+def test_a_killed_workers_task_runs_again_after_the_lease(server, queue, python, workers):
+    """A worker killed (SIGKILL, all its processes) mid-task: its task is delivered again once the
+    queue's visibility timeout passes, to the next worker, and done once."""
+    client = server.client()
+    configure(client, queue, "VISIBILITY-TIMEOUT", LEASE)
+    env = app_env(server, queue)
+    first = taskiq_worker(workers, python, env, 1)
+    wait_until(lambda: first.alive() and blocked(client) == 1, 60, message=f"the worker to wait ({first.log})")
+    produce(python, "taskiq_app", "produce(1, 30.0)", env)
+    wait_until(lambda: first.lines("START"), 30, message=f"the task to start ({first.log})")
+    first.kill()
+    killed = time.monotonic()
+    second = taskiq_worker(workers, python, env, 1)
+    wait_until(lambda: second.lines("START"), 60, message=f"the task to run again ({second.log})")
+    assert time.monotonic() - killed >= float(LEASE) - 0.1, "not before the lease ran out"
+    assert [n for n, _ in second.lines("START")] == [0]
+    [entry] = client.xpending_range(queue, "taskiq", "-", "+", 10)
+    assert entry["times_delivered"] == 2, entry
+    client.close()
