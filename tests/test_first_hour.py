@@ -1,0 +1,200 @@
+"""What a newcomer meets in the first hour (issue 24): the README's example and examples/ with
+today's redis-py, on EZRA and on redis-server, and the command line's messages."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import redis
+
+from conftest import ROOT
+
+EXAMPLES = ROOT / "examples"
+
+
+def readme_example() -> str:
+    """The README's producer/worker block, as a newcomer pastes it."""
+    text = (ROOT / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "xreadgroup" in b]
+    return block
+
+
+def run_readme_example(port: int, queue: str) -> str:
+    code = readme_example().replace("port=42002", f"port={port}").replace('"emails"', f'"{queue}"')
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def check_example_twice(client: redis.Redis, port: int) -> str:
+    """Two runs in a row: each sends exactly its own task, and nothing stays pending."""
+    queue = f"emails-{uuid.uuid4().hex[:8]}"
+    for run in (1, 2):
+        out = run_readme_example(port, queue)
+        assert out.count("sending") == 1, f"run {run} sent {out.count('sending')} tasks:\n{out}"
+        assert client.xpending(queue, "workers")["pending"] == 0, f"run {run} left its task pending"
+    return queue
+
+
+def test_readme_example_runs_twice_on_ezra(ezra_factory):
+    server = ezra_factory()
+    queue = check_example_twice(server.client(), server.port)
+    assert server.client().xlen(queue) == 0, "both tasks are done"
+
+
+def test_readme_example_runs_twice_on_redis_server(redis_server_port):
+    client = redis.Redis(port=redis_server_port, socket_timeout=30, retry=None)
+    check_example_twice(client, redis_server_port)
+
+
+def test_readme_worker_allows_redis_py_8_its_block():
+    """redis-py 8's reads time out after 5 s (socket_timeout): the example's BLOCK must fit."""
+    assert redis.Redis().connection_pool.connection_kwargs.get("socket_timeout") == 5, \
+        "redis-py's default changed: revisit the README's comment"
+    example = readme_example()
+    timeout = float(re.search(r"redis\.Redis\([^)]*socket_timeout=([\d.]+)", example).group(1))
+    block_ms = int(re.search(r"xreadgroup\([^\n]*block=(\d+)", example).group(1))
+    assert block_ms and timeout > block_ms / 1000 + 5, (timeout, block_ms)
+
+
+def test_python_worker_waits_out_an_idle_timeout_longer_than_5s(ezra_factory):
+    """With redis-py 8's defaults a BLOCK over 5 s raised TimeoutError after ~58 s of retries."""
+    server = ezra_factory()
+    env = dict(os.environ, QUEUE="idle", IDLE_TIMEOUT="7", MAX_TASKS="0")
+    started = time.monotonic()
+    try:
+        result = subprocess.run([sys.executable, str(EXAMPLES / "python" / "worker.py"), str(server.port)],
+                                capture_output=True, text=True, timeout=40, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the idle worker was still waiting after {time.monotonic() - started:.0f} s")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "" and 6.5 < time.monotonic() - started < 40
+
+
+# ------------------------------------------------------- blocking reads longer than a read timeout
+
+BLOCK_MS = 7000  # longer than redis-py 8's 5 s default socket_timeout
+LONG_BLOCK = f"XREADGROUP BLOCK {BLOCK_MS} on an empty queue (longer than redis-py 8's 5 s read timeout)"
+NODE_IDLE_READ = r"""
+const [modName, kind, port, queue, block] = process.argv.slice(1);
+const mod = require(modName);
+(async () => {
+  const started = Date.now();
+  let reply;
+  if (kind === "ioredis") {
+    const client = new mod({ port: Number(port) });
+    reply = await client.xreadgroup("GROUP", "g", "w", "COUNT", 1, "BLOCK", Number(block), "STREAMS", queue, ">");
+    client.disconnect();
+  } else {
+    const client = mod.createClient({ socket: { port: Number(port) } });
+    await client.connect();
+    reply = await client.xReadGroup("g", "w", { key: queue, id: ">" }, { COUNT: 1, BLOCK: Number(block) });
+    await client.quit();
+  }
+  console.log(JSON.stringify({ reply, ms: Date.now() - started }));
+})().catch((error) => { console.log(JSON.stringify({ error: String(error) })); process.exit(1); });
+"""
+RUBY_IDLE_READ = r"""
+require "redis"; require "json"
+port, queue, block = ARGV
+started = Time.now
+reply = Redis.new(port: port.to_i).xreadgroup("g", "w", queue, ">", count: 1, block: block.to_i)
+puts JSON.generate({ reply: reply, ms: ((Time.now - started) * 1000).round })
+"""
+NODE_CLIENTS = {  # module in build/node -> (client, protocol of its default, settings)
+    "ioredis": ("ioredis (Node.js)", "RESP2 (default; no RESP3)", "new Redis({port})"),
+    "ioredis6": ("ioredis (Node.js)", "RESP3 (default)", "new Redis({port})"),
+    "redis4": ("node-redis `redis` (Node.js)", "RESP2 (default; no RESP3)", "createClient({socket: {port}})"),
+    "redis5": ("node-redis `redis` (Node.js)", "RESP2 (default)", "createClient({socket: {port}})"),
+    "redis6": ("node-redis `redis` (Node.js)", "RESP3 (default)", "createClient({socket: {port}})"),
+}
+LONG_BLOCK_RESULTS: list[dict] = []
+
+
+def long_block_row(client: str, version: str, protocol: str, settings: str, status: str) -> None:
+    from support import record_results
+    LONG_BLOCK_RESULTS.append(dict(client=client, version=version, protocol=protocol, status=status,
+                                   settings=f"{settings}; {LONG_BLOCK}", when=time.strftime("%Y-%m-%d %H:%M:%S")))
+    record_results("clients", LONG_BLOCK_RESULTS)  # rows of scripts/compat_table.py's client table
+
+
+def idle_read_took(started: float) -> float:
+    took = time.monotonic() - started
+    assert BLOCK_MS / 1000 - 0.5 < took < BLOCK_MS / 1000 + 20, took
+    return took
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("socket_timeout", ["default", "block + 10 s"])
+def test_redis_py_8_blocking_read_longer_than_its_read_timeout(shared_server, queue, socket_timeout):
+    """Defaults: TimeoutError (the README and examples/ therefore set socket_timeout)."""
+    kwargs = {} if socket_timeout == "default" else {"socket_timeout": BLOCK_MS / 1000 + 10}
+    client = redis.Redis(port=shared_server.port, **kwargs)  # redis-py's own retries included
+    started = time.monotonic()
+    settings = "redis.Redis(port=...)" + (", socket_timeout=BLOCK + 10 s" if kwargs else "")
+    if not kwargs:
+        with pytest.raises(redis.TimeoutError):
+            client.xreadgroup("g", "w", {queue: ">"}, count=1, block=BLOCK_MS)
+        assert time.monotonic() - started > 5  # its retries: 59 s measured
+        long_block_row("redis-py (Python)", redis.__version__, "RESP3 (default)", settings,
+                       "fail: TimeoutError after about a minute of retries (set socket_timeout)")
+        return
+    assert client.xreadgroup("g", "w", {queue: ">"}, count=1, block=BLOCK_MS) in ([], {}, None)
+    idle_read_took(started)
+    long_block_row("redis-py (Python)", redis.__version__, "RESP3 (default)", settings, "pass")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", list(NODE_CLIENTS))
+def test_node_clients_blocking_read_longer_than_5s(shared_server, queue, module):
+    import json
+    import shutil
+    from support import node_env, node_version
+    if shutil.which("node") is None:
+        pytest.skip("Node.js is not installed (scripts/test.sh installs it)")
+    env = node_env()
+    client, protocol, settings = NODE_CLIENTS[module]
+    started = time.monotonic()
+    result = subprocess.run(["node", "-e", NODE_IDLE_READ, module, "ioredis" if "ioredis" in module else "redis",
+                             str(shared_server.port), queue, str(BLOCK_MS)],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["reply"] is None
+    idle_read_took(started)
+    long_block_row(client, node_version(module), protocol, settings, "pass")
+
+
+@pytest.mark.slow
+def test_redis_rb_blocking_read_longer_than_5s(shared_server, queue):
+    """redis-rb's read timeout is 5 s too, but it adds BLOCK to it for blocking commands."""
+    import json
+    import shutil
+    if shutil.which("ruby") is None:
+        pytest.skip("Ruby is not installed (apt-get install ruby-redis)")
+    version = subprocess.run(["ruby", "-e", 'require "redis"; print Redis::VERSION'], capture_output=True, text=True)
+    if version.returncode != 0:
+        pytest.skip("the redis gem is not installed (apt-get install ruby-redis)")
+    started = time.monotonic()
+    result = subprocess.run(["ruby", "-e", RUBY_IDLE_READ, str(shared_server.port), queue, str(BLOCK_MS)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["reply"] in ({}, None)
+    idle_read_took(started)
+    long_block_row("redis-rb (Ruby, Debian ruby-redis)", version.stdout, "RESP2 (default; no RESP3)",
+                   "Redis.new(port: ...)", "pass")
+
+
+def test_npm_install_for_the_node_examples_leaves_nothing_untracked():
+    """`npm install --prefix examples/node` writes node_modules/ and package-lock.json there."""
+    readme = (EXAMPLES / "README.md").read_text()
+    assert "npm install --prefix examples/node" in readme
+    assert '"ioredis"' in (EXAMPLES / "node" / "package.json").read_text()
+    made = ["examples/node/package-lock.json", "examples/node/node_modules/ioredis/package.json"]
+    ignored = subprocess.run(["git", "check-ignore", *made], cwd=ROOT, capture_output=True, text=True)
+    assert ignored.stdout.split() == made, ignored.stdout + ignored.stderr
