@@ -198,3 +198,92 @@ def test_npm_install_for_the_node_examples_leaves_nothing_untracked():
     made = ["examples/node/package-lock.json", "examples/node/node_modules/ioredis/package.json"]
     ignored = subprocess.run(["git", "check-ignore", *made], cwd=ROOT, capture_output=True, text=True)
     assert ignored.stdout.split() == made, ignored.stdout + ignored.stderr
+
+
+# ------------------------------------------------------------------ the command line's messages
+
+def ezra(*args: str, cwd=ROOT, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ezra", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100"))
+
+
+def test_help_lists_every_other_command_and_no_dead_link():
+    result = ezra("--help")
+    assert result.returncode == 0, result.stderr
+    epilog = " ".join(result.stdout.split("other commands", 1)[1].split())
+    for command in ("ping", "backup", "stats", "ls", "requeue", "export", "import"):
+        assert f"'ezra {command}" in epilog, command
+    assert "goo.gl" not in result.stdout and "config file (--config FILE)" in epilog
+
+
+def test_a_mistyped_command_suggests_the_near_one():
+    result = ezra("stat")
+    assert result.returncode == 2
+    assert "unknown command 'stat': did you mean 'ezra stats'?" in result.stderr, result.stderr
+
+
+def test_a_config_file_typo_names_the_file_and_line(tmp_path):
+    config = tmp_path / "ezra.conf"
+    config.write_text("# EZRA\nport = 0\nvisiblity-timeout = 60\n")
+    result = ezra("--config", str(config), "--data-dir", str(tmp_path / "data"))
+    assert result.returncode == 2
+    assert (f"{config}, line 3: unknown option 'visiblity-timeout' (did you mean visibility-timeout?)"
+            in result.stderr), result.stderr
+    assert not (tmp_path / "data").exists(), "nothing started"
+
+
+def test_a_flag_typo_suggests_the_flag(tmp_path):
+    result = ezra("--visiblity-timeout", "60", "--data-dir", str(tmp_path / "data"))
+    assert result.returncode == 2
+    assert "unrecognized arguments: --visiblity-timeout 60 (did you mean --visibility-timeout?)" in result.stderr
+
+
+def test_an_http_port_in_use_names_the_option(tmp_path):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = ezra("--port", "0", "--http-port", str(port), "--data-dir", str(tmp_path / "data"))
+    assert result.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port} (--http-port {port}): Address already in use" in result.stderr
+    assert "choose another --http-port (0 picks a free one)" in result.stderr, result.stderr
+
+
+@pytest.fixture
+def read_only_data_dir(tmp_path, ezra_factory):
+    """A data directory with a stopped server's ezra.db (one task), on a file system mounted read-only."""
+    from support import mount_small_tmpfs
+    mount = tmp_path / "ro"
+    reason = mount_small_tmpfs(mount, "16m")
+    if reason:
+        pytest.skip(reason)
+    try:
+        server = ezra_factory(data_dir=mount / "data")
+        server.client().xadd("emails", {"to": "ada@example.com"})
+        assert server.stop() == 0
+        remount = subprocess.run(["mount", "-o", "remount,ro", str(mount)], capture_output=True, text=True)
+        if remount.returncode != 0:
+            pytest.skip(f"cannot remount read-only: {remount.stderr.strip()[:200]}")
+        yield mount / "data"
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def read_only_message_is_clear(stderr: str) -> None:
+    assert "not a usable SQLite database" not in stderr
+    assert "is on a read-only file system" in stderr and "the database is not damaged" in stderr, stderr
+    assert "Copy the data directory to a writable place" in stderr
+
+
+def test_backup_of_a_read_only_data_dir_says_why(read_only_data_dir, tmp_path):
+    result = ezra("backup", "--data-dir", str(read_only_data_dir), str(tmp_path / "copy.db"))
+    assert result.returncode == 1
+    read_only_message_is_clear(result.stderr)
+
+
+def test_export_from_a_read_only_data_dir_says_why(read_only_data_dir, redis_server_port):
+    result = ezra("export", "--to", f"redis://127.0.0.1:{redis_server_port}", "--data-dir",
+                  str(read_only_data_dir), "--dry-run")
+    assert result.returncode == 1
+    read_only_message_is_clear(result.stderr)
