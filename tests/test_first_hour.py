@@ -287,3 +287,67 @@ def test_export_from_a_read_only_data_dir_says_why(read_only_data_dir, redis_ser
                   str(read_only_data_dir), "--dry-run")
     assert result.returncode == 1
     read_only_message_is_clear(result.stderr)
+
+
+# ------------------------------------------------------------------ the dashboard
+
+def test_chart_labels_say_the_span_they_show():
+    from ezra.web import dashboard
+    minute = [(1.0, 1.0)] * 12  # 12 samples of 5 s
+    assert 'over the last 1 minute"' in dashboard.chart(minute, 160, 28, labelled=False)
+    assert 'over the last 10 minutes"' in dashboard.chart(minute * 10, 160, 28, labelled=False)
+    assert dashboard.span_words([(0, 0)] * 6) == "30 seconds"
+
+
+def queue_row(body: str, queue: str) -> str:
+    return re.search(rf'<tr data-queue="{queue}">.*?</tr>', body).group(0)
+
+
+def test_queue_list_colours_only_nonzero_counts_and_shows_pushes_and_acks(ezra_factory):
+    from support import http
+    from conftest import wait_until
+    server = ezra_factory("--http-port", "0")
+    client = server.client()
+    client.xadd("quiet", {"n": "1"})
+    dead = client.xadd("broken", {"n": "1"})
+    client.xreadgroup("g", "w", {"broken": ">"}, count=1)
+    client.execute_command("XNACK", "broken", "g", "FATAL", "IDS", 1, dead)
+    body = wait_until(lambda: (lambda b: b if "1 client," in b else None)(http(server.http_url + "/")[2].decode()),
+                      message="the header to count this one client")
+    quiet, broken = queue_row(body, "quiet"), queue_row(body, "broken")
+    assert '<td class="num dead zero">0</td>' in quiet and '<td class="num in_flight zero">0</td>' in quiet
+    assert '<td class="num available">1</td>' in quiet
+    assert '<td class="num dead">1</td>' in broken and '<td class="num available zero">0</td>' in broken
+    assert "pushes/s" in quiet and "acks/s" in quiet
+    page = http(server.http_url + "/queue?name=broken")[2].decode()
+    assert '<div class="tile dead"><div class="count" data-state="dead">1</div>' in page
+    assert '<div class="tile in_flight zero"><div class="count" data-state="in_flight">0</div>' in page
+
+
+@pytest.mark.slow
+def test_zero_counts_are_grey_in_the_browser(ezra_factory):
+    """What the eye sees: the dead column is red only where a queue has dead tasks."""
+    import shutil
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("apt-get install chromium (scripts/test.sh does)")
+    from test_dashboard import CHROMIUM_ARGS
+    server = ezra_factory("--http-port", "0")
+    client = server.client()
+    client.xadd("quiet", {"n": "1"})
+    dead = client.xadd("broken", {"n": "1"})
+    client.xreadgroup("g", "w", {"broken": ">"}, count=1)
+    client.execute_command("XNACK", "broken", "g", "FATAL", "IDS", 1, dead)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(server.http_url + "/")
+
+            def colour(queue):
+                return page.eval_on_selector(f'tr[data-queue="{queue}"] td.dead', "e => getComputedStyle(e).color")
+            assert colour("broken") == "rgb(185, 28, 28)"  # --dead
+            assert colour("quiet") == "rgb(107, 114, 128)"  # --muted
+        finally:
+            browser.close()
