@@ -351,3 +351,197 @@ def test_zero_counts_are_grey_in_the_browser(ezra_factory):
             assert colour("quiet") == "rgb(107, 114, 128)"  # --muted
         finally:
             browser.close()
+
+
+# ------------------------------------------------------------------ docs against the code
+
+def help_flags() -> set[str]:
+    out = ezra("--help").stdout.split("options:", 1)[1]
+    return set(re.findall(r"^  (?:-\w, )?(--[a-z][a-z-]*)", out, flags=re.M)) - {"--help", "--version"}
+
+
+def table_flags(doc) -> set[str]:
+    """The flags that start a cell of a Markdown table row in `doc`."""
+    return {match.group(1) for line in doc.read_text().splitlines() if line.startswith("|")
+            for cell in line.split("|") if (match := re.match(r"\s*`(--[a-z][a-z-]*)", cell))}
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/usage.md"])
+def test_every_option_of_ezra_help_has_a_row_in_the_options_tables(doc):
+    flags = help_flags()
+    assert len(flags) > 20 and "--disk-reserve" in flags
+    missing = sorted(flags - table_flags(ROOT / doc))
+    assert not missing, f"{doc}'s options table lacks {missing}"
+
+
+# ------------------------------------------------------------------ systemd units and backups
+
+UNITS = ("ezra.service", "ezra-backup.service", "ezra-backup.timer")
+
+
+def unit_settings(name: str) -> dict[str, list[str]]:
+    """A unit file's settings, each key with all its values in order (Environment= repeats)."""
+    settings: dict[str, list[str]] = {}
+    for line in (ROOT / "scripts" / name).read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            settings.setdefault(key.strip(), []).append(value.strip())
+    return settings
+
+
+def test_systemd_units_verify(tmp_path):
+    """systemd-analyze verify, with ExecStart's binary replaced by a stand-in (it must exist)."""
+    import shutil
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd; scripts/test.sh does)")
+    stand_in = tmp_path / "ezra"
+    stand_in.write_text("#!/bin/sh\nexit 0\n")
+    stand_in.chmod(0o755)
+    for name in UNITS:
+        (tmp_path / name).write_text((ROOT / "scripts" / name).read_text().replace("/usr/local/bin/ezra", str(stand_in)))
+    result = subprocess.run(["systemd-analyze", "verify", "--man=no", *(str(tmp_path / name) for name in UNITS)],
+                            capture_output=True, text=True, timeout=60, env=dict(os.environ, SYSTEMD_LOG_LEVEL="notice"))
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr  # unknown keys only warn
+
+
+def test_the_backup_unit_writes_where_the_sandbox_lets_it_as_the_servers_user():
+    """DynamicUser + ProtectSystem=strict: only StateDirectory= is writable, and only a unit with
+    the same User= name shares the server's dynamic user (ezra backup may create ezra.db-shm)."""
+    server, backup = unit_settings("ezra.service"), unit_settings("ezra-backup.service")
+    for unit in (server, backup):
+        assert unit["DynamicUser"] == ["yes"] and unit["ProtectSystem"] == ["strict"]
+    assert server["User"] == backup["User"] == ["ezra"]
+    writable = {f"/var/lib/{name}" for name in server["StateDirectory"][0].split()}
+    assert set(backup["StateDirectory"][0].split()) == set(server["StateDirectory"][0].split())
+    environment = dict(value.split("=", 1) for value in server["Environment"])
+    assert environment["EZRA_DATA_DIR"] in writable and environment["EZRA_BACKUP_DIR"] in writable
+    assert f"EZRA_DATA_DIR={environment['EZRA_DATA_DIR']}" in backup["Environment"]
+    [command] = backup["ExecStart"]
+    destination = re.search(r'ezra backup "([^"$]+)/', command).group(1)
+    assert destination == environment["EZRA_BACKUP_DIR"], command
+    assert unit_settings("ezra-backup.timer")["OnCalendar"] and "timers.target" in unit_settings(
+        "ezra-backup.timer")["WantedBy"]
+
+
+# ------------------------------------------------------------------ alerting rules
+
+ALERTS = ROOT / "docs" / "alerts.yml"
+NOT_EZRAS = {"up", "probe_success", "node_filesystem_avail_bytes", "node_filesystem_size_bytes"}
+# What each alert does with series like EZRA's: promtool's own rule unit tests.
+ALERT_TESTS = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'ezra_tasks{{job="ezra", instance="q1", queue="emails", state="dead"}}'
+        values: '0 0 2 2 2'
+      - series: 'ezra_tasks{{job="ezra", instance="q1", queue="thumbs", state="dead"}}'
+        values: '0 0 0 0 0'
+    alert_rule_test:
+      - eval_time: 1m
+        alertname: EzraDeadTasks
+        exp_alerts: []
+      - eval_time: 3m
+        alertname: EzraDeadTasks
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: q1, queue: emails}}
+            exp_annotations:
+              summary: "2 dead tasks in emails"
+              description: "Tasks used up their attempts and wait in emails::dead for an operator: read them (ezra ls emails --state dead), fix the cause, then requeue (ezra requeue emails --all) or delete them."
+  - interval: 1m
+    input_series:
+      - series: 'ezra_tasks{{job="ezra", instance="q1", queue="stuck", state="available"}}'
+        values: '5x40'
+      - series: 'ezra_acks_total{{job="ezra", instance="q1", queue="stuck"}}'
+        values: '0x40'
+      - series: 'ezra_queue_paused{{job="ezra", instance="q1", queue="stuck"}}'
+        values: '0x40'
+      - series: 'ezra_tasks{{job="ezra", instance="q1", queue="paused", state="available"}}'
+        values: '5x40'
+      - series: 'ezra_acks_total{{job="ezra", instance="q1", queue="paused"}}'
+        values: '0x40'
+      - series: 'ezra_queue_paused{{job="ezra", instance="q1", queue="paused"}}'
+        values: '1x40'
+      - series: 'ezra_tasks{{job="ezra", instance="q1", queue="busy", state="available"}}'
+        values: '5x40'
+      - series: 'ezra_acks_total{{job="ezra", instance="q1", queue="busy"}}'
+        values: '0+60x40'
+      - series: 'ezra_queue_paused{{job="ezra", instance="q1", queue="busy"}}'
+        values: '0x40'
+    alert_rule_test:
+      - eval_time: 35m
+        alertname: EzraQueueNotDraining
+        exp_alerts:
+          - exp_labels: {{severity: warning, instance: q1, queue: stuck}}
+            exp_annotations:
+              summary: "stuck has a backlog and nothing was acked for 15 minutes"
+              description: "No worker is taking tasks from stuck, or every task fails or times out: check the workers and ezra stats."
+  - interval: 1m
+    input_series:
+      - series: 'ezra_oldest_available_age_seconds{{job="ezra", instance="q1", queue="emails"}}'
+        values: '0 60 120 180 240 300 360 420 480 540 600 660'
+      - series: 'up{{job="ezra", instance="q1"}}'
+        values: '1 1 0 0 0'
+      - series: 'ezra_disk_full{{job="ezra", instance="q1"}}'
+        values: '0 1 1'
+    alert_rule_test:
+      - eval_time: 8m
+        alertname: EzraOldestWaitingTooLong
+        exp_alerts: []
+      - eval_time: 11m
+        alertname: EzraOldestWaitingTooLong
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: ezra, instance: q1, queue: emails}}
+            exp_annotations:
+              summary: "The next task of emails has waited 11m 0s"
+              description: "Workers are not keeping up with emails (or none is running)."
+      - eval_time: 4m
+        alertname: EzraDown
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: ezra, instance: q1}}
+            exp_annotations:
+              summary: "EZRA at q1 cannot be scraped"
+              description: "Prometheus cannot read /metrics: the server is down, or its HTTP listener is unreachable. Producers and workers are probably failing too."
+      - eval_time: 2m
+        alertname: EzraDiskFull
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: ezra, instance: q1}}
+            exp_annotations:
+              summary: "EZRA at q1 refuses pushes: its disk is full"
+              description: "Free space on the data directory's file system (or drain queues / set retention); pushes resume by themselves."
+"""
+
+
+def promtool():
+    import shutil
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool is not installed (apt-get install prometheus; scripts/test.sh does)")
+    return path
+
+
+def test_alerting_rules_pass_promtool_check_and_their_unit_tests(tmp_path):
+    tool = promtool()
+    checked = subprocess.run([tool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 8 rules found" in checked.stdout
+    tests = tmp_path / "alerts_test.yml"
+    tests.write_text(ALERT_TESTS.format(rules=ALERTS))
+    tested = subprocess.run([tool, "test", "rules", str(tests)], capture_output=True, text=True, timeout=120)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_every_metric_the_alerts_name_is_served(ezra_factory):
+    import yaml
+    from support import scrape
+    rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
+    assert {rule["alert"] for rule in rules} >= {"EzraDeadTasks", "EzraOldestWaitingTooLong", "EzraQueueNotDraining",
+                                                 "EzraUnhealthy", "EzraDiskFull", "EzraSlowFsync"}
+    named = {name for rule in rules for name in re.findall(r"\b([a-z_]+)(?=\{|\[|\s*[=<>!]|\)|$)", rule["expr"])
+             if name.startswith(("ezra_", "up", "probe_", "node_"))}
+    server = ezra_factory("--http-port", "0")
+    server.client().xadd("emails", {"to": "ada@example.com"})
+    served = {name for name, _ in scrape(server)}
+    missing = sorted(name for name in named - NOT_EZRAS if name not in served)
+    assert not missing and "ezra_tasks" in named and "ezra_fsync_duration_seconds_bucket" in named, missing
