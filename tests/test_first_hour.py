@@ -640,3 +640,57 @@ def test_litestream_replica_restores_everything_but_the_last_sync_interval(ezra_
     assert ids[:200] == synced and set(ids[200:]) <= set(last)
     lost = len(last) - len(ids[200:])
     print(f"litestream restore: all 200 synced tasks back, {lost} of the 20 pushed in the last sync interval lost")
+
+
+GO_IDLE_READ = r"""package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/gomodule/redigo/redis"
+)
+
+func main() {
+	conn, err := redis.Dial("tcp", "127.0.0.1:"+os.Args[1])
+	if err != nil {
+		panic(err)
+	}
+	started := time.Now()
+	reply, err := conn.Do("XREADGROUP", "GROUP", "g", "w", "COUNT", 1, "BLOCK", os.Args[3], "STREAMS", os.Args[2], ">")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Printf("{\"null\": %t, \"ms\": %d}\n", reply == nil, time.Since(started).Milliseconds())
+}
+"""
+
+
+@pytest.mark.slow
+def test_redigo_blocking_read_longer_than_5s(shared_server, queue, tmp_path):
+    """redis.Dial sets no read timeout unless given DialReadTimeout."""
+    import json
+    import shutil
+    from pathlib import Path
+    if shutil.which("go") is None or not Path("/usr/share/gocode/src/github.com/gomodule/redigo/redis").is_dir():
+        pytest.skip("apt-get install golang-go golang-github-gomodule-redigo-dev (scripts/test.sh does)")
+    version = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "golang-github-gomodule-redigo-dev"],
+                             capture_output=True, text=True).stdout or "unknown"
+    source = tmp_path / "idle.go"
+    source.write_text(GO_IDLE_READ)
+    env = dict(os.environ, GO111MODULE="off", GOPATH="/usr/share/gocode", GOFLAGS="",
+               GOCACHE=str(ROOT / "build" / "go-cache"))  # no module proxy: GOPATH mode
+    binary = tmp_path / "idle"
+    built = subprocess.run(["go", "build", "-o", str(binary), str(source)], capture_output=True, text=True,
+                           timeout=180, env=env)
+    assert built.returncode == 0, built.stderr
+    started = time.monotonic()
+    result = subprocess.run([str(binary), str(shared_server.port), queue, str(BLOCK_MS)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["null"] is True
+    idle_read_took(started)
+    long_block_row("redigo (Go, Debian golang-github-gomodule-redigo-dev)", version, "RESP2 (default; no RESP3)",
+                   'redis.Dial("tcp", addr)', "pass")
