@@ -694,3 +694,18 @@ def test_redigo_blocking_read_longer_than_5s(shared_server, queue, tmp_path):
     idle_read_took(started)
     long_block_row("redigo (Go, Debian golang-github-gomodule-redigo-dev)", version, "RESP2 (default; no RESP3)",
                    'redis.Dial("tcp", addr)', "pass")
+
+
+def test_a_data_dir_this_user_may_not_write_says_whose_it_is(ezra_factory, monkeypatch):
+    """The permissions branch, in process: as root (these tests' user) every directory is
+    writable, so os.access answers as it would for another user; the real read fails as then."""
+    from ezra.storage import snapshots
+    server = ezra_factory()
+    assert server.stop() == 0
+    directory = str(server.data_dir)
+    real_access = os.access
+    monkeypatch.setattr(snapshots.os, "access", lambda path, mode: False if str(path).startswith(directory)
+                        and mode == os.W_OK else real_access(path, mode))
+    reason = snapshots.unreadable_because(os.path.join(directory, "ezra.db"))
+    assert f"may not write in {directory}" in reason and "the database is not damaged" in reason
+    assert "Run this command as the data directory's owner" in reason
