@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import sys
 from dataclasses import dataclass
 
 import configargparse
@@ -262,18 +263,17 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 def unknown_arguments(parser, unknown: list[str], config_path: str | None, argv: list[str] | None) -> str:
     """The error for options nobody defines: a config-file line named by file and line number
     (configargparse passes the file's keys on as flags), the nearest real option as a hint."""
-    import sys
-    given = sys.argv[1:] if argv is None else argv
+    given = {arg.split("=", 1)[0] for arg in (sys.argv[1:] if argv is None else argv)}
     flags = [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
     for arg in unknown:
         key = arg.split("=", 1)[0]
         near = difflib.get_close_matches(key, flags, n=1)
-        hint = f" (did you mean {near[0].removeprefix('--')}?)" if near else ""
-        line = None if key in {a.split("=", 1)[0] for a in given} else config_file_line(config_path, key)
-        if line:
+        line = None if key in given else config_file_line(config_path, key)
+        if line:  # in the file, keys are written without their dashes
+            hint = f" (did you mean {near[0].removeprefix('--')}?)" if near else ""
             return f"{config_path}, line {line}: unknown option {key.removeprefix('--')!r}{hint}"
         if near:
-            return f"unrecognized arguments: {' '.join(unknown)}{hint.replace('mean ', 'mean --')}"
+            return f"unrecognized arguments: {' '.join(unknown)} (did you mean {near[0]}?)"
     return f"unrecognized arguments: {' '.join(unknown)}"
 
 
