@@ -3,6 +3,7 @@ broker (reaper) -> server -> signals; stopped in reverse."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
@@ -75,12 +76,14 @@ class App:
             logger.info("queue {!r} configured: {}", name.decode("utf-8", "replace"),
                         ", ".join(f"{column}={value}" for column, value in changes.items()))
         self.server = EzraServer(ServerState(self.broker, settings))
-        self.server.start()
+        with naming_the_option("--port", settings.bind, settings.port):
+            self.server.start()
         self.broker.start_reaper()
         if settings.http_port is not None:
             from .web.server import WebServer  # here: without --http-port, prometheus_client is never loaded
-            self.web = WebServer(self.server.state, self.server.auth_throttle)
-            self.web.start()
+            with naming_the_option("--http-port", settings.bind, settings.http_port):
+                self.web = WebServer(self.server.state, self.server.auth_throttle)
+                self.web.start()
             logger.info("metrics and dashboard on {}://{}:{}/ (/metrics, /healthz)", self.web.scheme,
                         settings.bind, self.web.port)
         logger.info("ezra {} listening on {}:{}, data in {} (durability {})", __version__, settings.bind,
@@ -102,6 +105,27 @@ class App:
         self.broker.stop()
         self.db.close()
         logger.info("stopped cleanly")
+
+
+BIND_ERRORS = {
+    errno.EADDRINUSE: "another program (another EZRA? Redis?) is listening there: choose another {option} "
+                      "(0 picks a free one) or stop that program",
+    errno.EACCES: "ports below 1024 need privileges: choose a port of 1024 or more with {option}",
+    errno.EADDRNOTAVAIL: "--bind is not an address of this machine",
+}
+
+
+@contextlib.contextmanager
+def naming_the_option(option: str, bind: str, port: int):
+    """A listener that cannot bind says which option to change (the OS error names only the address)."""
+    try:
+        yield
+    except OSError as exc:
+        advice = BIND_ERRORS.get(exc.errno)
+        if advice is None:
+            raise
+        raise OSError(exc.errno, f"cannot listen on {bind}:{port} ({option} {port}): {os.strerror(exc.errno)}; "
+                                 + advice.format(option=option)) from exc
 
 
 def check_directories(settings: Settings) -> None:

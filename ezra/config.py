@@ -6,7 +6,10 @@ config file > default. `parse_settings` returns a frozen `Settings`.
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
+import sys
 from dataclasses import dataclass
 
 import configargparse
@@ -137,10 +140,17 @@ def build_parser() -> configargparse.ArgParser:
         prog="ezra",
         description="EZRA: a persistent task queue that speaks the Redis protocol "
                     "(XADD / XREADGROUP / XACK / XNACK), stored in one SQLite file.",
-        epilog="other commands: 'ezra ping [--port N]' checks a running server (exit 0 if it "
-               "answers); 'ezra backup DEST.db' copies the live database; 'ezra stats [--watch]', "
-               "'ezra ls QUEUE [--state dead]' and 'ezra requeue QUEUE --all' inspect a running server "
-               "(each has --help).",
+        epilog="other commands (each has --help): 'ezra ping [--port N]' checks a running server (exit 0 "
+               "if it answers); 'ezra backup DEST.db' copies the live database; 'ezra stats [--watch]', "
+               "'ezra ls QUEUE [--state dead]' and 'ezra requeue QUEUE --all' inspect a running server; "
+               "'ezra export --to redis://HOST' and 'ezra import --from redis://HOST' move queues to and "
+               "from Redis. "
+               "Every option can also be set in a config file (--config FILE), one 'option = value' "
+               "line each (e.g. 'visibility-timeout = 60'; lists as 'queue = [a ..., b ...]'). "
+               "A flag beats its EZRA_* environment variable, which beats the file, which beats the "
+               "default.",
+        # configargparse's own notes end in a dead short link and repeat the epilog's precedence
+        add_config_file_help=False, add_env_var_help=False,
         formatter_class=configargparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
@@ -236,16 +246,54 @@ def build_parser() -> configargparse.ArgParser:
              "however steadily it trickles in (slowloris); an idle keep-alive connection is closed "
              "after this long too")
     add("--version", action="version", version=f"ezra {__version__}")
+    for action in parser._actions:  # what add_env_var_help did, without its closing sentence
+        if getattr(action, "env_var", None):
+            action.help = f"{action.help or ''}   [env var: {action.env_var}]"
     return parser
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """Settings from flags, environment and config file (exits on bad input, like argparse)."""
     parser = build_parser()
-    namespace = parser.parse_args(argv)
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(unknown_arguments(parser, unknown, namespace.config, argv))
     namespace.queues = tuple(namespace.queues or ())
     if bool(namespace.tls_cert_file) != bool(namespace.tls_key_file):
         parser.error("--tls-cert-file and --tls-key-file go together")
     if namespace.tls_ca_cert_file and not namespace.tls_cert_file:
         parser.error("--tls-ca-cert-file needs --tls-cert-file and --tls-key-file")
     return Settings(**{name: getattr(namespace, name) for name in Settings.__dataclass_fields__})
+
+
+def unknown_arguments(parser, unknown: list[str], config_path: str | None, argv: list[str] | None) -> str:
+    """The error for options nobody defines: a config-file line named by file and line number
+    (configargparse passes the file's keys on as flags), the nearest real option as a hint."""
+    given = {arg.split("=", 1)[0] for arg in (sys.argv[1:] if argv is None else argv)}
+    flags = [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
+    for arg in unknown:
+        key = arg.split("=", 1)[0]
+        near = difflib.get_close_matches(key, flags, n=1)
+        line = None if key in given else config_file_line(config_path, key)
+        if line:  # in the file, keys are written without their dashes
+            hint = f" (did you mean {near[0].removeprefix('--')}?)" if near else ""
+            return f"{config_path}, line {line}: unknown option {key.removeprefix('--')!r}{hint}"
+        if near:
+            return f"unrecognized arguments: {' '.join(unknown)} (did you mean {near[0]}?)"
+    return f"unrecognized arguments: {' '.join(unknown)}"
+
+
+def config_file_line(path: str | None, flag: str) -> int | None:
+    """The line of config file `path` that sets `flag` ('--name'), if it does."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return None  # configargparse has read it already; this only places the error
+    for number, line in enumerate(lines, start=1):
+        key = re.match(r"\s*(?:--)?([^\s=:#;]+)", line)
+        if key and "--" + key.group(1) == flag:
+            return number
+    return None

@@ -50,7 +50,14 @@ def clients_part(clients: list[dict]) -> list[str]:
         out.append(f"| {cell(e['client'])} | {cell(e['version'])} | {cell(e['protocol'])} | "
                    f"{cell(e['settings'])} | {e['status']} |")
     return out + ["", "The runnable examples in `examples/` (Python: redis-py, Node.js: ioredis) run in the",
-                  "same tests, so they cannot rot."]
+                  "same tests, so they cannot rot.", "",
+                  "The rows with `XREADGROUP BLOCK 7000` (`tests/test_first_hour.py`) are a worker's idle",
+                  "read, longer than redis-py 8's default 5 s `socket_timeout`: redis-py then retries and",
+                  "raises `TimeoutError`, so a redis-py worker whose BLOCK may exceed 5 s (or is `0`, for",
+                  "ever) sets `socket_timeout` above it (or `None`), as the README's example and",
+                  "`examples/python/worker.py` do. The others need nothing: ioredis and node-redis set no",
+                  "read timeout, redis-rb adds BLOCK to its own, and redigo's `redis.Dial` has none unless",
+                  "given `DialReadTimeout` (then make it longer than BLOCK)."]
 
 
 def worker_libs_part(libs: list[dict]) -> list[str]:

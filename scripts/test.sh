@@ -19,6 +19,8 @@ command -v go >/dev/null 2>&1 || missing+=(golang-go)  # redigo, the Go client (
 command -v strace >/dev/null 2>&1 || missing+=(strace)  # tests/test_faults.py: the power-loss model
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # tests/test_abuse.py: a test certificate for TLS
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # tests/test_dashboard.py: a real browser
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)  # tests/test_first_hour.py: docs/alerts.yml
+command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)  # tests/test_first_hour.py: the units
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

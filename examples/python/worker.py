@@ -9,7 +9,9 @@ port = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("EZRA_PORT", 420
 queue, name = os.environ.get("QUEUE", "emails"), os.environ.get("WORKER_NAME", f"worker-{os.getpid()}")
 max_tasks, idle_ms = int(os.environ.get("MAX_TASKS", 0)), int(float(os.environ.get("IDLE_TIMEOUT", 5)) * 1000)
 
-r = redis.Redis(port=port)
+# redis-py 8 gives up on a reply after 5 s (socket_timeout) by default, and the blocking read
+# below waits up to IDLE_TIMEOUT seconds: allow that plus a margin for a busy server (0: for ever)
+r = redis.Redis(port=port, socket_timeout=idle_ms / 1000 + 10 if idle_ms else None)
 try:
     r.xgroup_create(queue, "workers", id="0", mkstream=True)  # optional on EZRA, required on Redis
 except redis.ResponseError as error:

@@ -34,6 +34,9 @@ def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
             raise StorageError(f"the copy in {dest_path} does not check out: {check}")
         counts = dict(dest.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
     except sqlite3.Error as exc:
+        reason = unreadable_because(source_path)
+        if reason:
+            raise StorageError(f"cannot read {source_path} ({exc}): {reason}") from exc
         raise StorageError(f"backup of {source_path} to {dest_path} failed: {exc}") from exc
     finally:
         source.close()
@@ -84,6 +87,9 @@ class Snapshot:
             app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.Error as exc:
+            reason = unreadable_because(path)
+            if reason:
+                raise StorageError(f"cannot read {path} ({exc}): {reason}") from exc
             raise StorageError(f"{path} is not a usable SQLite database: {exc}") from exc
         if app_id != APPLICATION_ID:
             self.conn.close()
@@ -120,3 +126,24 @@ class Snapshot:
 
     def close(self) -> None:
         self.conn.close()  # ends the read transaction: nothing was written
+
+
+def unreadable_because(path: str) -> str | None:
+    """Why a read-only connection to a WAL database failed when the file itself is fine: SQLite
+    must create (or write) its -shm file beside it, even to read. None: not that."""
+    directory = os.path.dirname(os.path.abspath(path))
+    shm = path + "-shm"
+    try:
+        read_only_fs = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except OSError:
+        return None
+    needs = (f"to read a database in WAL mode, SQLite must create or open {os.path.basename(shm)} beside it "
+             "(the database is not damaged)")
+    if read_only_fs:
+        return (f"{directory} is on a read-only file system, and {needs}. Copy the data directory to a "
+                "writable place (with its server stopped) and give that as --data-dir, or remount it read-write")
+    if not os.access(directory, os.W_OK) or (os.path.exists(shm) and not os.access(shm, os.W_OK)):
+        owner = os.stat(directory).st_uid
+        return (f"this user (uid {os.geteuid()}) may not write in {directory} (owner uid {owner}), and {needs}. "
+                "Run this command as the data directory's owner, the server's user (e.g. sudo -u <that user>)")
+    return None

@@ -9,7 +9,10 @@ are dispatched before the server's option parser sees the arguments, so
 
 from __future__ import annotations
 
+import difflib
 import sys
+
+COMMANDS = ("ping", "backup", "stats", "ls", "requeue", "export", "import")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,7 +30,18 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] and args[0] in ("stats", "ls", "requeue"):
         from .inspect import SUBCOMMANDS, run  # over the server's port: no gevent, no database
         sys.exit(run(SUBCOMMANDS[args[0]], args[1:]))
+    if args[:1] and not args[0].startswith("-"):
+        print(unknown_command(args[0]), file=sys.stderr)
+        sys.exit(2)  # as argparse exits on a usage error
     from ..lean_imports import defer_loguru_asyncio
     defer_loguru_asyncio()  # before app imports loguru: 6 MB less at idle
     from ..app import main as serve
     serve(args)
+
+
+def unknown_command(word: str) -> str:
+    """The server takes only --options: a bare word is a mistyped command (`ezra stat`)."""
+    near = difflib.get_close_matches(word, COMMANDS, n=1)
+    hint = f"did you mean 'ezra {near[0]}'? " if near else ""
+    return (f"ezra: unknown command {word!r}: {hint}the commands are {', '.join(COMMANDS)}, "
+            "and the server itself takes only --options (ezra --help)")

@@ -116,6 +116,23 @@ def fields_text(fields_json: str, limit: int = FIELDS_SHOWN) -> str:
     return text(shown)
 
 
+def count_class(base: str, state_name: str, count: int) -> str:
+    """A count's CSS classes: its state's colour only when there is something to see (0 is grey)."""
+    return f"{base} {state_name} zero" if count == 0 else f"{base} {state_name}"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def span_words(rates: list) -> str:
+    """The time the samples cover, as the chart's caption says it: '45 seconds', '1 minute', '10 minutes'."""
+    seconds = len(rates) * SAMPLE_SECONDS
+    if seconds < 60:
+        return plural(int(seconds), "second")
+    return plural(round(seconds / 60), "minute")
+
+
 def chart(rates: list[tuple[float, float]], width: int, height: int, labelled: bool) -> str:
     """Pushes/s and acks/s as two SVG lines (presentation attributes only: the CSP has no inline style)."""
     if len(rates) < 2:
@@ -130,9 +147,8 @@ def chart(rates: list[tuple[float, float]], width: int, height: int, labelled: b
 
     label = f'<text x="{width - 4}" y="12" text-anchor="end" class="chart-label">max {top:.1f}/s</text>' \
         if labelled else ""
-    minutes = len(rates) * SAMPLE_SECONDS / 60
     return (f'<svg class="chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
-            f'aria-label="pushes and acks per second over the last {minutes:.0f} minutes">'
+            f'aria-label="pushes and acks per second over the last {span_words(rates)}">'
             f'{line([p for p, _ in rates], "pushes")}{line([a for _, a in rates], "acks")}{label}</svg>')
 
 
@@ -150,7 +166,7 @@ def header(state, figures) -> str:
     settings = state.settings
     return (f'<header><a class="brand" href="/">EZRA</a> <span class="muted">{text(__version__)} · '
             f'{text(settings.bind)}:{state.port} · up {text(duration(uptime * 1000))} · '
-            f'{len(state.sessions)} clients, {figures.blocked} blocked · '
+            f'{plural(len(state.sessions), "client")}, {figures.blocked} blocked · '
             f'durability {text(settings.durability)}</span></header>')
 
 
@@ -170,13 +186,15 @@ def index_page(state, figures, history: History, page_number: int = 1, total: in
         counts = queue["counts"]
         since = queue["head_since"]
         rates = history.rates(name)
-        current = rates[-1][1] if rates else 0.0
+        pushes, acks = rates[-1] if rates else (0.0, 0.0)
         rows.append(
             f'<tr data-queue="{text(name)}"><td><a href="{text(queue_url(name))}">{text(name)}</a>'
             f'{PAUSED_BADGE if queue["paused"] else ""}</td>'
-            + "".join(f'<td class="num {state_name}">{counts[state_name]}</td>' for state_name in lifecycle.STATES)
+            + "".join(f'<td class="{count_class("num", state_name, counts[state_name])}">{counts[state_name]}</td>'
+                      for state_name in lifecycle.STATES)
             + f'<td class="num">{text(duration(None if since is None else now - since))}</td>'
-            f'<td>{chart(rates, 160, 28, labelled=False)} <span class="muted">{current:.1f} acks/s</span></td></tr>')
+            f'<td>{chart(rates, 160, 28, labelled=False)} <span class="muted"><span class="pushes-key">'
+            f'{pushes:.1f} pushes/s</span> · <span class="acks-key">{acks:.1f} acks/s</span></span></td></tr>')
     table = ('<p class="muted">No queues yet: a queue appears with its first XADD.</p>' if not rows else
              '<table class="queues"><thead><tr><th>queue</th>'
              + "".join(f'<th class="num">{STATE_TITLES[s]}</th>' for s in lifecycle.STATES)
@@ -205,7 +223,7 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
     """A queue's page: its figures (from Broker.figures), the tasks in `lists` by state, its charts."""
     now, queue = figures.now, figures.queues[name]
     counts = queue["counts"]
-    tiles = "".join(f'<div class="tile {s}"><div class="count" data-state="{s}">{counts[s]}</div>'
+    tiles = "".join(f'<div class="{count_class("tile", s, counts[s])}"><div class="count" data-state="{s}">{counts[s]}</div>'
                     f'<div class="muted">{STATE_TITLES[s]}</div></div>' for s in lifecycle.STATES)
     since = queue["head_since"]
     totals = queue["totals"]
@@ -221,7 +239,7 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
              f'<div class="tiles">{tiles}</div><p class="muted">{facts}</p>',
              f'<div class="big-chart">{chart(history.rates(name), 640, 120, labelled=True)}'
              f'<p class="muted"><span class="pushes-key">pushes/s</span> and <span class="acks-key">acks/s</span>, '
-             f'last 10 minutes</p></div>',
+             f'last {span_words(history.rates(name))}</p></div>',
              in_flight_table(lists[IN_FLIGHT], counts[IN_FLIGHT], now),
              dead_table(name, lists[DEAD], counts[DEAD], now, csrf),
              waiting_table("Next available", lists[AVAILABLE], counts[AVAILABLE], now, "waiting for",
