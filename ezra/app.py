@@ -1,5 +1,5 @@
-"""Wiring, in start order: config -> logging -> storage + recovery -> writer ->
-broker (reaper) -> server -> signals; stopped in reverse."""
+"""Wiring, in start order: config -> logging -> the data directory's lock -> storage +
+recovery -> writer -> broker (reaper) -> server -> signals; stopped in reverse."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .broker import Broker
 from .config import Settings, parse_settings
 from .server import EzraServer
 from .session import ServerState
-from .storage import StorageError, open_database
+from .storage import DataDirLock, StorageError, open_database
 
 SHUTDOWN_GRACE = 5.0  # seconds busy connections get to finish at shutdown
 GC_THRESHOLD = 20_000  # allocations between two passes of the youngest generation (Python: 700)
@@ -36,6 +36,7 @@ class App:
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        self.lock = None
         self.db = None
         self.broker = None
         self.server = None
@@ -55,7 +56,7 @@ class App:
     def _close_partial_start(self) -> None:
         for close in (self.web and self.web.stop, self.server and self.server.stop_listening,
                       self.broker and self.broker.stop,
-                      self.db and self.db.close):
+                      self.db and self.db.close, self.lock and self.lock.release):
             if close:
                 try:
                     close()
@@ -64,6 +65,8 @@ class App:
 
     def _start(self) -> int:
         settings = self.settings
+        # Before anything reads the file: a second server's recovery would hand out the first one's leases.
+        self.lock = DataDirLock.acquire(settings.data_dir, settings.lock_timeout, sleep=gevent.sleep)
         self.db = open_database(settings.data_dir, settings.disk_reserve)
         check_directories(settings)
         recovered = self.db.recover()  # before the port opens: in-flight -> available
@@ -101,6 +104,7 @@ class App:
         self.server.close_connections(SHUTDOWN_GRACE)
         self.broker.stop()
         self.db.close()
+        self.lock.release()  # after the file is closed: the next server finds it whole
         logger.info("stopped cleanly")
 
 

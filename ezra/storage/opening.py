@@ -16,13 +16,14 @@ import stat
 from loguru import logger
 
 from .database import DEFAULT_RESERVE_BYTES, RESERVE_FILENAME, Database
+from .dirlock import LOCK_FILENAME
 from .schema import APPLICATION_ID, SCHEMA, SCHEMA_STATEMENTS, SCHEMA_VERSION, StorageError
 
 DB_FILENAME = "ezra.db"
 BUSY_TIMEOUT_MS = 5000
 # EZRA's own files in the data directory: never reached through a symbolic link (a link
 # planted there would make a server, often root, write wherever it points).
-OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME)
+OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME, LOCK_FILENAME)
 
 # Version 1's tasks table lacked 'delayed' in its CHECK and the ttl_ms column: it is
 # rebuilt (SQLite cannot change a CHECK in place); queues only gains columns.
@@ -74,7 +75,7 @@ def _check_own_files(data_dir: str) -> None:
         except OSError as exc:
             raise StorageError(f"cannot inspect {path}: {exc}") from exc
         if stat.S_ISLNK(mode):
-            fix = ("remove the link: EZRA makes this file itself" if name == RESERVE_FILENAME else
+            fix = ("remove the link: EZRA makes this file itself" if name in (RESERVE_FILENAME, LOCK_FILENAME) else
                    "put the file itself in its place, or point --data-dir at the directory that holds it")
             raise StorageError(f"{path} is a symbolic link (to {os.readlink(path)}); EZRA does not follow "
                                f"links for its own files: {fix}")
