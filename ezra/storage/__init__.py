@@ -21,7 +21,8 @@ from .schema import (SCHEMA, SCHEMA_VERSION, SETTING_COLUMNS, StorageError, deco
 from .snapshots import Snapshot, backup_database, database_in_use
 
 __all__ = [
-    "DB_FILENAME", "DEFAULT_RESERVE_BYTES", "LOCK_FILENAME", "DataDirLock", "DataDirLocked", "RESERVE_FILENAME", "SCHEMA", "SCHEMA_VERSION", "SETTING_COLUMNS",
+    "DB_FILENAME", "DEFAULT_RESERVE_BYTES", "LOCK_FILENAME", "DataDirLock", "DataDirLocked",
+    "RESERVE_FILENAME", "SCHEMA", "SCHEMA_VERSION", "SETTING_COLUMNS",
     "Database", "Snapshot", "StorageError", "backup_database", "database_in_use", "decode_fields",
     "encode_fields", "entry", "name_bytes", "name_value", "open_database",
 ]
