@@ -9,6 +9,7 @@ import os
 import signal
 import stat
 import sys
+import time
 
 import gevent
 from gevent.event import Event
@@ -19,7 +20,7 @@ from .broker import Broker
 from .config import Settings, parse_settings
 from .server import EzraServer
 from .session import ServerState
-from .storage import DataDirLock, StorageError, open_database
+from .storage import DataDirLock, QuickCheck, StorageError, open_database
 
 SHUTDOWN_GRACE = 5.0  # seconds busy connections get to finish at shutdown
 GC_THRESHOLD = 20_000  # allocations between two passes of the youngest generation (Python: 700)
@@ -41,6 +42,7 @@ class App:
         self.broker = None
         self.server = None
         self.web = None
+        self.check = None  # the database's check after start, while it runs
 
     def start(self) -> int:
         """Open the database, recover, start serving; returns the bound port.
@@ -80,6 +82,9 @@ class App:
         self.server = EzraServer(ServerState(self.broker, settings))
         self.server.start()
         self.broker.start_reaper()
+        # After the port opens: a full check of a large file takes seconds; the first task must not wait.
+        self.check = QuickCheck(self.db.path)
+        gevent.spawn(self._check_database, self.check)
         if settings.http_port is not None:
             from .web.server import WebServer  # here: without --http-port, prometheus_client is never loaded
             self.web = WebServer(self.server.state, self.server.auth_throttle)
@@ -94,9 +99,31 @@ class App:
         log_exposure(settings)
         return self.server.port
 
+    def _check_database(self, check: QuickCheck) -> None:
+        """PRAGMA quick_check on a native thread; a corrupt file stops the writes (storage/integrity.py)."""
+        integrity = self.db.integrity
+        integrity.mark_checking()
+        started = time.monotonic()
+        try:
+            problems = gevent.get_hub().threadpool.apply(check.run)
+        except StorageError as exc:
+            logger.warning("could not check the database {}: {}", self.db.path, exc)
+            problems = None
+        finally:
+            self.check = None
+        if problems:
+            self.broker.writer.on_corruption("PRAGMA quick_check after start found: " + "; ".join(problems))
+            return
+        integrity.mark_checked(None if problems is None else True)
+        if problems is not None:
+            logger.debug("database {} checked (quick_check): whole, in {:.2f}s", self.db.path,
+                         time.monotonic() - started)
+
     def stop(self) -> None:
         """Stop accepting, answer what is under way, commit, close the database."""
         logger.info("stopping")
+        if self.check is not None:
+            self.check.interrupt()  # its own connection: cut short, not waited for
         if self.web is not None:
             self.web.stop()
         self.server.stop_listening()

@@ -159,3 +159,9 @@ def denied_protected_mode() -> CommandError:
 def too_many_unauthenticated(host: str, limit: int) -> CommandError:
     return err(f"too many connections from {host} that have not authenticated yet (at most {limit}, "
                f"--max-unauthenticated-per-host): authenticate the open ones (AUTH) or close them first")
+
+
+def database_corrupt(reason: str) -> CommandError:
+    """A write refused because ezra.db was found corrupt (storage/integrity.py)."""
+    return err(f"database corrupt, EZRA has stopped writing to it (reads of the pages still whole work): "
+               f"{reason}; stop EZRA and restore ezra.db from a backup")

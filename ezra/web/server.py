@@ -206,7 +206,11 @@ class WebApp:
     # -- pages
 
     def healthz(self, environ, params):
-        """200 when the writer commits within HEALTH_TIMEOUT seconds, else 503."""
+        """200 when the writer commits within HEALTH_TIMEOUT seconds, else 503 (and for a corrupt database)."""
+        integrity = self.broker.db.integrity
+        if integrity.corrupt:
+            return ("503 Service Unavailable", [("Content-Type", "text/plain")],
+                    f"down: the database is corrupt, writes are refused: {integrity.reason}\n".encode())
         try:
             with gevent.Timeout(HEALTH_TIMEOUT):
                 self.broker.writer.call(lambda: True, durable=False)
