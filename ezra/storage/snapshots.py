@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import sqlite3
 
 from loguru import logger
@@ -35,7 +34,7 @@ def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
     """
     if os.path.lexists(dest_path):
         raise StorageError(f"{dest_path} exists already; refusing to overwrite it")
-    temp_path = f"{dest_path}{PARTIAL_MARK}{secrets.token_hex(4)}"
+    temp_path = f"{dest_path}{PARTIAL_MARK}{os.urandom(4).hex()}"  # not secrets: it loads OpenSSL
     try:
         counts = _copy(source_path, temp_path)
         fsync_file(temp_path)
