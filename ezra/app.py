@@ -20,7 +20,7 @@ from .broker import Broker
 from .config import Settings, parse_settings
 from .server import EzraServer
 from .session import ServerState
-from .storage import DataDirLock, QuickCheck, StorageError, open_database
+from .storage import DB_FILENAME, DataDirLock, Integrity, QuickCheck, StorageError, open_database
 
 SHUTDOWN_GRACE = 5.0  # seconds busy connections get to finish at shutdown
 GC_THRESHOLD = 20_000  # allocations between two passes of the youngest generation (Python: 700)
@@ -51,8 +51,12 @@ class App:
         """
         try:
             return self._start()
-        except BaseException:
+        except BaseException as exc:
             self._close_partial_start()
+            if Integrity.is_corruption(exc):  # met by recovery or by the counts, before the port opened
+                raise StorageError(f"the database {os.path.join(self.settings.data_dir, DB_FILENAME)} is corrupt "
+                                   f"({exc}): EZRA does not start on it; restore ezra.db from a backup ("
+                                   "'sqlite3 ezra.db .recover' may save what is still readable)") from exc
             raise
 
     def _close_partial_start(self) -> None:

@@ -37,12 +37,13 @@ def three_thousand_tasks(tmp_path) -> EzraProcess:
     return server
 
 
-def garble_a_page_of_tasks(db_path) -> int:
-    """Write one page of garbage over a leaf page in the middle of the tasks table; its number."""
+def garble_a_page_of_tasks(db_path, name: str = "tasks") -> int:
+    """Write one page of garbage over a leaf page in the middle of the tasks table (or of the index
+    `name`); its number."""
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
         pages = [row[0] for row in conn.execute(
-            "SELECT pageno FROM dbstat WHERE name = 'tasks' AND pagetype = 'leaf' ORDER BY pageno")]
+            "SELECT pageno FROM dbstat WHERE name = ? AND pagetype = 'leaf' ORDER BY pageno", (name,))]
         page_size = conn.execute("PRAGMA page_size").fetchone()[0]
     except sqlite3.OperationalError as exc:
         pytest.skip(f"this SQLite has no dbstat table to find a page with: {exc}")
@@ -126,3 +127,14 @@ def test_a_malformed_page_met_at_run_time_stops_the_writes(tmp_path, protocol):
     finally:
         r.close()
         server.stop()
+
+
+def test_a_corrupt_page_that_start_up_reads_refuses_the_start_clearly(tmp_path):
+    server = three_thousand_tasks(tmp_path)
+    garble_a_page_of_tasks(server.data_dir / "ezra.db", "tasks_available")  # the counts read this index
+    with pytest.raises(AssertionError, match="exited with 1"):
+        server.start()
+    log = server.log()
+    assert f"cannot start: the database {server.data_dir / 'ezra.db'} is corrupt (database disk image is " \
+           "malformed): EZRA does not start on it; restore ezra.db from a backup" in log, log
+    assert "Traceback" not in log, log
