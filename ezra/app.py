@@ -43,6 +43,7 @@ class App:
         self.server = None
         self.web = None
         self.check = None  # the database's check after start, while it runs
+        self.stopping = False
 
     def start(self) -> int:
         """Open the database, recover, start serving; returns the bound port.
@@ -86,9 +87,6 @@ class App:
         self.server = EzraServer(ServerState(self.broker, settings))
         self.server.start()
         self.broker.start_reaper()
-        # After the port opens: a full check of a large file takes seconds; the first task must not wait.
-        self.check = QuickCheck(self.db.path)
-        gevent.spawn(self._check_database, self.check)
         if settings.http_port is not None:
             from .web.server import WebServer  # here: without --http-port, prometheus_client is never loaded
             self.web = WebServer(self.server.state, self.server.auth_throttle)
@@ -101,6 +99,9 @@ class App:
             logger.info("TLS only, certificate {}; client certificates {}", settings.tls_cert_file,
                         f"required (CA {settings.tls_ca_cert_file})" if settings.tls_ca_cert_file else "not asked")
         log_exposure(settings)
+        # Once serving: a full check of a large file takes seconds; the first task must not wait for it.
+        self.check = QuickCheck(self.db.path)
+        gevent.spawn(self._check_database, self.check)
         return self.server.port
 
     def _check_database(self, check: QuickCheck) -> None:
@@ -115,6 +116,8 @@ class App:
             problems = None
         finally:
             self.check = None
+        if self.stopping:  # cut short by stop(), or the database closed meanwhile
+            return
         if problems:
             self.broker.writer.on_corruption("PRAGMA quick_check after start found: " + "; ".join(problems))
             return
@@ -126,6 +129,7 @@ class App:
     def stop(self) -> None:
         """Stop accepting, answer what is under way, commit, close the database."""
         logger.info("stopping")
+        self.stopping = True
         if self.check is not None:
             self.check.interrupt()  # its own connection: cut short, not waited for
         if self.web is not None:
@@ -134,8 +138,10 @@ class App:
         self.broker.cancel_waiters()
         self.server.close_connections(SHUTDOWN_GRACE)
         self.broker.stop()
-        self.db.close()
-        self.lock.release()  # after the file is closed: the next server finds it whole
+        try:
+            self.db.close()
+        finally:
+            self.lock.release()  # after the file is closed: the next server finds it whole
         logger.info("stopped cleanly")
 
 
