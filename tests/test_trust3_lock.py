@@ -147,3 +147,15 @@ def test_import_into_a_data_directory_in_use_is_refused(ezra_factory, tmp_path):
                           cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
     assert done.returncode != 0
     assert "in use" in done.stderr, done.stderr
+
+
+def test_the_lock_file_is_never_reached_through_a_link(tmp_path):
+    data_dir, outside = tmp_path / "data", tmp_path / "outside"
+    data_dir.mkdir()
+    outside.mkdir()
+    (data_dir / "ezra.lock").symlink_to(outside / "victim")
+    server = EzraProcess(data_dir)
+    with pytest.raises(AssertionError, match="exited with 1"):
+        server.start()
+    assert "ezra.lock is a symbolic link" in server.log(), server.log()
+    assert list(outside.iterdir()) == []  # nothing created or written where the link points
