@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from ezra import Server
-from ezra.storage import DataDirLocked
+from ezra.storage import DataDirLock, DataDirLocked
 
 from conftest import LISTENING, NO_RETRY, ROOT, EzraProcess, wait_until
 
@@ -159,3 +159,22 @@ def test_the_lock_file_is_never_reached_through_a_link(tmp_path):
         server.start()
     assert "ezra.lock is a symbolic link" in server.log(), server.log()
     assert list(outside.iterdir()) == []  # nothing created or written where the link points
+
+
+def test_import_into_a_directory_whose_lock_is_held_names_the_holder(tmp_path):
+    """The lock, not only the database's open file, refuses the import: here a server that has
+    taken the directory and not opened ezra.db yet (this test process holds the lock)."""
+    data_dir = tmp_path / "data"
+    lock = DataDirLock.acquire(str(data_dir))
+    try:
+        done = subprocess.run([sys.executable, "-m", "ezra", "import", "--from", "redis://127.0.0.1:1",
+                               "--data-dir", str(data_dir), "jobs"], capture_output=True, text=True,
+                              cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=60)
+    finally:
+        lock.release()
+    assert done.returncode == 1
+    assert f"is in use by another EZRA (host {socket.gethostname()} pid {os.getpid()} since" in done.stderr, \
+        done.stderr
+    assert "import through its port instead (--port), or stop it first" in done.stderr
+    assert "--lock-timeout" not in done.stderr  # not an option of the import
+    assert not (data_dir / "ezra.db").exists()
