@@ -1,5 +1,5 @@
-"""Wiring, in start order: config -> logging -> storage + recovery -> writer ->
-broker (reaper) -> server -> signals; stopped in reverse."""
+"""Wiring, in start order: config -> logging -> the data directory's lock -> storage +
+recovery -> writer -> broker (reaper) -> server -> signals; stopped in reverse."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import signal
 import stat
 import sys
+import time
 
 import gevent
 from gevent.event import Event
@@ -20,7 +21,7 @@ from .broker import Broker
 from .config import Settings, parse_settings
 from .server import EzraServer
 from .session import ServerState
-from .storage import StorageError, open_database
+from .storage import DB_FILENAME, DataDirLock, Integrity, QuickCheck, StorageError, open_database
 
 SHUTDOWN_GRACE = 5.0  # seconds busy connections get to finish at shutdown
 GC_THRESHOLD = 20_000  # allocations between two passes of the youngest generation (Python: 700)
@@ -37,10 +38,13 @@ class App:
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        self.lock = None
         self.db = None
         self.broker = None
         self.server = None
         self.web = None
+        self.check = None  # the database's check after start, while it runs
+        self.stopping = False
 
     def start(self) -> int:
         """Open the database, recover, start serving; returns the bound port.
@@ -49,14 +53,18 @@ class App:
         """
         try:
             return self._start()
-        except BaseException:
+        except BaseException as exc:
             self._close_partial_start()
+            if Integrity.is_corruption(exc):  # met by recovery or by the counts, before the port opened
+                raise StorageError(f"the database {os.path.join(self.settings.data_dir, DB_FILENAME)} is corrupt "
+                                   f"({exc}): EZRA does not start on it; restore ezra.db from a backup ("
+                                   "'sqlite3 ezra.db .recover' may save what is still readable)") from exc
             raise
 
     def _close_partial_start(self) -> None:
         for close in (self.web and self.web.stop, self.server and self.server.stop_listening,
                       self.broker and self.broker.stop,
-                      self.db and self.db.close):
+                      self.db and self.db.close, self.lock and self.lock.release):
             if close:
                 try:
                     close()
@@ -65,6 +73,8 @@ class App:
 
     def _start(self) -> int:
         settings = self.settings
+        # Before anything reads the file: a second server's recovery would hand out the first one's leases.
+        self.lock = DataDirLock.acquire(settings.data_dir, settings.lock_timeout, sleep=gevent.sleep)
         self.db = open_database(settings.data_dir, settings.disk_reserve)
         check_directories(settings)
         recovered = self.db.recover()  # before the port opens: in-flight -> available
@@ -92,18 +102,49 @@ class App:
             logger.info("TLS only, certificate {}; client certificates {}", settings.tls_cert_file,
                         f"required (CA {settings.tls_ca_cert_file})" if settings.tls_ca_cert_file else "not asked")
         log_exposure(settings)
+        # Once serving: a full check of a large file takes seconds; the first task must not wait for it.
+        self.check = QuickCheck(self.db.path)
+        gevent.spawn(self._check_database, self.check)
         return self.server.port
+
+    def _check_database(self, check: QuickCheck) -> None:
+        """PRAGMA quick_check on a native thread; a corrupt file stops the writes (storage/integrity.py)."""
+        integrity = self.db.integrity
+        integrity.mark_checking()
+        started = time.monotonic()
+        try:
+            problems = gevent.get_hub().threadpool.apply(check.run)
+        except StorageError as exc:
+            logger.warning("could not check the database {}: {}", self.db.path, exc)
+            problems = None
+        finally:
+            self.check = None
+        if self.stopping:  # cut short by stop(), or the database closed meanwhile
+            return
+        if problems:
+            self.broker.writer.on_corruption("PRAGMA quick_check after start found: " + "; ".join(problems))
+            return
+        integrity.mark_checked(None if problems is None else True)
+        if problems is not None:
+            logger.debug("database {} checked (quick_check): whole, in {:.2f}s", self.db.path,
+                         time.monotonic() - started)
 
     def stop(self) -> None:
         """Stop accepting, answer what is under way, commit, close the database."""
         logger.info("stopping")
+        self.stopping = True
+        if self.check is not None:
+            self.check.interrupt()  # its own connection: cut short, not waited for
         if self.web is not None:
             self.web.stop()
         self.server.stop_listening()
         self.broker.cancel_waiters()
         self.server.close_connections(SHUTDOWN_GRACE)
         self.broker.stop()
-        self.db.close()
+        try:
+            self.db.close()
+        finally:
+            self.lock.release()  # after the file is closed: the next server finds it whole
         logger.info("stopped cleanly")
 
 

@@ -52,6 +52,8 @@ class Settings:
     auth_timeout: float = 30.0                  # with a password: seconds a connection may stay unauthenticated
     metrics_queues: int = 100                   # queues with their own /metrics series; the rest summed
     http_request_timeout: float = 5.0           # seconds an HTTP request (head and body) may take to arrive
+    # One server per data directory (storage/dirlock.py):
+    lock_timeout: float = 0.0                   # seconds to wait for another server to let the directory go
 
 
 def positive_float(text: str) -> float:
@@ -245,6 +247,11 @@ def build_parser() -> configargparse.ArgParser:
              "handshake) has not fully arrived this long after the server began waiting for it, "
              "however steadily it trickles in (slowloris); an idle keep-alive connection is closed "
              "after this long too")
+    add("--lock-timeout", type=non_negative_float, default=Settings.lock_timeout, metavar="SECONDS",
+        env_var="EZRA_LOCK_TIMEOUT",
+        help="another EZRA holds the data directory (its ezra.lock): wait this long for it to exit "
+             "before giving up (a rolling update starts the new server before the old one stops); "
+             "0: refuse to start at once")
     add("--version", action="version", version=f"ezra {__version__}")
     for action in parser._actions:  # what add_env_var_help did, without its closing sentence
         if getattr(action, "env_var", None):

@@ -80,7 +80,9 @@ class Server:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self, timeout: float = START_TIMEOUT) -> "Server":
-        """Start serving; returns once the port is open, raises if EZRA cannot start."""
+        """Start serving; returns once the port is open, raises if EZRA cannot start (another
+        server holds the data directory: DataDirLocked, after `lock_timeout` seconds if given,
+        which adds to `timeout`)."""
         if self._thread is not None:
             raise RuntimeError("this EZRA server is already started")
         self._started.clear()
@@ -88,6 +90,7 @@ class Server:
         self._thread = threading.Thread(target=self._run, name=f"ezra-server:{self.settings.data_dir}",
                                         daemon=True)
         self._thread.start()
+        timeout += self.settings.lock_timeout  # the wait for the data directory comes first
         if not self._started.wait(timeout):
             raise TimeoutError(f"EZRA did not open its port within {timeout}s")
         if self._error is not None:

@@ -164,3 +164,9 @@ def too_many_unauthenticated(host: str, limit: int) -> CommandError:
 
 def auth_timeout(seconds: float) -> CommandError:
     return err(f"closed: not authenticated within {seconds:g}s of connecting (--auth-timeout)")
+
+
+def database_corrupt(reason: str) -> CommandError:
+    """A write refused because ezra.db was found corrupt (storage/integrity.py)."""
+    return err(f"database corrupt, EZRA has stopped writing to it (reads of the pages still whole work): "
+               f"{reason}; stop EZRA and restore ezra.db from a backup")

@@ -249,6 +249,8 @@ class Writer:
         batch = self._batch or self._open_batch()  # (never inside an EXEC: it opened its batch)
         if grows and self.disk_full:
             self._refuse_growth()
+        if self.db.integrity.corrupt:
+            return self._submit_read_only(batch, fn, args, durable, grows)
         request = Request(batch, fn, args, durable, grows, atomic)
         try:
             request.result = fn(*args)
@@ -452,6 +454,8 @@ class Writer:
         """Undo the whole batch: every request in it is answered with a storage error."""
         if self.db.is_disk_full(exc):
             self._on_disk_full(f"{what} (batch rolled back)", exc)
+        elif self.db.integrity.is_corruption(exc):
+            self.on_corruption(f"{what}: {exc}")
         else:
             logger.opt(exception=exc).error("{} failed, batch of {} requests rolled back: {}", what,
                                             len(batch.requests), exc)
@@ -461,7 +465,8 @@ class Writer:
             self.db.rollback()
         except Exception as rollback_exc:
             logger.opt(exception=rollback_exc).error("rollback failed: {}", rollback_exc)
-        batch.error = errors.storage_failed(str(exc) or type(exc).__name__)
+        batch.error = (errors.database_corrupt(self.db.integrity.reason) if self.db.integrity.corrupt
+                       else errors.storage_failed(str(exc) or type(exc).__name__))
         for atomic in batch.atomics:
             atomic.error = batch.error
         try:
@@ -472,6 +477,38 @@ class Writer:
         batch.requests.clear()
         batch.committed.set()
         batch.synced.set()
+
+    # ------------------------------------------------------------ a corrupt database
+
+    def on_corruption(self, what: str) -> None:
+        """ezra.db is corrupt (a query met a malformed page, or the check at start found one):
+        writes stop from here on, logged once; reads go on (storage/integrity.py)."""
+        if self.db.integrity.mark_corrupt(what):
+            logger.error("the database {} is corrupt ({}): EZRA has stopped writing to it; writes are refused, "
+                         "reads of the pages still whole go on. Stop EZRA and restore ezra.db from a backup "
+                         "(export what it can still read first: ezra export --data-dir)", self.db.path,
+                         self.db.integrity.reason)
+
+    def _submit_read_only(self, batch: Batch, fn, args, durable: bool, grows: bool) -> Request:
+        """Run `fn` on the read-only connection: a read answers; a write is refused, alone (the
+        batch holds no writes to undo). The broker's caches are not rebuilt: it changes them
+        after its statements, which refused writes never pass (and a rebuild reads every
+        queue's counts: 0.1 s a refused write with a million tasks)."""
+        request = Request(batch, fn, args, durable, grows)
+        try:
+            request.result = fn(*args)
+        except Exception as exc:
+            if not self.db.conn.in_transaction:  # some errors end SQLite's transaction: the turn needs one
+                self.db.begin()
+            if isinstance(exc, errors.CommandError):
+                raise
+            if not (self.db.integrity.is_refused_write(exc) or self.db.integrity.is_corruption(exc)):
+                logger.opt(exception=exc).error("request {} failed on the corrupt database: {}",
+                                                getattr(fn, "__name__", fn), exc)
+            raise errors.database_corrupt(self.db.integrity.reason) from None
+        batch.requests.append(request)
+        batch.durable |= durable
+        return request
 
     # ------------------------------------------------------------ a full disk
 

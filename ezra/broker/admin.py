@@ -288,9 +288,10 @@ def backup_path(allowed_dir: str, requested: str) -> str:
     """Where BACKUP may write `requested`: a new file's path inside allowed_dir, links resolved.
 
     A relative path is taken in allowed_dir. The directory that will hold the copy is
-    resolved (`..`, symbolic links) and must be allowed_dir or below it; the final name is
-    created later with O_EXCL | O_NOFOLLOW (storage.backup_database), so neither an existing
-    file nor a link there is written through.
+    resolved (`..`, symbolic links) and must be allowed_dir or below it; the copy is written
+    under a new temporary name (O_EXCL | O_NOFOLLOW) and then linked to the final name, which
+    fails if anything is there (storage.backup_database): an existing file or a link there is
+    never written through.
     """
     if "\0" in requested:
         raise errors.backup_refused("a path cannot hold a NUL byte")

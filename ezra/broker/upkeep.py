@@ -106,6 +106,8 @@ class Upkeep(BrokerCore):
     def maintain(self) -> bool:
         """One reaper pass (expire leases, promote due tasks, purge, trim) in its own batch;
         True when a batch was full and the next pass should come at once."""
+        if self.db.integrity.corrupt:  # nothing is written to a corrupt file: no expiry, no purge
+            return False
         return self.writer.call(self._tx_maintain, durable=False)
 
     def _tx_maintain(self) -> bool:

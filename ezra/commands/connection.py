@@ -294,10 +294,13 @@ def info_memory(state: ServerState, figures):
 
 
 def info_persistence(state: ServerState, figures):
+    integrity = state.broker.db.integrity  # unchecked, checking, ok or corrupt (storage/integrity.py)
     return [("loading", 0), ("database_file", state.broker.db.path), ("database_bytes", figures.database_bytes),
             ("durability", state.settings.durability), ("commit_batches", figures.batches),
             ("wal_fsyncs", figures.fsyncs),
-            ("committed_requests", figures.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0)]
+            ("committed_requests", figures.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0),
+            ("database_integrity", integrity.state),
+            *([("database_corruption", integrity.reason)] if integrity.corrupt else [])]
 
 
 def info_stats(state: ServerState, figures):

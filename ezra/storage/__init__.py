@@ -4,14 +4,18 @@ binary), schema.py (the file's mark and version, how names and fields sit in
 rows, StorageError), database.py (the Database: the server's connection and
 every query it runs, named; the broker calls them on the event loop inside the
 writer's transaction of the current loop turn), opening.py (open_database:
-own-file checks, pragmas, migrations) and snapshots.py (hot backup, the export's
-read-only snapshot, the import's in-use check: connections of their own, on a
-native thread or in a command-line program). The modules import one another in
-that order (schema <- database <- opening <- snapshots); the package imports
+own-file checks, pragmas, migrations), dirlock.py (ezra.lock: one server per data
+directory), integrity.py (a corrupt file: found, reported, no longer written) and
+snapshots.py (hot backup, the export's read-only snapshot, the import's in-use
+check: connections of their own, on a native thread or in a command-line
+program). The modules import one another in that order (schema <- dirlock,
+integrity <- database <- opening <- snapshots); the package imports
 nothing of EZRA but lifecycle (the states and id format), so the broker, the
 writer, web/ and tools/ import it and it imports none of them.
 """
 
+from .dirlock import LOCK_FILENAME, DataDirLock, DataDirLocked
+from .integrity import Integrity, QuickCheck
 from .database import DEFAULT_RESERVE_BYTES, RESERVE_FILENAME, Database
 from .opening import DB_FILENAME, open_database
 from .schema import (SCHEMA, SCHEMA_VERSION, SETTING_COLUMNS, StorageError, decode_fields, encode_fields,
@@ -19,7 +23,8 @@ from .schema import (SCHEMA, SCHEMA_VERSION, SETTING_COLUMNS, StorageError, deco
 from .snapshots import Snapshot, backup_database, database_in_use
 
 __all__ = [
-    "DB_FILENAME", "DEFAULT_RESERVE_BYTES", "RESERVE_FILENAME", "SCHEMA", "SCHEMA_VERSION", "SETTING_COLUMNS",
+    "DB_FILENAME", "DEFAULT_RESERVE_BYTES", "LOCK_FILENAME", "DataDirLock", "DataDirLocked",
+    "Integrity", "RESERVE_FILENAME", "SCHEMA", "SCHEMA_VERSION", "SETTING_COLUMNS",
     "Database", "Snapshot", "StorageError", "backup_database", "database_in_use", "decode_fields",
-    "encode_fields", "entry", "name_bytes", "name_value", "open_database",
+    "encode_fields", "entry", "name_bytes", "name_value", "open_database", "QuickCheck",
 ]

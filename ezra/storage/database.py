@@ -20,6 +20,7 @@ import stat
 from loguru import logger
 
 from .. import lifecycle
+from .integrity import Integrity
 from .schema import SETTING_COLUMNS, encode_fields, name_value
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
@@ -67,11 +68,12 @@ class Database:
         self._wal_fd = os.open(self.wal_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]  # fixed once the file is in WAL mode
         self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
+        self.integrity = Integrity(conn)  # read-only once found corrupt
 
     # -- transactions (driven by writer.py)
 
     def begin(self) -> None:
-        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.execute(self.integrity.begin_sql)
 
     def commit(self) -> None:
         self.conn.execute("COMMIT")

@@ -4,6 +4,11 @@
 refuses a file that is not EZRA's (or one of its files reached through a link),
 sets the pragmas in one place, migrates an older file in place in one
 transaction, and hands the connection to a Database.
+
+A new database is made under another name (ezra.db.new) and renamed into place
+once its schema is on disk, so EZRA never leaves an empty ezra.db: an empty one
+found at start is somebody's interrupted copy or restore, and is refused rather
+than taken for a new install (it would start with no tasks and say nothing).
 """
 
 from __future__ import annotations
@@ -16,13 +21,16 @@ import stat
 from loguru import logger
 
 from .database import DEFAULT_RESERVE_BYTES, RESERVE_FILENAME, Database
+from .dirlock import LOCK_FILENAME
 from .schema import APPLICATION_ID, SCHEMA, SCHEMA_STATEMENTS, SCHEMA_VERSION, StorageError
 
 DB_FILENAME = "ezra.db"
+NEW_DB_FILENAME = DB_FILENAME + ".new"  # a new database until its schema is on disk
 BUSY_TIMEOUT_MS = 5000
 # EZRA's own files in the data directory: never reached through a symbolic link (a link
 # planted there would make a server, often root, write wherever it points).
-OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME)
+OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME, LOCK_FILENAME,
+             NEW_DB_FILENAME, NEW_DB_FILENAME + "-journal")
 
 # Version 1's tasks table lacked 'delayed' in its CHECK and the ttl_ms column: it is
 # rebuilt (SQLite cannot change a CHECK in place); queues only gains columns.
@@ -42,10 +50,16 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
     _check_own_files(data_dir)
     path = os.path.join(data_dir, DB_FILENAME)
-    existed = os.path.exists(path) and os.path.getsize(path) > 0
+    if not os.path.lexists(path):
+        _create_database(data_dir, path)
+    elif os.path.getsize(path) == 0:
+        raise StorageError(f"{path} is empty (0 bytes): EZRA never leaves an empty ezra.db, so this is an "
+                           "interrupted copy or restore, not a database; put the backup you meant to restore in "
+                           "its place, or, if this is a new install, delete it and start EZRA again (it creates "
+                           "the database)")
     conn = connect(path)
     try:
-        version = _check_owner(conn, path, existed)
+        version = _check_owner(conn, path)
         _set_pragmas(conn)
         if version < SCHEMA_VERSION and _has_table(conn, "tasks"):
             _migrate(conn, version, path)
@@ -63,6 +77,30 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
     return Database(conn, path, reserve_bytes)
 
 
+def _create_database(data_dir: str, path: str) -> None:
+    """A new, empty EZRA database at `path`: written whole under NEW_DB_FILENAME, then renamed."""
+    new_path = os.path.join(data_dir, NEW_DB_FILENAME)
+    for leftover in (new_path, new_path + "-journal"):  # a start killed while creating one
+        try:
+            os.unlink(leftover)
+        except FileNotFoundError:
+            pass
+    conn = connect(new_path, create=True)
+    try:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only before the first table (see _set_pragmas)
+        conn.executescript(SCHEMA)
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot create a database in {new_path}: {exc}") from exc
+    finally:
+        conn.close()
+    fsync_file(new_path)
+    os.rename(new_path, path)
+    fsync_directory(data_dir)
+    logger.info("created a new database {}", path)
+
+
 def _check_own_files(data_dir: str) -> None:
     """Refuse to start on a data directory where one of EZRA's files is a link or not a file."""
     for name in OWN_FILES:
@@ -74,7 +112,7 @@ def _check_own_files(data_dir: str) -> None:
         except OSError as exc:
             raise StorageError(f"cannot inspect {path}: {exc}") from exc
         if stat.S_ISLNK(mode):
-            fix = ("remove the link: EZRA makes this file itself" if name == RESERVE_FILENAME else
+            fix = ("remove the link: EZRA makes this file itself" if name in (RESERVE_FILENAME, LOCK_FILENAME) else
                    "put the file itself in its place, or point --data-dir at the directory that holds it")
             raise StorageError(f"{path} is a symbolic link (to {os.readlink(path)}); EZRA does not follow "
                                f"links for its own files: {fix}")
@@ -103,6 +141,15 @@ def connect(path: str, create: bool = False) -> sqlite3.Connection:
         raise StorageError(f"cannot open {path}: {exc}") from exc
 
 
+def fsync_file(path: str) -> None:
+    """Make a file's contents durable (before it is renamed into place)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_directory(path: str) -> None:
     """Make the names of files just created in `path` durable."""
     fd = os.open(path, os.O_RDONLY)
@@ -112,8 +159,9 @@ def fsync_directory(path: str) -> None:
         os.close(fd)
 
 
-def _check_owner(conn, path: str, existed: bool) -> int:
-    """The file's schema version (0: new). Never build our schema over somebody else's database."""
+def _check_owner(conn, path: str) -> int:
+    """The file's schema version (0: a file with no tables and no mark, which EZRA may fill).
+    Never build our schema over somebody else's database."""
     app_id = conn.execute("PRAGMA application_id").fetchone()[0]
     tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     if app_id == APPLICATION_ID:
@@ -121,7 +169,7 @@ def _check_owner(conn, path: str, existed: bool) -> int:
         if version > SCHEMA_VERSION:
             raise StorageError(f"{path} was written by a newer EZRA (schema {version}); upgrade EZRA")
         return version
-    if existed and (app_id != 0 or tables):
+    if app_id != 0 or tables:
         raise StorageError(f"{path} is not an EZRA database (application_id={app_id:#x}, {tables} objects); "
                            "refusing to touch it")
     return 0

@@ -6,24 +6,51 @@ has the file open (`database_in_use`: `ezra import --data-dir`).
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 
+from loguru import logger
+
 from .. import lifecycle
 from .database import tasks_by_id
-from .opening import BUSY_TIMEOUT_MS, connect, fsync_directory
+from .opening import BUSY_TIMEOUT_MS, connect, fsync_directory, fsync_file
 from .schema import APPLICATION_ID, SCHEMA_VERSION, StorageError, name_bytes, name_value
+
+
+PARTIAL_MARK = ".partial-"  # dest.db.partial-<random>: a backup being written (or one a kill cut short)
 
 
 def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
     """Copy a live ezra.db through SQLite's online backup API; returns the copy's task counts.
 
     Reads a consistent snapshot (one read transaction; writers carry on in WAL mode),
-    writes a self-contained file (rollback journal, no -wal beside it), fsyncs it, then
-    checks that the copy opens. Safe from another process or a thread: it uses its own
-    connections.
+    writes a self-contained file (rollback journal, no -wal beside it) under a temporary
+    name beside `dest_path`, checks that the copy opens, fsyncs it, then gives it its
+    name and fsyncs the directory (as Redis's BGSAVE does): `dest_path` holds the whole
+    copy or does not exist, whether the backup fails, the disk fills or the process is
+    killed. A failed backup removes its temporary file; a retry uses a new one. Safe
+    from another process or a thread: it uses its own connections.
     """
-    dest = connect(dest_path, create=True)  # O_EXCL | O_NOFOLLOW: a new file, never through a link
+    if os.path.lexists(dest_path):
+        raise StorageError(f"{dest_path} exists already; refusing to overwrite it")
+    temp_path = f"{dest_path}{PARTIAL_MARK}{os.urandom(4).hex()}"  # not secrets: it loads OpenSSL
+    try:
+        counts = _copy(source_path, temp_path)
+        fsync_file(temp_path)
+        _publish(temp_path, dest_path)
+        fsync_directory(os.path.dirname(os.path.abspath(dest_path)))
+    except OSError as exc:  # a full disk at the fsync, a directory gone
+        _remove_partial(temp_path)
+        raise StorageError(f"backup of {source_path} to {dest_path} failed: {exc}") from exc
+    except BaseException:
+        _remove_partial(temp_path)
+        raise
+    return counts
+
+
+def _copy(source_path: str, temp_path: str) -> dict[str, int]:
+    dest = connect(temp_path, create=True)  # O_EXCL | O_NOFOLLOW: a new file, never through a link
     source = sqlite3.connect(f"file:{source_path}?mode=ro", uri=True)
     try:
         source.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -31,23 +58,40 @@ def backup_database(source_path: str, dest_path: str) -> dict[str, int]:
         dest.execute("PRAGMA journal_mode = DELETE").fetchone()
         check = dest.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
-            raise StorageError(f"the copy in {dest_path} does not check out: {check}")
-        counts = dict(dest.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
+            raise StorageError(f"the copy in {temp_path} does not check out: {check}")
+        return dict(dest.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())
     except sqlite3.Error as exc:
         reason = unreadable_because(source_path)
         if reason:
             raise StorageError(f"cannot read {source_path} ({exc}): {reason}") from exc
-        raise StorageError(f"backup of {source_path} to {dest_path} failed: {exc}") from exc
+        raise StorageError(f"backup of {source_path} to {temp_path} failed: {exc}") from exc
     finally:
         source.close()
         dest.close()
-    fd = os.open(dest_path, os.O_RDONLY)
+
+
+def _publish(temp_path: str, dest_path: str) -> None:
+    """Give the finished copy its name, never over a file that appeared there meanwhile."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_directory(os.path.dirname(os.path.abspath(dest_path)))
-    return counts
+        os.link(temp_path, dest_path)  # fails if dest_path exists, where rename would replace it
+    except FileExistsError:
+        raise StorageError(f"{dest_path} exists already; refusing to overwrite it") from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV):
+            raise StorageError(f"cannot name the backup {dest_path}: {exc}") from exc
+        os.rename(temp_path, dest_path)  # a file system without hard links: checked absent above
+        return
+    os.unlink(temp_path)
+
+
+def _remove_partial(temp_path: str) -> None:
+    for path in (temp_path, temp_path + "-journal"):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.warning("cannot remove the unfinished backup {}: {}", path, exc)
 
 
 def database_in_use(path: str) -> bool:

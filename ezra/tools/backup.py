@@ -21,7 +21,8 @@ def build_parser() -> configargparse.ArgParser:
     parser = configargparse.ArgParser(
         prog="ezra backup",
         description="Copy a live ezra.db to DEST with SQLite's online backup API. The copy is one "
-                    "consistent file (no -wal beside it): restore it by stopping EZRA and putting it in "
+                    "consistent file (no -wal beside it), written as DEST.partial-<random> and renamed to "
+                    "DEST once whole: restore it by stopping EZRA and putting it in "
                     "place of ezra.db (removing ezra.db-wal and ezra.db-shm).",
         ignore_unknown_config_file_keys=True)
     parser.add_argument("--config", is_config_file=True, env_var="EZRA_CONFIG",

@@ -429,14 +429,17 @@ def start_embedded(data_dir: str):
     from loguru import logger
 
     from ..embed import Server
-    from ..storage import DB_FILENAME, database_in_use
+    from ..storage import DB_FILENAME, DataDirLocked, database_in_use
     path = os.path.join(data_dir, DB_FILENAME)
+    in_use = "import through its port instead (--port), or stop it first"
     if os.path.exists(path) and database_in_use(path):
-        raise MoveError(f"{path} is in use (is EZRA running on it?): import through its port instead "
-                        "(--port), or stop it first")
+        raise MoveError(f"{path} is in use (is EZRA running on it?): {in_use}")
     logger.remove()  # the embedded server's start and stop lines are not this program's news
     logger.add(sys.stderr, level="WARNING", format="{level}: ezra: {message}")
-    return Server(data_dir=data_dir, port=0, bind="127.0.0.1").start()
+    try:
+        return Server(data_dir=data_dir, port=0, bind="127.0.0.1").start()  # it takes the directory's lock
+    except DataDirLocked as exc:  # a server holds the directory, its file not open yet (or a reader has it)
+        raise MoveError(f"{str(exc).split(';')[0]}: {in_use}") from None
 
 
 def warn(tool: str, queue: bytes, message: str) -> None:

@@ -49,7 +49,7 @@ def snapshot(state) -> dict:
     figures (its --metrics-queues busiest queues, the rest summed) and the server's."""
     return {"figures": state.broker.figures(busiest=state.settings.metrics_queues),
             "connected": len(state.sessions), "parked": state.parked_clients,
-            "durability": state.settings.durability}
+            "durability": state.settings.durability, "database_corrupt": state.broker.db.integrity.corrupt}
 
 
 class SnapshotCollector:
@@ -103,6 +103,8 @@ class SnapshotCollector:
                             "Seconds per fdatasync of the WAL before durable replies.", figures.fsync_seconds)
         yield gauge("ezra_disk_full", "1 while pushes are refused because the disk is full.",
                     int(figures.disk_full))
+        yield gauge("ezra_database_corrupt", "1 once ezra.db was found corrupt: writes are refused from then on.",
+                    int(snap["database_corrupt"]))
         yield gauge("ezra_connected_clients", "Client connections open on the Redis-protocol port.",
                     snap["connected"])
         yield gauge("ezra_blocked_clients", "Clients waiting in a blocking XREADGROUP or XREAD.", figures.blocked)

@@ -207,7 +207,10 @@ class WebApp:
     # -- pages
 
     def healthz(self, environ, params):
-        """200 when the writer commits within HEALTH_TIMEOUT seconds, else 503."""
+        """200 when the writer commits within HEALTH_TIMEOUT seconds, else 503 (and for a corrupt database)."""
+        if self.broker.db.integrity.corrupt:  # what was found is for the log and INFO, not for anyone
+            return ("503 Service Unavailable", [("Content-Type", "text/plain")],
+                    b"down: the database is corrupt, writes are refused (see the log, or INFO persistence)\n")
         try:
             with gevent.Timeout(HEALTH_TIMEOUT):
                 self.broker.writer.call(lambda: True, durable=False)
