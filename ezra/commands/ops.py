@@ -19,7 +19,7 @@ from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
 from ..options import Flag, Options, Value, parse_options
 from ..resp import OK, SimpleString
 from ..storage import StorageError, decode_fields, name_bytes
-from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int
+from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
 from .table import Deferred, command
 
 AUTOCLAIM_DEFAULT_COUNT = 100
@@ -74,7 +74,7 @@ XCLAIM_OPTIONS = Options(IDLE=xclaim_ms("IDLE"), TIME=xclaim_ms("TIME"),
 def xclaim(session, args):
     """XCLAIM queue group worker min-idle-ms id... [IDLE ms] [TIME ms] [RETRYCOUNT n] [FORCE] [JUSTID] [LASTID id]"""
     queue = live_queue(args[1])
-    worker = session.use_worker(args[3])
+    worker = worker_name(args[3])
     min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XCLAIM"), 0)
     i, ids = 5, []
     while i < len(args):
@@ -84,6 +84,7 @@ def xclaim(session, args):
             break  # as Redis: the ids end where the options start
         i += 1
     (idle_ms, time_ms, retry_count, force, justid, _), _ = parse_options(args, i, XCLAIM_OPTIONS)
+    session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
     return Deferred(broker_of(session).take_over(queue, worker, min_idle, ids, idle_ms=idle_ms, time_ms=time_ms,
                                                  retry_count=retry_count, force=force, justid=justid))
 
@@ -102,10 +103,11 @@ XAUTOCLAIM_OPTIONS = Options(COUNT=Value(autoclaim_count, AUTOCLAIM_DEFAULT_COUN
 def xautoclaim(session, args):
     """XAUTOCLAIM queue group worker min-idle-ms start [COUNT n] [JUSTID]: [cursor, entries, deleted]"""
     queue = live_queue(args[1])
-    worker = session.use_worker(args[3])
+    worker = worker_name(args[3])
     min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XAUTOCLAIM"), 0)
     start = lifecycle.parse_range_bound(args[5], True)
     (count, justid), _ = parse_options(args, 6, XAUTOCLAIM_OPTIONS)
+    session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
     return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid))
 
 
