@@ -8,10 +8,12 @@ loaded 2-core machine.
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 import redis
 from conftest import wait_until
-from support import claim, configure, pending
+from support import claim, configure, http, pending, scrape
 
 # ---------------------------------------------------------------- item 15: validate, then act
 
@@ -66,4 +68,61 @@ def test_a_long_worker_name_is_refused_before_anything_is_written(shared_server,
     assert len(claim(r, queue, "w" * 256, count=1)) == 1
     assert r.xpending_range(queue, "g", "-", "+", 10, consumername=huge) == []
     assert r.xgroup_delconsumer(queue, "g", huge) == 0
+    r.close()
+
+
+# ---------------------------------------------------------------- item 7: queue names are bounded
+
+def test_a_new_queue_name_is_at_most_256_bytes(shared_server, protocol, queue):
+    """Before: a 1 MB name made a queue (10 of them: a 162 MB scrape); after: refused, nothing made."""
+    r = shared_server.client(protocol)
+    long_name = queue.ljust(257, "x")
+    expected = r"queue name is 257 bytes long; a new queue's name is at most 256 bytes"
+    for command in (("XADD", long_name, "*", "f", "v"), ("XCFGSET", long_name, "MAX-ATTEMPTS", "5"),
+                    ("XGROUP", "CREATE", long_name, "g", "$", "MKSTREAM")):
+        with pytest.raises(redis.ResponseError, match=expected):
+            r.execute_command(*command)
+    assert r.exists(long_name) == 0
+    assert r.xadd(long_name[:256], {"f": "v"})  # 256 bytes is a name
+    r.close()
+
+
+def make_long_named_queue(data_dir, name: bytes, tasks: int) -> None:
+    """What an older EZRA allowed: a queue whose name is far past today's limit, with its tasks,
+    written into the database of a server that has been stopped."""
+    from ezra.storage import encode_fields, name_value
+    with sqlite3.connect(data_dir / "ezra.db") as db:
+        db.execute("INSERT INTO queues (name, created_at) VALUES (?, 1)", (name_value(name),))
+        db.executemany("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                       "VALUES (?, ?, 0, 'available', ?, 1, 1)",
+                       [(name_value(name), n + 1, encode_fields([b"n", str(n).encode()])) for n in range(tasks)])
+
+
+def test_queues_an_older_ezra_named_long_cost_little_and_can_be_drained(ezra_factory, protocol):
+    """Before: a 100 KB name was 100 KB per series of /metrics and per link of the dashboard
+    (one queue: a ~1.5 MB scrape, every scrape); after: shown cut to 256 bytes and a digest."""
+    server = ezra_factory("--http-port", "0")
+    server.client(protocol).xadd("small", {"f": "v"})
+    server.stop()
+    names = [f"{c}".encode() * 100_000 for c in "ab"]
+    for name in names:
+        make_long_named_queue(server.data_dir, name, 3)
+    server.start()
+    status, _, body = http(server.http_url + "/metrics")
+    assert status == 200 and len(body) < 100_000, len(body)
+    samples = scrape(server)
+    labels = {dict(labels).get("queue") for (metric, labels) in samples if metric == "ezra_tasks"}
+    cut = {label for label in labels if label and label[0] in "ab"}
+    assert len(cut) == 2 and all(len(label.encode()) < 400 for label in cut), cut  # apart, and short
+    status, _, page = http(server.http_url + "/")
+    assert status == 200 and len(page) < 100_000, len(page)
+    r = server.client(protocol)
+    for name in names:  # the whole name still works: drain, settings, a push to the queue it names
+        assert r.xinfo_stream(name)["available"] == 3
+        configure(r, name.decode(), "MAX-ATTEMPTS", "5")
+        assert r.xadd(name, {"n": "3"})
+        entries = claim(r, name.decode(), "drainer", count=10)
+        assert len(entries) == 4
+        assert r.xack(name, "g", *[task_id for task_id, _ in entries]) == 4
+        assert r.xlen(name) == 0
     r.close()

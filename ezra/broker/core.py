@@ -28,6 +28,11 @@ from ..storage import SETTING_COLUMNS, Database, entry, name_bytes
 from .upkeep import Upkeep
 from ..writer import Writer
 
+# A queue's name is in every row of its tasks, every INFO line, /metrics series and dashboard row:
+# 10 queues with 1 MB names made each scrape 162 MB. A new queue's name is at most this long;
+# queues an older EZRA created with longer names keep working (drain, settings, XINFO), and
+# /metrics and the dashboard show their names cut (web/).
+MAX_QUEUE_NAME = 256  # bytes
 DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA caps it
 MAX_READ_COUNT = 10000
 INF = float("inf")
@@ -233,6 +238,9 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
     def _queue(self, name: bytes, now: int, create: bool = True) -> QueueState | None:
         queue = self.queues.get(name)
         if queue is None and create:
+            if len(name) > MAX_QUEUE_NAME:  # raised before the batch writes anything for it
+                raise errors.err(f"queue name is {len(name)} bytes long; a new queue's name is at most "
+                                 f"{MAX_QUEUE_NAME} bytes")
             self.db.insert_queue(name, now)
             queue = self.queues[name] = QueueState(name)
         return queue
