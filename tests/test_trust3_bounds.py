@@ -9,6 +9,8 @@ loaded 2-core machine.
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 
 import pytest
 import redis
@@ -126,3 +128,74 @@ def test_queues_an_older_ezra_named_long_cost_little_and_can_be_drained(ezra_fac
         assert r.xack(name, "g", *[task_id for task_id, _ in entries]) == 4
         assert r.xlen(name) == 0
     r.close()
+
+
+# ---------------------------------------------------------------- item 5: a close costs what it holds
+
+class PingWatch:
+    """Another client's PINGs, one after the other on a thread: the longest wait for a reply."""
+
+    def __init__(self, server):
+        self.client = server.client()  # socket_timeout 30 s: a stall shows as a long wait, not an error
+        self.longest, self.count, self._stop = 0.0, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.client.ping()
+            self.longest = max(self.longest, time.monotonic() - started)
+            self.count += 1
+
+    def __enter__(self):
+        self.thread.start()
+        wait_until(lambda: self.count > 0, message="the first PING")
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self.thread.join(60)
+        self.client.close()
+
+
+def test_closing_a_connection_that_used_many_worker_names_does_not_stall_others(ezra_factory, protocol):
+    """3,000 queues and one connection that named 20,000 workers (none holding a task) closes.
+    Before: each name was checked against every queue on the event loop (60M checks: seconds
+    of other clients' PING); after: a lookup per name."""
+    server = ezra_factory()
+    producer = server.client(protocol)
+    with producer.pipeline(transaction=False) as pipe:
+        for n in range(3000):
+            pipe.xadd(f"many-{n}", {"n": n})
+        pipe.execute()
+    namer = server.client(protocol)
+    with namer.pipeline(transaction=False) as pipe:
+        for n in range(20_000):
+            pipe.execute_command("XREADGROUP", "GROUP", "g", f"w{n}", "STREAMS", "empty", ">")
+        assert not any(pipe.execute())
+    with PingWatch(server) as watch:
+        namer.close()
+        wait_until(lambda: int(producer.info("clients")["connected_clients"]) == 2,
+                   message="the close")  # the producer and the PINGs
+        before = watch.count
+        wait_until(lambda: watch.count > before + 10, message="PINGs after the close")
+    assert watch.longest < 1.0, f"another client's PING waited {watch.longest:.2f} s"
+    producer.close()
+
+
+def test_a_gone_worker_is_released_in_each_queue_where_it_holds_tasks(shared_server, protocol, queue):
+    """Only the queues the name was given tasks in are looked at, and each of them is."""
+    admin = shared_server.client(protocol)
+    names = [f"{queue}-{n}" for n in range(3)]
+    for name in names:
+        configure(admin, name, "RELEASE-ON-DISCONNECT", "0.2")
+        admin.xadd(name, {"job": name})
+    worker = shared_server.client(protocol)
+    for name in names[:2]:  # the third queue's task stays available: never leased to it
+        assert len(claim(worker, name, "two-queues")) == 1
+    worker.close()
+    for name in names[:2]:
+        wait_until(lambda: pending(admin, name) == [], message=f"the release in {name}")
+        assert admin.xinfo_stream(name)["available"] == 1
+    assert [len(claim(admin, name, "next")) for name in names] == [1, 1, 1]
+    admin.close()

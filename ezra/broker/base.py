@@ -35,6 +35,7 @@ class BrokerCore:
     blocked: dict[bytes, OrderedDict]       # blocked XREADGROUP waiters, FIFO per queue
     # --- set by Leases.__init__ (leases.py)
     worker_connections: dict[bytes, int]    # worker name -> open connections that used it
+    held_in: dict[bytes, set[bytes]]        # worker name -> queues where tasks were leased to it
     # --- set by Observers.__init__ (observers.py)
     observers: dict[tuple[bytes, bool], dict[int, Observer]]  # blocked XREADs per view
 
@@ -112,6 +113,10 @@ class BrokerCore:
     # ------------------------------------------------------------ leases.py
     def _claim_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
         """leases.py: claim tasks in flight idle for `min_idle` ms (XREADGROUP CLAIM)."""
+        raise NotImplementedError
+
+    def _leased(self, worker: bytes, queue: QueueState) -> None:
+        """leases.py: tasks of the queue were leased to the worker (release on disconnect looks there)."""
         raise NotImplementedError
 
     def stop_release_timers(self) -> None:
