@@ -8,13 +8,16 @@ loaded 2-core machine.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 import redis
-from conftest import wait_until
+from conftest import ROOT, wait_until
 from support import claim, configure, http, pending, scrape
 
 # ---------------------------------------------------------------- item 15: validate, then act
@@ -199,3 +202,118 @@ def test_a_gone_worker_is_released_in_each_queue_where_it_holds_tasks(shared_ser
         assert admin.xinfo_stream(name)["available"] == 1
     assert [len(claim(admin, name, "next")) for name in names] == [1, 1, 1]
     admin.close()
+
+
+# ---------------------------------------------------------------- item 10: introspection off the loop
+
+def prepared_server(ezra_factory, fill, *args):
+    """A server whose database `fill(db)` filled with sqlite3 while it was stopped (fast big data)."""
+    server = ezra_factory(*args)
+    server.stop()
+    with sqlite3.connect(server.data_dir / "ezra.db") as db:
+        fill(db)
+    return server.start(timeout=60)
+
+
+def available_tasks(queue: str, count: int):
+    from ezra.storage import encode_fields
+
+    def fill(db):
+        db.execute("INSERT INTO queues (name, created_at) VALUES (?, 1)", (queue,))
+        fields = encode_fields([b"n", b"x"])
+        db.executemany("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                       "VALUES (?, ?, 0, 'available', ?, 1, 1)", ((queue, n + 1, fields) for n in range(count)))
+    return fill
+
+
+def test_xpending_summary_of_200000_tasks_in_flight_does_not_hold_other_clients(ezra_factory, protocol):
+    """64 pipelined XPENDING summaries of a queue with 200,000 tasks in flight, 4 workers.
+    Before: each counted every in-flight task on the event loop (~14 ms quiet), so another
+    client's PING waited for all of them; after: counted on a native thread."""
+    server = prepared_server(ezra_factory, available_tasks("big", 200_000))
+    r = server.client(protocol)
+    for n in range(20):
+        assert len(claim(r, "big", f"w{n % 4}", count=10_000)) == 10_000
+    summary = r.xpending("big", "g")
+    assert summary["pending"] == 200_000 and len(summary["consumers"]) == 4
+    assert summary["min"] == b"1-0" and summary["max"] == b"200000-0"
+    with PingWatch(server) as watch:
+        with r.pipeline(transaction=False) as pipe:
+            for _ in range(64):
+                pipe.xpending("big", "g")
+            replies = pipe.execute()
+    assert all(reply == summary for reply in replies)
+    assert watch.longest < 0.5, f"another client's PING waited {watch.longest:.2f} s"
+    r.close()
+
+
+def many_queues(count: int):
+    def fill(db):
+        db.executemany("INSERT INTO queues (name, created_at) VALUES (?, 1)",
+                       ((f"q{n:05d}",) for n in range(count)))
+    return fill
+
+
+def test_info_with_50000_queues_is_bounded_and_every_queue_is_still_listed(ezra_factory, protocol):
+    """Before: INFO listed every queue (50,000 lines, ~0.5 s of the event loop a call); after: the
+    first 100 by name, with the count; XINFO QUEUES and `ezra stats` page through all of them."""
+    server = prepared_server(ezra_factory, many_queues(50_000))
+    r = server.client(protocol)
+    r.xadd("q00003", {"f": "v"})
+    with PingWatch(server) as watch:
+        with r.pipeline(transaction=False) as pipe:
+            for _ in range(8):
+                pipe.info()
+            pipe.execute()
+    assert watch.longest < 0.5, f"another client's PING waited {watch.longest:.2f} s"
+    section = r.info("queues")
+    assert section["queues"] == 50_000 and section["queues_listed"] == 100
+    listed = [key for key in section if key.startswith("queue_")]
+    assert listed == [f"queue_q{n:05d}" for n in range(100)]
+    assert section["queue_q00003"]["available"] == 1
+    names, after = [], None
+    while True:
+        page = r.execute_command("XINFO", "QUEUES", "COUNT", 1000, *(("AFTER", after) if after else ()))
+        names += [(queue[b"name"] if isinstance(queue, dict) else dict(zip(queue[::2], queue[1::2]))[b"name"])
+                  for queue in page]
+        if len(page) < 1000:
+            break
+        after = names[-1]
+    assert names == [f"q{n:05d}".encode() for n in range(50_000)]
+    [first] = r.execute_command("XINFO", "QUEUES", "AFTER", "q00002", "COUNT", 1)
+    first = first if isinstance(first, dict) else dict(zip(first[::2], first[1::2]))
+    assert first[b"name"] == b"q00003" and first[b"available"] == 1 and first[b"pushed"] == 1
+    stats = subprocess.run([sys.executable, "-m", "ezra", "stats", "--port", str(server.port), "--timeout", "30"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert stats.returncode == 0, stats.stderr
+    rows = [line.split() for line in stats.stdout.splitlines()[2:]]
+    assert len(rows) == 50_001 and rows[1][0] == "q00000"  # the header, then every queue
+    assert [row for row in rows if row[0] == "q00003"] == [["q00003", "1", "0", "0", "0", "0", "1", "0", "0", "0"]]
+    r.close()
+
+
+def idempotent_producers(queue: str, producers: int, each: int):
+    def fill(db):
+        db.execute("INSERT INTO queues (name, created_at) VALUES (?, 1)", (queue,))
+        db.executemany("INSERT INTO idempotency (queue, producer, iid, id_ms, id_seq, expires_at) "
+                       "VALUES (?, ?, ?, 1, 0, ?)",
+                       ((queue, f"p{p}", f"i{i}".encode(), 2 ** 50) for p in range(producers) for i in range(each)))
+    return fill
+
+
+def test_xinfo_stream_with_300000_idempotent_ids_does_not_hold_other_clients(ezra_factory, protocol):
+    """16 pipelined XINFO STREAMs of a queue that remembers 300,000 producer ids. Before: each
+    counted them on the event loop (123 ms); after: counted on a native thread."""
+    server = prepared_server(ezra_factory, idempotent_producers("idem", 3000, 100))
+    r = server.client(protocol)
+    info = r.xinfo_stream("idem")
+    assert info["pids-tracked"] == 3000 and info["iids-tracked"] == 300_000
+    with PingWatch(server) as watch:
+        with r.pipeline(transaction=False) as pipe:
+            for _ in range(16):
+                pipe.xinfo_stream("idem")
+            replies = pipe.execute()
+    assert all(reply["iids-tracked"] == 300_000 for reply in replies)
+    assert watch.longest < 0.5, f"another client's PING waited {watch.longest:.2f} s"
+    r.close()

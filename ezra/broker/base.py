@@ -29,6 +29,7 @@ class BrokerCore:
     default_backoff: object                 # the server's backoff policy, for queues without one
     clock: object                           # () -> ms since the epoch; tests replace it
     queues: dict[bytes, QueueState]         # per-queue caches, touched only in writer batches
+    queue_names: list[bytes]                # their names in byte order (pages of the queue list)
     stats: dict[str, int]                   # event tallies since start, all queues
     writer: Writer                          # runs the `_tx_*` scripts in batches; set last
     # --- set by Claims.__init__ (claims.py)
@@ -95,6 +96,11 @@ class BrokerCore:
 
     def _idmp_limits(self, queue: QueueState) -> tuple[int, int]:
         """core.py: the queue's idempotency limits."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ admin.py
+    def _read_apart(self, query, *args):
+        """admin.py: storage.reads' `query` on a native thread, after this greenlet's writes committed."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ claims.py
