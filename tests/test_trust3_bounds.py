@@ -205,6 +205,8 @@ def test_a_gone_worker_is_released_in_each_queue_where_it_holds_tasks(shared_ser
 
 
 # ---------------------------------------------------------------- item 10: introspection off the loop
+# The big-data tests run once (RESP2): what they measure is the event loop, not the reply shape;
+# the shapes of the figures read apart are checked in both protocols on small data.
 
 def prepared_server(ezra_factory, fill, *args):
     """A server whose database `fill(db)` filled with sqlite3 while it was stopped (fast big data)."""
@@ -226,7 +228,8 @@ def available_tasks(queue: str, count: int):
     return fill
 
 
-def test_xpending_summary_of_200000_tasks_in_flight_does_not_hold_other_clients(ezra_factory, protocol):
+def test_xpending_summary_of_200000_tasks_in_flight_does_not_hold_other_clients(ezra_factory):
+    protocol = 2  # the cost does not depend on it (heavy: one run); the shapes, in both below
     """64 pipelined XPENDING summaries of a queue with 200,000 tasks in flight, 4 workers.
     Before: each counted every in-flight task on the event loop (~14 ms quiet), so another
     client's PING waited for all of them; after: counted on a native thread."""
@@ -254,7 +257,8 @@ def many_queues(count: int):
     return fill
 
 
-def test_info_with_50000_queues_is_bounded_and_every_queue_is_still_listed(ezra_factory, protocol):
+def test_info_with_50000_queues_is_bounded_and_every_queue_is_still_listed(ezra_factory):
+    protocol = 2  # the cost does not depend on it (heavy: one run); the shapes, in both below
     """Before: INFO listed every queue (50,000 lines, ~0.5 s of the event loop a call); after: the
     first 100 by name, with the count; XINFO QUEUES and `ezra stats` page through all of them."""
     server = prepared_server(ezra_factory, many_queues(50_000))
@@ -302,7 +306,8 @@ def idempotent_producers(queue: str, producers: int, each: int):
     return fill
 
 
-def test_xinfo_stream_with_300000_idempotent_ids_does_not_hold_other_clients(ezra_factory, protocol):
+def test_xinfo_stream_with_300000_idempotent_ids_does_not_hold_other_clients(ezra_factory):
+    protocol = 2  # the cost does not depend on it (heavy: one run); the shapes, in both below
     """16 pipelined XINFO STREAMs of a queue that remembers 300,000 producer ids. Before: each
     counted them on the event loop (123 ms); after: counted on a native thread."""
     server = prepared_server(ezra_factory, idempotent_producers("idem", 3000, 100))
@@ -316,4 +321,36 @@ def test_xinfo_stream_with_300000_idempotent_ids_does_not_hold_other_clients(ezr
             replies = pipe.execute()
     assert all(reply["iids-tracked"] == 300_000 for reply in replies)
     assert watch.longest < 0.5, f"another client's PING waited {watch.longest:.2f} s"
+    r.close()
+
+
+def test_figures_read_apart_have_their_shapes_in_both_protocols(shared_server, protocol, queue):
+    """Above 2,000 in flight XPENDING's summary is read apart; XINFO's counts always are (outside
+    EXEC). Both give what the transaction gives, as Redis shapes it; inside MULTI/EXEC too."""
+    r = shared_server.client(protocol)
+    with r.pipeline(transaction=False) as pipe:
+        for n in range(2500):
+            pipe.xadd(queue, {"n": n})
+        pipe.execute()
+    assert len(claim(r, queue, "a", count=2000)) == 2000
+    assert len(claim(r, queue, "b", count=500)) == 500
+    r.xadd(queue, {"plain": "1"})
+    r.execute_command("XADD", queue, "IDMP", "p1", "i1", "*", "f", "v")  # one idempotent producer id
+    summary = r.xpending(queue, "g")
+    assert summary["pending"] == 2500 and summary["min"] is not None
+    assert sorted((c["name"], c["pending"]) for c in summary["consumers"]) == [(b"a", 2000), (b"b", 500)]
+    consumers = r.xinfo_consumers(queue, "g")
+    assert sorted((c["name"], c["pending"]) for c in consumers) == [(b"a", 2000), (b"b", 500)]
+    stream = r.xinfo_stream(queue)
+    assert (stream["pids-tracked"], stream["iids-tracked"], stream["in-flight"]) == (1, 1, 2500)
+    with r.pipeline(transaction=True) as pipe:  # inside EXEC: counted in the transaction, the same
+        pipe.xpending(queue, "g")
+        pipe.xinfo_stream(queue)
+        in_exec, stream_in_exec = pipe.execute()
+    assert in_exec == summary and stream_in_exec["iids-tracked"] == 1
+    [page] = r.execute_command("XINFO", "QUEUES", "AFTER", queue[:-1], "COUNT", 1)
+    page = page if isinstance(page, dict) else dict(zip(page[::2], page[1::2]))
+    assert page[b"name"] == queue.encode() and page[b"in-flight"] == 2500 and page[b"available"] == 2
+    with pytest.raises(redis.ResponseError, match="COUNT must be 1..1000"):
+        r.execute_command("XINFO", "QUEUES", "COUNT", 1001)
     r.close()
