@@ -6,7 +6,9 @@ every query it runs, named; the broker calls them on the event loop inside the
 writer's transaction of the current loop turn), opening.py (open_database:
 own-file checks, pragmas, migrations) and snapshots.py (hot backup, the export's
 read-only snapshot, the import's in-use check: connections of their own, on a
-native thread or in a command-line program). The modules import one another in
+native thread or in a command-line program). reads.py holds the reads whose cost
+grows with the data (XPENDING's summary, XINFO's counts), which the Database runs
+in its transaction and the broker on a native thread (`read_apart`). The modules import one another in
 that order (schema <- database <- opening <- snapshots); the package imports
 nothing of EZRA but lifecycle (the states and id format), so the broker, the
 writer, web/ and tools/ import it and it imports none of them.
