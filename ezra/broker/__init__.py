@@ -27,7 +27,9 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     figures              INFO, /metrics, dashboard  one snapshot of the figures (a Figures)
     backup               BGSAVE / SAVE            hot backup of the database
     look, observe        XREAD                    read without claiming; block for new entries
-    queue_counts         EXISTS, TYPE             every queue's counts by state
+    existing             EXISTS, TYPE             which names are queues
+    names_after          XINFO QUEUES, INFO       a page of the queue names, in byte order
+    queue_counts         (tests)                  every queue's counts by state
     blocked_clients      (figures)                blocked XREADGROUPs and XREADs
     maintain             (the reaper, tests)      one reaper pass: expire, promote, purge, trim
     start_reaper, stop, cancel_waiters            life: reaper, shutdown

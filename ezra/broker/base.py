@@ -29,12 +29,14 @@ class BrokerCore:
     default_backoff: object                 # the server's backoff policy, for queues without one
     clock: object                           # () -> ms since the epoch; tests replace it
     queues: dict[bytes, QueueState]         # per-queue caches, touched only in writer batches
+    queue_names: list[bytes]                # their names in byte order (pages of the queue list)
     stats: dict[str, int]                   # event tallies since start, all queues
     writer: Writer                          # runs the `_tx_*` scripts in batches; set last
     # --- set by Claims.__init__ (claims.py)
     blocked: dict[bytes, OrderedDict]       # blocked XREADGROUP waiters, FIFO per queue
     # --- set by Leases.__init__ (leases.py)
     worker_connections: dict[bytes, int]    # worker name -> open connections that used it
+    held_in: dict[bytes, set[bytes]]        # worker name -> queues where tasks were leased to it
     # --- set by Observers.__init__ (observers.py)
     observers: dict[tuple[bytes, bool], dict[int, Observer]]  # blocked XREADs per view
 
@@ -96,6 +98,11 @@ class BrokerCore:
         """core.py: the queue's idempotency limits."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------ admin.py
+    def _read_apart(self, query, *args):
+        """admin.py: storage.reads' `query` on a native thread, after this greenlet's writes committed."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------ claims.py
     def _serve_waiters(self, queue: QueueState, now: int) -> None:
         """claims.py: claim available tasks for the queue's blocked workers, in the batch."""
@@ -112,6 +119,10 @@ class BrokerCore:
     # ------------------------------------------------------------ leases.py
     def _claim_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
         """leases.py: claim tasks in flight idle for `min_idle` ms (XREADGROUP CLAIM)."""
+        raise NotImplementedError
+
+    def _leased(self, worker: bytes, queue: QueueState) -> None:
+        """leases.py: tasks of the queue were leased to the worker (release on disconnect looks there)."""
         raise NotImplementedError
 
     def stop_release_timers(self) -> None:

@@ -126,6 +126,8 @@ class Claims(BrokerCore):
                 queue.trim_floor = min(queue.trim_floor, rows[0][:2])
             queue.last_delivered = max(queue.last_delivered or (0, 0), rows[-1][:2])
         queue.move(AVAILABLE, state, len(rows))
+        if rows and deadline is not None:
+            self._leased(worker, queue)
         self._tally(queue, "delivered", len(rows))
         redelivered = sum(1 for row in rows if row[3] > 1)  # row[3]: attempts, this one included
         if redelivered:

@@ -16,6 +16,7 @@ Whatever makes a task available (push, nack, expiry...) calls `_serve_waiters`
 """
 from __future__ import annotations
 
+import bisect
 import time
 
 from .. import errors, lifecycle, queue_settings
@@ -24,10 +25,18 @@ from .leases import Leases
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from .observers import Observers
 from .admin import QueueAdmin
-from ..storage import SETTING_COLUMNS, Database, entry, name_bytes
+from ..storage import SETTING_COLUMNS, Database, entry, name_bytes, reads
 from .upkeep import Upkeep
 from ..writer import Writer
 
+# A queue's name is in every row of its tasks, every INFO line, /metrics series and dashboard row:
+# 10 queues with 1 MB names made each scrape 162 MB. A new queue's name is at most this long;
+# queues an older EZRA created with longer names keep working (drain, settings, XINFO), and
+# /metrics and the dashboard show their names cut (web/).
+MAX_QUEUE_NAME = 256  # bytes
+# Past this many tasks in flight, XPENDING's summary is counted apart (on a native thread): up to
+# it, counting in the transaction costs well under a millisecond and answers without a thread hop.
+READ_APART_IN_FLIGHT = 2000
 DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA caps it
 MAX_READ_COUNT = 10000
 INF = float("inf")
@@ -42,6 +51,18 @@ VIEW_GROWS = {"pushed": False, "requeued": False, "dead": True}
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class Answered:
+    """A verb's result computed off the writer (a read apart): `wait()` returns it, as a request's does."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def wait(self):
+        return self.value
 
 
 class QueueState:
@@ -148,17 +169,36 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
     def range(self, queue: bytes, dead: bool, start, end, count, reverse: bool):
         return self.writer.submit(self._tx_range, queue, dead, start, end, count, reverse, durable=False)
 
-    def pending_summary(self, queue: bytes):
-        """XPENDING summary: (first id, last id, [(worker, count)]) of in-flight tasks."""
+    def pending_summary(self, queue: bytes, apart: bool = True):
+        """XPENDING summary: (first id, last id, [(worker, count)]) of in-flight tasks.
+
+        It counts them row by row (400,000 in flight: 28 ms), so above READ_APART_IN_FLIGHT it
+        is read apart, on a native thread, unless `apart` is False (inside EXEC, which cannot wait)."""
+        state = self.queues.get(queue)  # a plain read between batches, as _nothing_to_claim's
+        if apart and state is not None and state.counts[IN_FLIGHT] > READ_APART_IN_FLIGHT:
+            first, last, workers = self._read_apart(reads.pending_summary, queue)
+            return Answered((first, last, [(name_bytes(worker), n) for worker, n in workers]))
         return self.writer.submit(self._tx_pending_summary, queue, durable=False)
 
     def pending_entries(self, queue: bytes, start, end, count, worker, min_idle_ms):
         return self.writer.submit(self._tx_pending_entries, queue, start, end, count, worker, min_idle_ms,
                                   durable=False)
 
+    def names_after(self, after: bytes | None, count: int) -> list[bytes]:
+        """Up to `count` queue names in byte order, after `after` (None: from the first): a page of
+        the queue list (XINFO QUEUES, INFO, the dashboard) without sorting every name each time."""
+        names = self.queue_names  # a plain read between batches, as _nothing_to_claim's
+        start = 0 if after is None else bisect.bisect_right(names, after)
+        return names[start:start + count]
+
     def queue_counts(self) -> dict[bytes, dict[str, int]]:
-        """A snapshot of every queue's counts by state (INFO)."""
+        """A snapshot of every queue's counts by state."""
         return self.writer.call(self._tx_counts, durable=False)
+
+    def existing(self, names: list[bytes]) -> set[bytes]:
+        """Which of these names are queues (EXISTS, TYPE), once what was submitted before is in:
+        a lookup per name, not a copy of every queue's counts (50,000 queues: ~50 ms a call)."""
+        return self.writer.call(self._tx_existing, names, durable=False)
 
     # ------------------------------------------------------------ settings, as they apply now
 
@@ -222,6 +262,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
             if queue is not None:
                 queue.counts[state] = count
         self.queues = queues
+        self.queue_names = sorted(queues)  # kept in order as queues are made (_queue)
         self.reset_schedule()  # the reaper looks again at everything it keeps a time for
 
     def _tally(self, queue: QueueState, event: str, n: int = 1) -> None:
@@ -233,8 +274,12 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
     def _queue(self, name: bytes, now: int, create: bool = True) -> QueueState | None:
         queue = self.queues.get(name)
         if queue is None and create:
+            if len(name) > MAX_QUEUE_NAME:  # raised before the batch writes anything for it
+                raise errors.err(f"queue name is {len(name)} bytes long; a new queue's name is at most "
+                                 f"{MAX_QUEUE_NAME} bytes")
             self.db.insert_queue(name, now)
             queue = self.queues[name] = QueueState(name)
+            bisect.insort(self.queue_names, name)
         return queue
 
     def _tx_trim(self, name: bytes, trim) -> int:
@@ -408,6 +453,9 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         rows = self.db.pending_entries(name, start, end, count, worker, before)
         return [[lifecycle.format_id((ms, seq)), name_bytes(owner), max(now - delivered, 0), attempts]
                 for ms, seq, owner, delivered, attempts in rows]
+
+    def _tx_existing(self, names: list[bytes]) -> set[bytes]:
+        return {name for name in names if name in self.queues}
 
     def _tx_counts(self) -> dict:
         return {name: dict(queue.counts) for name, queue in self.queues.items()}

@@ -15,18 +15,19 @@ from .args import broker_of
 from .table import command
 
 
-def known_queues(session) -> dict:
-    return broker_of(session).queue_counts()
+def known_queues(session, names: list[bytes]) -> set[bytes]:
+    """Those of the names (or the queues of their ::dead views) that are queues."""
+    return broker_of(session).existing([split_queue(name)[0] for name in names])
 
 
 @command("EXISTS", -2)
 def exists(session, args):
     """EXISTS queue [queue ...]: how many of the names are queues (a name given twice counts twice)."""
-    queues = known_queues(session)
+    queues = known_queues(session, args[1:])
     return sum(split_queue(name)[0] in queues for name in args[1:])
 
 
 @command("TYPE", 2)
 def type_(session, args):
     """TYPE queue: stream for a queue or its ::dead view, none for any other name."""
-    return SimpleString("stream" if split_queue(args[1])[0] in known_queues(session) else "none")
+    return SimpleString("stream" if known_queues(session, args[1:2]) else "none")

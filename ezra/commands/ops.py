@@ -6,6 +6,7 @@
     XREQUEUE queue ALL | IDS n id...          dead tasks back to available
     XINFO STREAM|GROUPS|CONSUMERS|HELP        Redis's shapes, plus EZRA's counts and settings
     XINFO TASKS queue state [COUNT n] [AFTER id]   EZRA's: the tasks of one state (ezra ls)
+    XINFO QUEUES [AFTER name] [COUNT n]       EZRA's: every queue's counts, a page at a time (ezra stats)
     BACKUP dest-path                          a hot backup of ezra.db, a new file in the backup directory
 
 Same rules as every command (table.py): parse, call the broker, return a reply value.
@@ -19,7 +20,7 @@ from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
 from ..options import Flag, Options, Value, parse_options
 from ..resp import OK, SimpleString
 from ..storage import StorageError, decode_fields, name_bytes
-from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int
+from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
 from .table import Deferred, command
 
 AUTOCLAIM_DEFAULT_COUNT = 100
@@ -74,7 +75,7 @@ XCLAIM_OPTIONS = Options(IDLE=xclaim_ms("IDLE"), TIME=xclaim_ms("TIME"),
 def xclaim(session, args):
     """XCLAIM queue group worker min-idle-ms id... [IDLE ms] [TIME ms] [RETRYCOUNT n] [FORCE] [JUSTID] [LASTID id]"""
     queue = live_queue(args[1])
-    worker = session.use_worker(args[3])
+    worker = worker_name(args[3])
     min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XCLAIM"), 0)
     i, ids = 5, []
     while i < len(args):
@@ -84,6 +85,7 @@ def xclaim(session, args):
             break  # as Redis: the ids end where the options start
         i += 1
     (idle_ms, time_ms, retry_count, force, justid, _), _ = parse_options(args, i, XCLAIM_OPTIONS)
+    session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
     return Deferred(broker_of(session).take_over(queue, worker, min_idle, ids, idle_ms=idle_ms, time_ms=time_ms,
                                                  retry_count=retry_count, force=force, justid=justid))
 
@@ -102,10 +104,11 @@ XAUTOCLAIM_OPTIONS = Options(COUNT=Value(autoclaim_count, AUTOCLAIM_DEFAULT_COUN
 def xautoclaim(session, args):
     """XAUTOCLAIM queue group worker min-idle-ms start [COUNT n] [JUSTID]: [cursor, entries, deleted]"""
     queue = live_queue(args[1])
-    worker = session.use_worker(args[3])
+    worker = worker_name(args[3])
     min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XAUTOCLAIM"), 0)
     start = lifecycle.parse_range_bound(args[5], True)
     (count, justid), _ = parse_options(args, 6, XAUTOCLAIM_OPTIONS)
+    session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
     return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid))
 
 
@@ -146,18 +149,21 @@ def xinfo(session, args):
         return [SimpleString(line) for line in XINFO_HELP]  # Redis's text, byte for byte
     if sub == b"TASKS":
         return xinfo_tasks(session, args)
+    if sub == b"QUEUES":
+        return xinfo_queues(session, args)
     arity = {b"STREAM": 3, b"GROUPS": 3, b"CONSUMERS": 4}.get(sub)
     if arity is None:
         raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XINFO")
     if len(args) < arity or (sub != b"STREAM" and len(args) != arity):
         raise errors.err(f"wrong number of arguments for 'xinfo|{sub.decode().lower()}' command")
     queue = live_queue(args[2])
+    apart = not session.in_exec  # its counts on a native thread; inside EXEC (it cannot wait) in the transaction
     if sub == b"GROUPS":
-        return Deferred(broker_of(session).stream_info(queue), lambda info: [group_reply(info)])
+        return Deferred(broker_of(session).stream_info(queue, apart=apart), lambda info: [group_reply(info)])
     if sub == b"CONSUMERS":
-        return Deferred(broker_of(session).stream_info(queue), consumers_reply)
+        return Deferred(broker_of(session).stream_info(queue, apart=apart), consumers_reply)
     full_count = stream_full_count(args[3:])
-    return Deferred(broker_of(session).stream_info(queue, full_count),
+    return Deferred(broker_of(session).stream_info(queue, full_count, apart),
                     stream_reply if full_count is None else stream_full_reply)
 
 
@@ -190,6 +196,37 @@ def xinfo_tasks(session, args):
     (count, after), _ = parse_options(args, 4, TASKS_OPTIONS)
     return Deferred(broker_of(session).tasks(queue, state, count, after),
                     lambda rows: [task_reply(row, state) for row in rows])
+
+
+QUEUES_DEFAULT_COUNT = 100
+QUEUES_MAX_COUNT = 1000
+QUEUE_TALLIES = ("pushed", "delivered", "acked", "failed", "expired")
+
+
+def queues_count(arg: bytes) -> int:
+    count = to_int(arg)
+    if not 0 < count <= QUEUES_MAX_COUNT:
+        raise errors.err(f"COUNT must be 1..{QUEUES_MAX_COUNT}")
+    return count
+
+
+QUEUES_OPTIONS = Options(COUNT=Value(queues_count, QUEUES_DEFAULT_COUNT), AFTER=Value(bytes))
+
+
+def xinfo_queues(session, args):
+    """XINFO QUEUES [AFTER name] [COUNT n]: one map per queue, in byte order of the names after
+    AFTER (default: from the first), at most COUNT (default 100, at most 1000): every queue's
+    counts, page by page, where INFO lists the first 100 (`ezra stats` reads these)."""
+    (count, after), _ = parse_options(args, 2, QUEUES_OPTIONS)
+    broker = broker_of(session)
+    figures = broker.figures(broker.names_after(after, count), head_since=False)
+    return [queue_reply(name, queue) for name, queue in sorted(figures.queues.items())]
+
+
+def queue_reply(name: bytes, queue: dict) -> dict:
+    counts, totals = queue["counts"], queue["totals"]
+    return {"name": name, **{state.replace("_", "-"): counts[state] for state in lifecycle.STATES},
+            **{tally: totals[tally] for tally in QUEUE_TALLIES}, "paused": int(queue["paused"])}
 
 
 def task_reply(row, state: str) -> dict:

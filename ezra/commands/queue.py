@@ -12,7 +12,7 @@ from ..lifecycle import format_id, parse_after_id, parse_id, split_queue
 from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
 from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
 from ..trimming import TrimArgs
-from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int
+from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
 from .table import Deferred, command
 
 
@@ -156,7 +156,7 @@ def xreadgroup(session, args):
     """XREADGROUP GROUP group worker [COUNT n] [BLOCK ms] [CLAIM min-idle-ms] [NOACK] STREAMS q... id..."""
     if args[1].upper() != b"GROUP":
         raise errors.SYNTAX
-    worker = session.use_worker(args[3])
+    worker = worker_name(args[3])  # registered (session.use_worker) once every argument checked out
     if len(args) > 8 and args[4] == b"COUNT" and args[6] == b"BLOCK" and args[8] == b"STREAMS":
         # The shape workers send on every claim (redis-py and the libraries on it): the same
         # reading as READ_OPTIONS', without the generic parser's ~0.3 µs (measured, issue 16).
@@ -176,6 +176,7 @@ def xreadgroup(session, args):
         reads.setdefault(queue, stream_id)
     queues, ids = list(reads), list(reads.values())
     count = read_count(count)
+    session.use_worker(worker)  # not before: a malformed command must not touch the name's release timer
     if session.in_exec:
         block_ms = None  # as Redis: inside MULTI/EXEC a blocking read does not block
     if all(stream_id is None for stream_id in ids):
@@ -342,7 +343,8 @@ def xpending(session, args):
     """XPENDING queue group [[IDLE min-idle] start end count [worker]]"""
     queue = live_queue(args[1])
     if len(args) == 3:
-        return Deferred(broker_of(session).pending_summary(queue), pending_summary_reply)
+        # counted on a native thread when large; inside EXEC (which cannot wait) in the transaction
+        return Deferred(broker_of(session).pending_summary(queue, apart=not session.in_exec), pending_summary_reply)
     # IDLE comes once, first (as Redis reads it): only args[3:5] may hold it.
     (min_idle,), i = parse_options(args[:5], 3, PENDING_OPTIONS)
     rest = args[i:]

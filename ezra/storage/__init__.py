@@ -8,10 +8,12 @@ own-file checks, pragmas, migrations), dirlock.py (ezra.lock: one server per dat
 directory), integrity.py (a corrupt file: found, reported, no longer written) and
 snapshots.py (hot backup, the export's read-only snapshot, the import's in-use
 check: connections of their own, on a native thread or in a command-line
-program). The modules import one another in that order (schema <- dirlock,
-integrity <- database <- opening <- snapshots); the package imports
-nothing of EZRA but lifecycle (the states and id format), so the broker, the
-writer, web/ and tools/ import it and it imports none of them.
+program). reads.py holds the reads whose cost grows with the data (XPENDING's
+summary, XINFO's counts), which the Database runs in its transaction and the
+broker on a native thread (`read_apart`). The modules import one another in that
+order (schema <- dirlock, integrity, reads <- database <- opening <- snapshots);
+the package imports nothing of EZRA but lifecycle (the states and id format), so
+the broker, the writer, web/ and tools/ import it and it imports none of them.
 """
 
 from .dirlock import LOCK_FILENAME, DataDirLock, DataDirLocked

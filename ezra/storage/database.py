@@ -20,6 +20,7 @@ import stat
 from loguru import logger
 
 from .. import lifecycle
+from . import reads
 from .integrity import Integrity
 from .schema import SETTING_COLUMNS, encode_fields, name_value
 
@@ -476,9 +477,7 @@ class Database:
 
     def idmp_tracked(self, queue: bytes, now: int) -> tuple[int, int]:
         """(producers, iids) remembered for a queue (XINFO STREAM pids-tracked, iids-tracked)."""
-        return self.conn.execute(
-            "SELECT count(DISTINCT producer), count(*) FROM idempotency WHERE queue = ? AND expires_at > ?",
-            (name_value(queue), now)).fetchone()
+        return reads.idmp_tracked(self.conn, queue, now)
 
     # -- reads
 
@@ -506,17 +505,7 @@ class Database:
 
     def pending_summary(self, queue: bytes) -> tuple:
         """(first id, last id, [(worker, count)]) of a queue's in-flight tasks."""
-        q = name_value(queue)
-        first = self.conn.execute(
-            "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND state = 'in_flight' "
-            "ORDER BY id_ms, id_seq LIMIT 1", (q,)).fetchone()
-        last = self.conn.execute(
-            "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND state = 'in_flight' "
-            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1", (q,)).fetchone()
-        workers = self.conn.execute(
-            "SELECT worker, count(*) FROM tasks WHERE queue = ? AND state = 'in_flight' "
-            "GROUP BY worker ORDER BY worker", (q,)).fetchall()
-        return first, last, workers
+        return reads.pending_summary(self.conn, queue)
 
     def pending_entries(self, queue: bytes, start: tuple, end: tuple, count: int,
                         worker: bytes | None, min_delivered_before: int | None) -> list[tuple]:
@@ -537,9 +526,7 @@ class Database:
 
     def consumers(self, queue: bytes) -> list[tuple]:
         """(worker, in-flight count, last delivery) per worker holding tasks (XINFO CONSUMERS)."""
-        return self.conn.execute(
-            "SELECT worker, count(*), max(delivered_at) FROM tasks WHERE queue = ? AND state = 'in_flight' "
-            "GROUP BY worker ORDER BY worker", (name_value(queue),)).fetchall()
+        return reads.consumers(self.conn, queue)
 
     def last_delivered(self, queue: bytes) -> tuple | None:
         """The newest id ever delivered (XINFO GROUPS last-delivered-id after a restart)."""

@@ -87,8 +87,40 @@ def table(headers: list[str], rows: list[list], right: set[int]) -> str:
 
 # ---------------------------------------------------------------- ezra stats
 
+QUEUES_PAGE = 1000  # queues per XINFO QUEUES call
+
+
 def read_info(client: Client) -> tuple[dict, dict]:
-    """INFO as ({field: value}, {queue name: {figure: int}})."""
+    """INFO's fields and every queue's figures: ({field: value}, {queue name: {figure: int}}).
+
+    INFO lists only the first 100 queues, so the queues come from XINFO QUEUES, a page at a
+    time; a server older than that command has them all in INFO."""
+    fields, queues = read_info_lines(client)
+    try:
+        return fields, read_queues(client)
+    except ReplyError as exc:
+        if "unknown subcommand" not in str(exc).lower():
+            raise
+        return fields, queues
+
+
+def read_queues(client: Client) -> dict:
+    """{queue name: {figure: int}} of every queue, from XINFO QUEUES pages."""
+    queues, after = {}, None
+    while True:
+        page = client.call("XINFO", "QUEUES", "COUNT", QUEUES_PAGE, *(() if after is None else ("AFTER", after)))
+        for flat in page:
+            queue = dict(zip(flat[::2], flat[1::2])) if isinstance(flat, list) else flat
+            name = queue.pop(b"name")
+            queues[name.decode("utf-8", "replace")] = {key.decode().replace("-", "_"): int(value)
+                                                       for key, value in queue.items()}
+            after = name
+        if len(page) < QUEUES_PAGE:
+            return queues
+
+
+def read_info_lines(client: Client) -> tuple[dict, dict]:
+    """INFO as ({field: value}, {queue name: {figure: int}}) (the queues it lists)."""
     fields, queues = {}, {}
     for line in client.call("INFO", "everything").decode("utf-8", "replace").splitlines():
         if not line or line.startswith("#"):

@@ -19,6 +19,7 @@ from loguru import logger
 from .. import __version__, humanize, lifecycle
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from ..storage import decode_fields
+from . import NAME_SHOWN, shown_name
 
 SAMPLE_SECONDS = 5.0
 SAMPLES = 121                  # ten minutes of 5-second samples
@@ -95,6 +96,14 @@ def quote(name: bytes) -> str:
 
 def queue_url(name: bytes) -> str:
     return "/queue?name=" + quote(name)
+
+
+def queue_link(name: bytes) -> str:
+    """The queue's name linking to its page; a name longer than today's limit (an older EZRA's queue)
+    is shown cut and not linked: a link holds the whole name, 3 MB per row for a 1 MB name."""
+    if len(name) > NAME_SHOWN:
+        return f'<span title="name cut: use XINFO STREAM or ezra ls with the whole name">{text(shown_name(name))}</span>'
+    return f'<a href="{text(queue_url(name))}">{text(name)}</a>'
 
 
 def duration(ms: float | None) -> str:
@@ -188,7 +197,7 @@ def index_page(state, figures, history: History, page_number: int = 1, total: in
         rates = history.rates(name)
         pushes, acks = rates[-1] if rates else (0.0, 0.0)
         rows.append(
-            f'<tr data-queue="{text(name)}"><td><a href="{text(queue_url(name))}">{text(name)}</a>'
+            f'<tr data-queue="{text(shown_name(name))}"><td>{queue_link(name)}'
             f'{PAUSED_BADGE if queue["paused"] else ""}</td>'
             + "".join(f'<td class="{count_class("num", state_name, counts[state_name])}">{counts[state_name]}</td>'
                       for state_name in lifecycle.STATES)
@@ -232,7 +241,7 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
              f'{totals["expired"]} timed out, {totals["dead"]} dead')
     paused = queue["paused"]
     body = [header(state, figures), f'<main><p><a href="/">← queues</a></p>'
-                           f'<h1>{text(name)}{PAUSED_BADGE if paused else ""}</h1>']
+                           f'<h1>{text(shown_name(name))}{PAUSED_BADGE if paused else ""}</h1>']
     if flash:
         body.append(f'<p class="flash" role="status">{text(flash)}</p>')
     body += [pause_control(name, paused, csrf),
@@ -246,7 +255,7 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
                            lambda row: now - row[6]),
              waiting_table("Delayed", lists[DELAYED], counts[DELAYED], now, "due in", lambda row: row[6] - now),
              "</main>"]
-    return page(name.decode("utf-8", "replace"), "".join(body))
+    return page(shown_name(name).decode("utf-8", "replace"), "".join(body))
 
 
 PAUSED_BADGE = ' <span class="badge paused" title="XCFGSET PAUSED 1: pushes land, nothing is handed out">paused</span>'

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from .. import __version__, lifecycle
+from . import shown_name
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -41,7 +42,9 @@ QUEUE_COUNTERS = (
 
 
 def queue_label(name: bytes) -> str:
-    return name.decode("utf-8", "backslashreplace")
+    """The queue label: the name, cut when an older EZRA let it grow past today's limit (a 1 MB name
+    was 16 MB of each scrape, once per series)."""
+    return shown_name(name).decode("utf-8", "backslashreplace")
 
 
 def snapshot(state) -> dict:
