@@ -1,0 +1,207 @@
+"""Issue 21 item 13: integers and stream ids are read exactly as redis-server reads them.
+
+Every form below goes to EZRA and to the installed redis-server in the same command; an
+error must be the same error, byte for byte, and a success a success (the replies of read
+bounds are compared whole). Python's int() read "+5", "1_0", " 5" and "05" where Redis
+refuses them; ids up to Redis's 2**64-1 were refused as read bounds.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from conftest import EzraProcess
+from ezra.integers import to_int64, to_uint64
+from support import RespConnection, encode_command
+
+# Integer forms: all but the last few are refused by Redis's string2ll.
+INTEGER_FORMS = ["05", "-0", "+5", "1_0", " 5", "5 ", "9223372036854775808", "-9223372036854775809",
+                 "0x10", "1e3", "1.0", "", "\xb2", "5\x00", "00", "5", "0", "-1", "9223372036854775807"]
+
+# Each command with the integer under test as {n}; q has entries 1-1 and 2-1 and the group g.
+INTEGER_COMMANDS = [
+    "XRANGE {q} - + COUNT {n}",
+    "XREVRANGE {q} + - COUNT {n}",
+    "XREADGROUP GROUP g w COUNT {n} STREAMS {q} 0",
+    "XREAD COUNT {n} STREAMS {q} 0",
+    "XREAD COUNT 1 BLOCK {n} STREAMS {q} 0",  # entries are there: a valid BLOCK returns at once
+    "XTRIM {q} MAXLEN ~ {n} LIMIT 0",
+    "XTRIM {q} MAXLEN ~ 1000 LIMIT {n}",
+    "XCLAIM {q} g w {n} 1-1",
+    "XCLAIM {q} g w 0 1-1 IDLE {n}",
+    "XCLAIM {q} g w 0 1-1 TIME {n}",
+    "XCLAIM {q} g w 0 1-1 RETRYCOUNT {n}",
+    "XAUTOCLAIM {q} g w {n} 0",
+    "XAUTOCLAIM {q} g w 0 0 COUNT {n}",
+    "XPENDING {q} g - + {n}",
+    "XPENDING {q} g IDLE {n} - + 10",
+    "XINFO STREAM {q} FULL COUNT {n}",
+    "SELECT {n}",
+    "HELLO {n}",
+]
+# Intended differences: (command, form) -> EZRA's reply, asserted with Redis's own.
+DIFFERENCES = {
+    ("SELECT {n}", "5"): b"-ERR EZRA has one database: only SELECT 0 is allowed\r\n",
+    ("SELECT {n}", "9223372036854775807"): b"-ERR DB index is out of range\r\n",  # Redis: an int32 range text
+}
+# Forms whose success would change what the next commands see are not sent.
+MUTATING = {("XTRIM {q} MAXLEN ~ {n} LIMIT 0", form) for form in ("0", "5", "00")}
+SWITCHING = {"HELLO {n}"}  # a valid HELLO switches the protocol: only its refusals are compared
+
+# Id forms as read bounds: Redis reads each part with string2ull (strtoull after string2ll),
+# so "+1", " 1" and "05" are ids; the largest is 2**64-1 in each part.
+MAX = "18446744073709551615"
+ID_FORMS = ["+1", " 1", "05", "-0", "1 ", "0x1", "1_0", "1-", "-", "+", "(", "(-", "(+", "5--01",
+            "+0001-+0001", MAX, f"{MAX}-{MAX}", f"({MAX}", f"({MAX}-{MAX}", "18446744073709551616",
+            "9223372036854775807-9223372036854775807", "(9223372036854775807-9223372036854775807",
+            "9223372036854775808", "(0-0", "(1", "1-18446744073709551615", "0" * 127 + "1", " " * 127 + "1"]
+ID_COMMANDS = [
+    "XRANGE {q} {id} +",
+    "XRANGE {q} - {id}",
+    "XREVRANGE {q} {id} -",
+    "XREVRANGE {q} + {id}",
+    "XPENDING {q} g {id} + 10",
+    "XPENDING {q} g - {id} 10",
+]
+
+
+@pytest.fixture(scope="module")
+def ezra_port(tmp_path_factory):
+    server = EzraProcess(tmp_path_factory.mktemp("grammar") / "data").start()
+    yield server.port
+    server.stop()
+
+
+def connect(port: int, protocol: int) -> RespConnection:
+    conn = RespConnection(port)
+    if protocol == 3:
+        assert conn.call(["HELLO", "3"]).startswith(b"%")
+    return conn
+
+
+def call(conn: RespConnection, command: str, **values) -> bytes:
+    """One command, split at spaces before the values go in (a value may hold a space)."""
+    words = [word.format(**values) for word in command.split(" ")]
+    conn.send(encode_command(words))
+    return conn.read_reply()
+
+
+def prepare(conn: RespConnection, queue: str) -> None:
+    for entry in ("1-1", "2-1"):
+        assert call(conn, "XADD {q} {id} f v", q=queue, id=entry).startswith(b"$")
+    assert call(conn, "XGROUP CREATE {q} g 0", q=queue).startswith(b"+OK")
+
+
+@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
+def both(request, ezra_port, redis_server_port):
+    """A connection to each server, in the same protocol, and a fresh queue on both."""
+    queue = f"grammar-{uuid.uuid4().hex[:8]}"
+    conns = connect(ezra_port, request.param), connect(redis_server_port, request.param)
+    for conn in conns:
+        prepare(conn, queue)
+    yield queue, conns
+    for conn in conns:
+        conn.close()
+
+
+def test_every_integer_form_is_read_as_redis_reads_it(both):
+    queue, (ezra, redis_server) = both
+    mismatches = []
+    for command in INTEGER_COMMANDS:
+        for form in INTEGER_FORMS:
+            if (command, form) in MUTATING:
+                continue
+            expected = call(redis_server, command, q=queue, n=form)
+            if command in SWITCHING and not expected.startswith(b"-"):
+                continue
+            got = call(ezra, command, q=queue, n=form)
+            if (command, form) in DIFFERENCES:
+                assert got == DIFFERENCES[command, form] and got != expected, (command, form, expected)
+                continue
+            same = got == expected if expected.startswith(b"-") else not got.startswith(b"-")
+            if not same:
+                mismatches.append((command.format(q="q", n=form), expected[:80], got[:80]))
+    assert not mismatches, "\n".join(map(repr, mismatches))
+
+
+def test_every_id_form_as_a_read_bound_is_read_as_redis_reads_it(both):
+    queue, (ezra, redis_server) = both
+    call(ezra, "XREADGROUP GROUP g w STREAMS {q} >", q=queue)
+    call(redis_server, "XREADGROUP GROUP g w STREAMS {q} >", q=queue)
+    mismatches = []
+    for command in ID_COMMANDS:
+        for form in ID_FORMS:
+            expected = call(redis_server, command, q=queue, id=form)
+            got = call(ezra, command, q=queue, id=form)
+            if command.startswith("XPENDING") and not expected.startswith(b"-"):
+                # idle times differ: compare the ids of the pending entries
+                expected, got = pending_ids(expected), pending_ids(got)
+            if got != expected:
+                mismatches.append((command.format(q="q", id=form), expected[:120], got[:120]))
+    assert not mismatches, "\n".join(map(repr, mismatches))
+
+
+def pending_ids(reply: bytes) -> list[bytes]:
+    return [line for line in reply.split(b"\r\n") if line[:1].isdigit() and b"-" in line]
+
+
+def test_the_largest_redis_id_is_a_read_bound(both):
+    """The issue's own commands: Redis returns the entries, EZRA said "Invalid stream ID"."""
+    queue, (ezra, redis_server) = both
+    for command in (f"XRANGE {{q}} - {MAX}-{MAX}", f"XREVRANGE {{q}} {MAX} -", f"XRANGE {{q}} - ({MAX}",
+                    "XRANGE {q} - + COUNT 0", "XRANGE {q} - + COUNT -1", "XREVRANGE {q} + - COUNT -1"):
+        expected = call(redis_server, command, q=queue)
+        assert call(ezra, command, q=queue) == expected, command
+    assert call(ezra, f"XRANGE {{q}} - {MAX}-{MAX}", q=queue).count(b"$1\r\nf\r\n") == 2  # both entries
+
+
+def test_ezra_settings_read_integers_as_redis_does(ezra_port):
+    """XCFGSET and XNACK have no Redis twin: they refuse what Redis's integer reader refuses."""
+    conn = connect(ezra_port, 2)
+    queue = f"grammar-{uuid.uuid4().hex[:8]}"
+    for form in ("+5", "05", "1_0", " 5", "-0", "0x10"):
+        assert call(conn, "XCFGSET {q} MAX-ATTEMPTS {n}", q=queue, n=form) == (
+            b"-ERR value is not an integer or out of range\r\n"), form
+        assert call(conn, "XCFGSET {q} IDMP-MAXSIZE {n}", q=queue, n=form) == (
+            b"-ERR value is not an integer or out of range\r\n"), form
+    for form in ("1_0", " 5", "5 "):
+        assert call(conn, "XCFGSET {q} VISIBILITY-TIMEOUT {n}", q=queue, n=form) == (
+            b"-ERR value is not a valid number of seconds\r\n"), form
+    assert call(conn, "XCFGSET {q} MAX-ATTEMPTS 5", q=queue) == b"+OK\r\n"
+    conn.close()
+
+
+# ---------------------------------------------------------------- the readers alone
+
+@pytest.mark.parametrize("text, value", [
+    (b"0", 0), (b"5", 5), (b"-5", -5), (b"9223372036854775807", 2 ** 63 - 1),
+    (b"-9223372036854775808", -2 ** 63),
+])
+def test_to_int64_reads_what_string2ll_reads(text, value):
+    assert to_int64(text) == value
+
+
+@pytest.mark.parametrize("text", [
+    b"", b"-", b"05", b"00", b"-0", b"+5", b"1_0", b" 5", b"5 ", b"5\n", b"0x10", b"1e3", b"1.0",
+    b"9223372036854775808", b"-9223372036854775809", b"\xd9\xa3", b"5\x00", b"1" * 5000,
+])
+def test_to_int64_refuses_what_string2ll_refuses(text):
+    with pytest.raises(ValueError):
+        to_int64(text)
+
+
+@pytest.mark.parametrize("text, value", [
+    (b"5", 5), (b"05", 5), (b"+5", 5), (b" 5", 5), (b"\t+05", 5), (b"-01", 2 ** 64 - 1), (b"-0", 0),
+    (b"18446744073709551615", 2 ** 64 - 1), (b"5\x00junk", 5), (b"0" * 200 + b"7", 7),
+])
+def test_to_uint64_reads_what_string2ull_reads(text, value):
+    assert to_uint64(text) == value
+
+
+@pytest.mark.parametrize("text", [b"", b"-1", b"5 ", b"+", b" ", b"0x1", b"1_0", b"18446744073709551616",
+                                  b"-18446744073709551616", b"1.5"])
+def test_to_uint64_refuses_what_string2ull_refuses(text):
+    with pytest.raises(ValueError):
+        to_uint64(text)
