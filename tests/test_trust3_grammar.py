@@ -8,12 +8,14 @@ refuses them; ids up to Redis's 2**64-1 were refused as read bounds.
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
 
-from conftest import EzraProcess
+from conftest import EzraProcess, wait_until
 from ezra.integers import to_int64, to_uint64
+from ezra.resp import BulkTooLarge, ProtocolError, RequestReader
 from support import RespConnection, encode_command
 
 # Integer forms: all but the last few are refused by Redis's string2ll.
@@ -68,10 +70,15 @@ ID_COMMANDS = [
 
 
 @pytest.fixture(scope="module")
-def ezra_port(tmp_path_factory):
+def ezra_server(tmp_path_factory):
     server = EzraProcess(tmp_path_factory.mktemp("grammar") / "data").start()
-    yield server.port
+    yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def ezra_port(ezra_server):
+    return ezra_server.port
 
 
 def connect(port: int, protocol: int) -> RespConnection:
@@ -205,3 +212,121 @@ def test_to_uint64_reads_what_string2ull_reads(text, value):
 def test_to_uint64_refuses_what_string2ull_refuses(text):
     with pytest.raises(ValueError):
         to_uint64(text)
+
+
+# ---------------------------------------------------------------- item 14: arguments over --max-task-size
+
+SMALL_LIMIT = 1000  # --max-task-size of the server below: an argument over 1000 + 64 KiB is read past
+
+
+@pytest.fixture(scope="module")
+def small_limit_server(tmp_path_factory):
+    server = EzraProcess(tmp_path_factory.mktemp("small-limit") / "data", "--max-task-size", str(SMALL_LIMIT)).start()
+    yield server
+    server.stop()
+
+
+def too_large(size: int, limit: int) -> bytes:
+    return b"-ERR task too large: an argument of %d bytes, the limit is %d (--max-task-size)\r\n" % (size, limit)
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_an_argument_over_the_cap_is_read_past_and_refused_clearly(small_limit_server, protocol):
+    """Before: `-ERR Protocol error: invalid bulk length` and the connection closed, nothing logged."""
+    conn = connect(small_limit_server.port, protocol)
+    queue = f"big-{uuid.uuid4().hex[:8]}"
+    big = b"x" * 200_000
+    frame = b"*5\r\n$4\r\nXADD\r\n$%d\r\n%s\r\n$1\r\n*\r\n$1\r\nf\r\n$%d\r\n%s\r\n" % (
+        len(queue), queue.encode(), len(big), big)
+    conn.send(frame + encode_command(["PING"]) + encode_command(["XLEN", queue]))
+    assert conn.read_reply() == too_large(len(big), SMALL_LIMIT)
+    assert conn.read_reply() == b"+PONG\r\n"  # the connection goes on, the next commands run
+    assert conn.read_reply() == b":0\r\n"     # nothing was stored
+    # just over the limit, within the slack: the task limit's own error, as before
+    assert call(conn, "XADD {q} * f {v}", q=queue, v="y" * (SMALL_LIMIT + 1)).startswith(
+        b"-ERR task too large: %d bytes in fields" % (SMALL_LIMIT + 2))  # f and its value
+    # inside MULTI it aborts the EXEC, as any refused command does
+    assert call(conn, "MULTI") == b"+OK\r\n"
+    conn.send(frame)
+    assert conn.read_reply() == too_large(len(big), SMALL_LIMIT)
+    assert call(conn, "EXEC").startswith(b"-EXECABORT")
+    conn.close()
+    assert "refused a command from" in small_limit_server.log()
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_an_argument_over_the_hard_cap_gets_a_clear_error_then_the_close(small_limit_server, protocol):
+    """600 MB, over the 512 MB EZRA reads past: refused at its header, without reading it."""
+    conn = connect(small_limit_server.port, protocol)
+    size = 600 * 1024 * 1024
+    conn.send(b"*3\r\n$4\r\nXADD\r\n$1\r\nq\r\n$%d\r\nxxxx" % size)
+    assert conn.read_reply() == (
+        b"-ERR task too large: an argument of %d bytes, the limit is %d (--max-task-size); above %d bytes the "
+        b"connection is closed\r\n" % (size, SMALL_LIMIT, 512 * 1024 * 1024))
+    assert conn.closed_by_server()
+    conn.close()
+    wait_until(lambda: "closing client" in small_limit_server.log() and "bytes EZRA reads past" in
+               small_limit_server.log(), message="the log line")
+
+
+def peak_rss(pid: int) -> int:
+    status = open(f"/proc/{pid}/status").read()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+
+
+def test_a_100_mb_field_with_the_default_limit_is_read_past_without_being_kept(ezra_port, ezra_server):
+    """The issue's 100 MB field (--max-task-size 1 MiB): the clear error, the connection kept,
+    and the server's peak memory does not grow by the field (its bytes are never buffered)."""
+    before = peak_rss(ezra_server.proc.pid)
+    conn = RespConnection(ezra_port, timeout=120)
+    size, chunk = 100 * 1024 * 1024, b"z" * (1024 * 1024)
+    conn.send(b"*5\r\n$4\r\nXADD\r\n$5\r\nhuge1\r\n$1\r\n*\r\n$1\r\nf\r\n$%d\r\n" % size)
+    for _ in range(size // len(chunk)):
+        conn.send(chunk)
+    conn.send(b"\r\n" + encode_command(["XLEN", "huge1"]))
+    assert conn.read_reply() == too_large(size, 1024 * 1024)
+    assert conn.read_reply() == b":0\r\n"
+    conn.close()
+    assert peak_rss(ezra_server.proc.pid) - before < 20 * 1024 * 1024
+
+
+@pytest.mark.parametrize("piece", [1, 7, 4096, 1 << 20])
+def test_the_reader_reads_past_an_argument_however_it_arrives(piece):
+    """RequestReader alone: fed in pieces of `piece` bytes, a frame with a 100 KB argument over a
+    1 KB cap raises BulkTooLarge once it ends; nothing of it is kept; the next command follows."""
+    reader = RequestReader(max_bulk_len=1024, discard_limit=1 << 20)
+    data = (b"*3\r\n$4\r\nXADD\r\n$100000\r\n" + b"x" * 100_000 + b"\r\n$1\r\nq\r\n"
+            + encode_command(["PING"]))
+    outcomes = []
+    for start in range(0, len(data), piece):
+        reader.feed(data[start:start + piece])
+        while True:
+            try:
+                command = reader.next_command()
+            except BulkTooLarge as exc:
+                outcomes.append(("too large", exc.size, exc.fatal))
+                continue
+            if command is None:
+                break
+            outcomes.append(command)
+        assert reader.buffered() <= max(piece, 64), "bytes of the argument were kept"
+    assert outcomes == [("too large", 100_000, False), [b"PING"]]
+
+
+def test_the_reader_refuses_what_it_reads_past_without_its_crlf():
+    reader = RequestReader(max_bulk_len=10, discard_limit=1000)
+    reader.feed(b"*1\r\n$20\r\n" + b"x" * 20 + b"XX")
+    with pytest.raises(ProtocolError, match="not terminated by CRLF"):
+        reader.next_command()
+
+
+def test_the_reader_closes_over_its_discard_limit_and_before_auth():
+    reader = RequestReader(max_bulk_len=10, discard_limit=1000)
+    reader.feed(b"*1\r\n$1001\r\n")
+    with pytest.raises(BulkTooLarge) as raised:
+        reader.next_command()
+    assert raised.value.fatal and raised.value.size == 1001
+    unauthenticated = RequestReader(max_bulk_len=10, unauthenticated=True)
+    unauthenticated.feed(b"*1\r\n$11\r\n")
+    with pytest.raises(ProtocolError, match="unauthenticated bulk length"):
+        unauthenticated.next_command()
