@@ -280,7 +280,8 @@ class Connection:
     def lift_limits(self) -> None:
         """The client authenticated: the frame caps become the task limit's."""
         self.limited = False
-        self.reader.lift_caps(self.state.settings.max_task_size + BULK_SLACK, RequestReader.MAX_ARGS, DISCARD_LIMIT)
+        self.reader.lift_caps(self.state.settings.max_task_size + BULK_SLACK, RequestReader.MAX_ARGS,
+                              DISCARD_LIMIT)
 
     def _failed_auth(self) -> None:
         """Slow down password guessing: the WRONGPASS reply waits, and many close the connection."""

@@ -162,10 +162,10 @@ def parse_after_id(arg: bytes) -> StreamId:
 def parse_range_bound(arg: bytes, is_start: bool) -> StreamId:
     """An XRANGE bound: '-', '+', an id, or '(id' (exclusive), as an inclusive id EZRA can store.
 
-    The bound is read and moved past (exclusive) in Redis's 64-bit id space, so every id Redis
-    takes is taken (2**64-1-2**64-1 included), then brought into EZRA's: a start to the first
-    id at or above it that EZRA can hold (ABOVE_ALL if none: the range is empty), an end to the
-    last at or below it."""
+    The bound is read and moved past (exclusive) in Redis's 64-bit id space, so every id
+    Redis takes is taken (18446744073709551615-18446744073709551615 too), then brought into
+    EZRA's: a start to the first id at or above it that EZRA can hold (ABOVE_ALL if none:
+    the range is empty), an end to the last at or below it."""
     if arg == b"-":
         return (0, 0)
     if arg == b"+":
