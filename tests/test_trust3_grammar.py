@@ -150,6 +150,19 @@ def test_every_id_form_as_a_read_bound_is_read_as_redis_reads_it(both):
     assert not mismatches, "\n".join(map(repr, mismatches))
 
 
+def test_minid_reads_ids_as_redis_does(both):
+    """XTRIM's MINID (a strict id: no '-' or '+'): the same refusals; what each server removes
+    differs on purpose (EZRA trims done tasks only), so successes are compared as successes."""
+    queue, (ezra, redis_server) = both
+    mismatches = []
+    for form in ID_FORMS + ["5-*", "*"]:
+        expected = call(redis_server, "XTRIM {q} MINID ~ {id}", q=queue, id=form)
+        got = call(ezra, "XTRIM {q} MINID ~ {id}", q=queue, id=form)
+        if (got != expected) if expected.startswith(b"-") else got.startswith(b"-"):
+            mismatches.append((form, expected[:120], got[:120]))
+    assert not mismatches, "\n".join(map(repr, mismatches))
+
+
 def pending_ids(reply: bytes) -> list[bytes]:
     return [line for line in reply.split(b"\r\n") if line[:1].isdigit() and b"-" in line]
 
