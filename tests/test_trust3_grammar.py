@@ -163,6 +163,22 @@ def test_minid_reads_ids_as_redis_does(both):
     assert not mismatches, "\n".join(map(repr, mismatches))
 
 
+# In ascending order: each accepted one is the queue's last id for the next.
+PUSH_IDS = ["+5-1", " 6", "07-0", "8-+1", "9 ", "1_0-1", "0x10", "-11", "12-", "+13-*", " 14-*", "15-01",
+            "16-18446744073709551616", "0-0"]
+
+
+def test_push_ids_are_read_as_redis_reads_them(both):
+    queue, (ezra, redis_server) = both
+    mismatches = []
+    for form in PUSH_IDS:
+        expected = call(redis_server, "XADD {q} {id} f v", q=queue, id=form)
+        got = call(ezra, "XADD {q} {id} f v", q=queue, id=form)
+        if got != expected:
+            mismatches.append((form, expected[:120], got[:120]))
+    assert not mismatches, "\n".join(map(repr, mismatches))
+
+
 def pending_ids(reply: bytes) -> list[bytes]:
     return [line for line in reply.split(b"\r\n") if line[:1].isdigit() and b"-" in line]
 
