@@ -32,7 +32,7 @@ from loguru import logger
 from . import errors
 from .commands import Deferred, dispatch
 from .gate import Gate
-from .resp import ErrorReply, ProtocolError, RequestReader, encode
+from .resp import BulkTooLarge, ErrorReply, ProtocolError, RequestReader, encode
 from .session import ServerState, Session
 
 READ_SIZE = 64 * 1024
@@ -43,6 +43,10 @@ MAX_PIPELINE = 1024  # replies held before they are sent, even if more commands 
 READS_PER_FLUSH = 8
 SEND_CHUNK = 1024 * 1024
 BULK_SLACK = 64 * 1024  # a bulk may exceed the task limit a little (names, options)
+# A larger argument is read past without keeping its bytes and refused with the task limit's error,
+# the connection kept (beanstalkd's JOB_TOO_BIG); one above this is refused and the connection closed
+# (Redis's own proto-max-bulk-len: reading more would only let a client make the server read for it).
+DISCARD_LIMIT = 512 * 1024 * 1024
 WRONGPASS = errors.WRONGPASS  # compared by type after each command: a global is the cheapest lookup
 AUTH_FAILURES_PER_CONNECTION = 10  # then the connection is closed
 # Before AUTH, as Redis (CVE-2021-32675): what a client that knows no password may make the server hold.
@@ -98,7 +102,8 @@ class Connection:
             self.reader = RequestReader(max_bulk_len=UNAUTHENTICATED_MAX_BULK, max_args=UNAUTHENTICATED_MAX_ARGS,
                                         unauthenticated=True)
         else:
-            self.reader = RequestReader(max_bulk_len=state.settings.max_task_size + BULK_SLACK)
+            self.reader = RequestReader(max_bulk_len=state.settings.max_task_size + BULK_SLACK,
+                                        discard_limit=DISCARD_LIMIT)
         self.replies: list[tuple[int, object]] = []
         self.reads = 0  # replies in self.replies that may be large (see READS_PER_FLUSH)
         self.busy = False  # between reading a request and sending its replies
@@ -140,6 +145,14 @@ class Connection:
             self.reader.feed(data)
             try:
                 self._run_buffered_commands()
+            except BulkTooLarge as exc:
+                logger.warning("closing client {}: an argument of {} bytes, over the {} bytes EZRA reads past "
+                               "(--max-task-size {})", session.addr, exc.size, DISCARD_LIMIT,
+                               self.state.settings.max_task_size)
+                self.replies.append((session.proto, errors.argument_too_large(
+                    exc.size, self.state.settings.max_task_size, DISCARD_LIMIT).as_reply()))
+                self.flush()
+                return False
             except ProtocolError as exc:
                 self.replies.append((session.proto, ErrorReply("ERR " + str(exc))))
                 self.flush()
@@ -199,7 +212,13 @@ class Connection:
     def _run_buffered_commands(self) -> None:
         session = self.session
         while not session.closing:
-            args = self.reader.next_command()
+            try:
+                args = self.reader.next_command()
+            except BulkTooLarge as exc:
+                if exc.fatal:
+                    raise
+                self.replies.append((session.proto, self._refuse_read_past(exc)))
+                continue
             if args is None:
                 return
             if looks_like_http(args[0]):
@@ -217,11 +236,21 @@ class Connection:
             if len(self.replies) >= MAX_PIPELINE or self.reads >= READS_PER_FLUSH:
                 self.flush()
 
+    def _refuse_read_past(self, exc: BulkTooLarge) -> ErrorReply:
+        """A command with an argument over the cap, read past: the task limit's error, and a log line."""
+        limit = self.state.settings.max_task_size
+        logger.warning("refused a command from {}: an argument of {} bytes, over --max-task-size {} "
+                       "(read past and discarded)", self.session.addr, exc.size, limit)
+        if self.session.queued is not None:
+            self.session.queue_failed = True  # as any refused command after MULTI: EXEC aborts
+        return errors.argument_too_large(exc.size, limit).as_reply()
+
     def lift_limits(self) -> None:
         """The client authenticated: the frame caps become the task limit's."""
         self.limited = False
         self.gate.forget(self)  # no longer counted among its host's unauthenticated connections
-        self.reader.lift_caps(self.state.settings.max_task_size + BULK_SLACK, RequestReader.MAX_ARGS)
+        self.reader.lift_caps(self.state.settings.max_task_size + BULK_SLACK, RequestReader.MAX_ARGS,
+                              DISCARD_LIMIT)
 
     def _failed_auth(self) -> None:
         """Slow down password guessing: the WRONGPASS reply waits its turn, and many close the connection."""

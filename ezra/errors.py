@@ -127,6 +127,14 @@ def task_too_large(size: int, limit: int) -> CommandError:
     return err(f"task too large: {size} bytes in fields, the limit is {limit} (--max-task-size)")
 
 
+def argument_too_large(size: int, limit: int, closing_above: int | None = None) -> CommandError:
+    """An argument over --max-task-size (+64 KiB), read past; `closing_above`: too large even for that."""
+    if closing_above is None:
+        return err(f"task too large: an argument of {size} bytes, the limit is {limit} (--max-task-size)")
+    return err(f"task too large: an argument of {size} bytes, the limit is {limit} (--max-task-size); "
+               f"above {closing_above} bytes the connection is closed")
+
+
 def backup_refused(reason: str) -> CommandError:
     return err(f"BACKUP refused: {reason}")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from . import errors
+from .integers import to_int64
 from .lifecycle import EXPONENTIAL, FIXED
 from .options import Custom, Options, Value, parse_options
 
@@ -81,6 +82,8 @@ def backoff_policy(text: str):
 
 def seconds(arg: bytes, positive: bool = False) -> float:
     try:
+        if b"_" in arg or arg != arg.strip():  # float() reads "1_0" and " 5"; no Redis number is either
+            raise ValueError(arg)
         value = float(arg)
     except ValueError:
         raise errors.err("value is not a valid number of seconds") from None
@@ -92,7 +95,7 @@ def seconds(arg: bytes, positive: bool = False) -> float:
 
 def integer(arg: bytes, low: int, high: int, out_of_range: str) -> int:
     try:
-        value = int(arg)
+        value = to_int64(arg)
     except ValueError:
         raise errors.NOT_INTEGER from None
     if not low <= value <= high:

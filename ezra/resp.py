@@ -30,6 +30,26 @@ class ProtocolError(Exception):
     """A frame the server cannot parse; the connection is closed after the reply."""
 
 
+class BulkTooLarge(Exception):
+    """An argument of `size` bytes, over the reader's cap (`limit`).
+
+    Up to its `discard_limit` the reader reads past it, keeping none of its bytes, and
+    raises this once the whole command has been read (`fatal` False: the connection goes
+    on with the next command); above, it raises it at the argument's header (`fatal`: the
+    stream cannot be followed further than the client is trusted to send)."""
+
+    def __init__(self, size: int, limit: int, fatal: bool):
+        super().__init__(size, limit, fatal)
+        self.size, self.limit, self.fatal = size, limit, fatal
+
+
+class _Skipped:
+    """In place of an argument whose bytes were discarded."""
+
+
+SKIPPED = _Skipped()
+
+
 class SimpleString(str):
     """A status reply such as +OK or +PONG."""
 
@@ -73,13 +93,16 @@ OK = SimpleString("OK")
 class RequestReader:
     """Incremental parser of client requests with caps on every length."""
 
-    __slots__ = ("max_bulk_len", "max_args", "max_inline_len", "unauthenticated", "_buf", "_pos", "_args",
-                 "_due")
+    __slots__ = ("max_bulk_len", "discard_limit", "max_args", "max_inline_len", "unauthenticated", "_buf",
+                 "_pos", "_args", "_due", "_skip", "_skipping", "_too_large")
     MAX_ARGS = 1024 * 1024
 
     def __init__(self, max_bulk_len: int, max_args: int = MAX_ARGS, max_inline_len: int = 64 * 1024,
-                 unauthenticated: bool = False):
+                 unauthenticated: bool = False, discard_limit: int = 0):
+        """`discard_limit`: an argument over `max_bulk_len` but not over this is read past (BulkTooLarge
+        once its command is read); above it, or without one, the frame is an error that closes."""
         self.max_bulk_len = max_bulk_len
+        self.discard_limit = max(discard_limit, max_bulk_len)
         self.max_args = max_args
         self.max_inline_len = max_inline_len
         self.unauthenticated = unauthenticated  # the caps are the pre-AUTH ones: errors say so, as Redis
@@ -88,17 +111,28 @@ class RequestReader:
         # A multibulk frame being read: the arguments so far and how many are due.
         self._args: list[bytes] | None = None
         self._due = 0
+        # An argument being read past: bytes still to drop as they arrive, then its CRLF.
+        self._skip = 0
+        self._skipping = False
+        self._too_large = 0  # the largest argument of this frame that was read past
 
     def feed(self, data: bytes) -> None:
-        """Add bytes received from the socket."""
+        """Add bytes received from the socket (bytes of an argument being read past are dropped here)."""
+        if self._skip:
+            if len(data) <= self._skip:
+                self._skip -= len(data)
+                return
+            data = data[self._skip:]
+            self._skip = 0
         if self._pos:
             del self._buf[:self._pos]
             self._pos = 0
         self._buf += data
 
-    def lift_caps(self, max_bulk_len: int, max_args: int) -> None:
+    def lift_caps(self, max_bulk_len: int, max_args: int, discard_limit: int = 0) -> None:
         """The client authenticated: its frames may be as large as anyone's."""
         self.max_bulk_len = max_bulk_len
+        self.discard_limit = max(discard_limit, max_bulk_len)
         self.max_args = max_args
         self.unauthenticated = False
 
@@ -132,12 +166,21 @@ class RequestReader:
                     continue  # '*0' and '*-1' are ignored, as Redis does
                 self._args, self._due = [], count
             while self._due:
+                if self._skipping:
+                    if not self._skipped_past():
+                        return None
+                    self._due -= 1
+                    continue
                 arg = self._read_bulk()
                 if arg is None:
                     return None
-                self._args.append(arg)
+                if arg is not SKIPPED:
+                    self._args.append(arg)
                 self._due -= 1
             args, self._args = self._args, None
+            if self._too_large:
+                size, self._too_large = self._too_large, 0
+                raise BulkTooLarge(size, self.max_bulk_len, fatal=False)
             return args
 
     def _frame_header(self) -> tuple[int, int] | None:
@@ -235,11 +278,17 @@ class RequestReader:
             got = chr(self._buf[self._pos])
             raise ProtocolError(f"Protocol error: expected '$', got '{got}'")
         start = self._pos
-        size = self._read_length(b"bulk", self.max_bulk_len)
+        try:
+            size = self._read_length(b"bulk", self.discard_limit)
+        except ProtocolError:
+            self._refuse_huge_bulk()
+            raise
         if size is None:
             return None
         if size < 0:
             raise ProtocolError("Protocol error: invalid bulk length")
+        if size > self.max_bulk_len:
+            return self._skip_bulk(size)
         end = self._pos + size
         if len(self._buf) < end + 2:
             self._pos = start  # re-read the header once the payload is in
@@ -249,6 +298,42 @@ class RequestReader:
         value = bytes(self._buf[self._pos:end])
         self._pos = end + 2
         return value
+
+    def _refuse_huge_bulk(self) -> None:
+        """A bulk header over the discard limit: BulkTooLarge (fatal) if it is a length at all."""
+        if self.unauthenticated or self.discard_limit == self.max_bulk_len:
+            return  # nothing is read past: the plain protocol error, as Redis
+        line_end = self._buf.find(b"\r\n", self._pos)
+        if line_end < 0:
+            return
+        try:
+            size = strict_int(bytes(self._buf[self._pos + 1:line_end]))
+        except ValueError:
+            return
+        if size > self.discard_limit:
+            raise BulkTooLarge(size, self.max_bulk_len, fatal=True)
+
+    def _skip_bulk(self, size: int):
+        """Read past an argument over the cap: drop what is buffered of it and the rest as it comes."""
+        self._too_large = max(self._too_large, size)
+        available = len(self._buf) - self._pos
+        if available >= size:
+            self._pos += size
+        else:
+            self._skip = size - available
+            self._pos = len(self._buf)
+        self._skipping = True
+        return SKIPPED if self._skipped_past() else None
+
+    def _skipped_past(self) -> bool:
+        """The argument being read past is behind us, its CRLF included (False: more bytes are due)."""
+        if self._skip or len(self._buf) - self._pos < 2:
+            return False
+        if self._buf[self._pos:self._pos + 2] != b"\r\n":
+            raise ProtocolError("Protocol error: bulk string not terminated by CRLF")
+        self._pos += 2
+        self._skipping = False
+        return True
 
     def _read_inline(self) -> list[bytes] | None:
         end = self._buf.find(b"\n", self._pos)

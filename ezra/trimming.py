@@ -22,21 +22,17 @@ delayed, in-flight or dead one (that is upkeep.Upkeep._trim_done).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from . import errors
-from .lifecycle import MAX_ID_PART, StreamId
+from .integers import to_int64
+from .lifecycle import MAX_ID_PART, StreamId, parse_id_parts
 
 MAXLEN = "MAXLEN"
 MINID = "MINID"
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10000
 NODE_ENTRIES = 100  # Redis's stream-node-max-entries: how far over n its approximate trims leave a stream
-INT64_MAX = 2 ** 63 - 1
-UINT64_MAX = 2 ** 64 - 1
-INTEGER = re.compile(rb"-?[0-9]{1,20}")  # digits only ("1_0", " 5" are no integers to Redis)
-ID_PART = re.compile(rb"[0-9]{1,20}")
 
 
 @dataclass(frozen=True)
@@ -108,10 +104,11 @@ def slack(maxlen: int) -> int:
 
 
 def _count(arg: bytes, negative) -> int:
-    """A signed 64-bit integer, in plain digits as Redis reads one, that must not be negative."""
-    value = int(arg) if INTEGER.fullmatch(arg) else None
-    if value is None or not -INT64_MAX - 1 <= value <= INT64_MAX:
-        raise errors.NOT_INTEGER
+    """A signed 64-bit integer as Redis reads one (integers.to_int64), that must not be negative."""
+    try:
+        value = to_int64(arg)
+    except ValueError:
+        raise errors.NOT_INTEGER from None
     if value < 0:
         raise negative
     return value
@@ -124,8 +121,7 @@ def _maxlen(arg: bytes) -> int:
 def _min_id(arg: bytes) -> StreamId:
     """MINID's id, strict as Redis reads it ('5' is 5-0; no '-', '+' or '5-*'). Parts above what
     SQLite holds are clamped: every id EZRA can store is below them."""
-    ms, sep, seq = arg.partition(b"-")
-    parts = (ms, seq) if sep else (ms,)
-    if not all(ID_PART.fullmatch(part) and int(part) <= UINT64_MAX for part in parts):
+    if arg in (b"-", b"+"):
         raise errors.INVALID_ID
-    return min(int(ms), MAX_ID_PART), min(int(seq), MAX_ID_PART) if sep else 0
+    ms, seq = parse_id_parts(arg, 0)
+    return min(ms, MAX_ID_PART), min(seq, MAX_ID_PART)

@@ -6,7 +6,7 @@ import pytest
 
 from ezra import errors
 from ezra.errors import CommandError
-from ezra.lifecycle import (AVAILABLE, DEAD, FAIL, FATAL, MAX_ID_PART, SILENT, after_failure,
+from ezra.lifecycle import (ABOVE_ALL, AVAILABLE, DEAD, FAIL, FATAL, MAX_ID_PART, SILENT, after_failure,
                             lease_deadline, new_id, parse_id, parse_range_bound, split_queue)
 
 MAX = MAX_ID_PART
@@ -103,8 +103,8 @@ def test_explicit_id_zero(requested):
 
 
 @pytest.mark.parametrize("requested", [
-    b"abc", b"", b"-", b"1-", b"-1", b"1-x", b"1-2-3", b"+1", b" 1", b"1.5", b"x-*", b"-*",
-    b"*-1", str(MAX + 1).encode(),
+    b"abc", b"", b"-", b"1-", b"-1", b"1-x", b"1-2-3", b"1 ", b"1_0", b"0x1", b"1.5", b"x-*", b"-*",
+    b"*-1", str(MAX + 1).encode(),  # "+1" and " 1" are ids to Redis (string2ull): test_integers_unit
 ])
 def test_garbage_ids(requested):
     assert error_of(new_id, requested, (0, 0), 0) == (
@@ -134,14 +134,21 @@ def test_parse_id():
     (b"(5-0", False, (4, MAX)),
     (b"(5-%d" % MAX, True, (6, 0)),
     (b"(5", True, (5, 1)),       # as Redis: (5 means after 5-0
-    (b"(5", False, (5, MAX - 1)),
+    (b"(5", False, (5, MAX)),    # 5-(2**64-2) in Redis's id space: EZRA's last id of ms 5
+    (b"18446744073709551615-18446744073709551615", False, (MAX, MAX)),  # Redis's largest id
+    (b"18446744073709551615", False, (MAX, MAX)),
+    (b"(18446744073709551615", False, (MAX, MAX)),
+    (b"(18446744073709551615-18446744073709551615", False, (MAX, MAX)),
+    (b"18446744073709551615", True, ABOVE_ALL),  # above every id EZRA stores: an empty range
+    (b"5-18446744073709551615", True, (6, 0)),
 ])
 def test_parse_range_bound(arg, is_start, bound):
     assert parse_range_bound(arg, is_start) == bound
 
 
 def test_exclusive_bounds_at_the_ends_of_the_id_space():
-    last = b"(%d-%d" % (MAX, MAX)
+    assert parse_range_bound(b"(%d-%d" % (MAX, MAX), True) == ABOVE_ALL  # Redis's ids go on to 2**64-1
+    last = b"(18446744073709551615-18446744073709551615"
     assert error_of(parse_range_bound, last, True) == "ERR invalid start ID for the interval"
     assert error_of(parse_range_bound, b"(0-0", False) == "ERR invalid end ID for the interval"
 

@@ -184,7 +184,9 @@ def test_hello_3_applies_to_commands_pipelined_behind_it(shared_server):
 @pytest.mark.parametrize("frame, error", [
     (b"*abc\r\n", b"-ERR Protocol error: invalid multibulk length\r\n"),
     (b"*99999999999\r\n", b"-ERR Protocol error: invalid multibulk length\r\n"),
-    (b"*1\r\n$99999999999\r\n", b"-ERR Protocol error: invalid bulk length\r\n"),
+    (b"*1\r\n$99999999999\r\n", b"-ERR task too large: an argument of 99999999999 bytes, the limit is 1048576 "
+                                 b"(--max-task-size); above 536870912 bytes the connection is closed\r\n"),
+    (b"*1\r\n$-5\r\n", b"-ERR Protocol error: invalid bulk length\r\n"),
     (b"*1\r\n+PING\r\n", b"-ERR Protocol error: expected '$', got '+'\r\n"),
     (b"*1\r\n$4\r\nPINGxx", b"-ERR Protocol error: bulk string not terminated by CRLF\r\n"),
 ])

@@ -439,6 +439,8 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         return sum(queue.counts[state] for state in lifecycle.WAITING)
 
     def _tx_range(self, name: bytes, dead: bool, start, end, count, reverse):
+        if count <= 0:  # XRANGE ... COUNT 0: None if the queue exists (Redis answers a null array)
+            return None if name in self.queues else []
         states = (DEAD,) if dead else (AVAILABLE, DELAYED, IN_FLIGHT, DONE)
         rows = self.db.range(name, states, start, end, count, reverse)
         return [entry(row) for row in rows]

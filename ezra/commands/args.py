@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from .. import errors
 from ..errors import CommandError
+from ..integers import to_int64
 from ..lifecycle import parse_id, split_queue
 
-INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
 # RETRYCOUNT above this means the same (above any MAX-ATTEMPTS): the deliveries counted after it stay 64-bit.
 MAX_RETRY_COUNT = 2 ** 31 - 1
@@ -17,16 +17,14 @@ MAX_WORKER_NAME = 256  # bytes
 
 
 def to_int(arg: bytes, error: str | type[CommandError] = errors.NOT_INTEGER) -> int:
-    """A signed 64-bit integer, as Redis reads one: anything wider is out of range (and SQLite's too).
+    """A signed 64-bit integer, as Redis reads one (integers.to_int64: no '+', '_', spaces or
+    leading zeros; anything wider is out of range, and SQLite's too).
 
     `error`: the error class, or the message of an ERR, built only when the argument is bad."""
     try:
-        value = int(arg)
+        return to_int64(arg)
     except ValueError:
-        value = None
-    if value is None or not INT64_MIN <= value <= INT64_MAX:
-        raise errors.err(error) if isinstance(error, str) else error
-    return value
+        raise (errors.err(error) if isinstance(error, str) else error) from None
 
 
 def ids_of(args: list[bytes]) -> list[tuple]:

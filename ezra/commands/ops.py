@@ -25,6 +25,7 @@ from .table import Deferred, command
 
 AUTOCLAIM_DEFAULT_COUNT = 100
 AUTOCLAIM_MAX_COUNT = 10000
+AUTOCLAIM_COUNT_LIMIT = (2 ** 63 - 1) // 16  # above, Redis answers "COUNT must be > 0" (it would overflow)
 
 
 def ids_block(args: list[bytes], i: int) -> tuple[list[tuple], int]:
@@ -92,7 +93,7 @@ def xclaim(session, args):
 
 def autoclaim_count(arg: bytes) -> int:
     count = to_int(arg, "COUNT must be > 0")
-    if count < 1:
+    if not 1 <= count <= AUTOCLAIM_COUNT_LIMIT:
         raise errors.err("COUNT must be > 0")
     return min(count, AUTOCLAIM_MAX_COUNT)
 
@@ -108,6 +109,8 @@ def xautoclaim(session, args):
     min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XAUTOCLAIM"), 0)
     start = lifecycle.parse_range_bound(args[5], True)
     (count, justid), _ = parse_options(args, 6, XAUTOCLAIM_OPTIONS)
+    if start == lifecycle.ABOVE_ALL:  # past every id EZRA can store: nothing to scan
+        return [b"0-0", [], []]
     session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
     return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid))
 

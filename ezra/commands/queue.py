@@ -310,13 +310,17 @@ def range_command(session, args, reverse: bool):
     count = RANGE_DEFAULT_COUNT
     if len(args) == 6 and args[4].upper() == b"COUNT":
         count = min(max(to_int(args[5]), 0), RANGE_DEFAULT_COUNT)
-        if count == 0:
-            return []
+        if count == 0:  # Redis: a null array when the stream exists, an empty one when not
+            return Deferred(broker_of(session).range(queue, dead, start, end, 0, reverse), none_as_null_array)
     elif len(args) != 4:
         raise errors.SYNTAX
     if start > end:
         return []
     return Deferred(broker_of(session).range(queue, dead, start, end, count, reverse))
+
+
+def none_as_null_array(entries):
+    return NULL_ARRAY if entries is None else entries
 
 
 @command("XRANGE", -4)

@@ -58,11 +58,24 @@ def run(main, argv: list[str]) -> int:
     except (ClientError, ReplyError) as exc:
         print(f"ezra: {exc}", file=sys.stderr)
         return 1
+    except REPLY_SHAPE_ERRORS as exc:
+        print(f"ezra: {unexpected_reply(exc)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 0
     except BrokenPipeError:  # `ezra stats --watch | head`: the reader has gone, so stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+# A reply of a well-formed kind but not the shape asked for (a number where INFO's text goes, a
+# string where XINFO TASKS' list goes) fails where the tool takes it apart, with one of these.
+REPLY_SHAPE_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError)
+
+
+def unexpected_reply(exc: Exception) -> str:
+    """One line for a reply the tool could not take apart: what was wrong, not a traceback."""
+    return f"a reply of the server is not what this tool can read ({type(exc).__name__}: {str(exc)[:200]})"
 
 
 # ---------------------------------------------------------------- text

@@ -36,7 +36,7 @@ from contextlib import contextmanager
 import configargparse
 
 from ..client import Client, ClientError, ReplyError, from_url
-from .inspect import connect, connection_parser, table
+from .inspect import REPLY_SHAPE_ERRORS, connect, connection_parser, table, unexpected_reply
 from .progress import Progress
 from ..storage import StorageError, decode_fields
 from .stream_copy import (PAGE, ZERO, Ids, MoveError, Task, Writer, format_id, next_id, pairs, parse_id,
@@ -475,6 +475,9 @@ def run(main, argv: list[str]) -> int:
         return main(argv)
     except (ClientError, ReplyError, StorageError, MoveError) as exc:
         print(f"ezra {tool}: {exc}", file=sys.stderr)
+        return 1
+    except REPLY_SHAPE_ERRORS as exc:
+        print(f"ezra {tool}: {unexpected_reply(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"ezra {tool}: interrupted; a re-run carries on where this one stopped", file=sys.stderr)

@@ -12,6 +12,7 @@ socket and a few milliseconds.
 from __future__ import annotations
 
 import sys
+import time
 
 from ..client import Client, ClientError, ReplyError, reachable_host
 from ..config import build_parser
@@ -26,8 +27,8 @@ class PingError(Exception):
 def ping(host: str, port: int, password: str | None = None, timeout: float = DEFAULT_TIMEOUT,
          tls_cert_file: str | None = None) -> str:
     """PING the server at host:port (after AUTH if a password is given); returns the reply."""
-    try:
-        with Client(host, port, timeout, tls_cert_file) as client:
+    try:  # one deadline for the connection, AUTH and PING together
+        with Client(host, port, timeout, tls_cert_file, deadline=time.monotonic() + timeout) as client:
             auth_error = None
             if password:
                 try:

@@ -1,0 +1,57 @@
+"""Integers in command arguments, read exactly as Redis reads them (util.c).
+
+`to_int64` is Redis's string2ll, which every count, option and setting goes through
+(getLongLongFromObject): an optional '-', then "0" alone or digits without a leading
+zero; no '+', no spaces, no '_', nothing after; within signed 64 bits. Python's int()
+reads "+5", " 5", "1_0" and "05" too, and Redis refuses each of them.
+
+`to_uint64` is Redis's string2ull, which reads each part of a stream id
+(streamGenericParseIDOrReply): string2ll first, refusing what is negative; failing
+that, C's strtoull in base 10, which skips leading spaces, takes a '+' or a '-' (a
+'-' wraps around 2**64, as C does) and leading zeros, and must reach the end of the
+text. So an id part may be "05", "+5" or " 5" where a count may not: Redis's own
+inconsistency, kept so both servers answer alike.
+
+Both raise ValueError on a refused text; callers turn that into their command's error.
+"""
+
+from __future__ import annotations
+
+import re
+
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+UINT64_MAX = 2 ** 64 - 1
+
+_STRING2LL = re.compile(rb"0|-?[1-9][0-9]{0,18}").fullmatch  # 19 digits at most: above is out of range
+_STRTOULL = re.compile(rb"[ \t\n\v\f\r]*([+-]?)([0-9]+)").fullmatch
+
+
+def to_int64(text: bytes) -> int:
+    """A signed 64-bit integer by Redis's string2ll rules, else ValueError."""
+    if _STRING2LL(text) is None:
+        raise ValueError(text)
+    value = int(text)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(text)
+    return value
+
+
+def to_uint64(text: bytes) -> int:
+    """An unsigned 64-bit integer by Redis's string2ull rules (a stream id's part), else ValueError."""
+    text = text.split(b"\0", 1)[0]  # Redis reads the part as a C string: it ends at a NUL
+    try:
+        value = to_int64(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if value < 0:
+            raise ValueError(text)
+        return value
+    match = _STRTOULL(text)
+    if match is None:
+        raise ValueError(text)
+    sign, digits = match.groups()
+    magnitude = int(digits.lstrip(b"0") or b"0")
+    if magnitude > UINT64_MAX:
+        raise ValueError(text)  # strtoull's ERANGE
+    return (-magnitude) % 2 ** 64 if sign == b"-" else magnitude
