@@ -52,6 +52,19 @@ def configure(r, queue, *settings):
     assert r.execute_command("XCFGSET", queue, *settings) in OK_REPLIES
 
 
+def queue_figures(client, queue) -> dict:
+    """One queue's counts and tallies since start, keyed as INFO's (`in_flight`), read with XINFO
+    QUEUES: INFO lists only the first 100 queues by name, and a shared server holds more."""
+    name = queue.encode() if isinstance(queue, str) else queue
+    # AFTER is exclusive: from the name less its last byte, `name` is among the first few.
+    for row in client.execute_command("XINFO", "QUEUES", "AFTER", name[:-1], "COUNT", 1000):
+        fields = row if isinstance(row, dict) else dict(zip(row[::2], row[1::2]))
+        fields = {text(key).replace("-", "_"): value for key, value in fields.items()}
+        if fields.pop("name") in (name, name.decode(errors="replace")):
+            return fields
+    raise AssertionError(f"XINFO QUEUES does not list {name!r}")
+
+
 def entries_of(reply, queue):
     """The entries for `queue` in an XREADGROUP reply, in either protocol's shape."""
     if not reply:

@@ -13,6 +13,7 @@ import redis
 
 from ezra.errors import EXACT_TRIM_REFUSED
 from ezra.trimming import DEFAULT_LIMIT
+from support import queue_figures
 
 EXACT = EXACT_TRIM_REFUSED.message[len("ERR "):]  # redis-py drops the prefix
 
@@ -43,7 +44,7 @@ def error_of(client, *command) -> str:
 
 def queue_counts(r, queue: str) -> dict:
     """INFO's counts of one queue (the broker's own figures)."""
-    return r.info("queues")[f"queue_{queue}"]
+    return queue_figures(r, queue)
 
 
 # ------------------------------------------------------------------ approximate trimming

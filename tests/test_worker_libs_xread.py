@@ -24,8 +24,8 @@ import pytest
 import redis
 
 from conftest import wait_until
-from support import (NODE_SRC, Row, dist_version, first_refusal, node_env, node_version, record_worker_libs, run_json,
-                     short, walrus_database)
+from support import (NODE_SRC, Row, dist_version, first_refusal, node_env, node_version, queue_figures,
+                     record_worker_libs, run_json, short, walrus_database)
 
 pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
 
@@ -40,7 +40,7 @@ def compat_json():
 
 def delivered(client, queue: str) -> int:
     """Deliveries counted for `queue` since the server started (INFO queues)."""
-    return client.info("queues")[f"queue_{queue}"]["delivered"]
+    return queue_figures(client, queue)["delivered"]
 
 
 # ------------------------------------------------------------------ FastStream (PyPI, own venv)
