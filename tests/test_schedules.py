@@ -8,8 +8,11 @@ a real server, redis-py in RESP2 and RESP3, kill -9 around firings.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sqlite3
+import subprocess
+import sys
 import time
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
@@ -17,8 +20,8 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
-from conftest import wait_until
-from support import entries_of
+from conftest import ROOT, wait_until
+from support import entries_of, http, scrape, value
 from ezra import lifecycle
 from ezra.broker import Broker
 from ezra.broker.schedules import Scheduler
@@ -364,3 +367,44 @@ def test_a_schema_3_database_gains_the_schedules_table(tmp_path):
         assert db.execute("SELECT count(*) FROM schedules").fetchone()[0] == 0
     finally:
         db.close()
+
+
+def test_metrics_and_dashboard_show_each_schedule(ezra_factory):
+    server = ezra_factory("--http-port", "0")
+    client = server.client()
+    xschedule(client, "SET", "tick", "ticks", "* * * * * *", "FIELDS", "job", "tick")
+    xschedule(client, "SET", "<b>night</b>", "reports", "30 2 * * *", "TZ", "Europe/Paris", "FIELDS", "job", "n")
+    wait_until(lambda: listed(client)["tick"]["firings"] >= 2, timeout=30, message="two firings")
+    samples = scrape(server)
+    assert value(samples, "ezra_schedules") == 2
+    assert value(samples, "ezra_schedule_firings_total", schedule="tick") >= 2
+    assert value(samples, "ezra_schedule_firings_total", schedule="<b>night</b>") == 0
+    night = datetime.fromtimestamp(value(samples, "ezra_schedule_next_run_timestamp_seconds",
+                                         schedule="<b>night</b>"), PARIS)
+    assert (night.hour, night.minute) in ((2, 30), (3, 0))
+    last = value(samples, "ezra_schedule_last_run_timestamp_seconds", schedule="tick")
+    assert last == int(last) and last * 1000 <= listed(client)["tick"]["last-run"]
+    assert ("ezra_schedule_last_run_timestamp_seconds", frozenset({("schedule", "<b>night</b>")})) not in samples
+    status, _, page = http(server.http_url + "/")
+    assert status == 200
+    assert b"<h2>Schedules</h2>" in page and b'data-schedule="tick"' in page
+    assert b"&lt;b&gt;night&lt;/b&gt;" in page and b"<b>night</b>" not in page  # escaped like every name
+    assert b"Europe/Paris" in page and b'href="/queue?name=reports"' in page
+
+
+def test_a_server_without_schedules_never_loads_the_cron_library(tmp_path):
+    script = f"""
+import sys
+import gevent
+from ezra.app import App
+from ezra.config import parse_settings
+app = App(parse_settings(["--port", "0", "--data-dir", {str(tmp_path / "data")!r}]))
+app.start()
+gevent.sleep(0.05)  # the scheduler's greenlet has looked for schedules due
+app.stop()
+print(sorted(m for m in ("cronsim", "zoneinfo") if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"  # idle memory: loaded with the first schedule only

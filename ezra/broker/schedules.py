@@ -29,12 +29,12 @@ from loguru import logger
 from .. import errors, lifecycle
 from ..cron import Cron, CronError
 from ..schedule_settings import Definition
+from ..storage.schedules import NEVER
 from .core import MAX_QUEUE_NAME
 
 MAX_SCHEDULES = 1000   # LIST, /metrics and the dashboard show every one
 FIRE_BATCH = 100       # schedules fired per transaction
 RETRY_MS = 1000        # a firing that failed (disk full, storage error) is tried again after this
-NEVER = 2 ** 62        # next_at of a schedule whose expression has no run left (within 50 years)
 COMMAND, CONFIG = "command", "config"  # who set a schedule last (origin column)
 
 

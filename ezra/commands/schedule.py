@@ -12,7 +12,7 @@ Same rules as every command (table.py): parse, call the scheduler, return a repl
 from __future__ import annotations
 
 from .. import errors, lifecycle, schedule_settings
-from ..broker.schedules import NEVER
+from ..storage.schedules import NEVER
 from ..cron import local_time
 from ..resp import OK, SimpleString
 from .args import live_queue

@@ -12,6 +12,7 @@ from .schema import decode_fields, encode_fields, name_bytes, name_value
 COLUMNS = ("name, queue, cron, zone, fields, skip_unfinished, slot_field, origin, next_at, last_slot, "
            "last_fired_at, last_task_ms, last_task_seq, firings, skipped, created_at")
 UNFINISHED = ("available", "delayed", "in_flight")
+NEVER = 2 ** 62  # next_at of a schedule whose expression has no run left (none within 50 years)
 
 
 class ScheduleRow(NamedTuple):
