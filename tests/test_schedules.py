@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from conftest import ROOT, wait_until
-from support import entries_of, http, scrape, value
+from support import entries_of, http, scrape, submit_broken_request, value
 from ezra import lifecycle
 from ezra.broker import Broker
 from ezra.broker.schedules import Scheduler
@@ -145,6 +145,22 @@ def test_a_slot_fires_once_and_downtime_gives_one_catch_up_run(scheduler):
     assert [fields[-1] for fields in tasks(scheduler)] == [b"2026-12-01T09:00:00+00:00", b"2026-12-01T10:00:00+00:00"]
     (row,) = scheduler.rows().wait()
     assert (row.firings, row.last_slot, row.next_at) == (2, utc_ms(2026, 12, 1, 10), utc_ms(2026, 12, 1, 15))
+
+
+def test_a_rolled_back_firing_leaves_neither_its_task_nor_its_record(scheduler):
+    scheduler, clock = scheduler
+    scheduler.set(define("hourly reports '0 * * * *' FIELDS job report")).wait()
+    clock.now = utc_ms(2026, 12, 1, 9, 0, 1)
+    firing = scheduler.broker.writer.submit(scheduler._tx_fire, clock.now)  # this loop turn's batch...
+    submit_broken_request(scheduler.broker)  # ...rolls back whole
+    with pytest.raises(Exception, match="storage error"):
+        firing.wait()
+    (row,) = scheduler.rows().wait()
+    assert (tasks(scheduler), row.firings, row.next_at) == ([], 0, utc_ms(2026, 12, 1, 9))
+    scheduler.fire_due()  # the slot is still due: it fires now, once
+    scheduler.fire_due()
+    (row,) = scheduler.rows().wait()
+    assert (len(tasks(scheduler)), row.firings, row.last_slot) == (1, 1, utc_ms(2026, 12, 1, 9))
 
 
 def test_the_same_definition_again_keeps_its_runs_a_new_one_starts_over(scheduler):

@@ -35,6 +35,9 @@ from .core import MAX_QUEUE_NAME
 MAX_SCHEDULES = 1000   # LIST, /metrics and the dashboard show every one
 FIRE_BATCH = 100       # schedules fired per transaction
 RETRY_MS = 1000        # a firing that failed (disk full, storage error) is tried again after this
+# The timer is monotonic, slots are wall-clock times: a look at least this often (seconds) bounds
+# how late a slot fires after the system clock is set forward.
+MAX_SLEEP = 60.0
 COMMAND, CONFIG = "command", "config"  # who set a schedule last (origin column)
 
 
@@ -86,7 +89,11 @@ class Scheduler:
 
     def fire_due(self) -> tuple[bool, int | None]:
         """Fire what is due at the clock's now: (more are due, the earliest next slot or None)."""
-        return self.broker.writer.call(self._tx_fire, self.clock())
+        now = self.clock()
+        earliest = self.broker.writer.call(self.db.schedules.earliest, durable=False)
+        if earliest is None or earliest > now:  # a look, not a firing: no fsync for it
+            return False, earliest
+        return self.broker.writer.call(self._tx_fire, now)
 
     # ------------------------------------------------------------ the greenlet
 
@@ -112,7 +119,7 @@ class Scheduler:
             if more:
                 gevent.sleep(0)
                 continue
-            self._wake.wait(None if earliest is None else max(earliest - self.clock(), 0) / 1000)
+            self._wake.wait(None if earliest is None else min(max(earliest - self.clock(), 0) / 1000, MAX_SLEEP))
 
     # ------------------------------------------------------------ transaction scripts
 
