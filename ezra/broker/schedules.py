@@ -51,6 +51,7 @@ class Scheduler:
         self._crons: dict[tuple[str, str], Cron] = {}  # parsed once per (expression, zone)
         self._wake = Event()
         self._greenlet = None
+        self._failing = False  # the last firing failed (logged once until one works)
 
     # ------------------------------------------------------------ verbs
 
@@ -113,9 +114,15 @@ class Scheduler:
                 else:
                     more, earliest = self.fire_due()
             except Exception as exc:  # a storage error, a full disk: tried again shortly
-                logger.opt(exception=not isinstance(exc, errors.CommandError)).error(
-                    "firing schedules failed (tried again in {} s): {}", RETRY_MS / 1000, exc)
+                if not self._failing:  # once per episode: a full disk would log it every second
+                    logger.opt(exception=not isinstance(exc, errors.CommandError)).error(
+                        "firing schedules failed (tried again every {} s until it works): {}", RETRY_MS / 1000, exc)
+                self._failing = True
                 more, earliest = False, self.clock() + RETRY_MS
+            else:
+                if self._failing:
+                    logger.info("schedules fire again")
+                self._failing = False
             if more:
                 gevent.sleep(0)
                 continue
@@ -126,6 +133,8 @@ class Scheduler:
     def _cron(self, expression: str, zone: str) -> Cron:
         cron = self._crons.get((expression, zone))
         if cron is None:
+            if len(self._crons) >= 2 * MAX_SCHEDULES:  # replaced definitions leave theirs behind
+                self._crons.clear()
             cron = self._crons[(expression, zone)] = Cron(expression, zone)
         return cron
 
@@ -146,7 +155,6 @@ class Scheduler:
         schedules.save(definition.name, definition.queue, definition.cron.text, definition.cron.zone_name,
                        definition.fields, definition.skip_unfinished, definition.slot_field, origin,
                        NEVER if next_at is None else next_at, now)
-        self._crons[(definition.cron.text, definition.cron.zone_name)] = definition.cron
         return True
 
     def _tx_delete(self, name: bytes) -> int:
