@@ -368,6 +368,24 @@ def test_bad_config_lines_stop_the_start_with_the_line(tmp_path):
     assert (definition.name, definition.queue, definition.cron.text) == (b"s", b"q", "0 9,17 * * *")
 
 
+def test_the_environment_takes_a_json_list_of_schedules(monkeypatch):
+    monkeypatch.setenv("EZRA_SCHEDULE", json.dumps(["a q '0 9,17 * * *' TZ Asia/Tokyo FIELDS job a",
+                                                    "b q @weekly FIELDS job b"]))
+    settings = parse_settings([])
+    assert [(d.name, d.cron.text, d.cron.zone_name) for d in settings.schedules] == [
+        (b"a", "0 9,17 * * *", "Asia/Tokyo"), (b"b", "@weekly", "UTC")]
+
+
+def test_info_counts_the_schedules(ezra_factory, protocol):
+    client = ezra_factory().client(protocol)
+    assert client.info("schedules") == {"schedules": 0, "schedule_firings": 0, "schedule_next_run": 0}
+    xschedule(client, "SET", "tick", "ticks", "* * * * * *", "FIELDS", "job", "tick")
+    wait_until(lambda: client.info("schedules")["schedule_firings"] >= 1, timeout=30, message="a firing")
+    info = client.info("schedules")
+    assert info["schedules"] == 1 and info["schedule_next_run"] % 1000 == 0  # a whole second: the next slot
+    assert info["schedule_next_run"] > time.time() * 1000 - 5000
+
+
 def test_a_schema_3_database_gains_the_schedules_table(tmp_path):
     data = tmp_path / "data"
     open_database(str(data)).close()
