@@ -1,5 +1,6 @@
 """Wiring, in start order: config -> logging -> the data directory's lock -> storage +
-recovery -> writer -> broker (reaper) -> server -> signals; stopped in reverse."""
+recovery -> writer -> broker (reaper) -> scheduler (the config's schedules) -> server -> signals;
+stopped in reverse."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from loguru import logger
 
 from . import __version__
 from .broker import Broker
+from .broker.schedules import Scheduler
 from .config import Settings, parse_settings
 from .server import EzraServer
 from .session import ServerState
@@ -41,6 +43,7 @@ class App:
         self.lock = None
         self.db = None
         self.broker = None
+        self.scheduler = None
         self.server = None
         self.web = None
         self.check = None  # the database's check after start, while it runs
@@ -63,7 +66,7 @@ class App:
 
     def _close_partial_start(self) -> None:
         for close in (self.web and self.web.stop, self.server and self.server.stop_listening,
-                      self.broker and self.broker.stop,
+                      self.scheduler and self.scheduler.stop, self.broker and self.broker.stop,
                       self.db and self.db.close, self.lock and self.lock.release):
             if close:
                 try:
@@ -85,10 +88,13 @@ class App:
             self.broker.configure(name, changes).wait()
             logger.info("queue {!r} configured: {}", name.decode("utf-8", "replace"),
                         ", ".join(f"{column}={value}" for column, value in changes.items()))
-        self.server = EzraServer(ServerState(self.broker, settings))
+        self.scheduler = Scheduler(self.broker)
+        self.scheduler.apply_config(list(settings.schedules))  # the config's schedule lines, at each start
+        self.server = EzraServer(ServerState(self.broker, settings, self.scheduler))
         with naming_the_option("--port", settings.bind, settings.port):
             self.server.start()
         self.broker.start_reaper()
+        self.scheduler.start()  # after the port opened: a catch-up firing's waiters can be served
         if settings.http_port is not None:
             from .web.server import WebServer  # here: without --http-port, prometheus_client is never loaded
             with naming_the_option("--http-port", settings.bind, settings.http_port):
@@ -138,6 +144,7 @@ class App:
         if self.web is not None:
             self.web.stop()
         self.server.stop_listening()
+        self.scheduler.stop()  # no firing after this: the writer stops soon
         self.broker.cancel_waiters()
         self.server.close_connections(SHUTDOWN_GRACE)
         self.broker.stop()
@@ -228,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     app = App(settings)
     try:
         app.start()
-    except (StorageError, OSError) as exc:
+    except (StorageError, OSError, ValueError) as exc:  # ValueError: a schedule line the server refused
         logger.error("cannot start: {}", exc)
         sys.exit(1)
     tune_collector()

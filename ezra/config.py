@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import configargparse
 
-from . import __version__, queue_settings
+from . import __version__, queue_settings, schedule_settings
 from .errors import CommandError
 
 DURABILITY_MODES = ("full", "normal")
@@ -54,6 +54,8 @@ class Settings:
     http_request_timeout: float = 5.0           # seconds an HTTP request (head and body) may take to arrive
     # One server per data directory (storage/dirlock.py):
     lock_timeout: float = 0.0                   # seconds to wait for another server to let the directory go
+    # Schedules (XSCHEDULE): the config's, set at every start (schedule_settings.Definition, ...)
+    schedules: tuple = ()
 
 
 def positive_float(text: str) -> float:
@@ -135,6 +137,15 @@ def queue_line(text: str) -> tuple:
         return queue_settings.parse_queue_line(text)
     except ValueError as exc:
         raise configargparse.ArgumentTypeError(str(exc)) from None
+
+
+def schedule_line(text: str) -> str:
+    """A --schedule line, checked (the task size again once --max-task-size is known: parse_settings)."""
+    try:
+        schedule_settings.parse_line(text, sys.maxsize)
+    except ValueError as exc:
+        raise configargparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def build_parser() -> configargparse.ArgParser:
@@ -252,6 +263,11 @@ def build_parser() -> configargparse.ArgParser:
         help="another EZRA holds the data directory (its ezra.lock): wait this long for it to exit "
              "before giving up (a rolling update starts the new server before the old one stops); "
              "0: refuse to start at once")
+    add("--schedule", dest="schedules", action="append", type=schedule_line, default=[],
+        metavar="'NAME QUEUE \"CRON\" [TZ zone] FIELDS field value ...'", env_var="EZRA_SCHEDULE",
+        help="a schedule set at every start, as XSCHEDULE SET takes it (the cron expression quoted); repeat "
+             "for more; one the config no longer has is removed at the next start (config file: "
+             "schedule = [\"nightly reports '0 2 * * *' FIELDS job nightly\", \"...\"])")
     add("--version", action="version", version=f"ezra {__version__}")
     for action in parser._actions:  # what add_env_var_help did, without its closing sentence
         if getattr(action, "env_var", None):
@@ -266,6 +282,15 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     if unknown:
         parser.error(unknown_arguments(parser, unknown, namespace.config, argv))
     namespace.queues = tuple(namespace.queues or ())
+    try:
+        namespace.schedules = tuple(schedule_settings.parse_line(line, namespace.max_task_size)
+                                    for line in namespace.schedules or ())
+    except ValueError as exc:
+        parser.error(f"--schedule: {exc}")
+    names = [definition.name for definition in namespace.schedules]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        parser.error(f"--schedule: the name {twice[0].decode('utf-8', 'replace')!r} is given twice")
     if bool(namespace.tls_cert_file) != bool(namespace.tls_key_file):
         parser.error("--tls-cert-file and --tls-key-file go together")
     if namespace.tls_ca_cert_file and not namespace.tls_cert_file:

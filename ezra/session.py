@@ -15,9 +15,10 @@ import time
 class ServerState:
     """What every connection shares: the broker, settings, and figures for INFO."""
 
-    def __init__(self, broker, settings):
+    def __init__(self, broker, settings, scheduler=None):
         self.broker = broker
         self.settings = settings
+        self.scheduler = scheduler  # XSCHEDULE's (broker/schedules.py); None: schedules not served
         self.started = time.time()
         self.client_ids = itertools.count(1)
         self.sessions: dict[int, "Session"] = {}

@@ -21,6 +21,7 @@ import pytest
 import redis
 from conftest import ROOT, wait_until
 from support import RespConnection, basic, claim, configure, entries_of, form_token, http, pending, scrape, text, value
+from ezra.storage import SCHEMA_VERSION  # 4 since schedules (test_schedules.py)
 
 
 def pause(r, queue, paused=1):
@@ -258,7 +259,7 @@ def test_a_schema_2_file_is_migrated_and_keeps_its_tasks(ezra_factory, tmp_path)
         db.execute("PRAGMA user_version = 2")
     db.close()
     server.start()
-    assert "migrated" in server.log() and "from schema 2 to 3" in server.log()
+    assert "migrated" in server.log() and f"from schema 2 to {SCHEMA_VERSION}" in server.log()
     r = server.client()
     assert text(r.xinfo_stream("jobs")["max-attempts"]) == "7"
     pause(r, "jobs")
@@ -271,7 +272,7 @@ def test_a_schema_2_file_is_migrated_and_keeps_its_tasks(ezra_factory, tmp_path)
     assert [i for i, _ in claim(r, "jobs")] == [task_id]
     r.close()
     with sqlite3.connect(server.data_dir / "ezra.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     db.close()
 
 

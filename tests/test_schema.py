@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 
 from support import claim, text
+from ezra.storage import SCHEMA_VERSION  # 4 since schedules (test_schedules.py)
 
 # Schema 1 as EZRA wrote it (storage.py before schema 2), comments left out.
 SCHEMA_V1 = """
@@ -75,7 +76,7 @@ def test_a_schema_1_file_is_migrated_to_the_schema_a_new_file_gets(ezra_factory,
     fresh.stop()
     write_v1_file(tmp_path / "old")
     server = ezra_factory(data_dir=tmp_path / "old")
-    assert "from schema 1 to 3" in server.log()
+    assert f"from schema 1 to {SCHEMA_VERSION}" in server.log()
     r = server.client()
     assert text(r.xinfo_stream("jobs")["max-attempts"]) == "7"
     assert [(i, f) for i, f in claim(r, "jobs")] == [(b"1000-0", {b"n": b"1"})]
@@ -85,7 +86,7 @@ def test_a_schema_1_file_is_migrated_to_the_schema_a_new_file_gets(ezra_factory,
     r.close()
     server.stop()
     with sqlite3.connect(server.data_dir / "ezra.db") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert db.execute("SELECT count(*) FROM tasks WHERE state = 'delayed'").fetchone()[0] == 1
     db.close()
     assert schema_of(server.data_dir / "ezra.db") == schema_of(fresh.data_dir / "ezra.db")

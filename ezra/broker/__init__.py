@@ -44,6 +44,9 @@ The parts (mixins of Broker, in its bases' order; each is a class over BrokerCor
     admin.py      XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, figures(), hot backup
     observers.py  XREAD: a read-only look at a queue, woken by pushes without taking them
 
+Beside them, not a part: schedules.py's Scheduler (XSCHEDULE), a plain object over the Broker
+that fires periodic pushes through `_tx_push` in its own writer scripts.
+
 What the parts may import: the layers below (storage, writer, lifecycle, errors,
 queue_settings, trimming, resp's reply types), gevent and loguru; never commands,
 server, web, tools or app, which call the broker, not the other way round. A part

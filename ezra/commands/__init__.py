@@ -6,13 +6,13 @@ its commands in the table and may import only table.py, args.py and the layers b
 lifecycle, errors, resp, options, queue_settings, trimming, storage's decoders), never another
 family: queue.py (XADD, XREADGROUP, XACK, XNACK, XRANGE, XPENDING...), ops.py (XCFGSET, XCLAIM,
 XINFO, XREQUEUE, BACKUP...), connection.py (PING, HELLO, AUTH, CLIENT, MULTI/EXEC, INFO...) and
-keys.py (EXISTS, TYPE). Importing this package imports the families, so every command is
+keys.py (EXISTS, TYPE) and schedule.py (XSCHEDULE). Importing this package imports the families, so every command is
 registered before the first dispatch. Nothing here imports the front (ezra/server.py,
 ezra/connection.py, ezra/session.py): a handler gets the connection's Session as an argument.
 """
 
 # Each registers its commands in the table, in this order: the order COMMAND and COMMAND LIST answer in.
-from . import queue, connection, ops, keys  # noqa: F401,I001
+from . import queue, connection, ops, keys, schedule  # noqa: F401,I001
 from .table import COMMANDS, Deferred, dispatch, run, supported_commands
 
 __all__ = ["COMMANDS", "Deferred", "dispatch", "run", "supported_commands"]

@@ -19,6 +19,7 @@ from ..broker.core import MAX_QUEUE_NAME
 from ..errors import CommandError
 from ..options import Custom, Options, Value, parse_options
 from ..resp import OK, ErrorReply, SimpleString, Verbatim
+from ..storage.schedules import NEVER
 from .args import to_int
 from .table import COMMANDS, Deferred, command, run
 
@@ -252,7 +253,7 @@ def command_info(name: bytes) -> list:
 
 @command("INFO", -1)
 def info(session, args):
-    """INFO [section ...]: server, clients, memory, persistence, stats, queues."""
+    """INFO [section ...]: server, clients, memory, persistence, stats, queues, schedules."""
     wanted = {arg.decode("utf-8", "replace").lower() for arg in args[1:]} or {"default"}
     everything = bool(wanted & {"all", "everything", "default"})
     # One snapshot of the broker's figures for every section; the queues' only when shown, and
@@ -341,5 +342,14 @@ INFO_TALLIES = ("pushed", "delivered", "acked", "failed", "expired")
 INFO_QUEUES = 100  # queue_<name> lines at most, the first queues by name
 INFO_NAME_SAFE = str.maketrans({"\r": "?", "\n": "?", ",": "?"})
 
+def info_schedules(state: ServerState, figures):
+    """XSCHEDULE's schedules in all: how many, tasks they pushed, the next run (ms; 0: none)."""
+    rows = [] if state.scheduler is None else state.scheduler.rows().wait()
+    upcoming = [row.next_at for row in rows if row.next_at < NEVER]
+    return [("schedules", len(rows)), ("schedule_firings", sum(row.firings for row in rows)),
+            ("schedule_next_run", min(upcoming, default=0))]
+
+
 INFO_SECTIONS = [("server", info_server), ("clients", info_clients), ("memory", info_memory),
                  ("persistence", info_persistence), ("stats", info_stats), ("queues", info_queues)]
+INFO_SECTIONS.append(("schedules", info_schedules))  # XSCHEDULE (an EZRA extension)

@@ -22,6 +22,7 @@ from loguru import logger
 from .. import lifecycle
 from . import reads
 from .integrity import Integrity
+from .schedules import Schedules
 from .schema import SETTING_COLUMNS, encode_fields, name_value
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
@@ -70,6 +71,7 @@ class Database:
         self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]  # fixed once the file is in WAL mode
         self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
         self.integrity = Integrity(conn)  # read-only once found corrupt
+        self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
 
     # -- transactions (driven by writer.py)
 

@@ -188,6 +188,9 @@ def _migrate(conn, version: int, path: str) -> None:
             _migrate_to_v2(conn)
         if version < 3:
             _add_queue_columns(conn, QUEUE_COLUMNS_V3)
+        if version < 4:  # a new table only
+            conn.execute(SCHEMA_STATEMENTS["schedules"])
+            conn.execute(SCHEMA_STATEMENTS["schedules_next"])
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:

@@ -18,7 +18,8 @@ from importlib import resources
 from .. import lifecycle
 
 APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
-SCHEMA_VERSION = 3  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused
+SCHEMA_VERSION = 4  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused
+# 4: schedules (XSCHEDULE)
 
 # The schema lives in schema.sql beside this module (package data, bundled by setup.cfg
 # and ezra.spec); read once.

@@ -68,3 +68,26 @@ CREATE TABLE IF NOT EXISTS idempotency (
     UNIQUE (queue, producer, iid)
 );
 CREATE INDEX IF NOT EXISTS idempotency_expiry ON idempotency (expires_at);
+
+-- Schedules (XSCHEDULE, the config file's schedule lines): each pushes a task at the times of
+-- its cron expression. A firing updates this row in the transaction of its push, so a slot is
+-- never fired twice; after downtime the one slot due is fired once and next_at moves past now.
+CREATE TABLE IF NOT EXISTS schedules (
+    name            TEXT    PRIMARY KEY,  -- schedule name (BLOB if not UTF-8)
+    queue           TEXT    NOT NULL,     -- where its tasks are pushed
+    cron            TEXT    NOT NULL,     -- five fields (six with seconds) or @daily-style name
+    zone            TEXT    NOT NULL,     -- IANA time zone the expression is read in ('UTC')
+    fields          TEXT    NOT NULL,     -- JSON array, as tasks.fields: each task's fields
+    skip_unfinished INTEGER NOT NULL DEFAULT 0,  -- 1: no push while the last task is unfinished
+    slot_field      TEXT,                 -- a field added to each task: its slot's time (NULL: none)
+    origin          TEXT    NOT NULL CHECK (origin IN ('command', 'config')),  -- who set it last
+    next_at         INTEGER NOT NULL,     -- ms since the epoch: the next slot to fire
+    last_slot       INTEGER,              -- the last slot fired (NULL: none yet)
+    last_fired_at   INTEGER,              -- when it fired
+    last_task_ms    INTEGER,              -- the task it pushed then (NULL: skipped, or none)
+    last_task_seq   INTEGER,
+    firings         INTEGER NOT NULL DEFAULT 0,  -- tasks pushed
+    skipped         INTEGER NOT NULL DEFAULT 0,  -- slots passed over: the last task was unfinished
+    created_at      INTEGER NOT NULL      -- ms: when this definition was set
+);
+CREATE INDEX IF NOT EXISTS schedules_next ON schedules (next_at);

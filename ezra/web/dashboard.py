@@ -17,6 +17,8 @@ import gevent
 from loguru import logger
 
 from .. import __version__, humanize, lifecycle
+from ..storage.schedules import NEVER
+from ..cron import local_time
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from ..storage import decode_fields
 from . import NAME_SHOWN, shown_name
@@ -186,8 +188,10 @@ def error_page(status: str, message: str) -> bytes:
 
 # ---------------------------------------------------------------- pages
 
-def index_page(state, figures, history: History, page_number: int = 1, total: int | None = None) -> bytes:
-    """One page of the queue list: `figures` (Broker.figures) holds that page's queues, `total` counts them all."""
+def index_page(state, figures, history: History, page_number: int = 1, total: int | None = None,
+               schedules=()) -> bytes:
+    """One page of the queue list: `figures` (Broker.figures) holds that page's queues, `total` counts them all;
+    then the schedules (storage.schedules.ScheduleRow)."""
     now, overview = figures.now, figures.queues
     total = len(overview) if total is None else total
     rows = []
@@ -211,7 +215,23 @@ def index_page(state, figures, history: History, page_number: int = 1, total: in
                '(<span class="pushes-key">pushes</span>, <span class="acks-key">acks</span>)</th></tr></thead>'
              f'<tbody>{"".join(rows)}</tbody></table>')
     nav = pages_nav(page_number, len(overview), total)
-    return page("queues", f'{header(state, figures)}<main><h1>Queues</h1>{nav}{table}{nav}</main>')
+    return page("queues", f'{header(state, figures)}<main><h1>Queues</h1>{nav}{table}{nav}'
+                          f'{schedules_section(schedules)}</main>')
+
+
+def schedules_section(schedules) -> str:
+    """The schedules (XSCHEDULE), each with its next and last run in its own zone."""
+    if not schedules:
+        return ""
+    rows = "".join(
+        f'<tr data-schedule="{text(row.name)}"><td>{text(row.name)}</td><td>{queue_link(row.queue)}</td>'
+        f'<td><code>{text(row.cron)}</code> {text(row.zone)}</td>'
+        f'<td>{text(local_time(row.next_at, row.zone)) if row.next_at < NEVER else "never"}</td>'
+        f'<td>{text(local_time(row.last_slot, row.zone)) if row.last_slot is not None else "—"}</td>'
+        f'<td class="num">{row.firings}</td><td class="num">{row.skipped}</td></tr>' for row in schedules)
+    return ('<h2>Schedules</h2><table class="schedules"><thead><tr><th>schedule</th><th>queue</th><th>cron</th>'
+            '<th>next run</th><th>last run</th><th class="num">firings</th><th class="num">skipped</th></tr></thead>'
+            f'<tbody>{rows}</tbody></table>')
 
 
 def pages_nav(number: int, shown: int, total: int) -> str:

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from .. import __version__, lifecycle
+from ..storage.schedules import NEVER
 from . import shown_name
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -50,7 +51,9 @@ def queue_label(name: bytes) -> str:
 def snapshot(state) -> dict:
     """Everything /metrics shows, read on the event loop (one writer round trip): the broker's
     figures (its --metrics-queues busiest queues, the rest summed) and the server's."""
+    scheduler = getattr(state, "scheduler", None)
     return {"figures": state.broker.figures(busiest=state.settings.metrics_queues),
+            "schedules": [] if scheduler is None else scheduler.rows().wait(),
             "connected": len(state.sessions), "parked": state.parked_clients,
             "durability": state.settings.durability, "database_corrupt": state.broker.db.integrity.corrupt}
 
@@ -94,6 +97,7 @@ class SnapshotCollector:
         yield oldest
         yield paused
         yield from counters.values()
+        yield from schedule_families(snap["schedules"])
         yield gauge("ezra_queues", "Queues (the --metrics-queues busiest have their own series, the rest "
                                    "are summed in series with an empty queue label).", figures.queue_count)
         yield histogram("ezra_commit_batch_size", "Requests committed together in one transaction.",
@@ -118,6 +122,29 @@ class SnapshotCollector:
                                  labels=["version", "durability"])
         info.add_metric([__version__, snap["durability"]], 1)
         yield info
+
+
+def schedule_families(rows) -> list:
+    """Per schedule (XSCHEDULE; at most 1,000, names at most 256 bytes): next and last run, firings, skips."""
+    next_run = GaugeMetricFamily("ezra_schedule_next_run_timestamp_seconds",
+                                 "When the schedule fires next (Unix time).", labels=["schedule"])
+    last_run = GaugeMetricFamily("ezra_schedule_last_run_timestamp_seconds",
+                                 "The slot the schedule fired last (Unix time; absent before its first).",
+                                 labels=["schedule"])
+    firings = CounterMetricFamily("ezra_schedule_firings", "Tasks the schedule pushed (since it was defined).",
+                                  labels=["schedule"])
+    skipped = CounterMetricFamily("ezra_schedule_skipped", "Slots passed over, the last task being unfinished "
+                                  "(SKIP-IF-UNFINISHED).", labels=["schedule"])
+    for row in rows:
+        label = queue_label(row.name)
+        if row.next_at < NEVER:
+            next_run.add_metric([label], row.next_at / 1000)
+        if row.last_slot is not None:
+            last_run.add_metric([label], row.last_slot / 1000)
+        firings.add_metric([label], row.firings)
+        skipped.add_metric([label], row.skipped)
+    return [gauge("ezra_schedules", "Schedules defined (XSCHEDULE, config schedule lines).", len(rows)),
+            next_run, last_run, firings, skipped]
 
 
 def gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:

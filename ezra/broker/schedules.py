@@ -1,0 +1,196 @@
+"""Schedules: a task pushed at the times of a cron expression (XSCHEDULE, the config's schedule lines).
+
+A plain object beside the Broker. Its verbs (connection greenlets call them; each submits a
+`_tx_*` script to the writer, as the Broker's verbs do):
+
+    set           XSCHEDULE SET    define or replace a schedule (an identical definition keeps its runs)
+    delete        XSCHEDULE DEL    remove one; its tasks stay
+    rows          XSCHEDULE LIST   every schedule with its next and last run (also /metrics, dashboard)
+    apply_config  (start)          the config file's schedule lines; those the file dropped go
+    start, stop                    the firing greenlet
+    fire_due      (the greenlet, tests)  fire every schedule whose slot has come, at the clock's now
+
+The schedules live in their table only (storage/schedules.py): nothing is cached but the
+time the greenlet sleeps until, the earliest next slot, so a rolled-back batch leaves
+nothing to rebuild. The greenlet keeps one timer, for that slot; a SET or DEL wakes it.
+
+A firing pushes as XADD does (Broker._tx_push: the queue made, counts, waiters woken) and
+records the slot in the same transaction, so a crash leaves both or neither: a slot never
+fires twice. It then moves the schedule's next slot past the later of the slot and now:
+after downtime the one slot that came first is fired, once, not one per slot missed.
+"""
+
+from __future__ import annotations
+
+import gevent
+from gevent.event import Event
+from loguru import logger
+
+from .. import errors, lifecycle
+from ..cron import Cron, CronError
+from ..schedule_settings import Definition
+from ..storage.schedules import NEVER
+from .core import MAX_QUEUE_NAME
+
+MAX_SCHEDULES = 1000   # LIST, /metrics and the dashboard show every one
+FIRE_BATCH = 100       # schedules fired per transaction
+RETRY_MS = 1000        # a firing that failed (disk full, storage error) is tried again after this
+# The timer is monotonic, slots are wall-clock times: a look at least this often (seconds) bounds
+# how late a slot fires after the system clock is set forward.
+MAX_SLEEP = 60.0
+COMMAND, CONFIG = "command", "config"  # who set a schedule last (origin column)
+
+
+class Scheduler:
+    """The schedules' verbs and the greenlet that fires them."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.db = broker.db
+        self.clock = broker.clock
+        self._crons: dict[tuple[str, str], Cron] = {}  # parsed once per (expression, zone)
+        self._wake = Event()
+        self._greenlet = None
+        self._failing = False  # the last firing failed (logged once until one works)
+
+    # ------------------------------------------------------------ verbs
+
+    def set(self, definition: Definition, origin: str = COMMAND):
+        """XSCHEDULE SET; the request's result is True (made or changed) or False (unchanged)."""
+        request = self.broker.writer.submit(self._tx_set, definition, origin)
+        self._wake.set()  # its next slot may be the earliest now
+        return request
+
+    def delete(self, name: bytes):
+        """XSCHEDULE DEL: 1 if it existed, else 0."""
+        request = self.broker.writer.submit(self._tx_delete, name)
+        self._wake.set()
+        return request
+
+    def rows(self):
+        """XSCHEDULE LIST: every schedule's row (storage.schedules.ScheduleRow), by name."""
+        return self.broker.writer.submit(self.db.schedules.all, durable=False)
+
+    def apply_config(self, definitions: list[Definition]) -> None:
+        """At start: set the config file's schedules; remove those the config set before and dropped."""
+        wanted = {definition.name for definition in definitions}
+        for definition in definitions:
+            try:
+                changed = self.broker.writer.call(self._tx_set, definition, CONFIG)
+            except errors.CommandError as exc:
+                raise ValueError(f"schedule {text(definition.name)!r} of the config: "
+                                 f"{exc.message.removeprefix('ERR ')}") from None
+            logger.info("schedule {!r} from the config: {!r} in {}, queue {!r}{}", text(definition.name),
+                        definition.cron.text, definition.cron.zone_name, text(definition.queue),
+                        "" if changed else " (unchanged: its runs go on)")
+        for name in self.broker.writer.call(self.db.schedules.config_names, durable=False):
+            if name not in wanted:
+                self.broker.writer.call(self._tx_delete, name)
+                logger.info("schedule {!r} removed: the config no longer has it", text(name))
+
+    def fire_due(self) -> tuple[bool, int | None]:
+        """Fire what is due at the clock's now: (more are due, the earliest next slot or None)."""
+        now = self.clock()
+        earliest = self.broker.writer.call(self.db.schedules.earliest, durable=False)
+        if earliest is None or earliest > now:  # a look, not a firing: no fsync for it
+            return False, earliest
+        return self.broker.writer.call(self._tx_fire, now)
+
+    # ------------------------------------------------------------ the greenlet
+
+    def start(self) -> None:
+        self._greenlet = gevent.spawn(self._fire_forever)
+
+    def stop(self) -> None:
+        if self._greenlet is not None:
+            self._greenlet.kill()
+
+    def _fire_forever(self) -> None:
+        while True:
+            self._wake.clear()  # before reading: a SET from here on wakes the wait below
+            try:
+                if self.db.integrity.corrupt:  # nothing is written to a corrupt file
+                    more, earliest = False, None
+                else:
+                    more, earliest = self.fire_due()
+            except Exception as exc:  # a storage error, a full disk: tried again shortly
+                if not self._failing:  # once per episode: a full disk would log it every second
+                    logger.opt(exception=not isinstance(exc, errors.CommandError)).error(
+                        "firing schedules failed (tried again every {} s until it works): {}", RETRY_MS / 1000, exc)
+                self._failing = True
+                more, earliest = False, self.clock() + RETRY_MS
+            else:
+                if self._failing:
+                    logger.info("schedules fire again")
+                self._failing = False
+            if more:
+                gevent.sleep(0)
+                continue
+            self._wake.wait(None if earliest is None else min(max(earliest - self.clock(), 0) / 1000, MAX_SLEEP))
+
+    # ------------------------------------------------------------ transaction scripts
+
+    def _cron(self, expression: str, zone: str) -> Cron:
+        cron = self._crons.get((expression, zone))
+        if cron is None:
+            if len(self._crons) >= 2 * MAX_SCHEDULES:  # replaced definitions leave theirs behind
+                self._crons.clear()
+            cron = self._crons[(expression, zone)] = Cron(expression, zone)
+        return cron
+
+    def _tx_set(self, definition: Definition, origin: str) -> bool:
+        schedules = self.db.schedules
+        row = schedules.get(definition.name)
+        if row is not None and definition.same_as(row):
+            if row.origin != origin:
+                schedules.set_origin(definition.name, origin)
+            return False
+        if len(definition.queue) > MAX_QUEUE_NAME and definition.queue not in self.broker.queues:
+            raise errors.err(f"queue name is {len(definition.queue)} bytes long; a new queue's name is at most "
+                             f"{MAX_QUEUE_NAME} bytes")  # as a push would say, but now rather than at each firing
+        if row is None and schedules.count() >= MAX_SCHEDULES:
+            raise errors.err(f"too many schedules (at most {MAX_SCHEDULES}): XSCHEDULE DEL some first")
+        now = self.clock()
+        next_at = definition.cron.next_after(now)
+        schedules.save(definition.name, definition.queue, definition.cron.text, definition.cron.zone_name,
+                       definition.fields, definition.skip_unfinished, definition.slot_field, origin,
+                       NEVER if next_at is None else next_at, now)
+        return True
+
+    def _tx_delete(self, name: bytes) -> int:
+        return self.db.schedules.delete(name)
+
+    def _tx_fire(self, now: int) -> tuple[bool, int | None]:
+        schedules = self.db.schedules
+        due = schedules.due(now, FIRE_BATCH)
+        for row in due:
+            self._fire(row, now)
+        return len(due) == FIRE_BATCH, schedules.earliest()
+
+    def _fire(self, row, now: int) -> None:
+        """One slot of one schedule: push (unless skipped), record, move on past now."""
+        slot = row.next_at
+        try:
+            cron = self._cron(row.cron, row.zone)
+            next_at = cron.next_after(max(slot, now))
+        except CronError as exc:  # zone data changed under a stored schedule: it cannot run
+            logger.error("schedule {!r} cannot run: {}", text(row.name), exc)
+            self.db.schedules.move_next(row.name, NEVER)
+            return
+        next_at = NEVER if next_at is None else next_at
+        task_id = None
+        if not (row.skip_unfinished and row.last_task and self.db.schedules.unfinished(row.queue, row.last_task)):
+            fields = row.fields if row.slot_field is None else [*row.fields, row.slot_field, cron.local(slot).encode()]
+            try:
+                pushed = self.broker._tx_push(row.queue, b"*", fields, False, 0, None, None)
+            except errors.CommandError as exc:  # refused before it wrote anything: the slot passes
+                logger.error("schedule {!r}: the push to {!r} was refused, slot {} passed over: {}", text(row.name),
+                             text(row.queue), cron.local(slot), exc)
+                self.db.schedules.move_next(row.name, next_at)
+                return
+            task_id = lifecycle.parse_id(pushed)
+        self.db.schedules.record_firing(row.name, slot, next_at, now, task_id)
+
+
+def text(name: bytes) -> str:
+    return name.decode("utf-8", "replace")
