@@ -1,0 +1,67 @@
+"""The hot path's shapes (issue 22): what one read of pipelined commands costs the writer.
+
+Each test counts what the server did (INFO's commit_batches and committed_requests) on a
+server of its own, so no other test's commands are counted; the replies are checked too.
+Speed itself is measured by scripts/bench.py and scripts/stages.py, never here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ezra.connection import READS_PER_FLUSH
+
+PIPELINED = 20
+
+
+def batches(client) -> int:
+    return client.info("persistence")["commit_batches"]
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_pipelined_claims_share_one_commit(ezra_factory, protocol):
+    """Pipelined XREADGROUP '>' (with BLOCK, as workers send it) that find tasks are answered
+    together after one commit, as pipelined XADDs are; before, each waited for its own commit."""
+    server = ezra_factory()
+    client = server.client(protocol)
+    ids = client.pipeline(transaction=False)
+    for i in range(PIPELINED):
+        ids.xadd("q", {"n": str(i)})
+    pushed = ids.execute()
+    before = batches(client)
+    pipe = client.pipeline(transaction=False)
+    for _ in range(PIPELINED):
+        pipe.xreadgroup("g", "w1", {"q": ">"}, count=1, block=1000)
+    replies = pipe.execute()
+    used = batches(client) - before
+    claimed = []
+    for reply in replies:
+        entries = reply[b"q"][0] if protocol == 3 else reply[0][1]
+        claimed += [(task_id, fields) for task_id, fields in entries]
+    assert [task_id for task_id, _ in claimed] == pushed  # each claim got the next task, in order
+    assert [fields[b"n"] for _, fields in claimed] == [str(i).encode() for i in range(PIPELINED)]
+    # Claims are reads: a read's replies are sent every READS_PER_FLUSH of them (memory bound).
+    assert used <= math.ceil(PIPELINED / READS_PER_FLUSH), f"{PIPELINED} pipelined claims took {used} commits"
+    assert client.xpending("q", "g")["pending"] == PIPELINED
+    assert client.xack("q", "g", *pushed) == PIPELINED
+
+
+def test_pipelined_claims_after_an_empty_one_still_block_and_flush(ezra_factory):
+    """A claim that finds nothing and blocks sends the replies before it first, and is then
+    served by a push from another client."""
+    server = ezra_factory()
+    client, producer = server.client(2), server.client(2)
+    client.xadd("q", {"n": "0"})
+    claim = ("XREADGROUP", "GROUP", "g", "w1", "COUNT", 1, "BLOCK", 20000, "STREAMS", "q", ">")
+    conn = client.connection_pool.get_connection()
+    try:
+        conn.send_packed_command(conn.pack_commands([claim, claim]))  # one write: both in one read
+        first = conn.read_response()  # sent before the second claim blocks: no push needed for it
+        assert first[0][1][0][1] == [b"n", b"0"]
+        producer.xadd("q", {"n": "1"})
+        second = conn.read_response()
+        assert second[0][1][0][1] == [b"n", b"1"]
+    finally:
+        client.connection_pool.release(conn)
