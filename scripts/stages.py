@@ -18,8 +18,8 @@ is a pipeline of 50 in one read (one commit and fsync for the 50).
 Each stage is the exclusive CPU time (the thread's clock; `--clock wall` for
 time.perf_counter_ns) inside the functions that make it up, over every call; a
 stage nested in another is not counted again in the outer one. The wrappers'
-own cost is measured at start and taken out of the stage that called them
-("instrumentation" shows it). "total (uninstrumented)" is the same phase run
+own cost (a wrapped call of nothing, measured at start: what it adds to its own
+stage and to its caller's) is moved to "instrumentation". "total (uninstrumented)" is the same phase run
 with nothing wrapped: the truth the rows add up to, give or take the noise.
 The SQL and commit rows time the very same sqlite3 calls for both servers (a
 proxy on the connection), and fsync is os.fdatasync for both.
@@ -112,6 +112,7 @@ class Meter:
         self.last = clock()
         self.patched: list[tuple] = []
         self.overhead = 0  # ns a wrapped call costs its caller: measured by calibrate()
+        self.inside = 0  # ns it adds to its own stage (a wrapped call of nothing): measured too
 
     def _stack_of(self, glet) -> list[str]:
         stack = self.stacks.get(glet)
@@ -147,8 +148,11 @@ class Meter:
             finally:
                 meter._charge(clock())
                 stack.pop()
+                spent = meter.spent
+                if meter.inside:  # the clock's own cost, charged to this stage: moved
+                    spent[stage] -= meter.inside
+                    spent["instrumentation"] = spent.get("instrumentation", 0) + meter.inside
                 if stack and meter.overhead:  # the wrapper's own cost, charged to the caller: moved
-                    spent = meter.spent
                     spent[stack[-1]] -= meter.overhead
                     spent["instrumentation"] = spent.get("instrumentation", 0) + meter.overhead
         return wrapper
@@ -178,8 +182,10 @@ class Meter:
             started = self.clock()
             [plain() for _ in range(10000)]
             baseline = self.clock() - started
-            samples.append((self.spent["calibration outer"] - baseline) / 10000)
-        self.overhead = max(int(statistics.median(samples)), 0)
+            samples.append(((self.spent["calibration outer"] - baseline) / 10000,
+                            self.spent["calibration inner"] / 10000))
+        self.overhead = max(int(statistics.median(outer for outer, _ in samples)), 0)
+        self.inside = max(int(statistics.median(inner for _, inner in samples)), 0)
         self.reset()
 
 

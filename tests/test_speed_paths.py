@@ -7,11 +7,15 @@ Speed itself is measured by scripts/bench.py and scripts/stages.py, never here.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ezra.connection import READS_PER_FLUSH
+from ezra.storage.schema import decode_fields, encode_fields
 
 PIPELINED = 20
 
@@ -65,3 +69,23 @@ def test_pipelined_claims_after_an_empty_one_still_block_and_flush(ezra_factory)
         assert second[0][1][0][1] == [b"n", b"1"]
     finally:
         client.connection_pool.release(conn)
+
+
+# ---------------------------------------------------------------- the fields' stored form
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=6))
+def test_fields_are_stored_as_json_dumps_writes_them(fields):
+    """encode_fields' fast path writes exactly json.dumps' text (the file's documented form,
+    readable in the sqlite3 shell), and decode_fields reads any bytes back."""
+    text = encode_fields(fields)
+    assert text == json.dumps([f.decode("utf-8", "surrogateescape") for f in fields])
+    assert decode_fields(text) == fields
+
+
+def test_fields_written_by_hand_still_read_and_bad_text_is_an_error():
+    assert decode_fields(' [ "a" ,"b\\u00e9"]\n') == [b"a", "bé".encode()]
+    with pytest.raises(ValueError):
+        decode_fields('["a"] trailing')
+    with pytest.raises(ValueError):
+        decode_fields("not json")
