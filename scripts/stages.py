@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import json
 import os
 import re
 import shutil
@@ -439,6 +440,13 @@ def in_process(a) -> None:
                 cells.append("–" if not values else f"{statistics.median(values):.1f}")
         if any(c != "–" for c in cells):
             print("| " + " | ".join([stage] + cells) + " |")
+    save_json(a, runs)
+
+
+def save_json(a, runs: dict) -> None:
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"|".join(key): values for key, values in runs.items()}, f, indent=1, ensure_ascii=False)
 
 
 # --------------------------------------------------------------------------- the real servers
@@ -578,6 +586,7 @@ def real(a) -> None:
                 values = figures.get((server, kind, what))
                 cells.append("–" if not values else f"{statistics.median(values):.2f}")
         print("| " + " | ".join([what] + cells) + " |")
+    save_json(a, figures)
 
 
 def free_port() -> int:
@@ -597,6 +606,7 @@ def main() -> None:
                     help="cpu: time.thread_time_ns (default; a loaded machine's other work is left out); "
                          "wall: time.perf_counter_ns")
     ap.add_argument("--real", action="store_true", help="the real servers: perf stat, strace -c, bytes written")
+    ap.add_argument("--json", help="also write every round's figures here: {server|kind|row: [per round]}")
     a = ap.parse_args()
     a.servers = [s for s in a.servers.split(",") if s]
     if a.real:
