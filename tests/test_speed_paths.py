@@ -89,3 +89,35 @@ def test_fields_written_by_hand_still_read_and_bad_text_is_an_error():
         decode_fields('["a"] trailing')
     with pytest.raises(ValueError):
         decode_fields("not json")
+
+
+# ---------------------------------------------------------------- the writer's fsync flag
+
+def test_fsync_flag_wakes_every_waiter_once_and_skips_killed_ones():
+    """Batch.synced (writer.Flag): set() from a greenlet wakes the waiters in a later callback,
+    set_now() (the fsync callback, on the hub) switches to them at once; a waiter killed while
+    waiting is skipped, and waiting on a set flag returns at once."""
+    import gevent
+    from gevent import get_hub
+
+    from ezra.writer import Flag
+
+    for how in ("set", "set_now"):
+        flag, woken = Flag(), []
+
+        def wait(name):
+            flag.wait()
+            woken.append(name)
+        waiting = [gevent.spawn(wait, i) for i in range(3)]
+        gevent.sleep(0)  # all three wait now
+        waiting[1].kill()
+        if how == "set":
+            flag.set()
+            assert woken == []  # the wake-up is a callback of its own
+        else:
+            get_hub().loop.run_callback(flag.set_now)
+        gevent.joinall(waiting, timeout=5)
+        assert woken == [0, 2], how
+        assert flag.is_set() and flag.wait() is True
+        flag.set()  # a second set does nothing
+        assert woken == [0, 2]
