@@ -121,3 +121,26 @@ def test_fsync_flag_wakes_every_waiter_once_and_skips_killed_ones():
         assert flag.is_set() and flag.wait() is True
         flag.set()  # a second set does nothing
         assert woken == [0, 2]
+
+
+# ---------------------------------------------------------------- the common push's INSERT
+
+def test_a_plain_push_stores_the_row_the_full_insert_stores(tmp_path):
+    """insert_task's short statement (available, no attempts, no TTL) leaves the same row as
+    the statement that binds every column."""
+    from ezra import storage
+
+    db = storage.open_database(str(tmp_path))
+    try:
+        db.begin()
+        db.insert_task(b"q", (5, 1), [b"f", b"v"], 100, 100)
+        db.conn.execute(
+            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
+            "finished_at, ttl_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            ("q", 5, 2, "available", encode_fields([b"f", b"v"]), 0, 100, 100, None, None))
+        db.commit()
+        short, full = db.conn.execute("SELECT * FROM tasks WHERE queue = 'q' ORDER BY id_seq").fetchall()
+    finally:
+        db.close()
+    assert short[:2] == full[:2] and short[2] == 1 and full[2] == 2
+    assert short[3:] == (full[3].replace("5-2", "5-1"),) + full[4:]  # the generated id column differs
