@@ -59,7 +59,7 @@ WAL_SIZE_EVERY = 16  # batches between two looks at the WAL's size (an fstat eac
 
 
 class Flag:
-    """Set once: a batch's fsync. `set_now` (the fsync callback, on the hub) switches to each waiting
+    """Set once: a batch's commit, or its fsync. `set_now` (the fsync callback, on the hub) switches to each waiting
     greenlet at once, as the floor does; gevent's Event would schedule one more callback to do it.
     `set` (anywhere) schedules that callback, so the order of wake-ups stays the loop's."""
 
@@ -109,7 +109,7 @@ class Batch:
         self.durable = False  # holds a request answered only after an fsync
         self.error: BaseException | None = None       # rolled back: every request fails
         self.sync_error: BaseException | None = None  # committed, but the fsync failed: durable ones fail
-        self.committed = Event()
+        self.committed = Flag()  # set() wakes after the readers the batch served (callbacks' order)
         self.synced = Flag()  # set with (or after) committed; durable requests wait for it
 
 
