@@ -5,30 +5,26 @@
     python scripts/stages.py --servers ezra --per-turn 50 --tasks 20000
     python scripts/stages.py --real                 # the real servers: perf stat, strace -c, bytes written
 
-In-process (the default): each server's own connection loop runs on a fake socket,
-so the request path is exactly the server's (EZRA's Connection.serve with its
-reader, dispatch, handlers, broker, writer, storage, encoder; the floor's
-Floor.handle with its hiredis reader, handlers and Store), without the network.
-Three phases, each its own command, one task per command: N XADDs, then N claims
-(XREADGROUP GROUP g w COUNT 1 BLOCK 1000 STREAMS q >, the shape workers send),
-then N XACKs of one id each. `--per-turn 1` is one command per read ("one at a
-time": a commit, and for XADD and XACK an fsync, per command); `--per-turn 50`
-is a pipeline of 50 in one read (one commit and fsync for the 50).
+In-process (the default): each server's own connection loop (EZRA's Connection.serve,
+the floor's Floor.handle) runs on a fake socket: the request path exactly, without the
+network. Three phases, one task per command: N XADDs, N claims (XREADGROUP GROUP g w
+COUNT 1 BLOCK 1000 STREAMS q >, the shape workers send), N XACKs of one id. With
+`--per-turn 1` each read holds one command (a commit, and an fsync for XADD and XACK,
+per command); with `--per-turn 50` a pipeline of 50 (one commit and fsync for them).
 
 Each stage is the exclusive CPU time (the thread's clock; `--clock wall` for
 time.perf_counter_ns) inside the functions that make it up, over every call; a
 stage nested in another is not counted again in the outer one. The wrappers'
 own cost (a wrapped call of nothing, measured at start: what it adds to its own
-stage and to its caller's) is moved to "instrumentation". "total (uninstrumented)" is the same phase run
-with nothing wrapped: the truth the rows add up to, give or take the noise.
+stage and to its caller's) is moved to "instrumentation". "total (uninstrumented)"
+is the same phase run with nothing wrapped: the true cost.
 The SQL and commit rows time the very same sqlite3 calls for both servers (a
 proxy on the connection), and fsync is os.fdatasync for both.
 
-`--real` starts each server (python -m ezra --durability full, and
-scripts/floor_server.py), drives the same three phases from a raw-socket client
-and reports per command: the server's CPU (perf stat -e cpu-clock), its system
-calls by name (strace -c -f, a separate run since strace slows it), and the bytes
-it wrote (/proc/PID/io write_bytes: WAL frames and checkpoints).
+`--real` starts each server (python -m ezra --durability full, scripts/floor_server.py),
+drives the same phases from a raw-socket client and reports per command the server's
+CPU (perf stat -e cpu-clock), system calls (strace -c -f, a run of its own: it slows
+the server) and bytes written (/proc/PID/io write_bytes: WAL frames, checkpoints).
 """
 from __future__ import annotations
 
@@ -305,7 +301,6 @@ class FakeSocket:
         self._timed_feed = meter.timed("harness", self._replies.feed)
         self._sock = self
         self._read_event = None
-        self.sent = 0
 
     def _next_read(self):
         replies = []
@@ -320,22 +315,14 @@ class FakeSocket:
 
     def send(self, data):
         self._timed_feed(data)
-        self.sent += 1
         return len(data)
 
     sendall = send
 
-    def _wait(self, event):
-        pass  # always readable
-
-    def setsockopt(self, *args):
+    def _wait(self, *args):  # always readable; the rest does nothing
         pass
 
-    def fileno(self):
-        return -1
-
-    def close(self):
-        pass
+    setsockopt = close = _wait
 
 
 def reads_for(kind: str, n: int, per_turn: int, ids: list[bytes], claimed: list[bytes]):
@@ -439,18 +426,20 @@ def in_process(a) -> None:
                 file=sys.stderr, flush=True)
     print(f"Per command, µs of {'CPU' if a.clock == 'cpu' else 'wall'} time, {a.per_turn} command(s) per "
           f"read, {a.tasks} commands per phase, medians of {a.rounds} interleaved round(s)\n")
-    head = ["stage"] + [f"{kind} {server}" for kind in KINDS for server in a.servers]
+    print_table("stage", (*ROW_ORDER, "total", "total (uninstrumented)"), runs, a.servers, 1)
+    save_json(a, runs)
+
+
+def print_table(first: str, rows, figures: dict, servers: list[str], digits: int) -> None:
+    """A markdown table of medians: a line per row that has figures, a column per (command, server)."""
+    head = [first] + [f"{kind} {server}" for kind in KINDS for server in servers]
     print("| " + " | ".join(head) + " |")
     print("|---|" + "---:|" * (len(head) - 1))
-    for stage in (*ROW_ORDER, "total", "total (uninstrumented)"):
-        cells = []
-        for kind in KINDS:
-            for server in a.servers:
-                values = runs.get((server, kind, stage))
-                cells.append("–" if not values else f"{statistics.median(values):.1f}")
-        if any(c != "–" for c in cells):
-            print("| " + " | ".join([stage] + cells) + " |")
-    save_json(a, runs)
+    for row in rows:
+        cells = [figures.get((server, kind, row)) for kind in KINDS for server in servers]
+        if any(cells):
+            print("| " + " | ".join([row] + ["–" if not values else f"{statistics.median(values):.{digits}f}"
+                                             for values in cells]) + " |")
 
 
 def save_json(a, runs: dict) -> None:
@@ -586,16 +575,7 @@ def real(a) -> None:
     print(f"Real servers, per command: {a.per_turn} command(s) per read, {a.tasks} per phase, "
           f"medians of {a.rounds} round(s); system calls from strace -c -f (its own run; those under 0.05 "
           "per command not shown)\n")
-    head = ["per command"] + [f"{kind} {server}" for kind in KINDS for server in a.servers]
-    print("| " + " | ".join(head) + " |")
-    print("|---|" + "---:|" * (len(head) - 1))
-    for what in whats:
-        cells = []
-        for kind in KINDS:
-            for server in a.servers:
-                values = figures.get((server, kind, what))
-                cells.append("–" if not values else f"{statistics.median(values):.2f}")
-        print("| " + " | ".join([what] + cells) + " |")
+    print_table("per command", whats, figures, a.servers, 2)
     save_json(a, figures)
 
 
