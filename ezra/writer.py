@@ -59,9 +59,10 @@ WAL_SIZE_EVERY = 16  # batches between two looks at the WAL's size (an fstat eac
 
 
 class Flag:
-    """Set once: a batch's commit, or its fsync. `set_now` (the fsync callback, on the hub) switches to each waiting
-    greenlet at once, as the floor does; gevent's Event would schedule one more callback to do it.
-    `set` (anywhere) schedules that callback, so the order of wake-ups stays the loop's."""
+    """Set once: a batch's commit, or its fsync. `set_now` (the fsync callback, on the hub)
+    switches to each waiting greenlet at once, as the floor does; gevent's Event would schedule
+    one more callback to do it. `set` (anywhere) schedules that callback, so the order of
+    wake-ups stays the loop's."""
 
     __slots__ = ("done", "waiters")
 
@@ -96,7 +97,7 @@ class Flag:
 
 def _wake(waiters: list) -> None:
     for waiter in waiters:
-        waiter.switch(True)  # runs that greenlet until it waits again (a waiter whose greenlet is gone keeps it)
+        waiter.switch(True)  # runs it until it waits again; a killed waiter's greenlet is gone: no switch
 
 
 class Batch:

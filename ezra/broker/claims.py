@@ -100,7 +100,8 @@ class Claims(BrokerCore):
             raise waiter.error
         return waiter.result
 
-    def claim_now(self, queues: list[bytes], worker: bytes, count: int, noack: bool, claim_idle: int | None = None):
+    def claim_now(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
+                  claim_idle: int | None = None):
         """XREADGROUP with '>', without waiting: the request holding what it claimed, or None if it
         claimed nothing. Its reply waits for the commit like any other (Deferred), so the claims of
         one pipelined read share a commit and a send, where `claim` waits for each one's commit."""
