@@ -30,26 +30,29 @@ def test_pipelined_claims_share_one_commit(ezra_factory, protocol):
     together after one commit, as pipelined XADDs are; before, each waited for its own commit."""
     server = ezra_factory()
     client = server.client(protocol)
-    ids = client.pipeline(transaction=False)
-    for i in range(PIPELINED):
-        ids.xadd("q", {"n": str(i)})
-    pushed = ids.execute()
-    before = batches(client)
-    pipe = client.pipeline(transaction=False)
-    for _ in range(PIPELINED):
-        pipe.xreadgroup("g", "w1", {"q": ">"}, count=1, block=1000)
-    replies = pipe.execute()
-    used = batches(client) - before
-    claimed = []
-    for reply in replies:
-        entries = reply[b"q"][0] if protocol == 3 else reply[0][1]
-        claimed += [(task_id, fields) for task_id, fields in entries]
-    assert [task_id for task_id, _ in claimed] == pushed  # each claim got the next task, in order
-    assert [fields[b"n"] for _, fields in claimed] == [str(i).encode() for i in range(PIPELINED)]
+    used = []
+    for _ in range(3):  # the reaper commits a pass of its own every 0.1 s: the least of three counts
+        ids = client.pipeline(transaction=False)
+        for i in range(PIPELINED):
+            ids.xadd("q", {"n": str(i)})
+        pushed = ids.execute()
+        before = batches(client)
+        pipe = client.pipeline(transaction=False)
+        for _ in range(PIPELINED):
+            pipe.xreadgroup("g", "w1", {"q": ">"}, count=1, block=1000)
+        replies = pipe.execute()
+        used.append(batches(client) - before)
+        claimed = []
+        for reply in replies:
+            entries = reply[b"q"][0] if protocol == 3 else reply[0][1]
+            claimed += [(task_id, fields) for task_id, fields in entries]
+        assert [task_id for task_id, _ in claimed] == pushed  # each claim got the next task, in order
+        assert [fields[b"n"] for _, fields in claimed] == [str(i).encode() for i in range(PIPELINED)]
+        assert client.xpending("q", "g")["pending"] == PIPELINED
+        assert client.xack("q", "g", *pushed) == PIPELINED
     # Claims are reads: a read's replies are sent every READS_PER_FLUSH of them (memory bound).
-    assert used <= math.ceil(PIPELINED / READS_PER_FLUSH), f"{PIPELINED} pipelined claims took {used} commits"
-    assert client.xpending("q", "g")["pending"] == PIPELINED
-    assert client.xack("q", "g", *pushed) == PIPELINED
+    most = math.ceil(PIPELINED / READS_PER_FLUSH)
+    assert min(used) <= most, f"{PIPELINED} pipelined claims took {used} commits"
 
 
 def test_pipelined_claims_after_an_empty_one_still_block_and_flush(ezra_factory):
