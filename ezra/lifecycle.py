@@ -51,6 +51,7 @@ FATAL = "FATAL"
 NACK_MODES = (FAIL, SILENT, FATAL)
 
 DEAD_SUFFIX = "::dead"
+_DEAD_SUFFIX = DEAD_SUFFIX.encode()  # split_queue runs on every queue command
 
 MAX_ID_PART = 2 ** 63 - 1  # SQLite integers are signed 64-bit; Redis allows 2**64-1
 REDIS_MAX_ID_PART = 2 ** 64 - 1
@@ -113,9 +114,8 @@ def idmp_auto_iid(fields: list[bytes]) -> bytes:
 
 def split_queue(name: bytes) -> tuple[bytes, bool]:
     """('q', True) for 'q::dead', the read-only view of q's dead tasks."""
-    suffix = DEAD_SUFFIX.encode()
-    if name.endswith(suffix) and len(name) > len(suffix):
-        return name[: -len(suffix)], True
+    if name.endswith(_DEAD_SUFFIX) and len(name) > len(_DEAD_SUFFIX):
+        return name[: -len(_DEAD_SUFFIX)], True
     return name, False
 
 

@@ -268,7 +268,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
     def _tally(self, queue: QueueState, event: str, n: int = 1) -> None:
         self.stats[event] += n
         queue.totals[event] += n
-        if event in VIEW_GROWS and n:
+        if self.observers and n and event in VIEW_GROWS:  # XREAD's blocked readers: seldom any
             self._view_grew(queue.name, VIEW_GROWS[event])
 
     def _queue(self, name: bytes, now: int, create: bool = True) -> QueueState | None:
@@ -321,7 +321,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
                  delay_ms: int, ttl_ms: int | None, idmp: tuple | None, attempts: int = 0, dead: bool = False,
                  trim=None):
         now = self.clock()
-        queue = self._queue(name, now, create=not nomkstream)
+        queue = self.queues.get(name) or self._queue(name, now, create=not nomkstream)
         if queue is None:
             return None
         if idmp is not None:
