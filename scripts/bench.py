@@ -27,6 +27,7 @@ Workloads (all but latency, backlog and footprint also report server CPU µs per
   idle-waiters        cycle-4x4 while --idle-conns readers block on other queues
   backlog             --backlog-n tasks queued: RSS, disk, restart time, drain at the head
   footprint           idle RSS, and RSS per connection opened and after sitting idle
+  celery, dramatiq, taskiq, xadd-litestream   see scripts/bench_frameworks.py
 """
 import argparse
 import base64
@@ -54,6 +55,8 @@ import urllib.request
 import hiredis
 import redis
 
+import bench_frameworks  # the frameworks' and Litestream's rows (scripts/bench_frameworks.py)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
 GROUP = "g"
@@ -62,7 +65,7 @@ FOOTPRINT_IDLE_S = 3.0  # footprint: how long the connections sit idle before "R
 BACKLOG_DRAIN = 5000  # tasks drained at the head of the backlog (and from an empty queue)
 now = time.monotonic  # CLOCK_MONOTONIC: comparable across processes on Linux
 ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "many-clients", "push-drain", "push-drain-batched",
-                 "latency", "idle-waiters", "backlog", "footprint"]
+                 "latency", "idle-waiters", "backlog", "footprint"] + list(bench_frameworks.WORKLOADS)
 ALIASES = {"push-only": "push-drain", "drain": "push-drain"}
 BEANSTALK_WORKLOADS = {"cycle-4x4", "push-drain", "latency"}
 FLOOR = "floor"  # scripts/floor_server.py: the yardstick for server CPU per task (see its docstring)
@@ -873,7 +876,8 @@ def wl_footprint(srv, a, q):
 WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "many-clients": wl_many_clients,
              "push-drain": wl_push_drain,
              "push-drain-batched": wl_push_drain_batched, "latency": wl_latency,
-             "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint}
+             "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint,
+             **bench_frameworks.WORKLOADS}
 
 
 # --------------------------------------------------------------------------- driver
@@ -1045,6 +1049,8 @@ def main(argv=None):
         for wl in a.workloads:
             for s in servers:
                 if specs[s][0] == "beanstalk" and wl not in BEANSTALK_WORKLOADS:
+                    continue
+                if not bench_frameworks.runs_on(wl, s):
                     continue
                 rec = run_one(s, specs[s], wl, run, a)
                 records.append(rec)
