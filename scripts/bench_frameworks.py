@@ -209,7 +209,7 @@ def wl_xadd_litestream(srv, a, queue):
         f.write(f"dbs:\n  - path: {os.path.join(srv.data, 'ezra.db')}\n    replicas:\n      - type: file\n"
                 f"        path: {replica}\n        sync-interval: 1s\n")
     client = redis.Redis(host=HOST, port=srv.port, socket_timeout=30)
-    off, on, errors = [], [], []
+    off, on, litestream_cpu, errors = [], [], [], []
     try:
         for pair in range(2):
             off.append(xadds(client, queue, n))
@@ -224,7 +224,9 @@ def wl_xadd_litestream(srv, a, queue):
                     time.sleep(0.05)  # poll for the replica, bounded by the deadline
                 if now() >= deadline:
                     raise RuntimeError("litestream wrote nothing to its replica in 60 s")
+                cpu0 = group_cpu_seconds(proc.pid)
                 on.append(xadds(client, queue, n))
+                litestream_cpu.append((group_cpu_seconds(proc.pid) - cpu0) * 1e6 / n)
             finally:
                 stop_group(proc)
         if client.xlen(queue) != 4 * n:
@@ -235,7 +237,8 @@ def wl_xadd_litestream(srv, a, queue):
     return {"XADD/s without Litestream": without, "XADD/s with Litestream": with_,
             "with/without %": 100 * with_ / without,
             "without Litestream: XADD p99 ms": statistics.median(p for _, p in off),
-            "with Litestream: XADD p99 ms": statistics.median(p for _, p in on)}, errors
+            "with Litestream: XADD p99 ms": statistics.median(p for _, p in on),
+            "Litestream CPU µs/XADD": statistics.median(litestream_cpu)}, errors
 
 
 def _framework_row(framework):
