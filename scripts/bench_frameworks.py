@@ -118,7 +118,8 @@ def read_done(path):
     """[(n, time)] of the tasks run so far."""
     try:
         with open(path, "rb") as f:
-            return [(int(n), float(t)) for n, t in (line.split() for line in f.read().splitlines())]
+            lines = f.read().split(b"\n")[:-1]  # a line still being written has no newline yet
+        return [(int(n), float(t)) for n, t in (line.split() for line in lines)]
     except FileNotFoundError:
         return []
 
@@ -147,6 +148,7 @@ def wl_framework(framework, srv, a, queue):
     with open(os.path.join(srv.tmp, f"{framework}-worker.log"), "ab") as log:
         worker = subprocess.Popen(worker_command(framework, python, queue), stdout=log, stderr=subprocess.STDOUT,
                                   env=env, cwd=SCRIPTS, start_new_session=True)
+    producer = None
     try:
         producer = subprocess.Popen([python, "-c", f"import bench_framework_app as b; b.produce({WARMUP}, {n}, "
                                      f"{WARMUP})"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -166,6 +168,9 @@ def wl_framework(framework, srv, a, queue):
         while broker == "ezra" and any(ezra_counts(srv, queue).values()) and now() < deadline:
             time.sleep(0.02)  # the last acks are still on their way: poll, bounded by the deadline
     finally:
+        if producer is not None and producer.poll() is None:  # a deadline passed: never leave it behind
+            producer.kill()
+            producer.wait(10)
         stop_group(worker, timeout=5)  # taskiq 0.13's worker may not exit on SIGTERM: then SIGKILL
     ran = read_done(done)
     measured = [(k, t) for k, t in ran if k >= WARMUP]
@@ -173,8 +178,9 @@ def wl_framework(framework, srv, a, queue):
     if len(seqs) != len(set(seqs)):
         errors.append(f"{len(seqs) - len(set(seqs))} tasks ran more than once")
     if set(seqs) != set(range(WARMUP, WARMUP + n)):
-        errors.append(f"{n - len(set(seqs))} of {n} tasks did not run (worker log: "
-                      f"{os.path.join(srv.tmp, framework + '-worker.log')})")
+        with open(os.path.join(srv.tmp, f"{framework}-worker.log"), errors="replace") as f:
+            tail = " | ".join(f.read().splitlines()[-8:])  # the temp dir goes with the server
+        errors.append(f"{n - len(set(seqs))} of {n} tasks did not run; the worker's log ends: {tail}")
     if broker == "ezra":
         left = {k: v for k, v in ezra_counts(srv, queue).items() if v}
         if left:
