@@ -27,7 +27,7 @@ Workloads (all but latency, backlog and footprint also report server CPU µs per
   idle-waiters        cycle-4x4 while --idle-conns readers block on other queues
   backlog             --backlog-n tasks queued: RSS, disk, restart time, drain at the head
   footprint           idle RSS, and RSS per connection opened and after sitting idle
-  celery, dramatiq, taskiq, xadd-litestream   see scripts/bench_frameworks.py
+  raw-1x1, celery, dramatiq, taskiq, xadd-litestream   see scripts/bench_frameworks.py
 """
 import argparse
 import base64

@@ -9,6 +9,9 @@ celery, dramatiq, taskiq   no-op tasks through the real framework: one producer 
                            run; "push tasks/s" the producer's alone. Every task must run exactly
                            once (each appends its number to a file), and on EZRA nothing may be
                            left in flight or waiting after the worker stops.
+raw-1x1                    the framework rows' floor: what their producer and worker send on the wire
+                           (one sequential XADD per task; XREADGROUP COUNT 8 BLOCK, an XACK per task)
+                           from one producer and one worker process with bare redis-py, no framework
 xadd-litestream            sequential XADDs (one client, one at a time) on an EZRA server, in
                            pairs: without Litestream, then with `litestream replicate` attached
                            (a file:// replica), twice; medians of the two.
@@ -19,6 +22,7 @@ whose framework (or litestream binary) is missing is skipped with a note on stde
 """
 
 import json
+import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -40,12 +44,13 @@ FRAMEWORKS = ("celery", "dramatiq", "taskiq")
 MODULES = {"celery": "celery", "dramatiq": "dramatiq", "taskiq": "taskiq_redis"}
 REDIS_MODULES = {"celery": "kombu.transport.redis"}  # celery[redis]: kombu's Redis transport needs `packaging`
 TASKIQ_GROUP = "taskiq"  # RedisStreamBroker's default consumer group
+RAW_GROUP = "g"
 now = time.monotonic
 
 
 def runs_on(workload, server):
     """Whether bench.py runs `workload` on `server` (only these rows are limited)."""
-    if workload in FRAMEWORKS:
+    if workload in FRAMEWORKS or workload == "raw-1x1":
         return server.startswith(("ezra", "redis"))
     if workload == "xadd-litestream":
         return server.startswith("ezra")
@@ -247,6 +252,45 @@ def wl_xadd_litestream(srv, a, queue):
             "Litestream CPU µs/XADD": statistics.median(litestream_cpu)}, errors
 
 
+def raw_worker(port, queue, n, acked):
+    """What each framework's worker does on the wire, without the framework: read up to 8, XACK each."""
+    client = redis.Redis(host=HOST, port=port, socket_timeout=30)
+    deadline = now() + 120
+    while acked.value < n and now() < deadline:
+        for _, entries in client.xreadgroup(RAW_GROUP, "w", {queue: ">"}, count=8, block=1000) or []:
+            for task_id, _ in entries:
+                acked.value += client.xack(queue, RAW_GROUP, task_id)
+
+
+def wl_raw_1x1(srv, a, queue):
+    """The framework rows' floor: one sequential producer and one worker process, bare redis-py."""
+    n, errors = min(a.tasks, MAX_FRAMEWORK_TASKS), []
+    client = redis.Redis(host=HOST, port=srv.port, socket_timeout=30)
+    try:
+        client.execute_command("XGROUP", "CREATE", queue, RAW_GROUP, "0", "MKSTREAM")
+        ctx = mp.get_context("fork")
+        acked = ctx.Value("q", 0)
+        worker = ctx.Process(target=raw_worker, args=(srv.port, queue, n, acked), daemon=True)
+        worker.start()
+        cpu0, t0 = group_cpu_seconds(srv.proc.pid), now()
+        for i in range(n):
+            client.xadd(queue, {"d": b"%d " % i + b"x" * 190})
+        pushed = now()
+        worker.join(a.timeout + 60)
+        done, cpu = now(), group_cpu_seconds(srv.proc.pid) - cpu0
+        if worker.is_alive():
+            worker.terminate()
+            errors.append(f"the worker acked {acked.value} of {n} before the deadline")
+        elif acked.value != n:
+            errors.append(f"the worker acked {acked.value} of {n}")
+        pending = client.xpending(queue, RAW_GROUP)["pending"]
+        if pending:
+            errors.append(f"{pending} tasks still pending")
+    finally:
+        client.close()
+    return {"tasks/s": n / (done - t0), "push tasks/s": n / (pushed - t0), "server CPU µs/task": cpu * 1e6 / n}, errors
+
+
 def _framework_row(framework):
     def row(srv, a, queue):
         return wl_framework(framework, srv, a, queue)
@@ -254,5 +298,5 @@ def _framework_row(framework):
     return row
 
 
-WORKLOADS = {**{framework: _framework_row(framework) for framework in FRAMEWORKS},
+WORKLOADS = {"raw-1x1": wl_raw_1x1, **{framework: _framework_row(framework) for framework in FRAMEWORKS},
              "xadd-litestream": wl_xadd_litestream}
