@@ -30,6 +30,7 @@ Workloads (all but latency, backlog and footprint also report server CPU µs per
   rb-xadd             redis-benchmark -c 50 XADD q * f v (10x --tasks XADDs; a C client, so the
                       server is what is measured; from redis-tools)
   rb-xadd-p16         the same with -P 16 (16 pipelined XADDs per connection)
+  raw-1x1, celery, dramatiq, taskiq, xadd-litestream   see scripts/bench_frameworks.py
 """
 import argparse
 import base64
@@ -57,6 +58,8 @@ import urllib.request
 import hiredis
 import redis
 
+import bench_frameworks  # the frameworks' and Litestream's rows (scripts/bench_frameworks.py)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOST = "127.0.0.1"
 GROUP = "g"
@@ -65,7 +68,7 @@ FOOTPRINT_IDLE_S = 3.0  # footprint: how long the connections sit idle before "R
 BACKLOG_DRAIN = 5000  # tasks drained at the head of the backlog (and from an empty queue)
 now = time.monotonic  # CLOCK_MONOTONIC: comparable across processes on Linux
 ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "many-clients", "push-drain", "push-drain-batched",
-                 "latency", "idle-waiters", "backlog", "footprint", "rb-xadd", "rb-xadd-p16"]
+                 "latency", "idle-waiters", "backlog", "footprint", "rb-xadd", "rb-xadd-p16"] + list(bench_frameworks.WORKLOADS)
 TOOL_WORKLOADS = {"rb-xadd": "redis-benchmark", "rb-xadd-p16": "redis-benchmark"}  # skipped without the tool
 ALIASES = {"push-only": "push-drain", "drain": "push-drain"}
 BEANSTALK_WORKLOADS = {"cycle-4x4", "push-drain", "latency"}
@@ -895,7 +898,8 @@ WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "many-cli
              "push-drain": wl_push_drain,
              "push-drain-batched": wl_push_drain_batched, "latency": wl_latency,
              "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint,
-             "rb-xadd": wl_redis_benchmark, "rb-xadd-p16": lambda srv, a, q: wl_redis_benchmark(srv, a, q, 16)}
+             "rb-xadd": wl_redis_benchmark, "rb-xadd-p16": lambda srv, a, q: wl_redis_benchmark(srv, a, q, 16),
+             **bench_frameworks.WORKLOADS}
 
 
 # --------------------------------------------------------------------------- driver
@@ -1071,6 +1075,8 @@ def main(argv=None):
         for wl in a.workloads:
             for s in servers:
                 if specs[s][0] == "beanstalk" and wl not in BEANSTALK_WORKLOADS:
+                    continue
+                if not bench_frameworks.runs_on(wl, s):
                     continue
                 rec = run_one(s, specs[s], wl, run, a)
                 records.append(rec)

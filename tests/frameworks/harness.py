@@ -16,7 +16,7 @@ from support import python_venv, record_worker_libs, run_json
 
 APPS = Path(__file__).resolve().parent
 # The versions the docs name; ezra's extras (setup.cfg) ask for the same.
-REQUIREMENTS = ["celery>=5.4,<6", "dramatiq>=1.17,<3", "taskiq-redis>=1.2,<2"]
+REQUIREMENTS = ["celery[redis]>=5.4,<6", "dramatiq>=1.17,<3", "taskiq-redis>=1.2,<2"]
 
 
 def framework_python() -> Path:
