@@ -42,6 +42,7 @@ from contextlib import contextmanager
 
 import gevent
 from gevent import get_hub
+from gevent.hub import Waiter
 from gevent.event import Event
 from gevent.threadpool import ThreadPool
 from loguru import logger
@@ -62,6 +63,47 @@ FSYNC_AVERAGE_WEIGHT = 0.3  # of the newest fsync in the moving average
 WAL_SIZE_EVERY = 16  # batches between two looks at the WAL's size (an fstat each); every batch on a full disk
 
 
+class Flag:
+    """Set once: a batch's commit, or its fsync. `set_now` (the fsync callback, on the hub) switches to each waiting
+    greenlet at once, as the floor does; gevent's Event would schedule one more callback to do it.
+    `set` (anywhere) schedules that callback, so the order of wake-ups stays the loop's."""
+
+    __slots__ = ("done", "waiters")
+
+    def __init__(self):
+        self.done = False
+        self.waiters: list[Waiter] = []
+
+    def is_set(self) -> bool:
+        return self.done
+
+    def wait(self) -> bool:
+        if not self.done:
+            waiter = Waiter()
+            self.waiters.append(waiter)
+            waiter.get()
+        return True
+
+    def set(self) -> None:
+        if not self.done:
+            self.done = True
+            waiters, self.waiters = self.waiters, []
+            if waiters:
+                get_hub().loop.run_callback(_wake, waiters)
+
+    def set_now(self) -> None:
+        """On the hub only."""
+        if not self.done:
+            self.done = True
+            waiters, self.waiters = self.waiters, []
+            _wake(waiters)
+
+
+def _wake(waiters: list) -> None:
+    for waiter in waiters:
+        waiter.switch(True)  # runs that greenlet until it waits again (a waiter whose greenlet is gone keeps it)
+
+
 class Batch:
     """One loop turn's transaction: its requests commit, or fail, together."""
 
@@ -74,8 +116,8 @@ class Batch:
         self.atomics: list[Atomic] = []  # the EXECs in it: all or nothing, even on a full disk
         self.error: BaseException | None = None       # rolled back: every request fails
         self.sync_error: BaseException | None = None  # committed, but the fsync failed: durable ones fail
-        self.committed = Event()
-        self.synced = Event()  # set with (or after) committed; durable requests wait for it
+        self.committed = Flag()  # set() wakes after the readers the batch served (callbacks' order)
+        self.synced = Flag()  # set with (or after) committed; durable requests wait for it
 
 
 class Request:
@@ -325,7 +367,7 @@ class Writer:
             logger.error("fsync of the WAL failed, the batch's durable replies fail: {}", exc)
             batch.sync_error = errors.storage_failed(f"fsync failed: {exc}")
         self._observe_fsync(time.perf_counter() - started)
-        batch.synced.set()
+        batch.synced.set_now()
 
     def _observe_fsync(self, seconds: float) -> None:
         self.fsyncs += 1

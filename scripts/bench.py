@@ -27,6 +27,9 @@ Workloads (all but latency, backlog and footprint also report server CPU µs per
   idle-waiters        cycle-4x4 while --idle-conns readers block on other queues
   backlog             --backlog-n tasks queued: RSS, disk, restart time, drain at the head
   footprint           idle RSS, and RSS per connection opened and after sitting idle
+  rb-xadd             redis-benchmark -c 50 XADD q * f v (10x --tasks XADDs; a C client, so the
+                      server is what is measured; from redis-tools)
+  rb-xadd-p16         the same with -P 16 (16 pipelined XADDs per connection)
 """
 import argparse
 import base64
@@ -62,7 +65,8 @@ FOOTPRINT_IDLE_S = 3.0  # footprint: how long the connections sit idle before "R
 BACKLOG_DRAIN = 5000  # tasks drained at the head of the backlog (and from an empty queue)
 now = time.monotonic  # CLOCK_MONOTONIC: comparable across processes on Linux
 ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "many-clients", "push-drain", "push-drain-batched",
-                 "latency", "idle-waiters", "backlog", "footprint"]
+                 "latency", "idle-waiters", "backlog", "footprint", "rb-xadd", "rb-xadd-p16"]
+TOOL_WORKLOADS = {"rb-xadd": "redis-benchmark", "rb-xadd-p16": "redis-benchmark"}  # skipped without the tool
 ALIASES = {"push-only": "push-drain", "drain": "push-drain"}
 BEANSTALK_WORKLOADS = {"cycle-4x4", "push-drain", "latency"}
 FLOOR = "floor"  # scripts/floor_server.py: the yardstick for server CPU per task (see its docstring)
@@ -870,10 +874,28 @@ def wl_footprint(srv, a, q):
             "RSS KB per idle conn": (idle - before) / a.footprint_conns / 1024}, []
 
 
+def wl_redis_benchmark(srv, a, q, pipeline=1):
+    """redis-benchmark's XADD, the tool users reach for first: -c 50 [-P 16], 10x --tasks XADDs."""
+    n, errors = a.tasks * 10, []
+    argv = ["redis-benchmark", "-h", HOST, "-p", str(srv.port), "-c", "50", "-n", str(n), "-P", str(pipeline),
+            "--csv", "XADD", q, "*", "f", "v"]
+    cpu0 = cpu_seconds(srv.proc.pid)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=a.timeout)
+    cpu = cpu_seconds(srv.proc.pid) - cpu0
+    rows = [line.split('","') for line in proc.stdout.splitlines() if line.startswith('"XADD')]
+    if proc.returncode != 0 or not rows:
+        raise RuntimeError(f"redis-benchmark failed ({proc.returncode}): {proc.stdout[-300:]} {proc.stderr[-300:]}")
+    stored = srv.admin().call("XLEN", q)
+    if stored != n and "unknown command" not in str(stored):  # the floor has no XLEN
+        errors.append(f"XLEN {q} is {stored!r} after {n} XADDs")
+    return {"tasks/s": float(rows[0][1].strip('"')), "server CPU µs/task": cpu * 1e6 / n}, errors
+
+
 WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "many-clients": wl_many_clients,
              "push-drain": wl_push_drain,
              "push-drain-batched": wl_push_drain_batched, "latency": wl_latency,
-             "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint}
+             "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint,
+             "rb-xadd": wl_redis_benchmark, "rb-xadd-p16": lambda srv, a, q: wl_redis_benchmark(srv, a, q, 16)}
 
 
 # --------------------------------------------------------------------------- driver
@@ -1040,6 +1062,10 @@ def main(argv=None):
     if not servers:
         print("no server to benchmark", file=sys.stderr)
         return 1
+    for wl in [w for w in a.workloads if w in TOOL_WORKLOADS and not shutil.which(TOOL_WORKLOADS[w])]:
+        print(f"{TOOL_WORKLOADS[wl]} not found on PATH: skipping {wl} (apt-get install redis-tools)",
+              file=sys.stderr)
+        a.workloads.remove(wl)
     command, info, records = "python " + shlex.join(sys.argv), machine_info(), []
     for run in range(a.runs):
         for wl in a.workloads:

@@ -1,141 +1,609 @@
 #!/usr/bin/env python3
-"""Where EZRA's CPU goes per task, stage by stage: a measuring aid beside bench.py.
+"""The budget per command: where EZRA's and the floor's CPU goes, stage by stage, measured the same way.
 
-    python scripts/stages.py                 # cycle (push, claim, ack): 3 requests per commit
-    python scripts/stages.py --per-commit 150 --tasks 30000   # as cycle-batched: 50 of each per commit
+    python scripts/stages.py                        # both servers, interleaved, 3 rounds, medians
+    python scripts/stages.py --servers ezra --per-turn 50 --tasks 20000
+    python scripts/stages.py --real                 # the real servers: perf stat, strace -c, bytes written
 
-It drives the real request path in-process, without sockets: RESP frames go
-through the reader, `dispatch`, the broker and its SQL, the writer's commit and
-fsync at the end of each loop turn, and the encoder, exactly as a connection
-runs them. Each stage is timed with the thread's CPU clock around the
-functions that make it up (the wrappers cost ~0.3 µs a call, counted in
-"commands"). What bench.py's server CPU per task adds on top of the total here
-is the network and the event loop: recv/send system calls, waking greenlets,
-epoll.
+In-process (the default): each server's own connection loop (EZRA's Connection.serve,
+the floor's Floor.handle) runs on a fake socket: the request path exactly, without the
+network. Three phases, one task per command: N XADDs, N claims (XREADGROUP GROUP g w
+COUNT 1 BLOCK 1000 STREAMS q >, the shape workers send), N XACKs of one id. With
+`--per-turn 1` each read holds one command (a commit, and an fsync for XADD and XACK,
+per command); with `--per-turn 50` a pipeline of 50 (one commit and fsync for them).
 
-Stages:
-    parse     RequestReader.next_command (RESP frame -> arguments)
-    commands  dispatch, the command handlers and the broker, less the rest below
-    sql       the statements (Database methods), less commits
-    commit    BEGIN and COMMIT (WAL frames, locks)
-    fsync     fdatasync of the WAL (its CPU; its wall time is the disk's)
-    encode    replies to RESP bytes
+Each stage is the exclusive CPU time (the thread's clock; `--clock wall` for
+time.perf_counter_ns) inside the functions that make it up, over every call; a
+stage nested in another is not counted again in the outer one. The wrappers'
+own cost (a wrapped call of nothing, measured at start: what it adds to its own
+stage and to its caller's) is moved to "instrumentation". "total (uninstrumented)"
+is the same phase run with nothing wrapped: the true cost.
+The SQL and commit rows time the very same sqlite3 calls for both servers (a
+proxy on the connection), and fsync is os.fdatasync for both.
+
+`--real` starts each server (python -m ezra --durability full, scripts/floor_server.py),
+drives the same phases from a raw-socket client and reports per command the server's
+CPU (perf stat -e cpu-clock), system calls (strace -c -f, a run of its own: it slows
+the server) and bytes written (/proc/PID/io write_bytes: WAL frames, checkpoints).
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
+import json
 import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 import gevent  # noqa: E402
+import greenlet  # noqa: E402
+import hiredis  # noqa: E402
 
-from ezra import commands, resp, storage  # noqa: E402
+import floor_server  # noqa: E402
+from ezra import commands, connection, lifecycle, resp, session as session_mod, storage  # noqa: E402
+from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
+from ezra.broker import claims as claims_mod, core as core_mod  # noqa: E402
+from ezra.commands import queue as queue_cmds  # noqa: E402
 from ezra.config import Settings  # noqa: E402
-from ezra.session import ServerState, Session  # noqa: E402
+from ezra.storage import database as database_mod, schema as schema_mod  # noqa: E402
+from ezra import writer as writer_mod  # noqa: E402
+from ezra.writer import Writer  # noqa: E402
 
-clock = time.thread_time
-spent: dict[str, float] = {}
-_stack: list[str] = []  # stages under way: a stage's time is not counted again in the one around it
-
-
-def timed(stage: str, fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        _stack.append(stage)
-        started = clock()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            elapsed = clock() - started
-            _stack.pop()
-            spent[stage] = spent.get(stage, 0.0) + elapsed
-            if _stack:  # the enclosing stage did not spend this
-                spent[_stack[-1]] = spent.get(_stack[-1], 0.0) - elapsed
-    return wrapper
-
-
-def instrument() -> None:
-    resp.RequestReader.next_command = timed("parse", resp.RequestReader.next_command)
-    commands.dispatch = timed("commands", commands.dispatch)
-    resp.encode = timed("encode", resp.encode)
-    for name in ("begin", "commit"):
-        setattr(storage.Database, name, timed("commit", getattr(storage.Database, name)))
-    storage.Database.sync_wal = timed("fsync", storage.Database.sync_wal)
-    for name in ("insert_task", "claim", "ack", "claim_own", "in_flight_attempts", "set_outcome", "insert_queue"):
-        setattr(storage.Database, name, timed("sql", getattr(storage.Database, name)))
+KINDS = ("XADD", "XREADGROUP", "XACK")
+PAYLOAD = b"x" * 200
+WAITS = "waits for the commit/fsync"
+ROW_ORDER = ("connection loop", "parse", "dispatch", "handler", "options", "worker name", "id",
+             "writer", "broker", "storage (Python)", "fields JSON", "SQL", "commit", "fsync", "encode",
+             WAITS, "event loop, switches (rest)", "instrumentation")
 
 
 def frame(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
 
 
+def command_frames(kind: str, ids: list[bytes]) -> list[bytes]:
+    if kind == "XADD":
+        return [frame(b"XADD", b"q", b"*", b"payload", PAYLOAD)]
+    if kind == "XREADGROUP":
+        return [frame(b"XREADGROUP", b"GROUP", b"g", b"w1", b"COUNT", b"1", b"BLOCK", b"1000",
+                      b"STREAMS", b"q", b">")]
+    return [frame(b"XACK", b"q", b"g", ids.pop())]
+
+
+def claimed_ids(replies: list) -> list[bytes]:
+    """The ids in XREADGROUP replies (RESP2: [[queue, [[id, fields], ...]]])."""
+    return [task[0] for reply in replies if isinstance(reply, list) for _, tasks in reply for task in tasks]
+
+
+# --------------------------------------------------------------------------- the clock and the wrappers
+
+REST = "event loop, switches (rest)"
+
+
+class Meter:
+    """Exclusive time per stage, per greenlet; wrappers installed on the servers' functions, taken off again.
+
+    Every event (a wrapped call's start or end, a greenlet switch) charges the time since the
+    last event to the stage on top of the running greenlet's stack (REST if none): a
+    greenlet switched out inside a stage (a reply waiting for the commit) is not charged
+    for what the others do meanwhile."""
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.spent: dict[str, int] = {}
+        self.stacks: dict = {}  # greenlet -> the stages under way in it
+        self.stack: list[str] = self._stack_of(greenlet.getcurrent())
+        self.last = clock()
+        self.patched: list[tuple] = []
+        self.overhead = 0  # ns a wrapped call costs its caller: measured by calibrate()
+        self.inside = 0  # ns it adds to its own stage (a wrapped call of nothing): measured too
+        self.thread = threading.get_ident()  # the event loop's: calls made on other threads are not timed
+        self.elsewhere = 0  # ...and counted here
+
+    def _stack_of(self, glet) -> list[str]:
+        stack = self.stacks.get(glet)
+        if stack is None:
+            stack = self.stacks[glet] = []
+        return stack
+
+    def _charge(self, now: int) -> None:
+        stage = self.stack[-1] if self.stack else REST
+        self.spent[stage] = self.spent.get(stage, 0) + now - self.last
+        self.last = now
+
+    def trace(self, event, args) -> None:
+        """greenlet.settrace's callback: the time so far was the origin's; the target runs now."""
+        if event in ("switch", "throw"):
+            self._charge(self.clock())
+            self.stack = self._stack_of(args[1])
+
+    def reset(self) -> None:
+        self.spent.clear()
+        self.last = self.clock()
+
+    def timed(self, stage: str, fn):
+        meter, clock = self, self.clock
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if threading.get_ident() != meter.thread:  # the fsync thread (slow disk): another clock
+                meter.elsewhere += 1
+                return fn(*args, **kwargs)
+            meter._charge(clock())
+            stack = meter.stack
+            stack.append(stage)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                meter._charge(clock())
+                stack.pop()
+                spent = meter.spent
+                if meter.inside:  # the clock's own cost, charged to this stage: moved
+                    spent[stage] -= meter.inside
+                    spent["instrumentation"] = spent.get("instrumentation", 0) + meter.inside
+                if stack and meter.overhead:  # the wrapper's own cost, charged to the caller: moved
+                    spent[stack[-1]] -= meter.overhead
+                    spent["instrumentation"] = spent.get("instrumentation", 0) + meter.overhead
+        return wrapper
+
+    def wrap(self, owner, name: str, stage: str) -> None:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        self.patched.append((owner, name, original))
+        setattr(owner, name, self.timed(stage, original))
+
+    def unwrap_all(self) -> None:
+        for owner, name, original in reversed(self.patched):
+            if isinstance(owner, dict):  # the command tables
+                owner[name] = original
+            else:
+                setattr(owner, name, original)
+        self.patched.clear()
+
+    def calibrate(self) -> None:
+        """The cost a wrapped call adds to its caller's stage: an outer wrapper around 10,000 inner ones."""
+        inner = self.timed("calibration inner", lambda: None)
+        outer = self.timed("calibration outer", lambda: [inner() for _ in range(10000)])
+        plain = lambda: None  # noqa: E731
+        samples = []
+        for _ in range(5):
+            self.reset()
+            outer()
+            started = self.clock()
+            [plain() for _ in range(10000)]
+            baseline = self.clock() - started
+            samples.append(((self.spent["calibration outer"] - baseline) / 10000,
+                            self.spent["calibration inner"] / 10000))
+        self.overhead = max(int(statistics.median(outer for outer, _ in samples)), 0)
+        self.inside = max(int(statistics.median(inner for _, inner in samples)), 0)
+        self.reset()
+
+
+class TimedConnection:
+    """A stand-in for the sqlite3 connection: the same calls, timed as SQL or commit by their text."""
+
+    def __init__(self, conn, meter: Meter):
+        self._conn = conn
+        self._execute = meter.timed("SQL", conn.execute)
+        self._executemany = meter.timed("SQL", conn.executemany)
+        self._commit = meter.timed("commit", conn.execute)
+
+    def execute(self, sql, *args):
+        if sql in ("BEGIN", "BEGIN IMMEDIATE", "COMMIT"):
+            return self._commit(sql, *args)
+        return self._execute(sql, *args)
+
+    def executemany(self, sql, *args):
+        return self._executemany(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def instrument_common(meter: Meter) -> None:
+    meter.wrap(os, "fdatasync", "fsync")
+
+
+def instrument_ezra(meter: Meter, broker) -> None:
+    instrument_common(meter)
+    meter.wrap(connection.Connection, "serve", "connection loop")
+    meter.wrap(connection.Connection, "_run_buffered_commands", "connection loop")
+    meter.wrap(connection.Connection, "flush", "connection loop")
+    meter.wrap(resp.RequestReader, "next_command", "parse")
+    meter.wrap(connection, "dispatch", "dispatch")
+    meter.wrap(connection, "encode", "encode")
+    for name in (b"XADD", b"XREADGROUP", b"XACK"):
+        fn, arity, lower = commands.COMMANDS[name]
+        meter.patched.append((commands.COMMANDS, name, commands.COMMANDS[name]))
+        commands.COMMANDS[name] = (meter.timed("handler", fn), arity, lower)
+    for name in ("parse_options", "to_int", "block_timeout"):
+        meter.wrap(queue_cmds, name, "options")
+    meter.wrap(session_mod.Session, "use_worker", "worker name")
+    meter.wrap(writer_mod.Request, "wait", WAITS)
+    for name in ("new_id", "format_id", "parse_id", "check_push_id"):
+        meter.wrap(lifecycle, name, "id")
+    meter.wrap(queue_cmds, "ids_of", "id")
+    for name in ("submit", "call", "_open_batch", "_end_turn", "_committed", "_fsync_inline"):
+        meter.wrap(Writer, name, "writer")
+    for name in ("push", "ack", "_tx_push", "_tx_ack", "_tally", "_queue"):
+        meter.wrap(core_mod.Broker, name, "broker")
+    for name in ("claim", "_tx_claim", "_claim_rows", "_nothing_to_claim", "_serve_waiters", "_after_batch"):
+        meter.wrap(claims_mod.Claims, name, "broker")
+    for name in ("insert_task", "claim", "ack", "begin", "commit", "sync_wal"):
+        meter.wrap(database_mod.Database, name, "storage (Python)")
+    meter.wrap(claims_mod, "entry", "storage (Python)")  # claims.py's own name for schema.entry
+    meter.wrap(database_mod, "encode_fields", "fields JSON")
+    meter.wrap(schema_mod, "decode_fields", "fields JSON")
+    meter.patched.append((broker.db, "conn", broker.db.conn))
+    broker.db.conn = TimedConnection(broker.db.conn, meter)
+
+
+def instrument_floor(meter: Meter, floor) -> None:
+    instrument_common(meter)
+    meter.wrap(floor_server.Floor, "handle", "connection loop")
+    meter.patched.append((floor_server, "hiredis", hiredis))
+    floor_server.hiredis = TimedHiredis(meter)
+    for name in ("xadd", "xreadgroup", "xack"):
+        meter.patched.append((floor.commands, name.upper().encode(), floor.commands[name.upper().encode()]))
+        floor.commands[name.upper().encode()] = meter.timed("handler", getattr(floor, name))
+    meter.wrap(floor_server.Floor, "claim", "handler")
+    meter.wrap(floor_server.Floor, "wake_one", "handler")
+    for name in ("stream_id", "parse_id"):
+        meter.wrap(floor_server, name, "id")
+    meter.wrap(floor_server.Store, "next_id", "id")
+    for name in ("bulk", "error"):
+        meter.wrap(floor_server, name, "encode")
+    for name in ("write", "commit"):
+        meter.wrap(floor_server.Store, name, "writer")
+    meter.wrap(floor_server.Store, "wait", WAITS)
+    meter.patched.append((floor.store, "db", floor.store.db))
+    floor.store.db = TimedConnection(floor.store.db, meter)
+
+
+class TimedHiredis:
+    """floor_server's `hiredis`, with a Reader whose gets() is timed as parse."""
+
+    ProtocolError = hiredis.ProtocolError
+
+    def __init__(self, meter: Meter):
+        timed = meter.timed
+
+        class Reader:
+            def __init__(self):
+                reader = hiredis.Reader()
+                self.feed = reader.feed
+                self.gets = timed("parse", reader.gets)
+        self.Reader = Reader
+
+
+# --------------------------------------------------------------------------- a fake socket for each loop
+
+class FakeSocket:
+    """The client's side: recv hands the connection the next read, send takes its replies."""
+
+    def __init__(self, reads, meter: Meter):
+        self._reads = reads  # a generator: the next read's bytes (b"" to hang up), given the last replies
+        self._replies = hiredis.Reader()
+        self._timed_read = meter.timed("harness", self._next_read)  # left out of every stage and total
+        self._timed_feed = meter.timed("harness", self._replies.feed)
+        self._sock = self
+        self._read_event = None
+
+    def _next_read(self):
+        replies = []
+        reply = self._replies.gets()
+        while reply is not False:
+            replies.append(reply)
+            reply = self._replies.gets()
+        return self._reads.send(replies)
+
+    def recv(self, size, flags=0):
+        return self._timed_read()
+
+    def send(self, data):
+        self._timed_feed(data)
+        return len(data)
+
+    sendall = send
+
+    def _wait(self, *args):  # always readable; the rest does nothing
+        pass
+
+    setsockopt = close = _wait
+
+
+def reads_for(kind: str, n: int, per_turn: int, ids: list[bytes], claimed: list[bytes]):
+    """A generator of reads: n commands of `kind`, per_turn of them in each read."""
+    replies = yield
+    for start in range(0, n, per_turn):
+        claimed += claimed_ids(replies)
+        replies = yield b"".join(f for _ in range(min(per_turn, n - start)) for f in command_frames(kind, ids))
+    claimed += claimed_ids(replies)
+    yield b""
+
+
+# --------------------------------------------------------------------------- one phase of one server
+
+def run_server(server: str, a, instrumented: bool) -> dict:
+    """The three phases on a fresh data dir: {kind: {stage: ns per command}} (+ "total")."""
+    meter = Meter(time.thread_time_ns if a.clock == "cpu" else time.perf_counter_ns)
+    data = tempfile.mkdtemp(prefix=f"ezra-stages-{server}-")
+    try:
+        if server == "ezra":
+            settings = Settings(data_dir=data, durability="full")
+            broker = Broker(storage.open_database(data), settings)
+            state = session_mod.ServerState(broker, settings)
+            throttle = connection.AuthThrottle()
+            target = broker
+        else:
+            floor = floor_server.Floor(floor_server.Store(os.path.join(data, "floor.db")))
+            target = floor
+        if server == "ezra":  # the collector as each process sets it: app.py's for EZRA, Python's for the floor
+            gc.freeze()
+            gc.set_threshold(GC_THRESHOLD, 20, 20)
+        else:
+            gc.set_threshold(700, 10, 10)
+        if instrumented:
+            meter.calibrate()
+            (instrument_ezra if server == "ezra" else instrument_floor)(meter, target)
+
+        def phase(kind: str, n: int, per_turn: int, ids: list[bytes]) -> tuple[int, list[bytes]]:
+            claimed: list[bytes] = []
+            reads = reads_for(kind, n, per_turn, ids, claimed)
+            next(reads)
+            sock = FakeSocket(reads, meter)
+            started = meter.clock()
+            if server == "ezra":
+                connection.Connection(state, sock, ("127.0.0.1", 1), throttle).serve()
+            else:
+                floor.handle(sock, ("127.0.0.1", 1))
+            return meter.clock() - started, claimed
+
+        results = {}
+        try:
+            phase("XADD", a.warmup, a.per_turn, [])  # warm up: caches, the file's first pages
+            warm = phase("XREADGROUP", a.warmup, a.per_turn, [])[1]
+            phase("XACK", a.warmup, a.per_turn, warm)
+            ids: list[bytes] = []
+            if instrumented:
+                greenlet.settrace(meter.trace)
+            for kind in KINDS:
+                meter.reset()
+                elapsed, claimed = phase(kind, a.tasks, a.per_turn, ids)
+                if kind == "XREADGROUP":
+                    if len(claimed) != a.tasks:
+                        raise RuntimeError(f"{server}: {len(claimed)} of {a.tasks} tasks claimed")
+                    ids = claimed
+                if meter.elsewhere:
+                    print(f"{server} {kind}: {meter.elsewhere} timed calls ran on another thread (fsyncs moved "
+                          "to the thread while the disk was slow): not timed", file=sys.stderr)
+                    meter.elsewhere = 0
+                spent = dict(meter.spent)
+                total = elapsed - spent.pop("harness", 0)
+                spent.pop("calibration inner", None), spent.pop("calibration outer", None)
+                rows = {stage: ns / a.tasks for stage, ns in spent.items()}
+                rows["total"] = total / a.tasks
+                results[kind] = rows
+        finally:
+            greenlet.settrace(None)
+            meter.unwrap_all()
+            if server == "ezra":
+                broker.stop()
+                broker.db.close()
+            else:
+                floor.store.close()
+        return results
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def in_process(a) -> None:
+    runs: dict[tuple, list[float]] = {}  # (server, kind, stage) -> µs per command, one per round
+    for r in range(a.rounds):
+        for server in a.servers:
+            for instrumented in (True, False):
+                result = run_server(server, a, instrumented)
+                for kind, rows in result.items():
+                    if not instrumented:
+                        rows = {"total (uninstrumented)": rows["total"]}
+                    for stage, ns in rows.items():
+                        runs.setdefault((server, kind, stage), []).append(ns / 1000)
+            print(f"round {r + 1}/{a.rounds} {server}: " + ", ".join(
+                f"{k} {statistics.median(runs[server, k, 'total (uninstrumented)']):.1f} µs" for k in KINDS),
+                file=sys.stderr, flush=True)
+    print(f"Per command, µs of {'CPU' if a.clock == 'cpu' else 'wall'} time, {a.per_turn} command(s) per "
+          f"read, {a.tasks} commands per phase, medians of {a.rounds} interleaved round(s)\n")
+    print_table("stage", (*ROW_ORDER, "total", "total (uninstrumented)"), runs, a.servers, 1)
+    save_json(a, runs)
+
+
+def print_table(first: str, rows, figures: dict, servers: list[str], digits: int) -> None:
+    """A markdown table of medians: a line per row that has figures, a column per (command, server)."""
+    head = [first] + [f"{kind} {server}" for kind in KINDS for server in servers]
+    print("| " + " | ".join(head) + " |")
+    print("|---|" + "---:|" * (len(head) - 1))
+    for row in rows:
+        cells = [figures.get((server, kind, row)) for kind in KINDS for server in servers]
+        if any(cells):
+            print("| " + " | ".join([row] + ["–" if not values else f"{statistics.median(values):.{digits}f}"
+                                             for values in cells]) + " |")
+
+
+def save_json(a, runs: dict) -> None:
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"|".join(key): values for key, values in runs.items()}, f, indent=1, ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- the real servers
+
+def start_server(server: str, data: str, port: int) -> subprocess.Popen:
+    if server == "ezra":
+        argv = [sys.executable, "-m", "ezra", "--port", str(port), "--data-dir", data,
+                "--durability", "full", "--log-level", "warning"]
+    else:
+        argv = [sys.executable, os.path.join(REPO, "scripts", "floor_server.py"), "--port", str(port),
+                "--data-dir", data]
+    proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(frame(b"PING"))
+                if s.recv(64) == b"+PONG\r\n":
+                    return proc
+        except OSError:
+            time.sleep(0.02)  # polled until the deadline
+    proc.kill()
+    raise RuntimeError(f"{server} did not answer PING on {port}")
+
+
+class Client:
+    """A raw RESP client: sends a read's worth of commands, reads that many replies."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = hiredis.Reader()
+
+    def run(self, frames: list[bytes]) -> list:
+        self.sock.sendall(b"".join(frames))
+        replies = []
+        while len(replies) < len(frames):
+            reply = self.reader.gets()
+            if reply is False:
+                self.reader.feed(self.sock.recv(1 << 16))
+            else:
+                replies.append(reply)
+        return replies
+
+
+def drive(port: int, kind: str, n: int, per_turn: int, ids: list[bytes]) -> list[bytes]:
+    client, claimed = Client(port), []
+    for start in range(0, n, per_turn):
+        frames = [f for _ in range(min(per_turn, n - start)) for f in command_frames(kind, ids)]
+        claimed += claimed_ids(client.run(frames))
+    client.sock.close()
+    return claimed
+
+
+def write_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("write_bytes:"))
+
+
+def attach(tool: str, pid: int, out: str) -> subprocess.Popen:
+    if tool == "perf":
+        argv = ["perf", "stat", "-e", "cpu-clock", "-x", ",", "-o", out, "-p", str(pid)]
+    else:
+        argv = ["strace", "-c", "-f", "-o", out, "-p", str(pid)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # both attach asynchronously and say nothing when they are ready
+    return proc
+
+
+def detach(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    proc.wait(30)
+
+
+def parse_tool(tool: str, out: str) -> dict:
+    with open(out) as f:
+        text = f.read()
+    if tool == "perf":
+        msec = next(float(line.split(",")[0]) for line in text.splitlines() if "cpu-clock" in line)
+        return {"cpu-clock µs": msec * 1000}
+    calls = {}
+    for line in text.splitlines():
+        m = re.match(r"\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?(\w+)$", line)
+        if m and m.group(2) != "total":
+            calls[m.group(2)] = int(m.group(1))
+    return calls
+
+
+def real(a) -> None:
+    figures: dict[tuple, list[float]] = {}  # (server, kind, what) -> per command, one per round
+    for r in range(a.rounds):
+        for server in a.servers:
+            for tool in ("perf", "strace"):
+                data, port = tempfile.mkdtemp(prefix=f"ezra-stages-real-{server}-"), free_port()
+                proc = start_server(server, data, port)
+                try:
+                    drive(port, "XADD", a.warmup, a.per_turn, [])
+                    warm = drive(port, "XREADGROUP", a.warmup, a.per_turn, [])
+                    drive(port, "XACK", a.warmup, a.per_turn, warm)
+                    ids: list[bytes] = []
+                    for kind in KINDS:
+                        out = os.path.join(data, f"{tool}-{kind}.txt")
+                        written = write_bytes(proc.pid)
+                        tracer = attach(tool, proc.pid, out)
+                        claimed = drive(port, kind, a.tasks, a.per_turn, ids)
+                        detach(tracer)
+                        if kind == "XREADGROUP":
+                            ids = claimed
+                        for what, value in parse_tool(tool, out).items():
+                            figures.setdefault((server, kind, what), []).append(value / a.tasks)
+                        if tool == "perf":
+                            figures.setdefault((server, kind, "bytes written"), []).append(
+                                (write_bytes(proc.pid) - written) / a.tasks)
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(30)
+                    shutil.rmtree(data, ignore_errors=True)
+            print(f"round {r + 1}/{a.rounds} {server} done", file=sys.stderr, flush=True)
+    for (server, kind, what), values in list(figures.items()):  # every system call, summed per round
+        if what not in ("cpu-clock µs", "bytes written"):
+            calls = figures.setdefault((server, kind, "system calls, all"), [0.0] * len(values))
+            for i, value in enumerate(values):
+                calls[i] += value
+    shown = {w for (_, _, w), values in figures.items() if statistics.median(values) >= 0.05}
+    whats = sorted(shown, key=lambda w: (w != "cpu-clock µs", w != "bytes written", w != "system calls, all", w))
+    print(f"Real servers, per command: {a.per_turn} command(s) per read, {a.tasks} per phase, "
+          f"medians of {a.rounds} round(s); system calls from strace -c -f (its own run; those under 0.05 "
+          "per command not shown)\n")
+    print_table("per command", whats, figures, a.servers, 2)
+    save_json(a, figures)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", type=int, default=10000)
-    ap.add_argument("--per-commit", type=int, default=3,
-                    help="requests per loop turn (cycle-4x4 commits 1-3; cycle-batched ~150)")
-    ap.add_argument("--durability", default="full", choices=("full", "normal"))
+    ap.add_argument("--servers", default="ezra,floor", help="comma list of ezra,floor (default both)")
+    ap.add_argument("--tasks", type=int, default=5000, help="commands per phase (default 5000)")
+    ap.add_argument("--per-turn", type=int, default=1, help="commands per read: 1 one at a time, 50 pipelined")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
+    ap.add_argument("--warmup", type=int, default=500, help="commands of each kind before measuring")
+    ap.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
+                    help="cpu: time.thread_time_ns (default; a loaded machine's other work is left out); "
+                         "wall: time.perf_counter_ns")
+    ap.add_argument("--real", action="store_true", help="the real servers: perf stat, strace -c, bytes written")
+    ap.add_argument("--json", help="also write every round's figures here: {server|kind|row: [per round]}")
     a = ap.parse_args()
-    instrument()
-    data = tempfile.mkdtemp(prefix="ezra-stages-")
-    settings = Settings(data_dir=data, durability=a.durability)
-    broker = Broker(storage.open_database(data), settings)
-    state = ServerState(broker, settings)
-    session = Session(state, "stages:1", lambda event, timeout: event.wait(timeout), lambda: None)
-    reader = resp.RequestReader(max_bulk_len=settings.max_task_size)
-    payload = b"x" * 200
-    per_kind = max(a.per_commit // 3, 1)
-
-    def run(frames: list[bytes]) -> list[bytes]:
-        """One loop turn: every command, then the replies (the turn's commit runs at the first wait)."""
-        replies = []
-        for data in frames:
-            reader.feed(data)
-            replies.append(commands.dispatch(session, reader.next_command()))
-        out = []
-        for reply in replies:
-            if type(reply) is commands.Deferred:
-                reply = reply.resolve()
-            out.append(resp.encode(reply, 2))
-        return out
-
-    def cycle(tasks: int) -> None:
-        queued: list[bytes] = []
-        for _ in range(0, tasks, per_kind):
-            # The acks of the last turn's claims, new pushes, then a claim of them: one commit (and
-            # one fsync) per turn, as cycle-4x4's turns mostly are.
-            frames = [frame(b"XACK", b"q", b"g", *queued)] if queued else []
-            frames += [frame(b"XADD", b"q", b"*", b"payload", payload) for _ in range(per_kind)]
-            frames.append(frame(b"XREADGROUP", b"GROUP", b"g", b"w1", b"COUNT", b"%d" % per_kind,
-                                b"STREAMS", b"q", b">"))
-            replies = run(frames)
-            queued = [line for line in replies[-1].split(b"\r\n") if line[:1].isdigit() and b"-" in line]
-        if queued:
-            run([frame(b"XACK", b"q", b"g", *queued)])
-
-    cycle(min(2000, a.tasks))  # warm up: caches, the first pages of the file
-    spent.clear()
-    started = clock()
-    cycle(a.tasks)
-    total = clock() - started
-    measured = sum(spent.values())
-    rows = sorted(spent.items(), key=lambda item: -item[1])
-    print(f"{a.tasks} tasks, {a.per_commit} requests per commit, durability {a.durability}, "
-          f"{broker.writer.batches} commits, {broker.writer.fsyncs} fsyncs")
-    print("| stage | CPU µs/task | share |")
-    print("|---|---:|---:|")
-    for stage, seconds in rows + [("other (loop turns, waits, harness)", total - measured)]:
-        print(f"| {stage} | {seconds / a.tasks * 1e6:.1f} | {seconds / total:.0%} |")
-    print(f"| total | {total / a.tasks * 1e6:.1f} | 100% |")
-    broker.stop()
-    broker.db.close()
+    a.servers = [s for s in a.servers.split(",") if s]
+    if a.real:
+        real(a)
+    else:
+        gevent.spawn(in_process, a).join()
 
 
 if __name__ == "__main__":
-    gevent.spawn(main).join()
+    main()

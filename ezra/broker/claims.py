@@ -100,6 +100,16 @@ class Claims(BrokerCore):
             raise waiter.error
         return waiter.result
 
+    def claim_now(self, queues: list[bytes], worker: bytes, count: int, noack: bool, claim_idle: int | None = None):
+        """XREADGROUP with '>', without waiting: the request holding what it claimed, or None if it
+        claimed nothing. Its reply waits for the commit like any other (Deferred), so the claims of
+        one pipelined read share a commit and a send, where `claim` waits for each one's commit."""
+        if self._nothing_to_claim(queues, claim_idle):
+            return None
+        request = self.writer.submit(self._tx_claim, queues, worker, count, noack, None, claim_idle,
+                                     durable=False)
+        return None if request.result is None else request
+
     def claim_own(self, queue: bytes, worker: bytes, after: tuple, count: int | None):
         """XREADGROUP with an id: this worker's own in-flight tasks after `after`."""
         return self.writer.submit(self._tx_claim_own, queue, worker, after, count, durable=False)

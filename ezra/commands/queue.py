@@ -180,9 +180,14 @@ def xreadgroup(session, args):
     if session.in_exec:
         block_ms = None  # as Redis: inside MULTI/EXEC a blocking read does not block
     if all(stream_id is None for stream_id in ids):
-        if block_ms is not None:
-            session.flush()  # a blocked client has its earlier pipelined replies already
-        result = broker_of(session).claim(queues, worker, count, noack, block_ms, session.wait, claim_idle)
+        broker = broker_of(session)
+        claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
+        if claimed is not None:
+            return Deferred(claimed)  # answered with the read's other replies: one commit for them all
+        if block_ms is None:
+            return NULL_ARRAY
+        session.flush()  # a blocked client has its earlier pipelined replies already
+        result = broker.claim(queues, worker, count, noack, block_ms, session.wait, claim_idle)
         return NULL_ARRAY if result is None else result
     return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
 
