@@ -267,3 +267,19 @@ def test_export_and_import_carry_the_key(ezra_factory, redis_server_port):
     assert push(dst, queue, "UNIQUE", "gone") not in (dead, keyed, plain)
     for client in (src, dst, red):
         client.close()
+
+
+def test_import_of_two_entries_sharing_a_key_keeps_it_on_the_first(ezra_factory, redis_server_port):
+    target = ezra_factory()
+    dst = target.client()
+    red = redis.Redis(port=redis_server_port, socket_timeout=30)
+    queue = f"jobs-{uuid.uuid4().hex[:8]}"
+    first, second = red.xadd(queue, {"n": "1"}), red.xadd(queue, {"n": "2"})
+    red.hset(f"{queue}::ezra-unique", mapping={first: b"k", second: b"k"})
+    result = ezra_cli("import", "--from", f"redis://127.0.0.1:{redis_server_port}", "--port", str(target.port),
+                      queue)
+    assert "verified 2 of 2" in result.stdout
+    assert "1 task(s) had a unique key an earlier task of the stream has too" in result.stderr
+    assert {t[b"id"]: t[b"unique-key"] for t in tasks(dst, queue)} == {first: b"k", second: None}
+    for client in (dst, red):
+        client.close()
