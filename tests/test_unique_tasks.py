@@ -283,3 +283,17 @@ def test_import_of_two_entries_sharing_a_key_keeps_it_on_the_first(ezra_factory,
     assert {t[b"id"]: t[b"unique-key"] for t in tasks(dst, queue)} == {first: b"k", second: None}
     for client in (dst, red):
         client.close()
+
+
+def test_export_from_the_file_carries_the_key_too(ezra_factory, redis_server_port):
+    source = ezra_factory()
+    src = source.client()
+    red = redis.Redis(port=redis_server_port, socket_timeout=30)
+    queue = f"jobs-{uuid.uuid4().hex[:8]}"
+    keyed, binary = push(src, queue, "UNIQUE", "k"), push(src, queue, "UNIQUE", b"\xff\xfe")
+    result = ezra_cli("export", "--data-dir", str(source.data_dir), "--to", f"redis://127.0.0.1:{redis_server_port}",
+                      queue)
+    assert "verified 2 of 2" in result.stdout
+    assert red.hgetall(f"{queue}::ezra-unique") == {keyed: b"k", binary: b"\xff\xfe"}
+    for client in (src, red):
+        client.close()
