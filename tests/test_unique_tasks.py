@@ -297,3 +297,17 @@ def test_export_from_the_file_carries_the_key_too(ezra_factory, redis_server_por
     assert red.hgetall(f"{queue}::ezra-unique") == {keyed: b"k", binary: b"\xff\xfe"}
     for client in (src, red):
         client.close()
+
+
+def test_a_lease_that_runs_out_keeps_the_key_until_the_task_dies(ezra_factory, protocol):
+    server = ezra_factory("--visibility-timeout", "0.3", "--max-attempts", "2")
+    client = server.client(protocol)
+    first = push(client, "jobs", "UNIQUE", "k")
+    assert claim(client, "jobs") == [first]
+    wait_until(lambda: tasks(client, "jobs")[0][b"state"] == b"available", message="the lease to run out")
+    assert push(client, "jobs", "UNIQUE", "k") == first  # back to available: still the key's task
+    assert claim(client, "jobs") == [first]
+    wait_until(lambda: client.xlen("jobs::dead") == 1, message="the second lease to run out: dead")
+    second = push(client, "jobs", "UNIQUE", "k")
+    assert second != first and client.xlen("jobs") == 1
+    client.close()
