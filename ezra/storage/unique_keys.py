@@ -3,7 +3,7 @@
 A key is held by the one unfinished (available, delayed, in-flight) task of its queue pushed
 with it: the partial unique index `tasks_unique` (schema.sql) holds exactly those tasks, so
 it answers `holder` and refuses a second holder even if a caller forgot to ask. Done and dead
-tasks keep their key in the row (export, the dashboard) but hold nothing.
+tasks keep their key in the row (XINFO TASKS shows it) but hold nothing.
 """
 
 from __future__ import annotations
@@ -23,9 +23,13 @@ class UniqueKeys:
 
     def holder(self, queue: bytes, key: bytes) -> tuple | None:
         """The id of the unfinished task of `queue` pushed with `key`, if any."""
+        return self._holder(name_value(queue), name_value(key))
+
+    def _holder(self, queue, key) -> tuple | None:
+        """holder() with the queue and key as their SQL values."""
         return self.conn.execute(
             f"SELECT id_ms, id_seq FROM tasks INDEXED BY tasks_unique WHERE queue = ? AND unique_key = ? "
-            f"AND unique_key IS NOT NULL AND {UNFINISHED}", (name_value(queue), name_value(key))).fetchone()
+            f"AND unique_key IS NOT NULL AND {UNFINISHED}", (queue, key)).fetchone()
 
     def insert_task(self, queue: bytes, task_id: tuple, fields: list[bytes], now: int, available_at: int,
                     state: str, ttl_ms: int | None, attempts: int, key: bytes) -> None:
@@ -59,9 +63,7 @@ class UniqueKeys:
             if row is None or row[1] is None:
                 continue
             rowid, key = row
-            if key in taken or self.conn.execute(
-                    f"SELECT 1 FROM tasks INDEXED BY tasks_unique WHERE queue = ? AND unique_key = ? "
-                    f"AND unique_key IS NOT NULL AND {UNFINISHED}", (q, key)).fetchone():
+            if key in taken or self._holder(q, key) is not None:
                 self.conn.execute("UPDATE tasks SET unique_key = NULL WHERE rowid = ?", (rowid,))
                 released.append((ms, seq))
             else:
