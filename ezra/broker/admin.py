@@ -152,11 +152,23 @@ class QueueAdmin(BrokerCore):
         if queue is None or not queue.counts[DEAD]:
             return 0
         now = self.clock()
+        self._release_held_keys(name, ids)
         moved = self.db.requeue(name, ids, now)
         queue.move(DEAD, AVAILABLE, moved)
         self._tally(queue, "requeued", moved)
         self._serve_waiters(queue, now)
         return moved
+
+    def _release_held_keys(self, name: bytes, ids: list[tuple] | None) -> None:
+        """XADD UNIQUE: a dead task whose key is held meanwhile (by a task pushed with it since, or by
+        an older dead task requeued with it) is requeued without its key rather than refused: the
+        requeue asked for the work to run again, and refusing it would leave it dead for good."""
+        unique_keys = self.db.unique_keys
+        released = unique_keys.release_all_dead(name) if ids is None else unique_keys.release_dead(name, ids)
+        if released:
+            logger.warning("XREQUEUE {!r}: {} task(s) requeued without their unique key, which another "
+                           "unfinished task holds (the first: {})", name.decode("utf-8", "replace"),
+                           len(released), lifecycle.format_id(min(released)).decode())
 
     def _tx_tasks(self, name: bytes, state: str, count: int, after: tuple) -> list[tuple]:
         if name not in self.queues:

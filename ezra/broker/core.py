@@ -127,15 +127,17 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
 
     def push(self, queue: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool = False,
              delay_ms: int = 0, ttl_ms: int | None = None, idmp: tuple | None = None,
-             attempts: int = 0, dead: bool = False, trim=None):
+             attempts: int = 0, dead: bool = False, trim=None, unique: bytes | None = None):
         """Submit XADD; the request's result is the id (bytes) or None (NOMKSTREAM).
 
         `idmp` is (producer, iid): a push already made with them returns the first id.
         `attempts` (XADD ATTEMPTS) and `dead` (XADD q::dead) bring tasks in from elsewhere
         (ezra import) with the deliveries they had, or as dead letters.
-        `trim` (trimming.Trim): done tasks removed after the push, in its transaction."""
+        `trim` (trimming.Trim): done tasks removed after the push, in its transaction.
+        `unique` (XADD UNIQUE): while an unfinished task of the queue holds that key, its id is the
+        result and nothing is stored."""
         return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                  attempts, dead, trim, grows=True)
+                                  attempts, dead, trim, unique, grows=True)
 
     def trim(self, queue: bytes, trim):
         """XTRIM ~: remove done tasks as `trim` (trimming.Trim) says; how many went."""
@@ -319,7 +321,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
 
     def _tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool,
                  delay_ms: int, ttl_ms: int | None, idmp: tuple | None, attempts: int = 0, dead: bool = False,
-                 trim=None):
+                 trim=None, unique: bytes | None = None):
         now = self.clock()
         queue = self.queues.get(name) or self._queue(name, now, create=not nomkstream)
         if queue is None:
@@ -329,11 +331,21 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
             if first is not None:
                 queue.iids_duplicates += 1
                 return lifecycle.format_id(first)
+        if unique is not None:
+            holder = self.db.unique_keys.holder(name, unique)
+            if holder is not None:  # the key's task is unfinished: it is the answer, nothing is stored
+                if idmp is not None:
+                    self._remember_push(queue, idmp, holder, now)  # a retry answers the same id
+                return lifecycle.format_id(holder)
         task_id = lifecycle.new_id(id_arg, queue.last_id, now)
         state, available_at = (DELAYED, now + delay_ms) if delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD
-        self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts)
+        if unique is None:
+            self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts)
+        else:
+            self.db.unique_keys.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts,
+                                            unique)
         if idmp is not None:
             self._remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id

@@ -235,11 +235,12 @@ def queue_reply(name: bytes, queue: dict) -> dict:
 def task_reply(row, state: str) -> dict:
     if state == UNFINISHED:
         *row, state = row  # those rows carry their own state
-    ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished = row
+    ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished, unique_key = row
     return {"id": lifecycle.format_id((ms, seq)), "state": state, "attempts": attempts,
             "worker": None if worker is None else name_bytes(worker), "created-at": created,
             "available-at": available, "delivered-at": delivered, "deadline": deadline,
-            "finished-at": finished, "fields": decode_fields(fields)}
+            "finished-at": finished, "fields": decode_fields(fields),
+            "unique-key": None if unique_key is None else name_bytes(unique_key)}
 
 
 def stream_full_count(rest: list[bytes]) -> int | None:

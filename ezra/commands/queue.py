@@ -60,20 +60,36 @@ def push_attempts(arg: bytes) -> int:
     return attempts
 
 
+# A key sits in its task's row and in the tasks_unique index: bounded, as queue names are.
+MAX_UNIQUE_KEY = 256  # bytes
+
+
+def take_unique(args: list[bytes], i: int, key):
+    """UNIQUE key: at most one unfinished task per key in the queue (an EZRA extension)."""
+    if key is not None:
+        raise errors.err("UNIQUE specified multiple times")
+    key = args[i + 1]
+    if not key:
+        raise errors.err("UNIQUE requires a non-empty key")
+    if len(key) > MAX_UNIQUE_KEY:
+        raise errors.err(f"UNIQUE key is {len(key)} bytes long; at most {MAX_UNIQUE_KEY} bytes")
+    return key, i + 2
+
+
 TRIMMING = take_trimming("xadd")
 IDMP = Custom(take_idmp, need=3)
 # Redis 8.2's reference policies for trimming: EZRA trims only acked (done) tasks, which is
 # what ACKED asks, and a done task has no pending reference to keep or drop.
 REFERENCES = Flag()
-# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL and ATTEMPTS.
-# IDMP, IDMPAUTO, DELAY, TTL and ATTEMPTS need one argument more than their values (the id):
+# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS and UNIQUE.
+# IDMP, IDMPAUTO, DELAY, TTL, ATTEMPTS and UNIQUE need one argument more than their values (the id):
 # without it the word is read as the id (`XADD q NOMKSTREAM DELAY 5`: an invalid id).
 PUSH_OPTIONS = Options(
     NOMKSTREAM=Flag(), MAXLEN=TRIMMING, MINID=TRIMMING, LIMIT=TRIMMING,
     KEEPREF=REFERENCES, DELREF=REFERENCES, ACKED=REFERENCES,
     IDMP=IDMP, IDMPAUTO=Custom(take_idmpauto, need=2, shares=IDMP),
     DELAY=Value(push_ms, 0, need=2), TTL=Value(push_ms, need=2), ATTEMPTS=Value(push_attempts, 0, need=2),
-    unknown=STOP)
+    UNIQUE=Custom(take_unique, need=2), unknown=STOP)
 
 
 # ---------------------------------------------------------------- queue commands
@@ -81,12 +97,12 @@ PUSH_OPTIONS = Options(
 @command("XADD", -5)
 def xadd(session, args):
     """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
-    [DELAY s] [TTL s] [ATTEMPTS n] <* | id> field value ...
+    [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] <* | id> field value ...
     (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, dead = split_queue(args[1])
     if dead:
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
-    (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts), i = parse_options(args, 2, PUSH_OPTIONS)
+    (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique), i = parse_options(args, 2, PUSH_OPTIONS)
     if i < len(args):
         lifecycle.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
     if trimming is not None:
@@ -96,6 +112,8 @@ def xadd(session, args):
         raise errors.wrong_arity("xadd")
     if dead and delay_ms:
         raise errors.err("DELAY does not apply to a dead task (XADD on a ::dead queue): it is never delivered")
+    if dead and unique is not None:
+        raise errors.err("UNIQUE does not apply to a dead task (XADD on a ::dead queue): a dead task holds no key")
     # Exact trimming is refused here, before anything is stored.
     trim = None if trimming is None else trimming.trim()
     if dead and trim is not None:
@@ -108,7 +126,7 @@ def xadd(session, args):
     if idmp is not None:
         idmp = idempotency(idmp, args[i], fields)
     return Deferred(broker_of(session).push(queue, args[i], fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                            attempts, dead, trim))
+                                            attempts, dead, trim, unique))
 
 
 def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:

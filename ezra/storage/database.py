@@ -23,6 +23,7 @@ from .. import lifecycle
 from . import reads
 from .integrity import Integrity
 from .schedules import Schedules
+from .unique_keys import UniqueKeys
 from .schema import SETTING_COLUMNS, encode_fields, name_value
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
@@ -34,7 +35,7 @@ DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--di
 TASK_COLUMNS = "id_ms, id_seq, fields"
 # What the dashboard and XINFO TASKS show of a task.
 INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, available_at, deadline, "
-                   "delivered_at, finished_at")
+                   "delivered_at, finished_at, unique_key")
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.IN_FLIGHT: "id_ms, id_seq",
                  lifecycle.DEAD: "id_ms, id_seq", lifecycle.DELAYED: "available_at, id_ms, id_seq",
                  lifecycle.DONE: "finished_at DESC, id_ms DESC, id_seq DESC"}
@@ -72,6 +73,7 @@ class Database:
         self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
         self.integrity = Integrity(conn)  # read-only once found corrupt
         self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
+        self.unique_keys = UniqueKeys(conn)  # XADD UNIQUE (storage/unique_keys.py)
 
     # -- transactions (driven by writer.py)
 

@@ -191,6 +191,9 @@ def _migrate(conn, version: int, path: str) -> None:
         if version < 4:  # a new table only
             conn.execute(SCHEMA_STATEMENTS["schedules"])
             conn.execute(SCHEMA_STATEMENTS["schedules_next"])
+        # 5 is failure reasons (another branch); 6 runs after it, as a column and an index only.
+        if version < 6:
+            _migrate_to_v6(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -204,6 +207,15 @@ def _add_queue_columns(conn, columns: dict) -> None:
     for column, kind in columns.items():
         if column not in have:
             conn.execute(f"ALTER TABLE queues ADD COLUMN {column} {kind}")
+
+
+def _migrate_to_v6(conn) -> None:
+    """XADD UNIQUE: tasks gain unique_key (NULL for every task already there: SQLite adds a
+    nullable column without rewriting the table) and its partial unique index."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(tasks)")}
+    if "unique_key" not in have:  # a schema 1 file's tasks table is rebuilt with it already
+        conn.execute("ALTER TABLE tasks ADD COLUMN unique_key TEXT")
+    conn.execute(SCHEMA_STATEMENTS["tasks_unique"])
 
 
 def _migrate_to_v2(conn) -> None:

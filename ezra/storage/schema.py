@@ -18,13 +18,13 @@ from importlib import resources
 from .. import lifecycle
 
 APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
-SCHEMA_VERSION = 4  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused
-# 4: schedules (XSCHEDULE)
+SCHEMA_VERSION = 6  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused
+# 4: schedules (XSCHEDULE); 6: unique tasks (XADD UNIQUE: tasks.unique_key, index tasks_unique)
 
 # The schema lives in schema.sql beside this module (package data, bundled by setup.cfg
 # and ezra.spec); read once.
 SCHEMA = resources.files("ezra.storage").joinpath("schema.sql").read_text(encoding="utf-8")
-_CREATES = re.compile(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+) ")
+_CREATES = re.compile(r"CREATE (?:TABLE|(?:UNIQUE )?INDEX) IF NOT EXISTS (\w+) ")
 
 
 def _named_statements(script: str) -> dict[str, str]:

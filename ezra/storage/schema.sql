@@ -1,6 +1,6 @@
 -- EZRA's schema, read by ezra/storage/schema.py. A new file runs all of it; a migration picks
 -- statements by the name of what they create (schema.SCHEMA_STATEMENTS["tasks"]), so every
--- statement here is a CREATE TABLE or CREATE INDEX IF NOT EXISTS, ended by ';'.
+-- statement here is a CREATE TABLE or CREATE [UNIQUE] INDEX IF NOT EXISTS, ended by ';'.
 -- Bump schema.SCHEMA_VERSION and add a migration step (storage/opening.py) when a table changes.
 
 CREATE TABLE IF NOT EXISTS queues (
@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     delivered_at  INTEGER,           -- last delivery (XPENDING idle time)
     finished_at   INTEGER,           -- when it became done or dead
     ttl_ms        INTEGER,           -- XADD TTL: kept this long once done or dead (NULL: retention)
+    unique_key    TEXT,              -- XADD UNIQUE key (BLOB if not UTF-8); NULL: pushed without one
     PRIMARY KEY (queue, id_ms, id_seq)
 );
 
@@ -56,6 +57,11 @@ CREATE INDEX IF NOT EXISTS tasks_delayed ON tasks (available_at) WHERE state = '
 -- Finished tasks pushed with TTL, by expiry (tasks without TTL are never in it).
 CREATE INDEX IF NOT EXISTS tasks_ttl ON tasks (finished_at + ttl_ms)
     WHERE ttl_ms IS NOT NULL AND state IN ('done', 'dead');
+-- XADD UNIQUE: at most one unfinished task per key and queue. A task leaves the index when it is
+-- done or dead (its state changes), so ack and death free the key with no write of their own;
+-- tasks pushed without a key are never in it.
+CREATE UNIQUE INDEX IF NOT EXISTS tasks_unique ON tasks (queue, unique_key)
+    WHERE unique_key IS NOT NULL AND state IN ('available', 'delayed', 'in_flight');
 
 -- Idempotent producers (XADD IDMP / IDMPAUTO): a retried push returns the first id.
 CREATE TABLE IF NOT EXISTS idempotency (

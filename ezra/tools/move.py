@@ -9,10 +9,12 @@ What maps to what (README "Moving to Redis (and back)", docs/usage.md):
     available, delayed, in-flight  ->   entries of stream q, same id and fields, new to the group
     dead                           ->   entries of stream q::dead
     attempts > 0                   ->   hash q::ezra-attempts: id -> attempts (entries stay the user's)
+    unique key (XADD UNIQUE)       ->   hash q::ezra-unique: id -> key (unfinished tasks: dead ones hold none)
     group name (XGROUP CREATE)     ->   XGROUP CREATE q <group> 0 MKSTREAM
 
     Redis stream q, group g             EZRA queue q
-    after g's last-delivered id    ->   available (attempts from q::ezra-attempts, else 0)
+    after g's last-delivered id    ->   available (attempts from q::ezra-attempts, else 0;
+                                        pushed with UNIQUE and its key from q::ezra-unique, if any)
     pending (XPENDING)             ->   available, attempts + its delivery count
     delivered and acked            ->   nothing: done in Redis
     stream q::dead                 ->   dead (XADD q::dead)
@@ -38,12 +40,13 @@ import configargparse
 from ..client import Client, ClientError, ReplyError, from_url
 from .inspect import REPLY_SHAPE_ERRORS, connect, connection_parser, table, unexpected_reply
 from .progress import Progress
-from ..storage import StorageError, decode_fields
+from ..storage import StorageError, decode_fields, name_bytes
 from .stream_copy import (PAGE, ZERO, Ids, MoveError, Task, Writer, format_id, next_id, pairs, parse_id,
                           report_verified, shown, stream_entries, stream_facts, verify)
 
 DEAD_SUFFIX = b"::dead"
 ATTEMPTS_SUFFIX = b"::ezra-attempts"
+UNIQUE_SUFFIX = b"::ezra-unique"
 UNFINISHED = ("available", "delayed", "in_flight")
 RELOCATED = 1 << 62  # added to the sequence of a dead entry whose id the queue's stream has too
 
@@ -88,7 +91,8 @@ class PortSource:
             page = self.client.call("XINFO", "TASKS", queue, "dead" if dead else "unfinished",
                                     "COUNT", PAGE, "AFTER", after)
             tasks = [pairs(flat) for flat in page]
-            yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"]) for t in tasks]
+            yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"], t.get(b"unique-key"))
+                   for t in tasks]
             if len(page) < PAGE:
                 return
             after = tasks[-1][b"id"]
@@ -117,7 +121,8 @@ class FileSource:
         states, after = (("dead",) if dead else UNFINISHED), ZERO
         while True:
             rows = self.snapshot.tasks_by_id(queue, states, PAGE, after)
-            yield [Task((row[0], row[1]), row[-1], row[3], decode_fields(row[2])) for row in rows]
+            yield [Task((row[0], row[1]), row[-1], row[3], decode_fields(row[2]),
+                        None if row[10] is None else name_bytes(row[10])) for row in rows]
             if len(rows) < PAGE:
                 return
             after = rows[-1][:2]
@@ -132,6 +137,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     dead_key, attempts_key = queue + DEAD_SUFFIX, queue + ATTEMPTS_SUFFIX
     last = {False: stream_facts(redis, queue)[1], True: stream_facts(redis, dead_key)[1]}
     stream_facts(redis, attempts_key, kinds=(b"hash",))
+    stream_facts(redis, queue + UNIQUE_SUFFIX, kinds=(b"hash",))
     group = os.fsencode(options.group) if options.group else facts["group"]
     counts, expected = copy_to_redis(source, Writer(None if options.dry_run else redis), queue, last,
                                      Progress(f"export {shown(queue)}", sum(facts["counts"].values())))
@@ -155,7 +161,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
 
 def copy_to_redis(source, writer: Writer, queue: bytes, last: dict, progress: Progress) -> tuple:
     """Both passes (unfinished tasks to q, dead ones to q::dead); (counts, {dead?: Ids})."""
-    attempts_key = queue + ATTEMPTS_SUFFIX
+    attempts_key, unique_key = queue + ATTEMPTS_SUFFIX, queue + UNIQUE_SUFFIX
     counts, expected = Counter(), {False: Ids(), True: Ids()}
     # Dead last: on a running EZRA, a task that dies during the copy is not missed (it may then
     # be in both streams); one that is acked meanwhile is done, and may be copied all the same.
@@ -170,6 +176,8 @@ def copy_to_redis(source, writer: Writer, queue: bytes, last: dict, progress: Pr
                     continue
                 if task.attempts:  # before its entry: a run cut short leaves no entry without it
                     writer.add([b"HSET", attempts_key, format_id(task.id), b"%d" % task.attempts])
+                if task.unique_key is not None and not dead:
+                    writer.add([b"HSET", unique_key, format_id(task.id), task.unique_key])
                 writer.add([b"XADD", key, format_id(task.id), *task.fields], expected=format_id(task.id))
             writer.flush()
             progress.advance(len(page))
@@ -241,28 +249,30 @@ def pending_counts(redis: Client, queue: bytes, group: bytes) -> dict:
         start = next_id(page[-1][0])
 
 
-def attempts_hash(redis: Client, key: bytes) -> dict:
-    """{id: attempts} from an export's q::ezra-attempts hash (HSCAN: never one huge reply)."""
+def side_hash(redis: Client, key: bytes, value=int) -> dict:
+    """{id: value} from an export's q::ezra-attempts (int) or q::ezra-unique (bytes) hash
+    (HSCAN: never one huge reply)."""
     found, cursor = {}, b"0"
     while True:
         cursor, flat = redis.call("HSCAN", key, cursor, "COUNT", PAGE)
-        for raw_id, attempts in pairs(flat).items():
-            found[parse_id(raw_id)] = int(attempts)
+        for raw_id, raw in pairs(flat).items():
+            found[parse_id(raw_id)] = value(raw)
         if cursor == b"0":
             return found
 
 
-def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict):
-    """Every entry of q and q::dead in id order, as Tasks: available, pending, done or dead."""
+def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict, keys: dict):
+    """Every entry of q and q::dead in id order, as Tasks: available, pending, done or dead;
+    live ones with their unique key (`keys`, from q::ezra-unique)."""
     delivered = parse_id(group[b"last-delivered-id"]) if group else ZERO
 
     def live():
         for stream_id, fields in stream_entries(redis, queue):
             earlier = attempts.get(stream_id, 0)
             if stream_id > delivered:
-                yield Task(stream_id, "available", earlier, fields)
+                yield Task(stream_id, "available", earlier, fields, keys.get(stream_id))
             elif stream_id in pending:
-                yield Task(stream_id, "pending", earlier + pending[stream_id], fields)
+                yield Task(stream_id, "pending", earlier + pending[stream_id], fields, keys.get(stream_id))
             else:
                 yield Task(stream_id, "done", earlier, fields)
 
@@ -310,11 +320,13 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
         raise MoveError(f"no stream {shown(queue)} at {redis.address}")
     stream_facts(redis, dead_key)
     has_attempts = stream_facts(redis, queue + ATTEMPTS_SUFFIX, kinds=(b"hash",))[0] == b"hash"
+    has_keys = stream_facts(redis, queue + UNIQUE_SUFFIX, kinds=(b"hash",))[0] == b"hash"
     group = redis_group(redis, queue, options.group)
     name = group[b"name"] if group else None
     pending = pending_counts(redis, queue, name) if group else {}
-    attempts = attempts_hash(redis, queue + ATTEMPTS_SUFFIX) if has_attempts else {}
-    tasks = redis_tasks(redis, queue, group, pending, attempts)
+    attempts = side_hash(redis, queue + ATTEMPTS_SUFFIX) if has_attempts else {}
+    keys = side_hash(redis, queue + UNIQUE_SUFFIX, bytes) if has_keys else {}
+    tasks = redis_tasks(redis, queue, group, pending, attempts, keys)
     progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
     counts, expected = copy_to_ezra(tasks, Writer(None if options.dry_run else ezra), queue,
                                     ezra_last_id(ezra, queue), progress)
@@ -322,6 +334,9 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
         warn("import", queue, f"{counts['relocated']} dead entr{'y' if counts['relocated'] == 1 else 'ies'} of "
                               f"{shown(dead_key)} had an id of {shown(queue)} too: given sequence + 2^62 "
                               "(ms-seq becomes ms-(seq+4611686018427387904))")
+    if counts["key shared"]:
+        warn("import", queue, f"{counts['key shared']} task(s) had a unique key an earlier task of the stream "
+                              "has too: pushed without it (EZRA holds one unfinished task per key)")
     unseen = len(pending) - counts["pending"]
     if unseen:
         warn("import", queue, f"{unseen} pending entr{'y is' if unseen == 1 else 'ies are'} no longer in the "
@@ -342,7 +357,7 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
 def copy_to_ezra(tasks, writer: Writer, queue: bytes, last: tuple, progress: Progress) -> tuple:
     """Push every task not done in Redis, in id order (EZRA's ids only grow); (counts, Ids)."""
     dead_key = queue + DEAD_SUFFIX
-    counts, expected, previous = Counter(), Ids(), None
+    counts, expected, previous, keys = Counter(), Ids(), None, set()
     for task in tasks:
         if task.id == previous:
             raise MoveError(f"id {format_id(task.id).decode()} is in both {shown(queue)} and {shown(dead_key)}: "
@@ -358,7 +373,14 @@ def copy_to_ezra(tasks, writer: Writer, queue: bytes, last: tuple, progress: Pro
             counts["present"] += 1
             continue
         attempts = [b"ATTEMPTS", b"%d" % task.attempts] if task.attempts else []
-        writer.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, format_id(task.id),
+        unique = []
+        if task.unique_key is not None and task.state != "dead":
+            if task.unique_key in keys:  # Redis kept two with one key: the first keeps it
+                counts["key shared"] += 1
+            else:
+                keys.add(task.unique_key)
+                unique = [b"UNIQUE", task.unique_key]
+        writer.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, *unique, format_id(task.id),
                     *task.fields], expected=format_id(task.id))
     writer.flush()
     progress.finish()

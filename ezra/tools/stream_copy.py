@@ -31,6 +31,7 @@ class Task(NamedTuple):
     state: str      # EZRA's: available, delayed, in_flight, dead (import: also pending, done)
     attempts: int
     fields: list
+    unique_key: bytes | None = None  # XADD UNIQUE's key (unfinished tasks only: a dead task holds none)
 
 
 def parse_id(text: bytes) -> tuple:
