@@ -153,9 +153,10 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         return self.writer.submit(self._tx_ack, queue, ids)
 
     def fail(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
-             retry_count: int | None = None, force: bool = False):
-        """XNACK (and XDEL on a live queue): report failed attempts."""
-        return self.writer.submit(self._tx_fail, queue, ids, mode, retry_count, force)
+             retry_count: int | None = None, force: bool = False, reason: bytes | None = None,
+             cause: str = lifecycle.NACKED):
+        """XNACK (and XDEL on a live queue, cause XDEL_REPORT): report failed attempts, and why."""
+        return self.writer.submit(self._tx_fail, queue, ids, mode, retry_count, force, reason, cause)
 
     def delete_dead(self, queue: bytes, ids: list[tuple]):
         return self.writer.submit(self._tx_delete_dead, queue, ids)
@@ -294,7 +295,8 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
             raise errors.XGROUP_NEEDS_KEY
         rows = self.db.held_by(name, worker) if queue.counts[IN_FLIGHT] else []
         if rows:
-            self._apply_failures(queue, rows, lifecycle.FAIL, None, self.clock())
+            self._apply_failures(queue, rows, lifecycle.FAIL, None, self.clock(), lifecycle.CONSUMER_DELETED,
+                                 lambda held_by: f"XGROUP DELCONSUMER removed worker {held_by}")
             self._tally(queue, "released", len(rows))
         return len(rows)
 
@@ -373,26 +375,41 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         return acked + len(deleted)
 
     def _tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None,
-                 force: bool) -> int:
+                 force: bool, reason: bytes | None = None, cause: str = lifecycle.NACKED) -> int:
         queue = self.queues.get(name)
         if queue is None:
             return 0
         states = (IN_FLIGHT, AVAILABLE, DELAYED) if force else (IN_FLIGHT,)
         rows = self.db.in_flight_attempts(name, ids, states)
-        self._apply_failures(queue, rows, mode, retry_count, self.clock())
+        if cause == lifecycle.XDEL_REPORT:
+            why = "XDEL reported the failure"
+        else:
+            why = None if reason is None else lifecycle.bound_reason(reason)
+        self._apply_failures(queue, rows, mode, retry_count, self.clock(), cause, why)
         if mode != lifecycle.SILENT:  # SILENT: given back unsent, not a failure report
             self._tally(queue, "failed", len(rows))
         return len(rows)
 
-    def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int):
-        """The one place failed attempts are decided: nack, XDEL, expiry and release all come here."""
+    def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int,
+                        cause: str, reason=None):
+        """The one place failed attempts are decided: nack, XDEL, expiry and release all come here.
+
+        Rows are (rowid, attempts, state, worker, ...). Each task records this failure: `cause`
+        (lifecycle.NACKED...) and `reason`, a text or a function of the worker that held it
+        (None: no reason given; a SILENT nack then keeps the record the task has)."""
         max_attempts, backoff = self._max_attempts(queue), self._backoff(queue)
-        for rowid, attempts, state, *_ in rows:
+        keep_record = mode == lifecycle.SILENT and reason is None
+        for rowid, attempts, state, worker, *_ in rows:
             if retry_count is not None:
                 attempts = retry_count
             new_state, attempts = lifecycle.after_failure(attempts, max_attempts, mode)
             new_state, available_at = lifecycle.retry_state(new_state, attempts, mode, backoff, now)
-            self.db.set_outcome(rowid, new_state, attempts, now, available_at)
+            failure = None
+            if not keep_record:
+                held_by = None if worker is None else name_bytes(worker).decode("utf-8", "replace")
+                why = reason(held_by) if callable(reason) else reason
+                failure = lifecycle.failure_record(cause, why, held_by, now)
+            self.db.set_outcome(rowid, new_state, attempts, now, available_at, failure)
             queue.move(state, new_state)
             if new_state == DELAYED:
                 self.due_at(available_at)

@@ -270,15 +270,19 @@ def nack_retry_count(arg: bytes) -> int:
     return min(retry_count, MAX_RETRY_COUNT)
 
 
-NACK_OPTIONS = Options(RETRYCOUNT=Value(nack_retry_count), FORCE=Flag())
+# REASON (EZRA's, after Redis 8.8's words): why it failed, kept on the task (bound_reason cuts it).
+NACK_OPTIONS = Options(RETRYCOUNT=Value(nack_retry_count), FORCE=Flag(), REASON=Value(bytes))
 
 
 @command("XNACK", -4)
 def xnack(session, args):
-    """XNACK queue group <SILENT|FAIL|FATAL> IDS numids id... [RETRYCOUNT n] [FORCE] | XNACK queue group id..."""
+    """XNACK queue group <SILENT|FAIL|FATAL> IDS numids id... [RETRYCOUNT n] [FORCE] [REASON text]
+    | XNACK queue group id..."""
     queue = live_queue(args[1])
     mode = args[3].upper().decode("latin-1")
     if mode not in lifecycle.NACK_MODES:
+        if any(arg.upper() == b"REASON" for arg in args[3:]):
+            raise errors.err("REASON needs XNACK's long form: XNACK queue group FAIL IDS numids id... REASON text")
         return Deferred(broker_of(session).fail(queue, ids_of(args[3:])))
     if len(args) < 7 or args[4].upper() != b"IDS":
         raise errors.SYNTAX
@@ -286,8 +290,8 @@ def xnack(session, args):
     if numids <= 0 or 6 + numids > len(args):
         raise errors.err("numids must be a positive integer matching the ids given")
     ids = ids_of(args[6:6 + numids])
-    (retry_count, force), _ = parse_options(args, 6 + numids, NACK_OPTIONS)
-    return Deferred(broker_of(session).fail(queue, ids, mode, retry_count, force))
+    (retry_count, force, reason), _ = parse_options(args, 6 + numids, NACK_OPTIONS)
+    return Deferred(broker_of(session).fail(queue, ids, mode, retry_count, force, reason))
 
 
 @command("XDEL", -3)
@@ -297,7 +301,7 @@ def xdel(session, args):
     queue, dead = split_queue(args[1])
     if dead:
         return Deferred(broker_of(session).delete_dead(queue, ids))
-    return Deferred(broker_of(session).fail(queue, ids))
+    return Deferred(broker_of(session).fail(queue, ids, cause=lifecycle.XDEL_REPORT))
 
 
 @command("XLEN", 2)

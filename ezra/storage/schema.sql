@@ -39,6 +39,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     delivered_at  INTEGER,           -- last delivery (XPENDING idle time)
     finished_at   INTEGER,           -- when it became done or dead
     ttl_ms        INTEGER,           -- XADD TTL: kept this long once done or dead (NULL: retention)
+    failure       TEXT,              -- its last failure, JSON {"cause", "reason", "worker", "at"};
+                                     -- NULL: never failed (only failures write it, v5)
     PRIMARY KEY (queue, id_ms, id_seq)
 );
 
