@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 import redis
-from conftest import wait_until
-from support import claim, configure
+from conftest import ROOT, wait_until
+from support import claim, configure, http
 
 from ezra.lifecycle import MAX_REASON_BYTES
 from ezra.storage import SCHEMA_VERSION
@@ -185,3 +187,41 @@ def test_a_schema_4_database_migrates_with_its_tasks(ezra_factory):
     nack(r, "jobs", "FAIL", task_id, "REASON", "after the migration")
     assert failure(r, "jobs", "available", task_id)["reason"] == "after the migration"
     r.close()
+
+
+def test_ezra_ls_shows_the_last_failure(ezra_factory):
+    server = ezra_factory()
+    r = server.client()
+    task_id = r.xadd("jobs", {"job": "1"})
+    claim(r, "jobs", "w1")
+    nack(r, "jobs", "FATAL", task_id, "REASON", "ZeroDivisionError: division by zero\n\x1b[31m")
+    r.close()
+    result = subprocess.run([sys.executable, "-m", "ezra", "ls", "jobs", "--port", str(server.port)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    header, row = result.stdout.splitlines()[:2]
+    assert header.split()[-2:] == ["last", "failure"]
+    assert row.startswith(task_id.decode()) and "dead" in row
+    # the cause, the reason, control characters shown as escapes (not sent to the terminal)
+    assert row.endswith("nack: ZeroDivisionError: division by zero\\n\\x1b[31m")
+
+
+XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=1">'
+
+
+def test_the_dashboard_shows_the_escaped_reason_of_dead_and_retried_tasks(ezra_factory):
+    server = ezra_factory("--http-port", "0")
+    r = server.client()
+    dead_id, retried_id = r.xadd("mail", {"n": "1"}), r.xadd("mail", {"n": "2"})
+    claim(r, "mail", "mailer-1", count=2)
+    nack(r, "mail", "FATAL", dead_id, "REASON", f"SMTPError: {XSS}")
+    nack(r, "mail", "FAIL", retried_id, "REASON", "TimeoutError: <slow>")
+    r.close()
+    status, _, body = http(f"{server.http_url}/queue?name=mail")
+    assert status == 200
+    assert b"<script>window" not in body and b"<img src=x" not in body and b"<slow>" not in body
+    dead_table = body.split(b'<table class="tasks dead">', 1)[1].split(b"</table>", 1)[0]
+    assert b'<span class="reason">SMTPError: &lt;script&gt;window.__xss=1&lt;/script&gt;' in dead_table
+    assert b"by mailer-1" in dead_table and b'<span class="cause">nack</span>' in dead_table
+    waiting = body.split(b"Next available", 1)[1]
+    assert b'<span class="reason">TimeoutError: &lt;slow&gt;</span>' in waiting
