@@ -225,3 +225,58 @@ def test_the_dashboard_shows_the_escaped_reason_of_dead_and_retried_tasks(ezra_f
     assert b"by mailer-1" in dead_table and b'<span class="cause">nack</span>' in dead_table
     waiting = body.split(b"Next available", 1)[1]
     assert b'<span class="reason">TimeoutError: &lt;slow&gt;</span>' in waiting
+
+
+def failures_of(r, queue) -> dict:
+    """{id: (state, cause, reason, worker, failed-at)} of a queue's unfinished and dead tasks."""
+    shown = {}
+    for state in ("unfinished", "dead"):
+        for task in tasks(r, queue, state):
+            shown[task[b"id"]] = (task[b"state"], task[b"failure-cause"], task[b"failure-reason"],
+                                  task[b"failure-worker"], task[b"failed-at"])
+    return shown
+
+
+@pytest.mark.parametrize("source_flag", ["--port", "--data-dir"])
+def test_export_and_import_carry_the_last_failure(ezra_factory, redis_server_port, source_flag):
+    source, target = ezra_factory("--max-attempts", "5"), ezra_factory()
+    r = source.client()
+    queue = f"moved-{source_flag[2:]}"
+    retried, dead, clean = r.xadd(queue, {"n": "1"}), r.xadd(queue, {"n": "2"}), r.xadd(queue, {"n": "3"})
+    claim(r, queue, "worker-1", count=2)
+    nack(r, queue, "FAIL", retried, "REASON", "TimeoutError: slow ✓")
+    nack(r, queue, "FATAL", dead, "REASON", 'ValueError: "quoted" \\ and\nnewline')
+    before = failures_of(r, queue)
+    assert before[clean][1] is None and before[dead][2] == b'ValueError: "quoted" \\ and\nnewline'
+    redis_url = f"redis://127.0.0.1:{redis_server_port}"
+    where = str(source.port) if source_flag == "--port" else str(source.data_dir)
+    exported = subprocess.run([sys.executable, "-m", "ezra", "export", source_flag, where, "--to", redis_url, queue],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    red = redis.Redis(port=redis_server_port)
+    stored = red.hgetall(f"{queue}::ezra-failures")  # beside the streams: entries stay the user's
+    assert set(stored) == {retried, dead}
+    assert json.loads(stored[dead])["reason"] == 'ValueError: "quoted" \\ and\nnewline'
+    assert red.xrange(f"{queue}::dead")[0][1] == {b"n": b"2"}
+    imported = subprocess.run([sys.executable, "-m", "ezra", "import", "--port", str(target.port), "--from",
+                               redis_url, queue], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    after = failures_of(target.client(), queue)
+    assert {task_id: shown[1:] for task_id, shown in after.items()} == \
+        {task_id: shown[1:] for task_id, shown in before.items()}
+    r.close()
+
+
+def test_xadd_failure_refuses_what_is_not_a_failure_record(shared_server, protocol, queue):
+    r = shared_server.client(protocol)
+    for bad in ("not json", "[1]", '{"reason": "no cause"}', '{"cause": "nack", "at": "soon"}',
+                '{"cause": "nack", "worker": 7}'):
+        with pytest.raises(redis.ResponseError, match="FAILURE must be a JSON object"):
+            r.execute_command("XADD", queue, "FAILURE", bad, "*", "n", "1")
+    assert r.xlen(queue) == 0  # nothing stored
+    long = json.dumps({"cause": "nack", "reason": "x" * 100000, "worker": None, "at": 5})
+    task_id = r.execute_command("XADD", queue, "FAILURE", long, "*", "n", "1")
+    shown = failure(r, queue, "available", task_id)
+    assert len(shown["reason"].encode()) <= MAX_REASON_BYTES and shown["reason"].endswith("[cut, 100000 bytes]")
+    assert (shown["cause"], shown["at"]) == ("nack", 5)
+    r.close()

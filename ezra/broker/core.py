@@ -127,15 +127,16 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
 
     def push(self, queue: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool = False,
              delay_ms: int = 0, ttl_ms: int | None = None, idmp: tuple | None = None,
-             attempts: int = 0, dead: bool = False, trim=None):
+             attempts: int = 0, dead: bool = False, trim=None, failure: dict | None = None):
         """Submit XADD; the request's result is the id (bytes) or None (NOMKSTREAM).
 
         `idmp` is (producer, iid): a push already made with them returns the first id.
         `attempts` (XADD ATTEMPTS) and `dead` (XADD q::dead) bring tasks in from elsewhere
-        (ezra import) with the deliveries they had, or as dead letters.
+        (ezra import) with the deliveries they had, or as dead letters; `failure` (XADD FAILURE)
+        with the last failure they had (lifecycle.failure_record).
         `trim` (trimming.Trim): done tasks removed after the push, in its transaction."""
         return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                  attempts, dead, trim, grows=True)
+                                  attempts, dead, trim, failure, grows=True)
 
     def trim(self, queue: bytes, trim):
         """XTRIM ~: remove done tasks as `trim` (trimming.Trim) says; how many went."""
@@ -321,7 +322,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
 
     def _tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool,
                  delay_ms: int, ttl_ms: int | None, idmp: tuple | None, attempts: int = 0, dead: bool = False,
-                 trim=None):
+                 trim=None, failure: dict | None = None):
         now = self.clock()
         queue = self._queue(name, now, create=not nomkstream)
         if queue is None:
@@ -335,7 +336,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         state, available_at = (DELAYED, now + delay_ms) if delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD
-        self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts)
+        self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts, failure)
         if idmp is not None:
             self._remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id

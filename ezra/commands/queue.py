@@ -60,20 +60,44 @@ def push_attempts(arg: bytes) -> int:
     return attempts
 
 
+FAILURE_ERROR = ('FAILURE must be a JSON object {"cause": text, "reason": text or null, "worker": text or null, '
+                 '"at": ms or null}, as ezra export writes it')
+
+
+def push_failure(arg: bytes) -> dict:
+    """FAILURE: the task's last failure where it came from (ezra import), bounded as a REASON is."""
+    import json  # here: only imports send it
+
+    try:
+        record = json.loads(arg)
+    except ValueError:
+        raise errors.err(FAILURE_ERROR) from None
+    if not isinstance(record, dict) or not isinstance(record.get("cause"), str):
+        raise errors.err(FAILURE_ERROR)
+    texts = [record.get(key) for key in ("cause", "reason", "worker")]
+    at = record.get("at")
+    if any(value is not None and not isinstance(value, str) for value in texts) or \
+            not (at is None or (type(at) is int and 0 <= at < 2 ** 63)):
+        raise errors.err(FAILURE_ERROR)
+    cause, reason, worker = (None if value is None else lifecycle.bound_reason(value.encode("utf-8", "replace"))
+                             for value in texts)
+    return lifecycle.failure_record(cause, reason, worker, at)
+
+
 TRIMMING = take_trimming("xadd")
 IDMP = Custom(take_idmp, need=3)
 # Redis 8.2's reference policies for trimming: EZRA trims only acked (done) tasks, which is
 # what ACKED asks, and a done task has no pending reference to keep or drop.
 REFERENCES = Flag()
-# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL and ATTEMPTS.
-# IDMP, IDMPAUTO, DELAY, TTL and ATTEMPTS need one argument more than their values (the id):
+# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS and FAILURE.
+# IDMP, IDMPAUTO, DELAY, TTL, ATTEMPTS and FAILURE need one argument more than their values (the id):
 # without it the word is read as the id (`XADD q NOMKSTREAM DELAY 5`: an invalid id).
 PUSH_OPTIONS = Options(
     NOMKSTREAM=Flag(), MAXLEN=TRIMMING, MINID=TRIMMING, LIMIT=TRIMMING,
     KEEPREF=REFERENCES, DELREF=REFERENCES, ACKED=REFERENCES,
     IDMP=IDMP, IDMPAUTO=Custom(take_idmpauto, need=2, shares=IDMP),
     DELAY=Value(push_ms, 0, need=2), TTL=Value(push_ms, need=2), ATTEMPTS=Value(push_attempts, 0, need=2),
-    unknown=STOP)
+    FAILURE=Value(push_failure, need=2), unknown=STOP)
 
 
 # ---------------------------------------------------------------- queue commands
@@ -81,12 +105,12 @@ PUSH_OPTIONS = Options(
 @command("XADD", -5)
 def xadd(session, args):
     """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
-    [DELAY s] [TTL s] [ATTEMPTS n] <* | id> field value ...
+    [DELAY s] [TTL s] [ATTEMPTS n] [FAILURE json] <* | id> field value ...
     (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, dead = split_queue(args[1])
     if dead:
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
-    (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts), i = parse_options(args, 2, PUSH_OPTIONS)
+    (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, failure), i = parse_options(args, 2, PUSH_OPTIONS)
     if i < len(args):
         lifecycle.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
     if trimming is not None:
@@ -108,7 +132,7 @@ def xadd(session, args):
     if idmp is not None:
         idmp = idempotency(idmp, args[i], fields)
     return Deferred(broker_of(session).push(queue, args[i], fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                            attempts, dead, trim))
+                                            attempts, dead, trim, failure))
 
 
 def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:

@@ -9,10 +9,12 @@ What maps to what (README "Moving to Redis (and back)", docs/usage.md):
     available, delayed, in-flight  ->   entries of stream q, same id and fields, new to the group
     dead                           ->   entries of stream q::dead
     attempts > 0                   ->   hash q::ezra-attempts: id -> attempts (entries stay the user's)
+    a last failure (XNACK REASON)  ->   hash q::ezra-failures: id -> its JSON {cause, reason, worker, at}
     group name (XGROUP CREATE)     ->   XGROUP CREATE q <group> 0 MKSTREAM
 
     Redis stream q, group g             EZRA queue q
-    after g's last-delivered id    ->   available (attempts from q::ezra-attempts, else 0)
+    after g's last-delivered id    ->   available (attempts from q::ezra-attempts, else 0; the last
+                                        failure from q::ezra-failures, sent as XADD FAILURE)
     pending (XPENDING)             ->   available, attempts + its delivery count
     delivered and acked            ->   nothing: done in Redis
     stream q::dead                 ->   dead (XADD q::dead)
@@ -28,6 +30,7 @@ library needed.
 from __future__ import annotations
 
 import heapq
+import json
 import os
 import sys
 from collections import Counter
@@ -44,6 +47,9 @@ from .stream_copy import (PAGE, ZERO, Ids, MoveError, Task, Writer, format_id, n
 
 DEAD_SUFFIX = b"::dead"
 ATTEMPTS_SUFFIX = b"::ezra-attempts"
+FAILURES_SUFFIX = b"::ezra-failures"
+FAILURE_FIELDS = ((b"failure-cause", "cause"), (b"failure-reason", "reason"), (b"failure-worker", "worker"),
+                  (b"failed-at", "at"))
 UNFINISHED = ("available", "delayed", "in_flight")
 RELOCATED = 1 << 62  # added to the sequence of a dead entry whose id the queue's stream has too
 
@@ -88,10 +94,21 @@ class PortSource:
             page = self.client.call("XINFO", "TASKS", queue, "dead" if dead else "unfinished",
                                     "COUNT", PAGE, "AFTER", after)
             tasks = [pairs(flat) for flat in page]
-            yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"]) for t in tasks]
+            yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"], failure_json(t))
+                   for t in tasks]
             if len(page) < PAGE:
                 return
             after = tasks[-1][b"id"]
+
+
+def failure_json(task: dict) -> bytes | None:
+    """An XINFO TASKS task's failure-* fields as the JSON text tasks.failure holds (None: never failed)."""
+    if task.get(b"failure-cause") is None:  # a server older than REASON has no such fields
+        return None
+    record = {key: task[field] for field, key in FAILURE_FIELDS}
+    record = {key: value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+              for key, value in record.items()}
+    return json.dumps(record, ensure_ascii=False).encode()
 
 
 class FileSource:
@@ -117,7 +134,8 @@ class FileSource:
         states, after = (("dead",) if dead else UNFINISHED), ZERO
         while True:
             rows = self.snapshot.tasks_by_id(queue, states, PAGE, after)
-            yield [Task((row[0], row[1]), row[-1], row[3], decode_fields(row[2])) for row in rows]
+            yield [Task((row[0], row[1]), row[-1], row[3], decode_fields(row[2]),
+                        None if row[10] is None else row[10].encode()) for row in rows]
             if len(rows) < PAGE:
                 return
             after = rows[-1][:2]
@@ -132,6 +150,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     dead_key, attempts_key = queue + DEAD_SUFFIX, queue + ATTEMPTS_SUFFIX
     last = {False: stream_facts(redis, queue)[1], True: stream_facts(redis, dead_key)[1]}
     stream_facts(redis, attempts_key, kinds=(b"hash",))
+    stream_facts(redis, queue + FAILURES_SUFFIX, kinds=(b"hash",))
     group = os.fsencode(options.group) if options.group else facts["group"]
     counts, expected = copy_to_redis(source, Writer(None if options.dry_run else redis), queue, last,
                                      Progress(f"export {shown(queue)}", sum(facts["counts"].values())))
@@ -155,7 +174,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
 
 def copy_to_redis(source, writer: Writer, queue: bytes, last: dict, progress: Progress) -> tuple:
     """Both passes (unfinished tasks to q, dead ones to q::dead); (counts, {dead?: Ids})."""
-    attempts_key = queue + ATTEMPTS_SUFFIX
+    attempts_key, failures_key = queue + ATTEMPTS_SUFFIX, queue + FAILURES_SUFFIX
     counts, expected = Counter(), {False: Ids(), True: Ids()}
     # Dead last: on a running EZRA, a task that dies during the copy is not missed (it may then
     # be in both streams); one that is acked meanwhile is done, and may be copied all the same.
@@ -170,6 +189,8 @@ def copy_to_redis(source, writer: Writer, queue: bytes, last: dict, progress: Pr
                     continue
                 if task.attempts:  # before its entry: a run cut short leaves no entry without it
                     writer.add([b"HSET", attempts_key, format_id(task.id), b"%d" % task.attempts])
+                if task.failure is not None:
+                    writer.add([b"HSET", failures_key, format_id(task.id), task.failure])
                 writer.add([b"XADD", key, format_id(task.id), *task.fields], expected=format_id(task.id))
             writer.flush()
             progress.advance(len(page))
@@ -252,23 +273,36 @@ def attempts_hash(redis: Client, key: bytes) -> dict:
             return found
 
 
-def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict):
+def failures_hash(redis: Client, key: bytes) -> dict:
+    """{id: failure JSON} from an export's q::ezra-failures hash (HSCAN, as attempts_hash)."""
+    found, cursor = {}, b"0"
+    while True:
+        cursor, flat = redis.call("HSCAN", key, cursor, "COUNT", PAGE)
+        for raw_id, failure in pairs(flat).items():
+            found[parse_id(raw_id)] = failure
+        if cursor == b"0":
+            return found
+
+
+def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict,
+                failures: dict | None = None):
     """Every entry of q and q::dead in id order, as Tasks: available, pending, done or dead."""
     delivered = parse_id(group[b"last-delivered-id"]) if group else ZERO
+    failures = failures or {}
 
     def live():
         for stream_id, fields in stream_entries(redis, queue):
-            earlier = attempts.get(stream_id, 0)
+            earlier, failure = attempts.get(stream_id, 0), failures.get(stream_id)
             if stream_id > delivered:
-                yield Task(stream_id, "available", earlier, fields)
+                yield Task(stream_id, "available", earlier, fields, failure)
             elif stream_id in pending:
-                yield Task(stream_id, "pending", earlier + pending[stream_id], fields)
+                yield Task(stream_id, "pending", earlier + pending[stream_id], fields, failure)
             else:
-                yield Task(stream_id, "done", earlier, fields)
+                yield Task(stream_id, "done", earlier, fields, failure)
 
     def dead():
         for stream_id, fields in stream_entries(redis, queue + DEAD_SUFFIX):
-            yield Task(stream_id, "dead", attempts.get(stream_id, 0), fields)
+            yield Task(stream_id, "dead", attempts.get(stream_id, 0), fields, failures.get(stream_id))
 
     return one_id_space(heapq.merge(live(), dead(), key=lambda task: task.id))
 
@@ -314,7 +348,9 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
     name = group[b"name"] if group else None
     pending = pending_counts(redis, queue, name) if group else {}
     attempts = attempts_hash(redis, queue + ATTEMPTS_SUFFIX) if has_attempts else {}
-    tasks = redis_tasks(redis, queue, group, pending, attempts)
+    has_failures = stream_facts(redis, queue + FAILURES_SUFFIX, kinds=(b"hash",))[0] == b"hash"
+    failures = failures_hash(redis, queue + FAILURES_SUFFIX) if has_failures else {}
+    tasks = redis_tasks(redis, queue, group, pending, attempts, failures)
     progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
     counts, expected = copy_to_ezra(tasks, Writer(None if options.dry_run else ezra), queue,
                                     ezra_last_id(ezra, queue), progress)
@@ -358,6 +394,8 @@ def copy_to_ezra(tasks, writer: Writer, queue: bytes, last: tuple, progress: Pro
             counts["present"] += 1
             continue
         attempts = [b"ATTEMPTS", b"%d" % task.attempts] if task.attempts else []
+        if task.failure is not None:
+            attempts += [b"FAILURE", task.failure]
         writer.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, format_id(task.id),
                     *task.fields], expected=format_id(task.id))
     writer.flush()

@@ -31,6 +31,7 @@ class Task(NamedTuple):
     state: str      # EZRA's: available, delayed, in_flight, dead (import: also pending, done)
     attempts: int
     fields: list
+    failure: bytes | None = None  # its last failure, JSON as tasks.failure holds it (None: never failed)
 
 
 def parse_id(text: bytes) -> tuple:
