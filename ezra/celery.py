@@ -13,6 +13,10 @@
     ack                        XACK
     reject(requeue=True)       XNACK FAIL (the attempt counts: a lost worker, Reject(requeue=True))
     reject(requeue=False)      XNACK FATAL: the dead queue (acks_late, task_acks_on_failure_or_timeout=False)
+                               Both with REASON: the exception's type and message when the task ran
+                               in this process (solo, threads, gevent pools: Celery's task_failure
+                               signal), else "rejected by Celery (requeue=...)" (prefork: the
+                               exception stays in the pool process and the worker's log)
     unacked at shutdown        XNACK SILENT: prefetched tasks handed back without counting an attempt
     a task held long           its lease renewed (ezra/framework_leases.py)
 
@@ -49,6 +53,45 @@ DEFAULT_PORT = 42002
 DEFAULT_COUNT = 100         # tasks per read when prefetch is unlimited
 BLOCK_WHEN_UNTIMED = 5.0    # seconds a read blocks when drain_events has no timeout
 READ_MARGIN = 10.0          # the socket timeout is the block plus this
+FAILURES_KEPT = 10000       # exceptions remembered for a reject to come (a failure acked instead leaves one)
+
+
+class Failures:
+    """The exceptions of tasks that failed in this process, by Celery task id, until their reject."""
+
+    def __init__(self):
+        self.by_task: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def failed(self, sender=None, task_id=None, exception=None, **_):
+        """Celery's task_failure signal: remember why (the oldest go past FAILURES_KEPT)."""
+        if task_id is None or exception is None:
+            return
+        with self.lock:
+            self.by_task[task_id] = exception_reason(exception)
+            while len(self.by_task) > FAILURES_KEPT:
+                self.by_task.pop(next(iter(self.by_task)))
+
+    def reason(self, message, requeue: bool) -> str:
+        """Why the task behind a kombu message is rejected: its exception if it failed here."""
+        headers = getattr(message, "headers", None) or {}
+        with self.lock:
+            reason = self.by_task.pop(headers.get("id"), None)
+        return reason or f"rejected by Celery (requeue={requeue})"
+
+
+def exception_reason(exception: BaseException) -> str:
+    """'ValueError: the message' (XNACK REASON: EZRA keeps up to 8 KB of it)."""
+    return f"{type(exception).__name__}: {exception}"
+
+
+FAILURES = Failures()
+try:  # kombu without Celery (a plain kombu consumer) has no signal to listen to
+    from celery.signals import task_failure
+except ImportError:  # pragma: no cover - Celery is the point of this transport
+    task_failure = None
+if task_failure is not None:
+    task_failure.connect(FAILURES.failed, weak=False)
 
 
 def eta_delay(message: dict, now: datetime | None = None) -> float:
@@ -71,7 +114,8 @@ class QoS(virtual.QoS):
         super().ack(delivery_tag)
 
     def reject(self, delivery_tag, requeue=False):
-        self.channel.settle(delivery_tag, "FAIL" if requeue else "FATAL")
+        reason = FAILURES.reason(self._delivered.get(delivery_tag), requeue)
+        self.channel.settle(delivery_tag, "FAIL" if requeue else "FATAL", reason)
         self._quick_ack(delivery_tag)  # not kombu's requeue: that would be a second XADD
 
     def restore_unacked(self):
@@ -220,7 +264,8 @@ class Channel(virtual.Channel):
             error = repr(exc)
         logger.error("task %s of queue %r is not a Celery message (%s; fields %s): sent to %s::dead",
                      task_id, queue, error, sorted(fields)[:5], queue)
-        self.client.execute_command("XNACK", queue, GROUP, "FATAL", "IDS", 1, task_id)
+        self.client.execute_command("XNACK", queue, GROUP, "FATAL", "IDS", 1, task_id, "REASON",
+                                    f"not a Celery message: {error}")
         return None
 
     def drain(self, timeout: float | None) -> bool:
@@ -237,8 +282,8 @@ class Channel(virtual.Channel):
             self.connection._deliver(message, queue)
         return bool(delivered)
 
-    def settle(self, tag: str, how: str | None) -> None:
-        """XACK (how None) or XNACK SILENT|FAIL|FATAL the task behind a delivery tag."""
+    def settle(self, tag: str, how: str | None, reason: str | None = None) -> None:
+        """XACK (how None) or XNACK SILENT|FAIL|FATAL the task behind a delivery tag (with REASON)."""
         with self.tasks_lock:
             held = self.tasks.pop(tag, None)
         if held is None:
@@ -250,7 +295,8 @@ class Channel(virtual.Channel):
             if how is None:
                 self.client.xack(queue, GROUP, task_id)
             else:
-                self.client.execute_command("XNACK", queue, GROUP, how, "IDS", 1, task_id)
+                why = [] if reason is None else ["REASON", reason]
+                self.client.execute_command("XNACK", queue, GROUP, how, "IDS", 1, task_id, *why)
         finally:
             self.slot_freed.set()
 

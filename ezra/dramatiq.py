@@ -11,7 +11,7 @@
     the consumer waiting        XREADGROUP GROUP dramatiq <consumer> COUNT <prefetch left>
                                 BLOCK <worker timeout> STREAMS queue >
     ack                         XACK
-    nack (failed for good)      XNACK FATAL: the dead queue
+    nack (failed for good)      XNACK FATAL: the dead queue, REASON the exception's type and message
     requeue (worker shutdown)   XNACK SILENT: back, no attempt counted
     a task held long            its lease renewed (ezra/framework_leases.py)
 
@@ -168,21 +168,25 @@ class EzraConsumer(Consumer):
         except Exception as exc:
             self.logger.error("task %s of queue %r is not a dramatiq message (%r): sent to %s::dead",
                               task_id, self.queue_name, exc, self.queue_name)
-            self.client.execute_command("XNACK", self.queue_name, GROUP, "FATAL", "IDS", 1, task_id)
+            self.client.execute_command("XNACK", self.queue_name, GROUP, "FATAL", "IDS", 1, task_id, "REASON",
+                                        f"not a dramatiq message: {exc!r}")
             return None
 
     def ack(self, message: EzraMessage) -> None:
         self.settle([message], None)
 
     def nack(self, message: EzraMessage) -> None:
-        """Failed for good (Retries gave up, or no Retries): the dead queue."""
-        self.settle([message], "FATAL")
+        """Failed for good (Retries gave up, or no Retries): the dead queue, with the exception as REASON."""
+        exception = getattr(message, "_exception", None)  # MessageProxy.stuff_exception's
+        reason = ("failed in dramatiq (no exception recorded)" if exception is None
+                  else f"{type(exception).__name__}: {exception}")
+        self.settle([message], "FATAL", reason)
 
     def requeue(self, messages: Iterable[EzraMessage]) -> None:
         """Handed back unprocessed (worker shutdown): available again, no attempt counted."""
         self.settle(list(messages), "SILENT")
 
-    def settle(self, messages: list[EzraMessage], how: str | None) -> None:
+    def settle(self, messages: list[EzraMessage], how: str | None, reason: str | None = None) -> None:
         ids = [message.task_id for message in messages]
         if not ids:
             return
@@ -190,7 +194,8 @@ class EzraConsumer(Consumer):
             if how is None:
                 self.client.xack(self.queue_name, GROUP, *ids)
             else:
-                self.client.execute_command("XNACK", self.queue_name, GROUP, how, "IDS", len(ids), *ids)
+                why = [] if reason is None else ["REASON", reason]
+                self.client.execute_command("XNACK", self.queue_name, GROUP, how, "IDS", len(ids), *ids, *why)
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
         finally:

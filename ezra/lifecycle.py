@@ -23,6 +23,10 @@
     recover      in_flight   available (server restart, never dead)   =
     requeue      dead        available                  0
 
+Every failure (fail, fatal, expire, release; XDEL and XGROUP DELCONSUMER fail too) records
+why on the task, replacing the record before: `failure_record`'s cause, reason, worker and
+time. A silent nack records only the REASON it is given. Push and ack never write it.
+
 A paused queue (XCFGSET PAUSED 1) makes no claim and no take over; its other
 transitions go on (push, promote, renew, ack, fail, expire, release, requeue).
 
@@ -68,6 +72,32 @@ def after_failure(attempts: int, max_attempts: int, mode: str = FAIL) -> tuple[s
     if mode == SILENT:
         return AVAILABLE, max(attempts - 1, 0)
     return (DEAD if attempts >= max_attempts else AVAILABLE), attempts
+
+
+# What made a task fail (the `cause` of its failure record).
+NACKED = "nack"                 # XNACK
+XDEL_REPORT = "xdel"            # XDEL on a live queue: EZRA's failure report
+LEASE_EXPIRED = "lease expired"  # its visibility timeout ran out (the reaper)
+WORKER_GONE = "worker gone"     # release on disconnect
+CONSUMER_DELETED = "consumer deleted"  # XGROUP DELCONSUMER
+MAX_REASON_BYTES = 8192  # a reason is kept up to this (UTF-8, the cut marker included)
+
+
+def bound_reason(reason: bytes) -> str:
+    """A reason as text of at most MAX_REASON_BYTES; a longer one is cut with a marker saying
+    how long it was. Bytes that are not UTF-8 read as U+FFFD."""
+    text = reason.decode("utf-8", "replace")
+    encoded = text.encode()
+    if len(encoded) <= MAX_REASON_BYTES:
+        return text
+    marker = f" … [cut, {len(reason)} bytes]"
+    keep = encoded[:MAX_REASON_BYTES - len(marker.encode())]
+    return keep.decode("utf-8", "ignore") + marker  # "ignore" drops only a character cut in two
+
+
+def failure_record(cause: str, reason: str | None, worker: str | None, now: int) -> dict:
+    """What a task keeps of its last failure (tasks.failure, XINFO TASKS' failure-* fields)."""
+    return {"cause": cause, "reason": reason, "worker": worker, "at": now}
 
 
 def retry_state(state: str, attempts: int, mode: str, backoff, now: int) -> tuple[str, int]:

@@ -149,6 +149,9 @@ def test_an_always_failing_task_is_retried_then_dead(ezra_factory, queue, python
     assert counts(client, queue) == {"available": 0, "delayed": 0, "in-flight": 0, "done": 2, "dead": 1}
     [(_, fields)] = client.xrange(queue + "::dead")
     assert b"always_fails" in fields[b"payload"]
+    [dead] = client.execute_command("XINFO", "TASKS", queue, "dead")  # the reject's REASON: the exception
+    dead = dict(zip(dead[::2], dead[1::2]))
+    assert (dead[b"failure-cause"], dead[b"failure-reason"]) == (b"nack", b"RuntimeError: task 0 always fails")
     client.close()
 
 

@@ -129,6 +129,9 @@ def test_retries_then_dead(ezra_factory, queue, python, workers):
     wait_until(lambda: counts(client, queue)["dead"] == 1, 60, message=f"the message dead ({worker.log})")
     assert [n for n, _ in worker.lines("START")] == [0, 0, 0], "the first run and 2 retries"
     assert counts(client, queue) == {"available": 0, "delayed": 0, "in-flight": 0, "done": 2, "dead": 1}
+    [dead] = client.execute_command("XINFO", "TASKS", queue, "dead")  # the nack's REASON: the exception
+    dead = dict(zip(dead[::2], dead[1::2]))
+    assert (dead[b"failure-cause"], dead[b"failure-reason"]) == (b"nack", b"RuntimeError: task 0 always fails")
     client.close()
 
 

@@ -49,11 +49,13 @@ class BrokerCore:
         """core.py: count an event (TALLIES) for the queue and in all."""
         raise NotImplementedError
 
-    def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int):
+    def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int,
+                        cause: str, reason=None):
         """core.py: failed deliveries go back (with backoff) or die, as the queue says."""
         raise NotImplementedError
 
-    def _tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None, force: bool) -> int:
+    def _tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None, force: bool,
+                 reason: bytes | None = None, cause: str = "nack") -> int:
         """core.py: XNACK's script: failed deliveries of tasks in flight; how many."""
         raise NotImplementedError
 

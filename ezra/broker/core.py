@@ -127,17 +127,19 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
 
     def push(self, queue: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool = False,
              delay_ms: int = 0, ttl_ms: int | None = None, idmp: tuple | None = None,
-             attempts: int = 0, dead: bool = False, trim=None, unique: bytes | None = None):
+             attempts: int = 0, dead: bool = False, trim=None, unique: bytes | None = None,
+             failure: dict | None = None):
         """Submit XADD; the request's result is the id (bytes) or None (NOMKSTREAM).
 
         `idmp` is (producer, iid): a push already made with them returns the first id.
         `attempts` (XADD ATTEMPTS) and `dead` (XADD q::dead) bring tasks in from elsewhere
-        (ezra import) with the deliveries they had, or as dead letters.
+        (ezra import) with the deliveries they had, or as dead letters; `failure` (XADD FAILURE)
+        with the last failure they had (lifecycle.failure_record).
         `trim` (trimming.Trim): done tasks removed after the push, in its transaction.
         `unique` (XADD UNIQUE): while an unfinished task of the queue holds that key, its id is the
         result and nothing is stored."""
         return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                  attempts, dead, trim, unique, grows=True)
+                                  attempts, dead, trim, unique, failure, grows=True)
 
     def trim(self, queue: bytes, trim):
         """XTRIM ~: remove done tasks as `trim` (trimming.Trim) says; how many went."""
@@ -155,9 +157,10 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         return self.writer.submit(self._tx_ack, queue, ids)
 
     def fail(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
-             retry_count: int | None = None, force: bool = False):
-        """XNACK (and XDEL on a live queue): report failed attempts."""
-        return self.writer.submit(self._tx_fail, queue, ids, mode, retry_count, force)
+             retry_count: int | None = None, force: bool = False, reason: bytes | None = None,
+             cause: str = lifecycle.NACKED):
+        """XNACK (and XDEL on a live queue, cause XDEL_REPORT): report failed attempts, and why."""
+        return self.writer.submit(self._tx_fail, queue, ids, mode, retry_count, force, reason, cause)
 
     def delete_dead(self, queue: bytes, ids: list[tuple]):
         return self.writer.submit(self._tx_delete_dead, queue, ids)
@@ -296,7 +299,8 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
             raise errors.XGROUP_NEEDS_KEY
         rows = self.db.held_by(name, worker) if queue.counts[IN_FLIGHT] else []
         if rows:
-            self._apply_failures(queue, rows, lifecycle.FAIL, None, self.clock())
+            self._apply_failures(queue, rows, lifecycle.FAIL, None, self.clock(), lifecycle.CONSUMER_DELETED,
+                                 lambda held_by: f"XGROUP DELCONSUMER removed worker {held_by}")
             self._tally(queue, "released", len(rows))
         return len(rows)
 
@@ -321,7 +325,8 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
 
     def _tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool,
                  delay_ms: int, ttl_ms: int | None, idmp: tuple | None, attempts: int = 0, dead: bool = False,
-                 trim=None, unique: bytes | None = None):
+                 trim=None, unique: bytes | None = None,
+                 failure: dict | None = None):
         now = self.clock()
         queue = self.queues.get(name) or self._queue(name, now, create=not nomkstream)
         if queue is None:
@@ -342,10 +347,10 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         if dead:
             state = DEAD
         if unique is None:
-            self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts)
+            self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts, failure)
         else:
             self.db.unique_keys.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts,
-                                            unique)
+                                            unique, failure)
         if idmp is not None:
             self._remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id
@@ -385,26 +390,41 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         return acked + len(deleted)
 
     def _tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None,
-                 force: bool) -> int:
+                 force: bool, reason: bytes | None = None, cause: str = lifecycle.NACKED) -> int:
         queue = self.queues.get(name)
         if queue is None:
             return 0
         states = (IN_FLIGHT, AVAILABLE, DELAYED) if force else (IN_FLIGHT,)
         rows = self.db.in_flight_attempts(name, ids, states)
-        self._apply_failures(queue, rows, mode, retry_count, self.clock())
+        if cause == lifecycle.XDEL_REPORT:
+            why = "XDEL reported the failure"
+        else:
+            why = None if reason is None else lifecycle.bound_reason(reason)
+        self._apply_failures(queue, rows, mode, retry_count, self.clock(), cause, why)
         if mode != lifecycle.SILENT:  # SILENT: given back unsent, not a failure report
             self._tally(queue, "failed", len(rows))
         return len(rows)
 
-    def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int):
-        """The one place failed attempts are decided: nack, XDEL, expiry and release all come here."""
+    def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int,
+                        cause: str, reason=None):
+        """The one place failed attempts are decided: nack, XDEL, expiry and release all come here.
+
+        Rows are (rowid, attempts, state, worker, ...). Each task records this failure: `cause`
+        (lifecycle.NACKED...) and `reason`, a text or a function of the worker that held it
+        (None: no reason given; a SILENT nack then keeps the record the task has)."""
         max_attempts, backoff = self._max_attempts(queue), self._backoff(queue)
-        for rowid, attempts, state, *_ in rows:
+        keep_record = mode == lifecycle.SILENT and reason is None
+        for rowid, attempts, state, worker, *_ in rows:
             if retry_count is not None:
                 attempts = retry_count
             new_state, attempts = lifecycle.after_failure(attempts, max_attempts, mode)
             new_state, available_at = lifecycle.retry_state(new_state, attempts, mode, backoff, now)
-            self.db.set_outcome(rowid, new_state, attempts, now, available_at)
+            failure = None
+            if not keep_record:
+                held_by = None if worker is None else name_bytes(worker).decode("utf-8", "replace")
+                why = reason(held_by) if callable(reason) else reason
+                failure = lifecycle.failure_record(cause, why, held_by, now)
+            self.db.set_outcome(rowid, new_state, attempts, now, available_at, failure)
             queue.move(state, new_state)
             if new_state == DELAYED:
                 self.due_at(available_at)

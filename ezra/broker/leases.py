@@ -150,7 +150,10 @@ class Leases(BrokerCore):
                 continue
             rows = self.db.held_by(queue.name, worker)
             if rows:
-                self._apply_failures(queue, rows, lifecycle.FAIL, None, now)
+                self._apply_failures(queue, rows, lifecycle.FAIL, None, now, lifecycle.WORKER_GONE,
+                                     f"worker {name_bytes(worker).decode('utf-8', 'replace')} gone: its last "
+                                     f"connection closed and it did not return within {grace:g} s "
+                                     "(RELEASE-ON-DISCONNECT)")
                 self._tally(queue, "released", len(rows))
                 logger.debug("released {} tasks of gone worker {!r} in {!r}", len(rows), worker, queue.name)
         if wait is None:

@@ -143,11 +143,13 @@ class Upkeep(BrokerCore):
         expired = self.db.expired(now, EXPIRE_BATCH)
         by_queue: dict[bytes, list] = {}
         for row in expired:
-            by_queue.setdefault(name_bytes(row[3]), []).append(row)
+            by_queue.setdefault(name_bytes(row[4]), []).append(row)
         for name, rows in by_queue.items():
             queue = self.queues.get(name)
             if queue is not None:
-                self._apply_failures(queue, rows, lifecycle.FAIL, None, now)
+                lease = f"{self._visibility_timeout(queue):g} s"
+                self._apply_failures(queue, rows, lifecycle.FAIL, None, now, lifecycle.LEASE_EXPIRED,
+                                     lambda held_by: f"lease expired after {lease} held by {held_by}")
                 self._tally(queue, "expired", len(rows))
         if len(expired) == EXPIRE_BATCH:
             return True

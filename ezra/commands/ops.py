@@ -19,7 +19,7 @@ from ..errors import CommandError
 from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
 from ..options import Flag, Options, Value, parse_options
 from ..resp import OK, SimpleString
-from ..storage import StorageError, decode_fields, name_bytes
+from ..storage import StorageError, decode_failure, decode_fields, name_bytes
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
 from .table import Deferred, command
 
@@ -235,12 +235,16 @@ def queue_reply(name: bytes, queue: dict) -> dict:
 def task_reply(row, state: str) -> dict:
     if state == UNFINISHED:
         *row, state = row  # those rows carry their own state
-    ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished, unique_key = row
+    ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished, unique_key, failure = row
+    failure = decode_failure(failure) or {}
     return {"id": lifecycle.format_id((ms, seq)), "state": state, "attempts": attempts,
             "worker": None if worker is None else name_bytes(worker), "created-at": created,
             "available-at": available, "delivered-at": delivered, "deadline": deadline,
             "finished-at": finished, "fields": decode_fields(fields),
-            "unique-key": None if unique_key is None else name_bytes(unique_key)}
+            "unique-key": None if unique_key is None else name_bytes(unique_key),
+            # its last failure (EZRA's XNACK REASON...): all None if it never failed
+            "failure-cause": failure.get("cause"), "failure-reason": failure.get("reason"),
+            "failure-worker": failure.get("worker"), "failed-at": failure.get("at")}
 
 
 def stream_full_count(rest: list[bytes]) -> int | None:

@@ -76,20 +76,44 @@ def take_unique(args: list[bytes], i: int, key):
     return key, i + 2
 
 
+FAILURE_ERROR = ('FAILURE must be a JSON object {"cause": text, "reason": text or null, "worker": text or null, '
+                 '"at": ms or null}, as ezra export writes it')
+
+
+def push_failure(arg: bytes) -> dict:
+    """FAILURE: the task's last failure where it came from (ezra import), bounded as a REASON is."""
+    import json  # here: only imports send it
+
+    try:
+        record = json.loads(arg)
+    except ValueError:
+        raise errors.err(FAILURE_ERROR) from None
+    if not isinstance(record, dict) or not isinstance(record.get("cause"), str):
+        raise errors.err(FAILURE_ERROR)
+    texts = [record.get(key) for key in ("cause", "reason", "worker")]
+    at = record.get("at")
+    if any(value is not None and not isinstance(value, str) for value in texts) or \
+            not (at is None or (type(at) is int and 0 <= at < 2 ** 63)):
+        raise errors.err(FAILURE_ERROR)
+    cause, reason, worker = (None if value is None else lifecycle.bound_reason(value.encode("utf-8", "replace"))
+                             for value in texts)
+    return lifecycle.failure_record(cause, reason, worker, at)
+
+
 TRIMMING = take_trimming("xadd")
 IDMP = Custom(take_idmp, need=3)
 # Redis 8.2's reference policies for trimming: EZRA trims only acked (done) tasks, which is
 # what ACKED asks, and a done task has no pending reference to keep or drop.
 REFERENCES = Flag()
-# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS and UNIQUE.
-# IDMP, IDMPAUTO, DELAY, TTL, ATTEMPTS and UNIQUE need one argument more than their values (the id):
+# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS, UNIQUE and FAILURE.
+# IDMP, IDMPAUTO, DELAY, TTL, ATTEMPTS, UNIQUE and FAILURE need one argument more than their values (the id):
 # without it the word is read as the id (`XADD q NOMKSTREAM DELAY 5`: an invalid id).
 PUSH_OPTIONS = Options(
     NOMKSTREAM=Flag(), MAXLEN=TRIMMING, MINID=TRIMMING, LIMIT=TRIMMING,
     KEEPREF=REFERENCES, DELREF=REFERENCES, ACKED=REFERENCES,
     IDMP=IDMP, IDMPAUTO=Custom(take_idmpauto, need=2, shares=IDMP),
     DELAY=Value(push_ms, 0, need=2), TTL=Value(push_ms, need=2), ATTEMPTS=Value(push_attempts, 0, need=2),
-    UNIQUE=Custom(take_unique, need=2), unknown=STOP)
+    UNIQUE=Custom(take_unique, need=2), FAILURE=Value(push_failure, need=2), unknown=STOP)
 
 
 # ---------------------------------------------------------------- queue commands
@@ -97,12 +121,13 @@ PUSH_OPTIONS = Options(
 @command("XADD", -5)
 def xadd(session, args):
     """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
-    [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] <* | id> field value ...
+    [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] <* | id> field value ...
     (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, dead = split_queue(args[1])
     if dead:
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
-    (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique), i = parse_options(args, 2, PUSH_OPTIONS)
+    (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure), i = parse_options(
+        args, 2, PUSH_OPTIONS)
     if i < len(args):
         lifecycle.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
     if trimming is not None:
@@ -126,7 +151,7 @@ def xadd(session, args):
     if idmp is not None:
         idmp = idempotency(idmp, args[i], fields)
     return Deferred(broker_of(session).push(queue, args[i], fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                            attempts, dead, trim, unique))
+                                            attempts, dead, trim, unique, failure))
 
 
 def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
@@ -288,15 +313,19 @@ def nack_retry_count(arg: bytes) -> int:
     return min(retry_count, MAX_RETRY_COUNT)
 
 
-NACK_OPTIONS = Options(RETRYCOUNT=Value(nack_retry_count), FORCE=Flag())
+# REASON (EZRA's, after Redis 8.8's words): why it failed, kept on the task (bound_reason cuts it).
+NACK_OPTIONS = Options(RETRYCOUNT=Value(nack_retry_count), FORCE=Flag(), REASON=Value(bytes))
 
 
 @command("XNACK", -4)
 def xnack(session, args):
-    """XNACK queue group <SILENT|FAIL|FATAL> IDS numids id... [RETRYCOUNT n] [FORCE] | XNACK queue group id..."""
+    """XNACK queue group <SILENT|FAIL|FATAL> IDS numids id... [RETRYCOUNT n] [FORCE] [REASON text]
+    | XNACK queue group id..."""
     queue = live_queue(args[1])
     mode = args[3].upper().decode("latin-1")
     if mode not in lifecycle.NACK_MODES:
+        if any(arg.upper() == b"REASON" for arg in args[3:]):
+            raise errors.err("REASON needs XNACK's long form: XNACK queue group FAIL IDS numids id... REASON text")
         return Deferred(broker_of(session).fail(queue, ids_of(args[3:])))
     if len(args) < 7 or args[4].upper() != b"IDS":
         raise errors.SYNTAX
@@ -304,8 +333,8 @@ def xnack(session, args):
     if numids <= 0 or 6 + numids > len(args):
         raise errors.err("numids must be a positive integer matching the ids given")
     ids = ids_of(args[6:6 + numids])
-    (retry_count, force), _ = parse_options(args, 6 + numids, NACK_OPTIONS)
-    return Deferred(broker_of(session).fail(queue, ids, mode, retry_count, force))
+    (retry_count, force, reason), _ = parse_options(args, 6 + numids, NACK_OPTIONS)
+    return Deferred(broker_of(session).fail(queue, ids, mode, retry_count, force, reason))
 
 
 @command("XDEL", -3)
@@ -315,7 +344,7 @@ def xdel(session, args):
     queue, dead = split_queue(args[1])
     if dead:
         return Deferred(broker_of(session).delete_dead(queue, ids))
-    return Deferred(broker_of(session).fail(queue, ids))
+    return Deferred(broker_of(session).fail(queue, ids, cause=lifecycle.XDEL_REPORT))
 
 
 @command("XLEN", 2)

@@ -24,7 +24,7 @@ from . import reads
 from .integrity import Integrity
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
-from .schema import SETTING_COLUMNS, encode_fields, name_value
+from .schema import SETTING_COLUMNS, encode_failure, encode_fields, name_value
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
 # Litestream) made each RESTART wait this out and fail, with every write paused meanwhile.
@@ -35,7 +35,7 @@ DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--di
 TASK_COLUMNS = "id_ms, id_seq, fields"
 # What the dashboard and XINFO TASKS show of a task.
 INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, available_at, deadline, "
-                   "delivered_at, finished_at, unique_key")
+                   "delivered_at, finished_at, unique_key, failure")
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.IN_FLIGHT: "id_ms, id_seq",
                  lifecycle.DEAD: "id_ms, id_seq", lifecycle.DELAYED: "available_at, id_ms, id_seq",
                  lifecycle.DONE: "finished_at DESC, id_ms DESC, id_seq DESC"}
@@ -257,8 +257,16 @@ class Database:
 
     def insert_task(self, queue: bytes, task_id: tuple, fields: list[bytes], now: int,
                     available_at: int, state: str = lifecycle.AVAILABLE, ttl_ms: int | None = None,
-                    attempts: int = 0) -> None:
-        """A pushed task; `attempts` and a dead `state` come from imports (XADD ATTEMPTS, XADD q::dead)."""
+                    attempts: int = 0, failure: dict | None = None) -> None:
+        """A pushed task; `attempts`, `failure` and a dead `state` come from imports (XADD ATTEMPTS,
+        FAILURE, XADD q::dead)."""
+        if failure is not None:
+            self.conn.execute(
+                "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
+                "finished_at, ttl_ms, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (name_value(queue), task_id[0], task_id[1], state, encode_fields(fields), attempts, now,
+                 available_at, now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure)))
+            return
         if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None:
             # Nearly every push: the other columns' defaults are the schema's, so 6 values are
             # bound instead of 10 (0.8 µs less per push, measured: 5.4 -> 4.6 µs a statement).
@@ -327,8 +335,8 @@ class Database:
         return row[0] if row else None
 
     def in_flight_attempts(self, queue: bytes, ids: list[tuple], states=(lifecycle.IN_FLIGHT,)) -> list[tuple]:
-        """(rowid, attempts, state) of the given tasks that are in one of `states`."""
-        return self._tasks_by_id("rowid, attempts, state", queue, ids, states)
+        """(rowid, attempts, state, worker) of the given tasks that are in one of `states`."""
+        return self._tasks_by_id("rowid, attempts, state, worker", queue, ids, states)
 
     def _tasks_by_id(self, columns: str, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
         """`columns` of the given tasks (each once, in the order given) that are in one of `states`."""
@@ -344,27 +352,35 @@ class Database:
         return rows
 
     def held_by(self, queue: bytes, worker: bytes) -> list[tuple]:
-        """(rowid, attempts, state) of a worker's in-flight tasks in a queue (release on disconnect)."""
+        """(rowid, attempts, state, worker) of a worker's in-flight tasks in a queue (release on disconnect)."""
         return self.conn.execute(
-            "SELECT rowid, attempts, state FROM tasks WHERE queue = ? AND worker = ? AND state = 'in_flight'",
+            "SELECT rowid, attempts, state, worker FROM tasks WHERE queue = ? AND worker = ? AND state = 'in_flight'",
             (name_value(queue), name_value(worker))).fetchall()
 
     def expired(self, now: int, limit: int) -> list[tuple]:
-        """(rowid, attempts, state, queue) of in-flight tasks whose lease ran out."""
+        """(rowid, attempts, state, worker, queue) of in-flight tasks whose lease ran out."""
         return self.conn.execute(
-            "SELECT rowid, attempts, state, queue FROM tasks WHERE state = 'in_flight' "
+            "SELECT rowid, attempts, state, worker, queue FROM tasks WHERE state = 'in_flight' "
             "AND deadline <= ? ORDER BY deadline LIMIT ?", (now, limit)).fetchall()
 
     def next_deadline(self) -> int | None:
         return self.conn.execute(
             "SELECT min(deadline) FROM tasks WHERE state = 'in_flight'").fetchone()[0]
 
-    def set_outcome(self, rowid: int, state: str, attempts: int, now: int, available_at: int) -> None:
-        """Apply the result of a failure (lifecycle.after_failure) to one task."""
+    def set_outcome(self, rowid: int, state: str, attempts: int, now: int, available_at: int,
+                    failure: dict | None = None) -> None:
+        """Apply the result of a failure (lifecycle.after_failure) to one task, and record why
+        (lifecycle.failure_record; None: keep the record it has, as a SILENT nack without REASON)."""
+        if failure is None:
+            self.conn.execute(
+                "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, "
+                "available_at = ?, finished_at = CASE WHEN ? = 'dead' THEN ? END WHERE rowid = ?",
+                (state, attempts, available_at, state, now, rowid))
+            return
         self.conn.execute(
             "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, "
-            "available_at = ?, finished_at = CASE WHEN ? = 'dead' THEN ? END WHERE rowid = ?",
-            (state, attempts, available_at, state, now, rowid))
+            "available_at = ?, finished_at = CASE WHEN ? = 'dead' THEN ? END, failure = ? WHERE rowid = ?",
+            (state, attempts, available_at, state, now, encode_failure(failure), rowid))
 
     def promote_due(self, now: int, limit: int) -> list:
         """Delayed tasks whose time came become available; the queue of each."""

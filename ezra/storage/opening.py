@@ -191,7 +191,8 @@ def _migrate(conn, version: int, path: str) -> None:
         if version < 4:  # a new table only
             conn.execute(SCHEMA_STATEMENTS["schedules"])
             conn.execute(SCHEMA_STATEMENTS["schedules_next"])
-        # 5 is failure reasons (another branch); 6 runs after it, as a column and an index only.
+        if version < 5:
+            _add_task_failure_column(conn)
         if version < 6:
             _migrate_to_v6(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -207,6 +208,13 @@ def _add_queue_columns(conn, columns: dict) -> None:
     for column, kind in columns.items():
         if column not in have:
             conn.execute(f"ALTER TABLE queues ADD COLUMN {column} {kind}")
+
+
+def _add_task_failure_column(conn) -> None:
+    """Version 5: tasks.failure, NULL in every existing row (no row is rewritten). A file
+    rebuilt by _migrate_to_v2 has it already (the table comes from schema.sql)."""
+    if "failure" not in {row[1] for row in conn.execute("PRAGMA table_info(tasks)")}:
+        conn.execute("ALTER TABLE tasks ADD COLUMN failure TEXT")
 
 
 def _migrate_to_v6(conn) -> None:

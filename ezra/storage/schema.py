@@ -19,7 +19,8 @@ from .. import lifecycle
 
 APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
 SCHEMA_VERSION = 6  # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused
-# 4: schedules (XSCHEDULE); 6: unique tasks (XADD UNIQUE: tasks.unique_key, index tasks_unique)
+# 4: schedules (XSCHEDULE); 5: tasks.failure (why a task last failed, XNACK REASON);
+# 6: unique tasks (XADD UNIQUE: tasks.unique_key, index tasks_unique)
 
 # The schema lives in schema.sql beside this module (package data, bundled by setup.cfg
 # and ezra.spec); read once.
@@ -94,6 +95,24 @@ def decode_fields(text: str) -> list[bytes]:
     if end != len(text) or type(values) is not list:
         values = json.loads(text)  # a clear error for text that is not JSON
     return [f.encode("utf-8", "surrogateescape") for f in values]
+
+
+def encode_failure(failure: dict | None) -> str | None:
+    """A task's last failure (lifecycle.failure_record) as the JSON text of tasks.failure."""
+    return None if failure is None else json.dumps(failure, ensure_ascii=False)
+
+
+def decode_failure(text: str | None) -> dict | None:
+    """tasks.failure back as a dict; text that is not a JSON object (edited by hand) as its reason."""
+    if text is None:
+        return None
+    try:
+        failure = json.loads(text)
+    except ValueError:
+        failure = None
+    if not isinstance(failure, dict):
+        return {"cause": None, "reason": str(text), "worker": None, "at": None}
+    return failure
 
 
 def entry(row) -> list:

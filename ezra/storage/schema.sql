@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     finished_at   INTEGER,           -- when it became done or dead
     ttl_ms        INTEGER,           -- XADD TTL: kept this long once done or dead (NULL: retention)
     unique_key    TEXT,              -- XADD UNIQUE key (BLOB if not UTF-8); NULL: pushed without one
+    failure       TEXT,              -- its last failure, JSON {"cause", "reason", "worker", "at"};
+                                     -- NULL: never failed (only failures write it, v5)
     PRIMARY KEY (queue, id_ms, id_seq)
 );
 

@@ -209,6 +209,14 @@ def task_age(task: dict, now_ms: int) -> str:
     return f"waiting {duration(now_ms - task[b'available-at'])}"
 
 
+def last_failure(task: dict) -> str:
+    """Why the task last failed (XNACK REASON, or the cause EZRA recorded), on one line; "" if never."""
+    cause, reason = task.get(b"failure-cause"), task.get(b"failure-reason")
+    if cause is None:
+        return ""
+    return shown(cause if reason is None else cause + b": " + reason, FIELDS_WIDTH)
+
+
 def ls_main(argv: list[str]) -> int:
     parser = connection_parser("ezra ls", "The tasks of one queue of a running EZRA server (XINFO TASKS).")
     parser.add_argument("queue", help="the queue's name")
@@ -236,11 +244,12 @@ def ls_main(argv: list[str]) -> int:
                 text = "  ".join(f"{shown(fields[i])}={shown(fields[i + 1])}" for i in range(0, len(fields) - 1, 2))
                 rows.append([task[b"id"].decode(), state, task[b"attempts"],
                              shown(task[b"worker"]) if task[b"worker"] is not None else "",
-                             task_age(task, now_ms), text[:FIELDS_WIDTH - 1] + "…" if len(text) > FIELDS_WIDTH else text])
+                             task_age(task, now_ms), text[:FIELDS_WIDTH - 1] + "…" if len(text) > FIELDS_WIDTH else text,
+                             last_failure(task)])
     if not rows:
         print(f"no {' / '.join(states)} tasks in {printable(options.queue)}")
         return 0
-    print(table(["id", "state", "attempts", "worker", "when", "fields"], rows, right={2}))
+    print(table(["id", "state", "attempts", "worker", "when", "fields", "last failure"], rows, right={2}))
     if more:
         print(f"\n(first {options.count} {', '.join(more)}; --count shows more)")
     return 0

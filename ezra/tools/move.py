@@ -10,11 +10,13 @@ What maps to what (README "Moving to Redis (and back)", docs/usage.md):
     dead                           ->   entries of stream q::dead
     attempts > 0                   ->   hash q::ezra-attempts: id -> attempts (entries stay the user's)
     unique key (XADD UNIQUE)       ->   hash q::ezra-unique: id -> key (unfinished tasks: dead ones hold none)
+    a last failure (XNACK REASON)  ->   hash q::ezra-failures: id -> its JSON {cause, reason, worker, at}
     group name (XGROUP CREATE)     ->   XGROUP CREATE q <group> 0 MKSTREAM
 
     Redis stream q, group g             EZRA queue q
     after g's last-delivered id    ->   available (attempts from q::ezra-attempts, else 0;
-                                        pushed with UNIQUE and its key from q::ezra-unique, if any)
+                                        pushed with UNIQUE and its key from q::ezra-unique, if any;
+                                        the last failure from q::ezra-failures, sent as XADD FAILURE)
     pending (XPENDING)             ->   available, attempts + its delivery count
     delivered and acked            ->   nothing: done in Redis
     stream q::dead                 ->   dead (XADD q::dead)
@@ -30,6 +32,7 @@ library needed.
 from __future__ import annotations
 
 import heapq
+import json
 import os
 import sys
 from collections import Counter
@@ -47,6 +50,9 @@ from .stream_copy import (PAGE, ZERO, Ids, MoveError, Task, Writer, format_id, n
 DEAD_SUFFIX = b"::dead"
 ATTEMPTS_SUFFIX = b"::ezra-attempts"
 UNIQUE_SUFFIX = b"::ezra-unique"
+FAILURES_SUFFIX = b"::ezra-failures"
+FAILURE_FIELDS = ((b"failure-cause", "cause"), (b"failure-reason", "reason"), (b"failure-worker", "worker"),
+                  (b"failed-at", "at"))
 UNFINISHED = ("available", "delayed", "in_flight")
 RELOCATED = 1 << 62  # added to the sequence of a dead entry whose id the queue's stream has too
 
@@ -91,11 +97,22 @@ class PortSource:
             page = self.client.call("XINFO", "TASKS", queue, "dead" if dead else "unfinished",
                                     "COUNT", PAGE, "AFTER", after)
             tasks = [pairs(flat) for flat in page]
-            yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"], t.get(b"unique-key"))
+            yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"],
+                        t.get(b"unique-key"), failure_json(t))
                    for t in tasks]
             if len(page) < PAGE:
                 return
             after = tasks[-1][b"id"]
+
+
+def failure_json(task: dict) -> bytes | None:
+    """An XINFO TASKS task's failure-* fields as the JSON text tasks.failure holds (None: never failed)."""
+    if task.get(b"failure-cause") is None:  # a server older than REASON has no such fields
+        return None
+    record = {key: task[field] for field, key in FAILURE_FIELDS}
+    record = {key: value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+              for key, value in record.items()}
+    return json.dumps(record, ensure_ascii=False).encode()
 
 
 class FileSource:
@@ -122,7 +139,8 @@ class FileSource:
         while True:
             rows = self.snapshot.tasks_by_id(queue, states, PAGE, after)
             yield [Task((row[0], row[1]), row[-1], row[3], decode_fields(row[2]),
-                        None if row[10] is None else name_bytes(row[10])) for row in rows]
+                        None if row[10] is None else name_bytes(row[10]),
+                        None if row[11] is None else row[11].encode()) for row in rows]
             if len(rows) < PAGE:
                 return
             after = rows[-1][:2]
@@ -138,6 +156,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     last = {False: stream_facts(redis, queue)[1], True: stream_facts(redis, dead_key)[1]}
     stream_facts(redis, attempts_key, kinds=(b"hash",))
     stream_facts(redis, queue + UNIQUE_SUFFIX, kinds=(b"hash",))
+    stream_facts(redis, queue + FAILURES_SUFFIX, kinds=(b"hash",))
     group = os.fsencode(options.group) if options.group else facts["group"]
     counts, expected = copy_to_redis(source, Writer(None if options.dry_run else redis), queue, last,
                                      Progress(f"export {shown(queue)}", sum(facts["counts"].values())))
@@ -162,6 +181,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
 def copy_to_redis(source, writer: Writer, queue: bytes, last: dict, progress: Progress) -> tuple:
     """Both passes (unfinished tasks to q, dead ones to q::dead); (counts, {dead?: Ids})."""
     attempts_key, unique_key = queue + ATTEMPTS_SUFFIX, queue + UNIQUE_SUFFIX
+    failures_key = queue + FAILURES_SUFFIX
     counts, expected = Counter(), {False: Ids(), True: Ids()}
     # Dead last: on a running EZRA, a task that dies during the copy is not missed (it may then
     # be in both streams); one that is acked meanwhile is done, and may be copied all the same.
@@ -178,6 +198,8 @@ def copy_to_redis(source, writer: Writer, queue: bytes, last: dict, progress: Pr
                     writer.add([b"HSET", attempts_key, format_id(task.id), b"%d" % task.attempts])
                 if task.unique_key is not None and not dead:
                     writer.add([b"HSET", unique_key, format_id(task.id), task.unique_key])
+                if task.failure is not None:
+                    writer.add([b"HSET", failures_key, format_id(task.id), task.failure])
                 writer.add([b"XADD", key, format_id(task.id), *task.fields], expected=format_id(task.id))
             writer.flush()
             progress.advance(len(page))
@@ -261,24 +283,27 @@ def side_hash(redis: Client, key: bytes, value=int) -> dict:
             return found
 
 
-def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict, keys: dict):
+def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict, keys: dict,
+                failures: dict | None = None):
     """Every entry of q and q::dead in id order, as Tasks: available, pending, done or dead;
-    live ones with their unique key (`keys`, from q::ezra-unique)."""
+    live ones with their unique key (`keys`, from q::ezra-unique); each with its last failure
+    (`failures`, from q::ezra-failures)."""
     delivered = parse_id(group[b"last-delivered-id"]) if group else ZERO
+    failures = failures or {}
 
     def live():
         for stream_id, fields in stream_entries(redis, queue):
-            earlier = attempts.get(stream_id, 0)
+            earlier, failure = attempts.get(stream_id, 0), failures.get(stream_id)
             if stream_id > delivered:
-                yield Task(stream_id, "available", earlier, fields, keys.get(stream_id))
+                yield Task(stream_id, "available", earlier, fields, keys.get(stream_id), failure)
             elif stream_id in pending:
-                yield Task(stream_id, "pending", earlier + pending[stream_id], fields, keys.get(stream_id))
+                yield Task(stream_id, "pending", earlier + pending[stream_id], fields, keys.get(stream_id), failure)
             else:
-                yield Task(stream_id, "done", earlier, fields)
+                yield Task(stream_id, "done", earlier, fields, failure=failure)
 
     def dead():
         for stream_id, fields in stream_entries(redis, queue + DEAD_SUFFIX):
-            yield Task(stream_id, "dead", attempts.get(stream_id, 0), fields)
+            yield Task(stream_id, "dead", attempts.get(stream_id, 0), fields, failure=failures.get(stream_id))
 
     return one_id_space(heapq.merge(live(), dead(), key=lambda task: task.id))
 
@@ -326,7 +351,9 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
     pending = pending_counts(redis, queue, name) if group else {}
     attempts = side_hash(redis, queue + ATTEMPTS_SUFFIX) if has_attempts else {}
     keys = side_hash(redis, queue + UNIQUE_SUFFIX, bytes) if has_keys else {}
-    tasks = redis_tasks(redis, queue, group, pending, attempts, keys)
+    has_failures = stream_facts(redis, queue + FAILURES_SUFFIX, kinds=(b"hash",))[0] == b"hash"
+    failures = side_hash(redis, queue + FAILURES_SUFFIX, bytes) if has_failures else {}
+    tasks = redis_tasks(redis, queue, group, pending, attempts, keys, failures)
     progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
     counts, expected = copy_to_ezra(tasks, Writer(None if options.dry_run else ezra), queue,
                                     ezra_last_id(ezra, queue), progress)
@@ -380,6 +407,8 @@ def copy_to_ezra(tasks, writer: Writer, queue: bytes, last: tuple, progress: Pro
             else:
                 keys.add(task.unique_key)
                 unique = [b"UNIQUE", task.unique_key]
+        if task.failure is not None:
+            attempts += [b"FAILURE", task.failure]
         writer.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, *unique, format_id(task.id),
                     *task.fields], expected=format_id(task.id))
     writer.flush()

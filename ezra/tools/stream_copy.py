@@ -32,6 +32,7 @@ class Task(NamedTuple):
     attempts: int
     fields: list
     unique_key: bytes | None = None  # XADD UNIQUE's key (unfinished tasks only: a dead task holds none)
+    failure: bytes | None = None  # its last failure, JSON as tasks.failure holds it (None: never failed)
 
 
 def parse_id(text: bytes) -> tuple:

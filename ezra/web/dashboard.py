@@ -20,7 +20,7 @@ from .. import __version__, humanize, lifecycle
 from ..storage.schedules import NEVER
 from ..cron import local_time
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
-from ..storage import decode_fields
+from ..storage import decode_failure, decode_fields
 from . import NAME_SHOWN, shown_name
 
 SAMPLE_SECONDS = 5.0
@@ -28,6 +28,7 @@ SAMPLES = 121                  # ten minutes of 5-second samples
 ROWS_SHOWN = 50                # tasks listed per state on a queue page
 QUEUES_PER_PAGE = 100          # queues listed per page of the queue list
 FIELDS_SHOWN = 300             # characters of a task's fields shown in a table cell
+FAILURE = 11                   # tasks.failure in an INSPECT_COLUMNS row (storage/database.py)
 LISTED_STATES = (IN_FLIGHT, DEAD, AVAILABLE, DELAYED)
 STATIC_FILES = ("dashboard.css", "dashboard.js", "favicon.svg")
 STATE_TITLES = {AVAILABLE: "available", DELAYED: "delayed", IN_FLIGHT: "in flight", DONE: "done", DEAD: "dead"}
@@ -125,6 +126,21 @@ def fields_text(fields_json: str, limit: int = FIELDS_SHOWN) -> str:
     if len(shown) > limit:
         shown = shown[:limit] + "…"
     return text(shown)
+
+
+def failure_text(failure_json: str | None, now: int, limit: int = FIELDS_SHOWN) -> str:
+    """A task's last failure (tasks.failure): its cause, reason (cut at `limit`), worker and age, escaped."""
+    failure = decode_failure(failure_json)
+    if failure is None:
+        return '<span class="muted">–</span>'
+    reason = failure.get("reason")
+    if reason is not None and len(reason) > limit:
+        reason = reason[:limit] + "…"
+    at, worker = failure.get("at"), failure.get("worker")
+    held = "" if worker is None else f" by {text(worker)}"
+    when = f' <span class="muted">({text(duration(now - at))} ago{held})</span>' if isinstance(at, int) else ""
+    shown_reason = "" if reason is None else f': <span class="reason">{text(reason)}</span>'
+    return f'<span class="cause">{text(failure.get("cause"))}</span>{shown_reason}{when}'
 
 
 def count_class(base: str, state_name: str, count: int) -> str:
@@ -322,11 +338,12 @@ def dead_table(name: bytes, rows: list, total: int, now: int, csrf: str) -> str:
         f'<tr data-id="{text(lifecycle.format_id(row[:2]))}"><td class="id">{text(lifecycle.format_id(row[:2]))}</td>'
         f'<td class="fields">{fields_text(row[2], 1000)}</td><td class="num">{row[3]}</td>'
         f'<td>{text(timestamp(row[9]))} <span class="muted">({text(duration(now - row[9]))} ago)</span></td>'
+        f'<td class="failure">{failure_text(row[FAILURE], now, 2000)}</td>'
         f'<td class="actions">{form("/queue/requeue", name, csrf, {"id": lifecycle.format_id(row[:2])}, "Requeue", "requeue")}'
         f'{form("/queue/delete", name, csrf, {"id": lifecycle.format_id(row[:2])}, "Delete", "delete", confirm="Delete this task for good?")}'
         f'</td></tr>' for row in rows)
     return (head + requeue_all + '<table class="tasks dead"><thead><tr><th>id</th><th>fields</th>'
-            '<th class="num">attempts</th><th>last failure</th><th></th></tr></thead>'
+            '<th class="num">attempts</th><th>died</th><th>last failure</th><th></th></tr></thead>'
             f'<tbody>{cells}</tbody></table>')
 
 
@@ -336,9 +353,11 @@ def waiting_table(title: str, rows: list, total: int, now: int, when: str, age) 
         return head + '<p class="muted">None.</p>'
     cells = "".join(
         f'<tr><td class="id">{text(lifecycle.format_id(row[:2]))}</td><td class="num">{text(duration(age(row)))}</td>'
-        f'<td class="num">{row[3]}</td><td class="fields">{fields_text(row[2])}</td></tr>' for row in rows)
+        f'<td class="num">{row[3]}</td><td class="fields">{fields_text(row[2])}</td>'
+        f'<td class="failure">{failure_text(row[FAILURE], now)}</td></tr>' for row in rows)
     return (head + f'<table class="tasks"><thead><tr><th>id</th><th class="num">{when}</th>'
-            f'<th class="num">attempts</th><th>fields</th></tr></thead><tbody>{cells}</tbody></table>')
+            f'<th class="num">attempts</th><th>fields</th><th>last failure</th></tr></thead>'
+            f'<tbody>{cells}</tbody></table>')
 
 
 def form(action: str, name: bytes, csrf: str, fields: dict, label: str, css_class: str, confirm: str = "") -> str:
