@@ -185,3 +185,41 @@ def test_pause_and_resume_with_the_buttons(ezra_factory, page):
     expect(page.locator(".badge.paused")).to_have_count(0)
     assert client.xreadgroup("g", "w", {"webhooks": ">"})[0][1][0][0].decode() == task_id
     assert page.problems == []
+
+
+def test_extensions_schedules_reasons_and_unique_keys_show_as_text_and_run_nothing(ezra_factory, page):
+    """Issue 26's three extensions on the dashboard: a schedule on the front page, a dead task's
+    XNACK REASON and a task's XADD UNIQUE key on the queue page, all carrying HTML."""
+    server = ezra_factory("--http-port", "0")
+    client = server.client()
+    schedule = f"nightly {XSS}"
+    client.execute_command("XSCHEDULE", "SET", schedule, "reports", "30 2 * * *", "TZ", "Europe/Paris",
+                           "FIELDS", "job", "nightly")
+    dead_id = client.xadd("reports", {"n": "1"}).decode()
+    client.xreadgroup("g", "w", {"reports": ">"}, count=1)
+    client.execute_command("XNACK", "reports", "g", "FATAL", "IDS", 1, dead_id, "REASON", f"SMTPError: {XSS}")
+    key = f"report-7 {XSS}"
+    keyed_id = client.execute_command("XADD", "reports", "UNIQUE", key, "*", "n", "2").decode()
+    expect = sync_api.expect
+
+    page.goto(server.http_url + "/")
+    row = page.locator("table.schedules tbody tr")
+    expect(row).to_have_count(1)
+    cells = row.locator("td")
+    expect(cells.nth(0)).to_have_text(schedule)  # the name as text, tags and all
+    expect(cells.nth(1)).to_have_text("reports")
+    expect(cells.nth(2)).to_have_text("30 2 * * * Europe/Paris")
+    expect(cells.nth(3)).to_contain_text("02:30:00+01:00")  # the next run, in the schedule's zone (winter)
+    assert page.evaluate("window.__xss") is None
+
+    page.goto(f"{server.http_url}/queue?name=reports")
+    expect(page.locator(f'table.dead tr[data-id="{dead_id}"] td.failure .reason')).to_have_text(f"SMTPError: {XSS}")
+    keyed_row = page.locator("table.tasks tbody tr", has=page.locator(f'td.id:text-is("{keyed_id}")'))
+    expect(keyed_row.locator("td.unique-key")).to_have_text(key)
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-extensions.png"), full_page=True)
+    # the page's own refresh (dashboard.js swaps in a fresh <main> every 3 s) shows the same, runs nothing
+    page.evaluate("window.__shown = document.querySelector('main')")
+    page.wait_for_function("() => !document.contains(window.__shown)", timeout=20_000)
+    expect(keyed_row.locator("td.unique-key")).to_have_text(key)
+    assert page.evaluate("window.__xss") is None  # nothing injected ran, before or after the refresh
+    assert page.problems == []

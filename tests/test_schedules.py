@@ -442,3 +442,51 @@ print(sorted(m for m in ("cronsim", "zoneinfo") if m in sys.modules))
                             cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"  # idle memory: loaded with the first schedule only
+
+
+# ---------------------------------------------------------------- settled points still open (finish of issue 26)
+
+def test_a_server_with_a_schedule_loads_the_cron_library(tmp_path):
+    """The other side of the idle-memory test above: with a schedule, cronsim is what computes its times
+    (so that test's module names are the ones EZRA really loads)."""
+    script = f"""
+import sys
+import gevent
+from ezra.app import App
+from ezra.config import parse_settings
+app = App(parse_settings(["--port", "0", "--data-dir", {str(tmp_path / "data")!r},
+                          "--schedule", "nightly reports @daily FIELDS job n"]))
+app.start()
+gevent.sleep(0.05)
+app.stop()
+print(sorted(m for m in ("cronsim", "zoneinfo") if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                            cwd=str(ROOT), env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert result.returncode == 0, result.stderr
+    assert "cronsim" in result.stdout.strip().splitlines()[-1]
+
+
+def test_schedules_are_bounded_in_number_and_name_so_metrics_stay_bounded(ezra_factory):
+    """/metrics has one series per schedule and family: at most MAX_SCHEDULES of them, each label at most
+    256 bytes (as queue names are bounded there), the limit itself fine, one more a clear error."""
+    from ezra.broker.schedules import MAX_SCHEDULES
+    server = ezra_factory("--http-port", "0")
+    client = server.client()
+    longest = "s" * 256
+    pipe = client.pipeline(transaction=False)
+    for n in range(MAX_SCHEDULES - 1):
+        pipe.execute_command("XSCHEDULE", "SET", f"s{n}", "reports", "@yearly", "FIELDS", "n", str(n))
+    pipe.execute_command("XSCHEDULE", "SET", longest, "reports", "@yearly", "FIELDS", "n", "last")
+    assert all(reply in (b"OK", True) for reply in pipe.execute())
+    with pytest.raises(redis.ResponseError, match=f"too many schedules \\(at most {MAX_SCHEDULES}\\)"):
+        xschedule(client, "SET", "one-more", "reports", "@yearly", "FIELDS", "n", "x")
+    xschedule(client, "SET", "s0", "reports", "@monthly", "FIELDS", "n", "0")  # replacing one is fine at the bound
+    assert len(listed(client)) == MAX_SCHEDULES and "one-more" not in listed(client)
+    samples = scrape(server)
+    firings = [labels for name, labels in samples if name == "ezra_schedule_firings_total"]
+    assert len(firings) == MAX_SCHEDULES
+    assert max(len(dict(labels)["schedule"].encode()) for labels in firings) == 256
+    assert value(samples, "ezra_schedule_firings_total", schedule=longest) == 0
+    assert xschedule(client, "DEL", "s1") == 1  # a DEL makes room again
+    xschedule(client, "SET", "one-more", "reports", "@yearly", "FIELDS", "n", "x")

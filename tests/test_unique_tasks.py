@@ -311,3 +311,64 @@ def test_a_lease_that_runs_out_keeps_the_key_until_the_task_dies(ezra_factory, p
     second = push(client, "jobs", "UNIQUE", "k")
     assert second != first and client.xlen("jobs") == 1
     client.close()
+
+
+# ---------------------------------------------------------------- where tasks are listed (finish of issue 26)
+
+HOSTILE_KEY = '<script>window.__xss=1</script>\x1b[31m'
+
+
+def test_ezra_ls_shows_each_task_s_key(ezra_factory):
+    server = ezra_factory()
+    client = server.client()
+    keyed = push(client, "jobs", "UNIQUE", "<b>\x1b[31m")
+    long_key = push(client, "jobs", "UNIQUE", "k" * 256)
+    plain = push(client, "jobs")
+    client.close()
+
+    def ls(queue):
+        result = subprocess.run([sys.executable, "-m", "ezra", "ls", queue, "--port", str(server.port)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
+
+    header, *rows = ls("jobs")
+    assert header.split()[5:9] == ["unique", "key", "fields", "last"]
+    by_id = {row.split()[0]: row for row in rows}
+    # control characters escaped (nothing reaches the terminal), a long key cut like fields
+    assert "<b>\\x1b[31m" in by_id[keyed.decode()] and "\x1b" not in by_id[keyed.decode()]
+    assert "k" * 29 + "…" in by_id[long_key.decode()] and "k" * 30 not in by_id[long_key.decode()]
+    assert plain.decode() in by_id
+    client = server.client()
+    push(client, "plain")
+    client.close()
+    assert "unique" not in ls("plain")[0]  # no column when no task has a key
+
+
+def test_the_dashboard_lists_each_task_s_key_escaped(ezra_factory):
+    from support import http
+    server = ezra_factory("--http-port", "0")
+    client = server.client()
+    dead = push(client, "jobs", "UNIQUE", "dead <b>key</b>")
+    assert claim(client, "jobs") == [dead]
+    client.execute_command("XNACK", "jobs", "g", "FATAL", "IDS", 1, dead)
+    held = push(client, "jobs", "UNIQUE", "held")
+    assert claim(client, "jobs") == [held]
+    push(client, "jobs", "UNIQUE", HOSTILE_KEY)
+    push(client, "jobs", "UNIQUE", "k" * 256)
+    push(client, "jobs", "DELAY", 3_600_000, "UNIQUE", "later")
+    push(client, "plain")
+    client.close()
+    status, _, page = http(f"{server.http_url}/queue?name=jobs")
+    assert status == 200
+    assert b"<script>window" not in page and b"<b>key" not in page
+    in_flight = page.split(b'<table class="tasks in-flight">', 1)[1].split(b"</table>", 1)[0]
+    assert b'<td class="unique-key">held</td>' in in_flight
+    dead_table = page.split(b'<table class="tasks dead">', 1)[1].split(b"</table>", 1)[0]
+    assert b'<td class="unique-key">dead &lt;b&gt;key&lt;/b&gt;</td>' in dead_table
+    waiting = page.split(b"Next available", 1)[1].split(b"Delayed", 1)[0]
+    assert b'<td class="unique-key">&lt;script&gt;window.__xss=1&lt;/script&gt;\x1b[31m</td>' in waiting
+    assert b'<td class="unique-key">' + b"k" * 80 + "…".encode() + b"</td>" in waiting  # cut like fields
+    assert b'<td class="unique-key">later</td>' in page.split(b"Delayed", 1)[1]
+    status, _, page = http(f"{server.http_url}/queue?name=plain")
+    assert b"unique key" not in page  # no column when no listed task has a key

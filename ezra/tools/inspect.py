@@ -22,6 +22,7 @@ from ..humanize import duration
 STATES = ("available", "delayed", "in_flight", "done", "dead")
 LISTED_BY_DEFAULT = ("in_flight", "available", "delayed", "dead")  # done tasks only when asked for
 FIELDS_WIDTH = 60
+KEY_WIDTH = 30  # characters of an XADD UNIQUE key shown by `ezra ls`
 CLEAR_SCREEN = "\033[H\033[2J"
 
 
@@ -242,14 +243,20 @@ def ls_main(argv: list[str]) -> int:
             for task in tasks:
                 fields = task[b"fields"]
                 text = "  ".join(f"{shown(fields[i])}={shown(fields[i + 1])}" for i in range(0, len(fields) - 1, 2))
+                key = task.get(b"unique-key")  # XADD UNIQUE's; a server before it sends none
                 rows.append([task[b"id"].decode(), state, task[b"attempts"],
                              shown(task[b"worker"]) if task[b"worker"] is not None else "",
-                             task_age(task, now_ms), text[:FIELDS_WIDTH - 1] + "…" if len(text) > FIELDS_WIDTH else text,
+                             task_age(task, now_ms), "" if key is None else shown(key, KEY_WIDTH),
+                             text[:FIELDS_WIDTH - 1] + "…" if len(text) > FIELDS_WIDTH else text,
                              last_failure(task)])
     if not rows:
         print(f"no {' / '.join(states)} tasks in {printable(options.queue)}")
         return 0
-    print(table(["id", "state", "attempts", "worker", "when", "fields", "last failure"], rows, right={2}))
+    headers = ["id", "state", "attempts", "worker", "when", "unique key", "fields", "last failure"]
+    if not any(row[5] for row in rows):  # the key column only when a listed task has one
+        headers.pop(5)
+        rows = [row[:5] + row[6:] for row in rows]
+    print(table(headers, rows, right={2}))
     if more:
         print(f"\n(first {options.count} {', '.join(more)}; --count shows more)")
     return 0

@@ -28,7 +28,9 @@ SAMPLES = 121                  # ten minutes of 5-second samples
 ROWS_SHOWN = 50                # tasks listed per state on a queue page
 QUEUES_PER_PAGE = 100          # queues listed per page of the queue list
 FIELDS_SHOWN = 300             # characters of a task's fields shown in a table cell
+UNIQUE_KEY = 10                # tasks.unique_key in an INSPECT_COLUMNS row (storage/database.py)
 FAILURE = 11                   # tasks.failure in an INSPECT_COLUMNS row (storage/database.py)
+KEY_SHOWN = 80                 # characters of a task's XADD UNIQUE key shown in a table cell
 LISTED_STATES = (IN_FLIGHT, DEAD, AVAILABLE, DELAYED)
 STATIC_FILES = ("dashboard.css", "dashboard.js", "favicon.svg")
 STATE_TITLES = {AVAILABLE: "available", DELAYED: "delayed", IN_FLIGHT: "in flight", DONE: "done", DEAD: "dead"}
@@ -126,6 +128,23 @@ def fields_text(fields_json: str, limit: int = FIELDS_SHOWN) -> str:
     if len(shown) > limit:
         shown = shown[:limit] + "…"
     return text(shown)
+
+
+def key_text(key, limit: int = KEY_SHOWN) -> str:
+    """A task's XADD UNIQUE key (tasks.unique_key: TEXT, or BLOB when not UTF-8), cut at `limit`, escaped."""
+    if key is None:
+        return '<span class="muted">–</span>'
+    shown = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+    if len(shown) > limit:
+        shown = shown[:limit] + "…"
+    return text(shown)
+
+
+def key_cells(rows: list) -> tuple:
+    """(the key column's header, a row's cell) for a table: a column only when a listed task has a key."""
+    if all(row[UNIQUE_KEY] is None for row in rows):
+        return "", lambda row: ""
+    return '<th>unique key</th>', lambda row: f'<td class="unique-key">{key_text(row[UNIQUE_KEY])}</td>'
 
 
 def failure_text(failure_json: str | None, now: int, limit: int = FIELDS_SHOWN) -> str:
@@ -318,12 +337,13 @@ def in_flight_table(rows: list, total: int, now: int) -> str:
     head = f'<h2>In flight{shown_of(rows, total)}</h2>'
     if not rows:
         return head + '<p class="muted">No task is in flight.</p>'
+    key_head, key_cell = key_cells(rows)
     cells = "".join(
         f'<tr><td class="id">{text(lifecycle.format_id(row[:2]))}</td><td>{text(row[4])}</td>'
         f'<td class="num">{text(duration(now - row[8]))}</td><td class="num">{text(duration(row[7] - now))}</td>'
-        f'<td class="num">{row[3]}</td><td class="fields">{fields_text(row[2])}</td></tr>' for row in rows)
+        f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row[2])}</td></tr>' for row in rows)
     return (head + '<table class="tasks in-flight"><thead><tr><th>id</th><th>worker</th><th class="num">held for'
-            '</th><th class="num">lease left</th><th class="num">attempts</th><th>fields</th></tr></thead>'
+            f'</th><th class="num">lease left</th><th class="num">attempts</th>{key_head}<th>fields</th></tr></thead>'
             f'<tbody>{cells}</tbody></table>')
 
 
@@ -334,15 +354,16 @@ def dead_table(name: bytes, rows: list, total: int, now: int, csrf: str) -> str:
         return head + '<p class="muted">No dead task.</p>'
     requeue_all = form("/queue/requeue", name, csrf, {"all": "1"}, f"Requeue all {total}", "requeue-all",
                        confirm=f"Requeue all {total} dead tasks?")
+    key_head, key_cell = key_cells(rows)
     cells = "".join(
         f'<tr data-id="{text(lifecycle.format_id(row[:2]))}"><td class="id">{text(lifecycle.format_id(row[:2]))}</td>'
-        f'<td class="fields">{fields_text(row[2], 1000)}</td><td class="num">{row[3]}</td>'
+        f'{key_cell(row)}<td class="fields">{fields_text(row[2], 1000)}</td><td class="num">{row[3]}</td>'
         f'<td>{text(timestamp(row[9]))} <span class="muted">({text(duration(now - row[9]))} ago)</span></td>'
         f'<td class="failure">{failure_text(row[FAILURE], now, 2000)}</td>'
         f'<td class="actions">{form("/queue/requeue", name, csrf, {"id": lifecycle.format_id(row[:2])}, "Requeue", "requeue")}'
         f'{form("/queue/delete", name, csrf, {"id": lifecycle.format_id(row[:2])}, "Delete", "delete", confirm="Delete this task for good?")}'
         f'</td></tr>' for row in rows)
-    return (head + requeue_all + '<table class="tasks dead"><thead><tr><th>id</th><th>fields</th>'
+    return (head + requeue_all + f'<table class="tasks dead"><thead><tr><th>id</th>{key_head}<th>fields</th>'
             '<th class="num">attempts</th><th>died</th><th>last failure</th><th></th></tr></thead>'
             f'<tbody>{cells}</tbody></table>')
 
@@ -351,12 +372,13 @@ def waiting_table(title: str, rows: list, total: int, now: int, when: str, age) 
     head = f'<h2>{title}{shown_of(rows, total)}</h2>'
     if not rows:
         return head + '<p class="muted">None.</p>'
+    key_head, key_cell = key_cells(rows)
     cells = "".join(
         f'<tr><td class="id">{text(lifecycle.format_id(row[:2]))}</td><td class="num">{text(duration(age(row)))}</td>'
-        f'<td class="num">{row[3]}</td><td class="fields">{fields_text(row[2])}</td>'
+        f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row[2])}</td>'
         f'<td class="failure">{failure_text(row[FAILURE], now)}</td></tr>' for row in rows)
     return (head + f'<table class="tasks"><thead><tr><th>id</th><th class="num">{when}</th>'
-            f'<th class="num">attempts</th><th>fields</th><th>last failure</th></tr></thead>'
+            f'<th class="num">attempts</th>{key_head}<th>fields</th><th>last failure</th></tr></thead>'
             f'<tbody>{cells}</tbody></table>')
 
 
