@@ -255,6 +255,7 @@ class EzraServer:
         finally:
             connection.greenlet = None
             if parked:
+                connection.shed()
                 connection.parked = get_hub().loop.io(connection.sock.fileno(), 1)  # 1: readable
                 connection.parked.start(self._resume, connection)
                 self.state.parked_clients += 1
@@ -264,6 +265,7 @@ class EzraServer:
     def _resume(self, connection: Connection) -> None:
         """On the hub: a parked client sent something (or hung up): serve it in a new greenlet."""
         self._unpark(connection)
+        connection.restore()
         self.pool.spawn(self._serve, connection)
 
     def _unpark(self, connection: Connection) -> None:
