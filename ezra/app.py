@@ -216,7 +216,11 @@ def tune_collector() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the server until SIGTERM/SIGINT (subcommands are dispatched in tools/entry.py)."""
-    settings = parse_settings(argv)
+    serve(parse_settings(argv))
+
+
+def serve(settings: Settings) -> None:
+    """Run the server with parsed settings until SIGTERM/SIGINT."""
     setup_logging(settings.log_level)
     logger.info("config: port={} bind={} data_dir={} visibility_timeout={}s max_attempts={} "
                 "retention={} backoff={} release_on_disconnect={} durability={} max_task_size={} password={} "
