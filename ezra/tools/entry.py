@@ -9,7 +9,6 @@ are dispatched before the server's option parser sees the arguments, so
 
 from __future__ import annotations
 
-import difflib
 import sys
 
 COMMANDS = ("ping", "backup", "stats", "ls", "requeue", "export", "import")
@@ -44,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def unknown_command(word: str) -> str:
     """The server takes only --options: a bare word is a mistyped command (`ezra stat`)."""
+    import difflib  # here: the server never needs it
     near = difflib.get_close_matches(word, COMMANDS, n=1)
     hint = f"did you mean 'ezra {near[0]}'? " if near else ""
     return (f"ezra: unknown command {word!r}: {hint}the commands are {', '.join(COMMANDS)}, "
