@@ -22,7 +22,7 @@ def test_the_server_modules_load_neither_asyncio_nor_openssl():
         defer_loguru_asyncio()
         import sys
         import ezra.app, ezra.server
-        print(sorted(m for m in ("asyncio", "ssl", "_ssl", "_hashlib") if m in sys.modules))
+        print(sorted(m for m in ("asyncio", "ssl", "_ssl", "_hashlib", "_decimal") if m in sys.modules))
     """)
     assert out.strip() == "[]", "something imports them again: the idle RSS grows by up to 6 MB"
 
@@ -112,3 +112,21 @@ def test_a_server_started_from_the_command_line_refuses_bad_options_as_before():
                             cwd=str(ROOT), timeout=60)
     assert result.returncode == 2
     assert "--port: must be 0..65535" in result.stderr
+
+
+def test_file_sinks_still_work_with_decimal_deferred(tmp_path):
+    """loguru's file sinks are what use decimal (their rotation): the stand-in loads it for them."""
+    log = tmp_path / "ezra.log"
+    out = run_python(f"""
+        import sys
+        from ezra.lean_imports import defer_loguru_asyncio
+        defer_loguru_asyncio()
+        import decimal
+        from loguru import logger
+        logger.remove()
+        logger.add({str(log)!r}, rotation=decimal.Decimal(1000), format="{{message}}")
+        logger.info("to a file")
+        print(type(sys.modules["decimal"]).__name__, "_decimal" in sys.modules)
+    """)
+    assert out.split() == ["module", "True"]
+    assert log.read_text() == "to a file\n"
