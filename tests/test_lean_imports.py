@@ -22,7 +22,8 @@ def test_the_server_modules_load_neither_asyncio_nor_openssl():
         defer_loguru_asyncio()
         import sys
         import ezra.app, ezra.server
-        print(sorted(m for m in ("asyncio", "ssl", "_ssl", "_hashlib", "_decimal") if m in sys.modules))
+        print(sorted(m for m in ("asyncio", "ssl", "_ssl", "_hashlib", "_decimal", "platform")
+                      if m in sys.modules))
     """)
     assert out.strip() == "[]", "something imports them again: the idle RSS grows by up to 6 MB"
 
@@ -130,3 +131,13 @@ def test_file_sinks_still_work_with_decimal_deferred(tmp_path):
     """)
     assert out.split() == ["module", "True"]
     assert log.read_text() == "to a file\n"
+
+
+def test_info_names_the_system_as_platform_does(ezra_factory):
+    """INFO's os and python_version come from os.uname() and sys.version_info, not the platform module."""
+    import platform
+    server = ezra_factory()
+    with server.client() as client:
+        info = client.info("server")
+    assert info["os"] == f"{platform.system()} {platform.release()} {platform.machine()}"
+    assert str(info["python_version"]) == platform.python_version()
