@@ -122,18 +122,21 @@ class Connection:
         return RequestReader(max_bulk_len=self.state.settings.max_task_size + BULK_SLACK,
                              discard_limit=DISCARD_LIMIT)
 
-    def shed(self) -> None:
+    def shed(self) -> int:
         """Parked: keep the socket and the session's state, drop what serving rebuilds.
 
         A parked connection awaited a command, so its reader holds only bytes it has
         parsed already: the last request, which may have been a task of up to
         --max-task-size (a producer that pushed a 1 MB task and went quiet kept the
-        megabyte). The rest are a few hundred bytes per idle connection.
+        megabyte). The rest are a few hundred bytes per idle connection. Returns the
+        bytes the reader's buffer held.
         """
+        held = self.reader.held()
         self.reader = None
         self.replies = None
         self._recv_now = None
         self.session.wait = self.session.flush = None  # bound methods: rebound on resume
+        return held
 
     def restore(self) -> None:
         """Resumed: rebuild what `shed` dropped, before `serve` runs again."""
