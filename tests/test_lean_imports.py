@@ -87,7 +87,7 @@ def test_no_stand_in_when_loguru_is_already_loaded():
 
 def test_the_option_parser_is_let_go_once_the_options_are_parsed():
     """ezra/tools/entry.py parses, then forgets the parser's modules before gevent is imported:
-    0.9 MB less at idle (bench footprint 28.6 -> 27.8 MB). They are freed, not just unlisted."""
+    idle RSS 28.6 -> 27.8 MB (BENCHMARKS.md, Footprint). They are freed, not just unlisted."""
     out = run_python("""
         import gc, sys, weakref
         from ezra.lean_imports import PARSER_MODULES, defer_loguru_asyncio, forget_option_parser
