@@ -21,11 +21,12 @@ from . import __version__
 from .broker import Broker
 from .broker.schedules import Scheduler
 from .config import Settings, parse_settings
-from .server import EzraServer
+from .server import EzraServer, trim_freed_memory
 from .session import ServerState
 from .storage import DB_FILENAME, DataDirLock, Integrity, QuickCheck, StorageError, open_database
 
 SHUTDOWN_GRACE = 5.0  # seconds busy connections get to finish at shutdown
+TRIM_FILE_BYTES = 16 * 1024 * 1024  # a database this large filled SQLite's page cache at start (16 MB)
 GC_THRESHOLD = 20_000  # allocations between two passes of the youngest generation (Python: 700)
 
 
@@ -90,6 +91,7 @@ class App:
                         ", ".join(f"{column}={value}" for column, value in changes.items()))
         self.scheduler = Scheduler(self.broker)
         self.scheduler.apply_config(list(settings.schedules))  # the config's schedule lines, at each start
+        self.release_start_up_memory()
         self.server = EzraServer(ServerState(self.broker, settings, self.scheduler))
         with naming_the_option("--port", settings.bind, settings.port):
             self.server.start()
@@ -112,6 +114,17 @@ class App:
         self.check = QuickCheck(self.db.path)
         gevent.spawn(self._check_database, self.check)
         return self.server.port
+
+    def release_start_up_memory(self) -> None:
+        """Recovery and the counts read every index once: free those pages before serving.
+
+        Measured with 200,000 tasks queued (a 70 MB file): RSS after restart 33.5 MB,
+        32.0 with SQLite's cache shrunk, 27.9 with the heap trimmed too. The trim loads
+        ctypes (0.5 MB), more than a small file's cache gives back: only above TRIM_FILE_BYTES.
+        """
+        self.db.shrink_memory()
+        if os.path.getsize(self.db.path) > TRIM_FILE_BYTES:
+            trim_freed_memory()
 
     def _check_database(self, check: QuickCheck) -> None:
         """PRAGMA quick_check on a native thread; a corrupt file stops the writes (storage/integrity.py)."""
@@ -223,7 +236,11 @@ def tune_collector() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the server until SIGTERM/SIGINT (subcommands are dispatched in tools/entry.py)."""
-    settings = parse_settings(argv)
+    serve(parse_settings(argv))
+
+
+def serve(settings: Settings) -> None:
+    """Run the server with parsed settings until SIGTERM/SIGINT."""
     setup_logging(settings.log_level)
     logger.info("config: port={} bind={} data_dir={} visibility_timeout={}s max_attempts={} "
                 "retention={} backoff={} release_on_disconnect={} durability={} max_task_size={} password={} "

@@ -6,7 +6,6 @@ config file > default. `parse_settings` returns a frozen `Settings`.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import sys
@@ -301,6 +300,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
 def unknown_arguments(parser, unknown: list[str], config_path: str | None, argv: list[str] | None) -> str:
     """The error for options nobody defines: a config-file line named by file and line number
     (configargparse passes the file's keys on as flags), the nearest real option as a hint."""
+    import difflib  # here: a server that started has no use for it (lean_imports.py)
     given = {arg.split("=", 1)[0] for arg in (sys.argv[1:] if argv is None else argv)}
     flags = [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
     for arg in unknown:

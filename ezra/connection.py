@@ -98,12 +98,7 @@ class Connection:
         self.session = Session(state, f"{host}:{port}", self.wait, self.flush)
         # Until the client authenticates, its frames are capped far lower (see `lift_limits`).
         self.limited = not self.session.authenticated
-        if self.limited:
-            self.reader = RequestReader(max_bulk_len=UNAUTHENTICATED_MAX_BULK, max_args=UNAUTHENTICATED_MAX_ARGS,
-                                        unauthenticated=True)
-        else:
-            self.reader = RequestReader(max_bulk_len=state.settings.max_task_size + BULK_SLACK,
-                                        discard_limit=DISCARD_LIMIT)
+        self.reader = self._new_reader()
         self.replies: list[tuple[int, object]] = []
         self.reads = 0  # replies in self.replies that may be large (see READS_PER_FLUSH)
         self.busy = False  # between reading a request and sending its replies
@@ -119,6 +114,37 @@ class Connection:
         # socket must encrypt: it always takes the gevent path.
         self._send_now = None if tls else sock._sock.send
         self._recv_now = None if tls else sock._sock.recv
+
+    def _new_reader(self) -> RequestReader:
+        if self.limited:
+            return RequestReader(max_bulk_len=UNAUTHENTICATED_MAX_BULK, max_args=UNAUTHENTICATED_MAX_ARGS,
+                                 unauthenticated=True)
+        return RequestReader(max_bulk_len=self.state.settings.max_task_size + BULK_SLACK,
+                             discard_limit=DISCARD_LIMIT)
+
+    def shed(self) -> int:
+        """Parked: keep the socket and the session's state, drop what serving rebuilds.
+
+        A parked connection awaited a command, so its reader holds only bytes it has
+        parsed already: the last request, which may have been a task of up to
+        --max-task-size (a producer that pushed a 1 MB task and went quiet kept the
+        megabyte). The rest are a few hundred bytes per idle connection. Returns the
+        bytes the reader's buffer held.
+        """
+        held = self.reader.held()
+        self.reader = None
+        self.replies = None
+        self._recv_now = None
+        self.session.wait = self.session.flush = None  # bound methods: rebound on resume
+        return held
+
+    def restore(self) -> None:
+        """Resumed: rebuild what `shed` dropped, before `serve` runs again."""
+        self.reader = self._new_reader()  # with the caps it had: lift_limits set self.limited
+        self.replies = []
+        if self._send_now is not None:  # not TLS (see __init__)
+            self._recv_now = self.sock._sock.recv
+        self.session.wait, self.session.flush = self.wait, self.flush
 
     def serve(self) -> bool:
         """Serve commands until the client leaves (False) or the connection is parked (True)."""

@@ -140,6 +140,10 @@ class RequestReader:
         """Bytes received but not yet parsed (for the slow-client caps)."""
         return len(self._buf) - self._pos
 
+    def held(self) -> int:
+        """Bytes the buffer holds, parsed or not (what dropping the reader frees)."""
+        return len(self._buf)
+
     def mid_frame(self) -> bool:
         """Part of a command has arrived and the rest has not (the frame timeout applies)."""
         return self._args is not None or self._pos < len(self._buf)

@@ -39,6 +39,7 @@ FD_RESERVE = 32  # descriptors beyond the clients': database, WAL, listener, log
 HTTP_CONNECTIONS = 1024  # --http-port: connections served at once (web/server.py); their descriptors are reserved too
 PARK_AFTER = 1.0  # seconds between sweeps: a connection idle through a whole sweep interval is parked
 TRIM_AFTER_PARKING = 100  # parked at once: hand the freed stacks back to the system (see trim_freed_memory)
+TRIM_AFTER_BYTES = 1024 * 1024  # or parked connections' readers freed this much since the last trim
 
 
 def trim_freed_memory() -> None:
@@ -152,6 +153,7 @@ class EzraServer:
         self.stream_server = ConnectionServer((settings.bind, settings.port), self._handle,
                                               spawn=self.pool, backlog=1024)
         self._sweeper = None
+        self._freed_since_trim = 0  # bytes of readers that parked connections dropped (Connection.shed)
 
     def start(self) -> None:
         self.stream_server.start()
@@ -255,6 +257,7 @@ class EzraServer:
         finally:
             connection.greenlet = None
             if parked:
+                self._freed_since_trim += connection.shed()
                 connection.parked = get_hub().loop.io(connection.sock.fileno(), 1)  # 1: readable
                 connection.parked.start(self._resume, connection)
                 self.state.parked_clients += 1
@@ -264,6 +267,7 @@ class EzraServer:
     def _resume(self, connection: Connection) -> None:
         """On the hub: a parked client sent something (or hung up): serve it in a new greenlet."""
         self._unpark(connection)
+        connection.restore()
         self.pool.spawn(self._serve, connection)
 
     def _unpark(self, connection: Connection) -> None:
@@ -305,5 +309,12 @@ class EzraServer:
                 # Each on its own hub callback: the hub serves I/O between them if parking
                 # thousands takes longer than a switch interval.
                 loop.run_callback(connection.park_if_quiet)
-            if len(to_park) >= TRIM_AFTER_PARKING:
-                loop.run_callback(trim_freed_memory)
+            if to_park:
+                loop.run_callback(self._trim_after_parking, len(to_park))  # after their park_if_quiet
+
+    def _trim_after_parking(self, parked: int) -> None:
+        """Many stacks ended, or large request buffers were dropped (a producer's last task):
+        without a trim glibc keeps that memory (see trim_freed_memory)."""
+        if parked >= TRIM_AFTER_PARKING or self._freed_since_trim >= TRIM_AFTER_BYTES:
+            self._freed_since_trim = 0
+            trim_freed_memory()

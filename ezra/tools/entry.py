@@ -9,7 +9,6 @@ are dispatched before the server's option parser sees the arguments, so
 
 from __future__ import annotations
 
-import difflib
 import sys
 
 COMMANDS = ("ping", "backup", "stats", "ls", "requeue", "export", "import")
@@ -33,14 +32,18 @@ def main(argv: list[str] | None = None) -> None:
     if args[:1] and not args[0].startswith("-"):
         print(unknown_command(args[0]), file=sys.stderr)
         sys.exit(2)  # as argparse exits on a usage error
-    from ..lean_imports import defer_loguru_asyncio
+    from ..lean_imports import defer_loguru_asyncio, forget_option_parser
     defer_loguru_asyncio()  # before app imports loguru: 6 MB less at idle
-    from ..app import main as serve
-    serve(args)
+    from ..config import parse_settings
+    settings = parse_settings(args)  # before app's imports, which then reuse the parser's memory
+    forget_option_parser()
+    from ..app import serve
+    serve(settings)
 
 
 def unknown_command(word: str) -> str:
     """The server takes only --options: a bare word is a mistyped command (`ezra stat`)."""
+    import difflib  # here: the server never needs it
     near = difflib.get_close_matches(word, COMMANDS, n=1)
     hint = f"did you mean 'ezra {near[0]}'? " if near else ""
     return (f"ezra: unknown command {word!r}: {hint}the commands are {', '.join(COMMANDS)}, "
