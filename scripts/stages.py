@@ -53,7 +53,7 @@ import greenlet  # noqa: E402
 import hiredis  # noqa: E402
 
 import floor_server  # noqa: E402
-from ezra import commands, connection, lifecycle, resp, session as session_mod, storage  # noqa: E402
+from ezra import commands, connection, gate as gate_mod, lifecycle, resp, session as session_mod, storage  # noqa: E402
 from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
 from ezra.broker import claims as claims_mod, core as core_mod  # noqa: E402
@@ -346,7 +346,7 @@ def run_server(server: str, a, instrumented: bool) -> dict:
             settings = Settings(data_dir=data, durability="full")
             broker = Broker(storage.open_database(data), settings)
             state = session_mod.ServerState(broker, settings)
-            throttle = connection.AuthThrottle()
+            throttle = gate_mod.Gate(settings)
             target = broker
         else:
             floor = floor_server.Floor(floor_server.Store(os.path.join(data, "floor.db")))
