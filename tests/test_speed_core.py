@@ -11,6 +11,8 @@ import sqlite3
 
 import pytest
 
+from ezra.storage import SCHEMA_VERSION, open_database
+
 ROW = "state, worker, deadline IS NOT NULL, delivered_at IS NOT NULL, attempts, finished_at IS NOT NULL"
 
 
@@ -140,3 +142,27 @@ def test_a_new_file_refuses_a_state_outside_the_lifecycle(ezra_factory):
     server.stop()
     assert OLD_CHECK not in tasks_sql(server.data_dir / "ezra.db")
     assert refuses_a_bad_state(server.data_dir / "ezra.db")
+
+
+def test_a_state_check_of_another_text_is_left_and_the_file_still_opens(tmp_path):
+    """Step 7 changes only the text it knows; another (a hand-made table) stays as it is, with
+    a warning, and the file opens at schema 7 all the same: the rule is the same either way."""
+    data = tmp_path / "data"
+    open_database(str(data)).close()
+    path = data / "ezra.db"
+    other = "CHECK (state IN ('available','delayed','in_flight','done','dead'))"
+    db = sqlite3.connect(path, isolation_level=None)
+    version = db.execute("PRAGMA schema_version").fetchone()[0]
+    db.execute("PRAGMA writable_schema = ON")
+    new_check = re.search(r"CHECK \(state = [^)]*\)", tasks_sql(path)).group(0)
+    db.execute("UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE name = 'tasks'", (new_check, other))
+    db.execute(f"PRAGMA schema_version = {version + 1}")
+    db.execute("PRAGMA writable_schema = OFF")
+    db.execute("PRAGMA user_version = 4")
+    db.close()
+    open_database(str(data)).close()
+    assert other in tasks_sql(path)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+    db.close()
+    assert refuses_a_bad_state(path)
