@@ -397,7 +397,7 @@ def test_a_schema_3_database_gains_the_schedules_table(tmp_path):
     open_database(str(data)).close()
     db = sqlite3.connect(data / "ezra.db")
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 4  # 4 then; 5 tasks.failure, 6 XADD UNIQUE
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # 4 then; 5 tasks.failure, 6 UNIQUE, 7 CHECK
         assert db.execute("SELECT count(*) FROM schedules").fetchone()[0] == 0
     finally:
         db.close()

@@ -287,7 +287,24 @@ class Database:
 
     def claim(self, queue: bytes, worker: bytes, count: int, now: int, deadline: int,
               state: str = lifecycle.IN_FLIGHT) -> list[tuple]:
-        """Take up to `count` available tasks, oldest first (one guarded statement)."""
+        """Take up to `count` available tasks, oldest first: (id_ms, id_seq, fields, attempts) each,
+        attempts counting this delivery."""
+        if count == 1:
+            # Workers' usual COUNT 1: the head read from the index, then the guarded update of
+            # that one row by rowid. The UPDATE ... IN (SELECT ...) RETURNING below builds two
+            # temporary tables per call: 10.8 against 6.4 µs a claim, measured; for 10 tasks it
+            # is the cheaper one (35 against 43-53 µs updating them one by one).
+            head = self.conn.execute(
+                "SELECT rowid, id_ms, id_seq, fields, attempts FROM tasks "
+                "WHERE queue = ? AND state = 'available' ORDER BY id_ms, id_seq LIMIT 1",
+                (name_value(queue),)).fetchone()
+            if head is None or not self.conn.execute(
+                    "UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, "
+                    "attempts = attempts + 1, finished_at = ? WHERE rowid = ? AND state = 'available'",
+                    (state, name_value(worker), deadline, now, now if state == lifecycle.DONE else None,
+                     head[0])).rowcount:
+                return []
+            return [(head[1], head[2], head[3], head[4] + 1)]
         rows = self.conn.execute(
             "UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, "
             "attempts = attempts + 1, finished_at = CASE WHEN ? = 'done' THEN ? END "
