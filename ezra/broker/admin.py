@@ -138,7 +138,7 @@ class QueueAdmin(BrokerCore):
         for column, value in changes.items():
             setattr(queue, column, value)
         if self._idmp_limits(queue) != idmp_before:
-            self.db.idmp_forget(name)  # as Redis: other IDMP limits start from an empty map
+            self.db.producers.forget(name)  # as Redis: other IDMP limits start from an empty map
         self.db.save_settings(name, changes)
         queue.next_purge = 0  # retention may have changed: the reaper looks again
         if self._paused(queue) != paused_before:
@@ -240,7 +240,7 @@ class QueueAdmin(BrokerCore):
             raise errors.NO_SUCH_KEY
         now = self.clock()
         if counted is None:  # in the transaction (EXEC)
-            counted = self.db.consumers(name), self.db.idmp_tracked(name, now)
+            counted = self.db.consumers(name), self.db.producers.tracked(name, now)
         consumers, idmp = counted
         info = {**self._stream_figures(queue), **self._group_figures(queue, now, consumers),
                 **self._ezra_figures(queue, idmp), "now": now}

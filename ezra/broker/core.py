@@ -332,7 +332,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         if queue is None:
             return None
         if idmp is not None:
-            first = self.db.idmp_lookup(name, idmp[0], idmp[1], now)
+            first = self.db.producers.lookup(name, idmp[0], idmp[1], now)
             if first is not None:
                 queue.iids_duplicates += 1
                 return lifecycle.format_id(first)
@@ -369,7 +369,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
     def _remember_push(self, queue: QueueState, idmp: tuple, task_id: tuple, now: int) -> None:
         duration, maxsize = self._idmp_limits(queue)
         expires_at = now + duration * 1000
-        self.db.idmp_record(queue.name, idmp[0], idmp[1], task_id, expires_at, maxsize)
+        self.db.producers.record(queue.name, idmp[0], idmp[1], task_id, expires_at, maxsize)
         queue.iids_added += 1
         self.idmp_expires_at(expires_at)
 

@@ -239,9 +239,9 @@ class Upkeep(BrokerCore):
         return False
 
     def _forget_idmp(self, now: int) -> bool:
-        if self.db.idmp_purge(now, PURGE_BATCH) == PURGE_BATCH:
+        if self.db.producers.purge(now, PURGE_BATCH) == PURGE_BATCH:
             return True
-        expiry = self.db.next_idmp_expiry()
+        expiry = self.db.producers.next_expiry()
         self._next_idmp_purge = INF if expiry is None else expiry
         return False
 

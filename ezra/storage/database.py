@@ -22,6 +22,7 @@ from loguru import logger
 from .. import lifecycle
 from . import reads
 from .integrity import Integrity
+from .producers import IdempotentProducers
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
 from .schema import SETTING_COLUMNS, encode_failure, encode_fields, name_value
@@ -74,6 +75,7 @@ class Database:
         self.integrity = Integrity(conn)  # read-only once found corrupt
         self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
         self.unique_keys = UniqueKeys(conn)  # XADD UNIQUE (storage/unique_keys.py)
+        self.producers = IdempotentProducers(conn)  # XADD IDMP (storage/producers.py)
 
     # -- transactions (driven by writer.py)
 
@@ -493,40 +495,6 @@ class Database:
         self.conn.execute(
             "UPDATE tasks SET state = 'in_flight', worker = ?, delivered_at = ?, deadline = ?, "
             "attempts = ? WHERE rowid = ?", (name_value(worker), delivered_at, deadline, attempts, rowid))
-
-    # -- idempotent producers
-
-    def idmp_lookup(self, queue: bytes, producer: bytes, iid: bytes, now: int) -> tuple | None:
-        """The id a push with this producer/iid created, if still remembered."""
-        return self.conn.execute(
-            "SELECT id_ms, id_seq FROM idempotency WHERE queue = ? AND producer = ? AND iid = ? "
-            "AND expires_at > ?", (name_value(queue), name_value(producer), iid, now)).fetchone()
-
-    def idmp_record(self, queue: bytes, producer: bytes, iid: bytes, task_id: tuple, expires_at: int,
-                    maxsize: int) -> None:
-        """Remember a push; a producer keeps its `maxsize` newest iids (Redis's IDMP-MAXSIZE)."""
-        q, p = name_value(queue), name_value(producer)
-        self.conn.execute(
-            "INSERT OR REPLACE INTO idempotency (queue, producer, iid, id_ms, id_seq, expires_at) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (q, p, iid, task_id[0], task_id[1], expires_at))
-        self.conn.execute(
-            "DELETE FROM idempotency WHERE rowid IN (SELECT rowid FROM idempotency "
-            "WHERE queue = ? AND producer = ? ORDER BY rowid DESC LIMIT -1 OFFSET ?)", (q, p, maxsize))
-
-    def idmp_forget(self, queue: bytes) -> None:
-        self.conn.execute("DELETE FROM idempotency WHERE queue = ?", (name_value(queue),))
-
-    def idmp_purge(self, now: int, limit: int) -> int:
-        return self.conn.execute(
-            "DELETE FROM idempotency WHERE rowid IN (SELECT rowid FROM idempotency "
-            "WHERE expires_at <= ? ORDER BY expires_at LIMIT ?)", (now, limit)).rowcount
-
-    def next_idmp_expiry(self) -> int | None:
-        return self.conn.execute("SELECT min(expires_at) FROM idempotency").fetchone()[0]
-
-    def idmp_tracked(self, queue: bytes, now: int) -> tuple[int, int]:
-        """(producers, iids) remembered for a queue (XINFO STREAM pids-tracked, iids-tracked)."""
-        return reads.idmp_tracked(self.conn, queue, now)
 
     # -- reads
 
