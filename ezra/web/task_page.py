@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from .. import lifecycle
-from ..lifecycle import DEAD
+from ..lifecycle import DEAD, MAX_REASON_BYTES
 from ..storage import decode_failure, decode_fields
 from . import shown_name
 from .dashboard import (FAILURE, STATE_TITLES, UNIQUE_KEY, duration, form, header, page, quote, queue_link,
@@ -85,6 +85,8 @@ def failure_section(failure_json: str | None, now: int) -> str:
     if failure is None:
         return head + '<p class="muted">None: this task has not failed.</p>'
     at, worker, reason = failure.get("at"), failure.get("worker"), failure.get("reason")
+    if reason is not None and len(reason) > MAX_REASON_BYTES:  # only a hand-edited row holds more
+        reason = reason[:MAX_REASON_BYTES] + f"… [cut here: {len(reason)} characters in all]"
     rows = [("cause", f'<span class="cause">{text(failure.get("cause") or "–")}</span>'),
             ("worker", '<span class="muted">–</span>' if worker is None else text(worker)),
             ("when", time_cell(at if isinstance(at, int) else None, now)),
