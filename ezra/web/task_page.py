@@ -14,8 +14,7 @@ from .. import lifecycle
 from ..lifecycle import DEAD, MAX_REASON_BYTES
 from ..storage import decode_failure, decode_fields
 from . import shown_name
-from .dashboard import (FAILURE, STATE_TITLES, UNIQUE_KEY, duration, form, header, page, quote, queue_link,
-                        text)
+from .dashboard import FAILURE, STATE_TITLES, UNIQUE_KEY, duration, form, header, page, queue_link, text
 
 STATE = 12                     # the state column after INSPECT_COLUMNS (storage.database.task_by_id)
 FIELDS_LISTED = 100            # fields shown on a task's page; XRANGE shows the rest
