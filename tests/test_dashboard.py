@@ -214,7 +214,7 @@ def test_extensions_schedules_reasons_and_unique_keys_show_as_text_and_run_nothi
 
     page.goto(f"{server.http_url}/queue?name=reports")
     expect(page.locator(f'table.dead tr[data-id="{dead_id}"] td.failure .reason')).to_have_text(f"SMTPError: {XSS}")
-    keyed_row = page.locator("table.tasks tbody tr", has=page.locator(f'td.id:text-is("{keyed_id}")'))
+    keyed_row = page.locator("table.tasks tbody tr", has=page.locator(f'td.id a:text-is("{keyed_id}")'))
     expect(keyed_row.locator("td.unique-key")).to_have_text(key)
     page.screenshot(path=str(SCREENSHOTS / "dashboard-extensions.png"), full_page=True)
     # the page's own refresh (dashboard.js swaps in a fresh <main> every 3 s) shows the same, runs nothing

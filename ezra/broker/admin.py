@@ -27,6 +27,7 @@ from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
 from ..queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, entry, name_bytes, reads
+from ..storage.database import task_by_id
 from .base import BrokerCore
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
@@ -89,6 +90,11 @@ class QueueAdmin(BrokerCore):
         """Up to `count` tasks of one state (storage.INSPECT_COLUMNS rows): XINFO TASKS, the dashboard.
         "unfinished": available, delayed and in-flight ones in id order, each row ending with its state."""
         return self.writer.submit(self._tx_tasks, queue, state, count, after, durable=False)
+
+    def task(self, queue: bytes, task_id: tuple) -> tuple | None:
+        """One task by id (storage.INSPECT_COLUMNS + state), or None: the dashboard's task page.
+        Read apart, on a native thread: a page load never waits in the writer's queue nor holds it."""
+        return self._read_apart(task_by_id, queue, task_id)
 
     def figures(self, queues=(), head_since: bool = True, busiest: int | None = None) -> Figures:
         """The broker's figures in one snapshot, taken on the event loop in one go (INFO, /metrics,

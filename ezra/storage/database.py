@@ -53,6 +53,12 @@ def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> 
         (name_value(queue), *states, after[0], after[1], count)).fetchall()
 
 
+def task_by_id(conn, queue: bytes, task_id: tuple) -> tuple | None:
+    """INSPECT_COLUMNS + state of one task (the dashboard's task page), or None: a primary-key look."""
+    return conn.execute(f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ?",
+                        (name_value(queue), *task_id)).fetchone()
+
+
 class Database:
     """The connection and every query EZRA runs, named."""
 

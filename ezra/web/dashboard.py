@@ -111,6 +111,15 @@ def queue_link(name: bytes) -> str:
     return f'<a href="{text(queue_url(name))}">{text(name)}</a>'
 
 
+def task_link(queue: bytes, row) -> str:
+    """A listed task's id linking to its page (task_page.py); plain text in a queue whose name is
+    longer than today's limit (an older EZRA's queue), whose whole name each link would carry."""
+    task_id = lifecycle.format_id(row[:2])
+    if len(queue) > NAME_SHOWN:
+        return text(task_id)
+    return f'<a href="/task?queue={text(quote(queue))}&amp;id={text(task_id)}">{text(task_id)}</a>'
+
+
 def duration(ms: float | None) -> str:
     return "–" if ms is None else humanize.duration(ms)
 
@@ -304,11 +313,11 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
              f'<div class="big-chart">{chart(history.rates(name), 640, 120, labelled=True)}'
              f'<p class="muted"><span class="pushes-key">pushes/s</span> and <span class="acks-key">acks/s</span>, '
              f'last {span_words(history.rates(name))}</p></div>',
-             in_flight_table(lists[IN_FLIGHT], counts[IN_FLIGHT], now),
+             in_flight_table(name, lists[IN_FLIGHT], counts[IN_FLIGHT], now),
              dead_table(name, lists[DEAD], counts[DEAD], now, csrf),
-             waiting_table("Next available", lists[AVAILABLE], counts[AVAILABLE], now, "waiting for",
+             waiting_table(name, "Next available", lists[AVAILABLE], counts[AVAILABLE], now, "waiting for",
                            lambda row: now - row[6]),
-             waiting_table("Delayed", lists[DELAYED], counts[DELAYED], now, "due in", lambda row: row[6] - now),
+             waiting_table(name, "Delayed", lists[DELAYED], counts[DELAYED], now, "due in", lambda row: row[6] - now),
              "</main>"]
     return page(shown_name(name).decode("utf-8", "replace"), "".join(body))
 
@@ -332,14 +341,14 @@ def shown_of(rows: list, total: int) -> str:
     return f" <span class=\"muted\">(first {len(rows)} of {total})</span>" if total > len(rows) else ""
 
 
-def in_flight_table(rows: list, total: int, now: int) -> str:
+def in_flight_table(name: bytes, rows: list, total: int, now: int) -> str:
     """Who holds each leased task, for how long, and when its lease runs out."""
     head = f'<h2>In flight{shown_of(rows, total)}</h2>'
     if not rows:
         return head + '<p class="muted">No task is in flight.</p>'
     key_head, key_cell = key_cells(rows)
     cells = "".join(
-        f'<tr><td class="id">{text(lifecycle.format_id(row[:2]))}</td><td>{text(row[4])}</td>'
+        f'<tr><td class="id">{task_link(name, row)}</td><td>{text(row[4])}</td>'
         f'<td class="num">{text(duration(now - row[8]))}</td><td class="num">{text(duration(row[7] - now))}</td>'
         f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row[2])}</td></tr>' for row in rows)
     return (head + '<table class="tasks in-flight"><thead><tr><th>id</th><th>worker</th><th class="num">held for'
@@ -356,7 +365,7 @@ def dead_table(name: bytes, rows: list, total: int, now: int, csrf: str) -> str:
                        confirm=f"Requeue all {total} dead tasks?")
     key_head, key_cell = key_cells(rows)
     cells = "".join(
-        f'<tr data-id="{text(lifecycle.format_id(row[:2]))}"><td class="id">{text(lifecycle.format_id(row[:2]))}</td>'
+        f'<tr data-id="{text(lifecycle.format_id(row[:2]))}"><td class="id">{task_link(name, row)}</td>'
         f'{key_cell(row)}<td class="fields">{fields_text(row[2], 1000)}</td><td class="num">{row[3]}</td>'
         f'<td>{text(timestamp(row[9]))} <span class="muted">({text(duration(now - row[9]))} ago)</span></td>'
         f'<td class="failure">{failure_text(row[FAILURE], now, 2000)}</td>'
@@ -368,13 +377,13 @@ def dead_table(name: bytes, rows: list, total: int, now: int, csrf: str) -> str:
             f'<tbody>{cells}</tbody></table>')
 
 
-def waiting_table(title: str, rows: list, total: int, now: int, when: str, age) -> str:
+def waiting_table(name: bytes, title: str, rows: list, total: int, now: int, when: str, age) -> str:
     head = f'<h2>{title}{shown_of(rows, total)}</h2>'
     if not rows:
         return head + '<p class="muted">None.</p>'
     key_head, key_cell = key_cells(rows)
     cells = "".join(
-        f'<tr><td class="id">{text(lifecycle.format_id(row[:2]))}</td><td class="num">{text(duration(age(row)))}</td>'
+        f'<tr><td class="id">{task_link(name, row)}</td><td class="num">{text(duration(age(row)))}</td>'
         f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row[2])}</td>'
         f'<td class="failure">{failure_text(row[FAILURE], now)}</td></tr>' for row in rows)
     return (head + f'<table class="tasks"><thead><tr><th>id</th><th class="num">{when}</th>'

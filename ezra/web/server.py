@@ -45,7 +45,7 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIHandler, WSGIServer
 from loguru import logger
 
-from . import dashboard, metrics
+from . import dashboard, metrics, task_page
 from ..errors import CommandError
 from ..gate import LOCAL_PEERS
 from ..lifecycle import parse_id
@@ -90,6 +90,7 @@ class WebApp:
             ("GET", "/metrics"): self.metrics,
             ("GET", "/"): self.index,
             ("GET", "/queue"): self.queue_page,
+            ("GET", "/task"): self.task_page,
             ("POST", "/queue/requeue"): self.requeue,
             ("POST", "/queue/delete"): self.delete,
             ("POST", "/queue/pause"): self.pause,
@@ -252,6 +253,19 @@ class WebApp:
         page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token,
                                     params.get("done", [b""])[0].decode("utf-8", "replace"))
         return "200 OK", [], page
+
+    def task_page(self, environ, params):
+        """One task's page: /task?queue=<name>&id=<ms-seq> (the name percent-encoded byte for byte)."""
+        name = required(params, "queue")
+        wanted = task_id(params)
+        figures = self.broker.figures([name])
+        if name not in figures.queues:
+            raise HttpError("404 Not Found", "no such queue")
+        row = self.broker.task(name, wanted)
+        if row is None:
+            raise HttpError("404 Not Found", f"no task {wanted[0]}-{wanted[1]} in this queue: it was never "
+                                             "pushed, or it was acked and deleted, trimmed or purged")
+        return "200 OK", [], task_page.render(self.state, name, row, figures, self.csrf_token)
 
     def requeue(self, environ, form):
         name = required(form, "name")

@@ -1,0 +1,132 @@
+"""The dashboard's page of one task (/task?queue=<name>&id=<ms-seq>): everything stored about it.
+
+Its id, state, attempts, worker, times, XADD UNIQUE key, last failure in full and its
+fields. Like every page, all user data goes through dashboard.text() (escaped); values
+that are not text are shown with \\xNN escapes, and the page is bounded: at most
+FIELDS_LISTED fields, each name and value cut with a note saying how much was left out.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .. import lifecycle
+from ..lifecycle import DEAD, MAX_REASON_BYTES
+from ..storage import decode_failure, decode_fields
+from . import shown_name
+from .dashboard import FAILURE, STATE_TITLES, UNIQUE_KEY, duration, form, header, page, queue_link, text
+
+STATE = 12                     # the state column after INSPECT_COLUMNS (storage.database.task_by_id)
+FIELDS_LISTED = 100            # fields shown on a task's page; XRANGE shows the rest
+VALUE_SHOWN = 2000             # characters of a field's value (or of its name, or the key) shown
+NAME_SHOWN_CHARS = 200         # characters of a field's name shown
+# (column in the row, its title, what it means): the task's times, each human and exact.
+TIMES = ((5, "created", "when it was pushed"), (6, "available", "when it became (or becomes) available"),
+         (8, "delivered", "its last delivery to a worker"), (7, "deadline", "when its lease runs out"),
+         (9, "finished", "when it was acked or died"))
+
+
+def shown_bytes(value: bytes, limit: int = VALUE_SHOWN) -> str:
+    """A field's name or value as escaped HTML: text when it is UTF-8 without control characters,
+    else marked binary and shown with \\xNN escapes; cut at `limit` characters with a note."""
+    try:
+        decoded = value.decode("utf-8")
+        binary = any(ord(c) < 32 and c not in "\t\n\r" or c == "\x7f" for c in decoded)
+    except UnicodeDecodeError:
+        binary = True
+    if binary:
+        decoded = value.decode("latin-1").encode("unicode_escape").decode("ascii")
+    cut = len(decoded) > limit
+    shown = text(decoded[:limit])
+    notes = []
+    if binary:
+        notes.append("binary: shown with \\x escapes")
+    if cut:
+        notes.append(f"cut: {len(value)} bytes in all, XRANGE shows the whole value")
+    if notes:
+        shown += f' <span class="muted note">({text("; ".join(notes))})</span>'
+    return shown
+
+
+def exact_time(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
+
+
+def time_cell(ms: int | None, now: int) -> str:
+    """'3 minutes ago' / 'in 20 seconds', then the exact UTC time and the stored milliseconds."""
+    if ms is None:
+        return '<span class="muted">–</span>'
+    human = f"{duration(now - ms)} ago" if ms <= now else f"in {duration(ms - now)}"
+    return (f'{text(human)} <span class="muted"><time datetime="{text(exact_time(ms))}">{text(exact_time(ms))}'
+            f'</time> · {ms} ms</span>')
+
+
+def facts_table(row: tuple, now: int) -> str:
+    state = row[STATE]
+    worker = row[4]
+    facts = [("state", f'<span class="state {text(state)}">{text(STATE_TITLES.get(state, state))}</span>'),
+             ("attempts", str(row[3])),
+             ("worker", '<span class="muted">–</span>' if worker is None else text(worker))]
+    facts += [(title, f'{time_cell(row[column], now)} <span class="muted">· {text(meaning)}</span>')
+              for column, title, meaning in TIMES]
+    key = row[UNIQUE_KEY]
+    shown_key = ('<span class="muted">–</span>' if key is None else
+                 shown_bytes(key.encode("utf-8", "surrogateescape") if isinstance(key, str) else bytes(key)))
+    facts.append(("unique key", f'<span class="unique-key">{shown_key}</span>'))
+    cells = "".join(f'<tr data-fact="{text(name)}"><th>{text(name)}</th><td>{value}</td></tr>' for name, value in facts)
+    return f'<table class="facts">{cells}</table>'
+
+
+def failure_section(failure_json: str | None, now: int) -> str:
+    """The last failure in full: its cause, reason (stored up to lifecycle.MAX_REASON_BYTES), worker, when."""
+    failure = decode_failure(failure_json)
+    head = "<h2>Last failure</h2>"
+    if failure is None:
+        return head + '<p class="muted">None: this task has not failed.</p>'
+    at, worker, reason = failure.get("at"), failure.get("worker"), failure.get("reason")
+    if reason is not None and len(reason) > MAX_REASON_BYTES:  # only a hand-edited row holds more
+        reason = reason[:MAX_REASON_BYTES] + f"… [cut here: {len(reason)} characters in all]"
+    rows = [("cause", f'<span class="cause">{text(failure.get("cause") or "–")}</span>'),
+            ("worker", '<span class="muted">–</span>' if worker is None else text(worker)),
+            ("when", time_cell(at if isinstance(at, int) else None, now)),
+            ("reason", '<span class="muted">none given</span>' if reason is None else
+                       f'<pre class="reason">{text(reason)}</pre>')]
+    cells = "".join(f'<tr><th>{name}</th><td>{value}</td></tr>' for name, value in rows)
+    return f'{head}<table class="facts failure">{cells}</table>'
+
+
+def fields_section(fields_json: str) -> str:
+    values = decode_fields(fields_json)
+    pairs = [(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
+    shown = pairs[:FIELDS_LISTED]
+    note = (f' <span class="muted">(first {len(shown)} of {len(pairs)}: XRANGE shows them all)</span>'
+            if len(pairs) > len(shown) else "")
+    head = f"<h2>Fields{note}</h2>"
+    if not pairs:
+        return head + '<p class="muted">None.</p>'
+    cells = "".join(f'<tr><td class="field-name">{shown_bytes(name, NAME_SHOWN_CHARS)}</td>'
+                    f'<td class="field-value">{shown_bytes(value)}</td></tr>' for name, value in shown)
+    return (f'{head}<table class="tasks task-fields"><thead><tr><th>field</th><th>value</th></tr></thead>'
+            f'<tbody>{cells}</tbody></table>')
+
+
+def actions(queue: bytes, task_id: str, csrf: str) -> str:
+    """A dead task's requeue and delete buttons: the queue page's forms (they return to the queue page)."""
+    return ('<div class="task-actions">'
+            + form("/queue/requeue", queue, csrf, {"id": task_id}, "Requeue", "requeue")
+            + form("/queue/delete", queue, csrf, {"id": task_id}, "Delete", "delete",
+                   confirm="Delete this task for good?")
+            + "</div>")
+
+
+def render(state, queue: bytes, row: tuple, figures, csrf: str) -> bytes:
+    """The page of one task: `row` is storage.database.task_by_id's (INSPECT_COLUMNS + state)."""
+    now = figures.now
+    task_id = lifecycle.format_id(row[:2])
+    body = [header(state, figures),
+            f'<main><p><a href="/">← queues</a> · queue {queue_link(queue)}</p>'
+            f'<h1>task <span class="id">{text(task_id)}</span></h1>',
+            actions(queue, task_id, csrf) if row[STATE] == DEAD else "",
+            facts_table(row, now), failure_section(row[FAILURE], now), fields_section(row[2]), "</main>"]
+    title = f"{task_id} in {shown_name(queue).decode('utf-8', 'replace')}"
+    return page(title, "".join(body), refresh=False)  # a still page: the reason stays put while it is read
