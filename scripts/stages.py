@@ -56,6 +56,7 @@ import floor_server  # noqa: E402
 from ezra import commands, connection, lifecycle, resp, session as session_mod, storage  # noqa: E402
 from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
+from ezra.gate import Gate  # noqa: E402
 from ezra.broker import claims as claims_mod, core as core_mod  # noqa: E402
 from ezra.commands import queue as queue_cmds  # noqa: E402
 from ezra.config import Settings  # noqa: E402
@@ -346,7 +347,7 @@ def run_server(server: str, a, instrumented: bool) -> dict:
             settings = Settings(data_dir=data, durability="full")
             broker = Broker(storage.open_database(data), settings)
             state = session_mod.ServerState(broker, settings)
-            throttle = connection.AuthThrottle()
+            throttle = Gate(settings)
             target = broker
         else:
             floor = floor_server.Floor(floor_server.Store(os.path.join(data, "floor.db")))
