@@ -442,8 +442,21 @@ def split_inline(line: bytes) -> list[bytes]:
 
 # ---------------------------------------------------------------- writing
 
+# Reply headers by length, built once: `out += (prefix, value, CRLF)` is a third of the cost of a
+# `%` format per value, and a task's reply is mostly short values (ids, field names and values).
+PREFIXED = 1024
+BULK_PREFIXES = [b"$%d\r\n" % size for size in range(PREFIXED)]
+ARRAY_PREFIXES = [b"*%d\r\n" % size for size in range(PREFIXED)]
+CRLF = b"\r\n"
+
+
 def encode(value, proto: int) -> bytes:
     """Encode one reply for a connection speaking RESP `proto` (2 or 3)."""
+    kind = type(value)
+    if kind is bytes:  # the common replies (an id, a count) without a list and a join
+        return b"$%d\r\n%s\r\n" % (len(value), value)
+    if kind is int:
+        return b":%d\r\n" % value
     out: list[bytes] = []
     _encode(value, proto == 3, out)
     return b"".join(out)
@@ -452,13 +465,21 @@ def encode(value, proto: int) -> bytes:
 def _encode(value, resp3: bool, out: list) -> None:
     kind = type(value)
     if kind is bytes:
-        out.append(b"$%d\r\n%s\r\n" % (len(value), value))
+        size = len(value)
+        out += (BULK_PREFIXES[size] if size < PREFIXED else b"$%d\r\n" % size, value, CRLF)
     elif kind is int:
         out.append(b":%d\r\n" % value)
     elif kind is list or kind is tuple:
-        out.append(b"*%d\r\n" % len(value))
+        size = len(value)
+        out.append(ARRAY_PREFIXES[size] if size < PREFIXED else b"*%d\r\n" % size)
         for item in value:
-            _encode(item, resp3, out)
+            if type(item) is bytes:  # a task's id and fields: no call per leaf
+                size = len(item)
+                out += (BULK_PREFIXES[size] if size < PREFIXED else b"$%d\r\n" % size, item, CRLF)
+            else:
+                _encode(item, resp3, out)
+    elif kind is PairsMap:  # XREADGROUP's and XREAD's reply, before the isinstance checks
+        _encode_map(value, resp3, out)
     elif kind is str:
         data = value.encode()
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))
