@@ -215,8 +215,8 @@ class RequestReader:
         buf, pos = self._buf, self._pos
         if pos >= len(buf) or buf[pos] != 0x2A:  # not '*'
             return None
-        parts = bytes(buf[pos:pos + BATCH_WINDOW]).split(b"\r\n")
-        complete = len(parts) - 1  # the last part has no CRLF after it yet
+        parts = bytes(buf[pos:pos + BATCH_WINDOW]).split(b"\r\n", BATCH_PARTS)
+        complete = len(parts) - 1  # the last part has no CRLF after it yet (or is the unsplit rest)
         counts, max_args, header_of = FRAME_COUNTS, self.max_args, self._bulk_headers.__getitem__
         frames, i = [], 0
         while i < complete:
@@ -373,6 +373,9 @@ class RequestReader:
 
 
 BATCH_WINDOW = 64 * 1024  # bytes of frames parsed at once by RequestReader._batch (a read's worth)
+# Pieces it splits the window into, at most: 80 pipelined claims' worth. A window of CRLFs alone
+# would be 32K pieces, every time a frame built to fail the batch after them arrived.
+BATCH_PARTS = 2048
 # `*N` for the counts `_batch` handles, and `$<len>` by length for the arguments it handles (larger
 # ones take `_whole_frame`): a table lookup per argument instead of formatting or parsing a number.
 FRAME_COUNTS = {b"*%d" % count: count for count in range(1, 1025)}

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezra.resp import BATCH_WINDOW, BulkTooLarge, ProtocolError, RequestReader
+from ezra.resp import BATCH_PARTS, BATCH_WINDOW, BulkTooLarge, ProtocolError, RequestReader
 
 
 def multibulk(*args: bytes) -> bytes:
@@ -65,6 +65,14 @@ def test_frames_across_the_window_end_whole_and_byte_by_byte(shift):
     assert read_all(RequestReader(max_bulk_len=1024), data, len(data)) == commands
     assert read_all(RequestReader(max_bulk_len=1024), data[:3000], 1) == read_all(
         StepByStepReader(max_bulk_len=1024), data[:3000], 1)
+
+
+@pytest.mark.parametrize("arguments", [BATCH_PARTS // 2 - 2, BATCH_PARTS // 2, BATCH_PARTS // 2 + 1])
+def test_frames_across_the_split_limit(arguments):
+    # The window is split into BATCH_PARTS pieces at most: a frame across that end waits for the next batch.
+    commands = [[b"XADD"] + [b""] * arguments, [b"PING"], [b"ECHO", b"\r\n"], [b"PING"]]
+    data = b"".join(multibulk(*command) for command in commands)
+    assert read_all(RequestReader(max_bulk_len=1024, max_args=4096), data, len(data)) == commands
 
 
 def test_a_bad_frame_mid_pipeline_answers_the_frames_before_it():
