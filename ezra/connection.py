@@ -21,6 +21,7 @@ builds one Connection per client.
 
 from __future__ import annotations
 
+import itertools
 import socket
 import struct
 import time
@@ -54,15 +55,18 @@ UNAUTHENTICATED_MAX_ARGS = 10
 UNAUTHENTICATED_MAX_BULK = 16 * 1024
 # A command named like an HTTP request line or header is a web page talking to us (cross-protocol
 # scripting, as Redis calls it): the connection is closed before anything after it runs.
-HTTP_WORDS = {b"POST", b"HOST:"}
+HTTP_WORDS = (b"POST", b"HOST:")
 ATTACK_LOG_GAP = 60.0  # seconds between two log lines about it, as Redis
 
 
+def spellings(word: bytes) -> set[bytes]:
+    """Every way to write `word` in upper and lower case (POST, post, pOsT...)."""
+    return {bytes(letters) for letters in itertools.product(*({c, ord(chr(c).lower())} for c in word))}
+
+
+# Compared with each command's name as sent: one set lookup, no upper-cased copy per command.
+HTTP_NAMES = frozenset().union(*map(spellings, HTTP_WORDS))
 _attack_logged_at = -ATTACK_LOG_GAP
-
-
-def looks_like_http(name: bytes) -> bool:
-    return len(name) <= 5 and name.upper() in HTTP_WORDS
 
 
 def log_cross_protocol_attack(addr: str) -> None:
@@ -237,9 +241,10 @@ class Connection:
 
     def _run_buffered_commands(self) -> None:
         session = self.session
+        next_command = self.reader.next_command
         while not session.closing:
             try:
-                args = self.reader.next_command()
+                args = next_command()
             except BulkTooLarge as exc:
                 if exc.fatal:
                     raise
@@ -247,19 +252,25 @@ class Connection:
                 continue
             if args is None:
                 return
-            if looks_like_http(args[0]):
+            if args[0] in HTTP_NAMES:
                 log_cross_protocol_attack(session.addr)
                 session.closing = True  # no reply, nothing after it runs
                 return
             reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
-            if type(reply) is WRONGPASS:
+            kind = type(reply)
+            if kind is WRONGPASS:
                 self._failed_auth()
             elif self.limited and session.authenticated:
                 self.lift_limits()
-            self.replies.append((session.proto, reply))
-            if may_be_large(reply):
+            replies = self.replies  # after dispatch: a command that blocks flushes first
+            replies.append((session.proto, reply))
+            # A read's reply may be megabytes (see LARGE): at most READS_PER_FLUSH are held
+            if (not getattr(reply.request, "durable", False)) if kind is Deferred else isinstance(reply, LARGE):
                 self.reads += 1
-            if len(self.replies) >= MAX_PIPELINE or self.reads >= READS_PER_FLUSH:
+                if self.reads >= READS_PER_FLUSH:
+                    self.flush()
+                    continue
+            if len(replies) >= MAX_PIPELINE:
                 self.flush()
 
     def _refuse_read_past(self, exc: BulkTooLarge) -> ErrorReply:
@@ -390,8 +401,6 @@ class Connection:
         return None if hung_up else woken
 
 
-def may_be_large(reply) -> bool:
-    """A read's reply (megabytes, perhaps), not a push's or an ack's small durable answer."""
-    if type(reply) is Deferred:
-        return not getattr(reply.request, "durable", False)  # EXEC's are all-replies: counted
-    return isinstance(reply, (list, dict))
+# A read's reply (megabytes, perhaps), not a push's or an ack's small durable answer: a list or a
+# dict, or a Deferred whose request is not durable (EXEC's are all-replies: counted).
+LARGE = (list, dict)

@@ -94,7 +94,7 @@ class RequestReader:
     """Incremental parser of client requests with caps on every length."""
 
     __slots__ = ("max_bulk_len", "discard_limit", "max_args", "max_inline_len", "unauthenticated", "_buf",
-                 "_pos", "_args", "_due", "_skip", "_skipping", "_too_large")
+                 "_pos", "_args", "_due", "_skip", "_skipping", "_too_large", "_ready", "_bulk_headers")
     MAX_ARGS = 1024 * 1024
 
     def __init__(self, max_bulk_len: int, max_args: int = MAX_ARGS, max_inline_len: int = 64 * 1024,
@@ -115,6 +115,8 @@ class RequestReader:
         self._skip = 0
         self._skipping = False
         self._too_large = 0  # the largest argument of this frame that was read past
+        self._ready: list[list[bytes]] = []  # commands parsed by `_batch`, last first
+        self._bulk_headers = bulk_headers(max_bulk_len)
 
     def feed(self, data: bytes) -> None:
         """Add bytes received from the socket (bytes of an argument being read past are dropped here)."""
@@ -135,6 +137,7 @@ class RequestReader:
         self.discard_limit = max(discard_limit, max_bulk_len)
         self.max_args = max_args
         self.unauthenticated = False
+        self._bulk_headers = bulk_headers(max_bulk_len)
 
     def buffered(self) -> int:
         """Bytes received but not yet parsed (for the slow-client caps)."""
@@ -150,8 +153,12 @@ class RequestReader:
 
     def next_command(self) -> list[bytes] | None:
         """The next complete command, or None until more bytes arrive."""
+        if self._ready:
+            return self._ready.pop()
         if self._args is None:
-            args = self._small_frame() or self._whole_frame()
+            if self._pos >= len(self._buf):
+                return None  # all read (one command per read: the second call, every time)
+            args = self._batch() or self._whole_frame()
             if args is not None:
                 return args
         while True:
@@ -195,32 +202,51 @@ class RequestReader:
         count = int(match.group(1))
         return None if count > self.max_args else (count, match.end())
 
-    def _small_frame(self) -> list[bytes] | None:
-        """Fastest path: a whole frame within the next SMALL_FRAME bytes, split in one C call.
+    def _batch(self) -> list[bytes] | None:
+        """Fastest path: every whole frame within the next BATCH_WINDOW bytes, split in one C call.
 
-        Most commands are a few short arguments (XADD, XREADGROUP, XACK). Splitting a
-        copy of the next few KB at CRLF and checking each header against its argument's
-        length costs 3-4 µs for an XADD, where reading the headers one by one costs 6-9.
-        The check is exact: a header must be `$<len>` as Redis writes it, so an argument
-        that holds a CRLF (its pieces do not add up), a bad header or anything over a cap
-        returns None, and `_whole_frame` or the step-by-step reader decides.
+        Most commands are a few short arguments (XADD, XREADGROUP, XACK), and a pipeline
+        brings dozens in one read. Splitting a copy of the window at CRLF once, then
+        checking each frame's headers against its arguments' lengths with table lookups
+        (no Python step per argument), parses a pipelined XADD in about a third of the
+        time that splitting a window per frame took. The first frame is returned, the
+        rest wait in `_ready`. The check is exact: `*N` and `$<len>` must be as Redis
+        writes them, so an argument that holds a CRLF (its pieces do not add up), a bad
+        header or anything over a cap ends the batch there, and `_whole_frame` or the
+        step-by-step reader decides on that frame (caps lifted by an AUTH before it
+        apply: the frames before it run first).
         """
-        header = self._frame_header()
-        if header is None:
+        buf, pos = self._buf, self._pos
+        if pos >= len(buf) or buf[pos] != 0x2A:  # not '*'
             return None
-        count, start = header
-        window = bytes(self._buf[start:start + SMALL_FRAME])
-        parts = window.split(b"\r\n", 2 * count)
-        if len(parts) <= 2 * count:
-            return None  # not all within the window
-        args = parts[1:2 * count:2]
-        for header, arg in zip(parts[0:2 * count:2], args):
-            if header != b"$%d" % len(arg):
-                return None
-        if self.max_bulk_len < SMALL_FRAME and max(map(len, args)) > self.max_bulk_len:
+        parts = bytes(buf[pos:pos + BATCH_WINDOW]).split(b"\r\n", BATCH_PARTS)
+        complete = len(parts) - 1  # the last part has no CRLF after it yet (or is the unsplit rest)
+        counts, max_args, header_of = FRAME_COUNTS, self.max_args, self._bulk_headers.__getitem__
+        frames, i = [], 0
+        while i < complete:
+            count = counts.get(parts[i])
+            if count is None or count > max_args:
+                break
+            end = i + 1 + 2 * count
+            if end > complete:
+                break
+            args = parts[i + 2:end:2]
+            try:
+                if parts[i + 1:end:2] != list(map(header_of, map(len, args))):
+                    break
+            except IndexError:  # an argument over the cap, or too long for the table
+                break
+            frames.append(args)
+            i = end
+        if not frames:
             return None
-        self._pos = start + len(window) - len(parts[-1])
-        return args
+        self._pos = pos + sum(map(len, parts[:i])) + 2 * i
+        if len(frames) == 1:
+            return frames[0]
+        frames.reverse()
+        first = frames.pop()
+        self._ready = frames
+        return first
 
     def _whole_frame(self) -> list[bytes] | None:
         """Fast path: a complete, well-formed multibulk frame in one go, else None.
@@ -350,7 +376,20 @@ class RequestReader:
         return split_inline(line)
 
 
-SMALL_FRAME = 4096  # bytes a frame may take to be parsed by RequestReader._small_frame
+BATCH_WINDOW = 64 * 1024  # bytes of frames parsed at once by RequestReader._batch (a read's worth)
+# Pieces it splits the window into, at most: 80 pipelined claims' worth. A window of CRLFs alone
+# would be 32K pieces, every time a frame built to fail the batch after them arrived.
+BATCH_PARTS = 2048
+# `*N` for the counts `_batch` handles, and `$<len>` by length for the arguments it handles (larger
+# ones take `_whole_frame`): a table lookup per argument instead of formatting or parsing a number.
+FRAME_COUNTS = {b"*%d" % count: count for count in range(1, 1025)}
+BULK_HEADERS = [b"$%d" % size for size in range(4096)]
+
+
+def bulk_headers(max_bulk_len: int) -> list[bytes]:
+    """The headers `_batch` accepts under the cap: the shared table unless the cap is below its end."""
+    return BULK_HEADERS if max_bulk_len >= len(BULK_HEADERS) - 1 else BULK_HEADERS[:max_bulk_len + 1]
+
 
 # Lengths as Redis writes them (no sign, no leading zero), at most as many digits as a cap can need.
 MULTIBULK_HEADER = re.compile(rb"\*([1-9][0-9]{0,9})\r\n").match
@@ -410,8 +449,21 @@ def split_inline(line: bytes) -> list[bytes]:
 
 # ---------------------------------------------------------------- writing
 
+# Reply headers by length, built once: `out += (prefix, value, CRLF)` is a third of the cost of a
+# `%` format per value, and a task's reply is mostly short values (ids, field names and values).
+PREFIXED = 1024
+BULK_PREFIXES = [b"$%d\r\n" % size for size in range(PREFIXED)]
+ARRAY_PREFIXES = [b"*%d\r\n" % size for size in range(PREFIXED)]
+CRLF = b"\r\n"
+
+
 def encode(value, proto: int) -> bytes:
     """Encode one reply for a connection speaking RESP `proto` (2 or 3)."""
+    kind = type(value)
+    if kind is bytes:  # the common replies (an id, a count) without a list and a join
+        return b"$%d\r\n%s\r\n" % (len(value), value)
+    if kind is int:
+        return b":%d\r\n" % value
     out: list[bytes] = []
     _encode(value, proto == 3, out)
     return b"".join(out)
@@ -420,13 +472,21 @@ def encode(value, proto: int) -> bytes:
 def _encode(value, resp3: bool, out: list) -> None:
     kind = type(value)
     if kind is bytes:
-        out.append(b"$%d\r\n%s\r\n" % (len(value), value))
+        size = len(value)
+        out += (BULK_PREFIXES[size] if size < PREFIXED else b"$%d\r\n" % size, value, CRLF)
     elif kind is int:
         out.append(b":%d\r\n" % value)
     elif kind is list or kind is tuple:
-        out.append(b"*%d\r\n" % len(value))
+        size = len(value)
+        out.append(ARRAY_PREFIXES[size] if size < PREFIXED else b"*%d\r\n" % size)
         for item in value:
-            _encode(item, resp3, out)
+            if type(item) is bytes:  # a task's id and fields: no call per leaf
+                size = len(item)
+                out += (BULK_PREFIXES[size] if size < PREFIXED else b"$%d\r\n" % size, item, CRLF)
+            else:
+                _encode(item, resp3, out)
+    elif kind is PairsMap:  # XREADGROUP's and XREAD's reply, before the isinstance checks
+        _encode_map(value, resp3, out)
     elif kind is str:
         data = value.encode()
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))

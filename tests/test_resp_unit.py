@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezra.resp import (NULL_ARRAY, OK, SMALL_FRAME, ErrorReply, PairsMap, ProtocolError, RequestReader,
+from ezra.resp import (BULK_HEADERS, NULL_ARRAY, OK, ErrorReply, PairsMap, ProtocolError, RequestReader,
                        SimpleString, Verbatim, encode)
 from reliability import report
 
@@ -256,7 +256,7 @@ def test_any_bytes_give_commands_or_a_protocol_error(data, chunk):
         assert pieces == whole
 
 
-# ---------------------------------------------------------------- the small-frame fast path
+# ---------------------------------------------------------------- the batch fast path
 
 def test_arguments_holding_crlf_and_headers_parse_as_sent():
     # The fast path splits at CRLF: an argument that looks like more frame must not fool it.
@@ -264,15 +264,16 @@ def test_arguments_holding_crlf_and_headers_parse_as_sent():
     assert commands_in(multibulk(*tricky) + multibulk(b"PING")) == [tricky, [b"PING"]]
 
 
-@pytest.mark.parametrize("size", [SMALL_FRAME - 40, SMALL_FRAME - 20, SMALL_FRAME, SMALL_FRAME + 10])
-def test_frames_around_the_small_frame_window(size):
-    # Whole, cut by the window's end (its last CRLF or its last byte), or past it.
+@pytest.mark.parametrize("size", [len(BULK_HEADERS) - 40, len(BULK_HEADERS) - 20, len(BULK_HEADERS),
+                                  len(BULK_HEADERS) + 10])
+def test_frames_around_the_batch_table_end(size):
+    # Arguments the batch's header table covers, and ones just past it (_whole_frame's).
     commands = [[b"XADD", b"q", b"*", b"f", b"v" * (size - 30 - i)] for i in range(4)]
     data = b"".join(multibulk(*command) for command in commands)
-    assert commands_in(data, RequestReader(max_bulk_len=2 * SMALL_FRAME)) == commands
+    assert commands_in(data, RequestReader(max_bulk_len=2 * len(BULK_HEADERS))) == commands
 
 
-def test_small_frame_keeps_the_caps():
+def test_batch_keeps_the_caps():
     assert first_error(multibulk(b"XADD", b"v" * 100), max_bulk_len=50) == "Protocol error: invalid bulk length"
     assert first_error(multibulk(*[b"x"] * 12), max_args=10) == "Protocol error: invalid multibulk length"
 
@@ -281,7 +282,7 @@ class StepByStepReader(RequestReader):
     """The reader with both fast paths off."""
     __slots__ = ()
 
-    def _small_frame(self):
+    def _batch(self):
         return None
 
     def _whole_frame(self):

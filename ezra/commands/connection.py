@@ -94,7 +94,7 @@ class AllReplies:
     """EXEC's replies once its transaction committed (Deferred's request): every one an
     error if it rolled back."""
 
-    durable = False  # counted as a read by the connection (may_be_large): it may be one
+    durable = False  # counted as a read by the connection (connection.LARGE): it may be one
 
     def __init__(self, replies: list, atomic):
         self.replies = replies

@@ -67,8 +67,15 @@ def supported_commands() -> str:
 def dispatch(session, args: list[bytes]):
     """Run one command: a reply value, a Deferred, or an ErrorReply."""
     session.server.total_commands += 1
-    name = args[0].upper()
-    entry = COMMANDS.get(name)
+    name = args[0]
+    entry = COMMANDS.get(name)  # clients send names in capitals nearly always: no copy then
+    if entry is None:
+        name = name.upper()
+        entry = COMMANDS.get(name)
+    if entry is not None and session.queued is None and session.authenticated:  # the common case, checked once
+        fn, arity, lower = entry
+        if (len(args) == arity) if arity > 0 else (len(args) >= -arity):
+            return run(session, fn, args)
     try:
         if entry is None:
             raise errors.unknown_command(args[0], args[1:], supported_commands())
