@@ -92,3 +92,22 @@ def test_the_zeros_go_once_the_reader_lets_go(ezra_factory):
 
     wait_until(folded_in, timeout=60, interval=0, message="the WAL cut back after the reader let go")
     assert "no reader holds a snapshot any more" in server.log()
+
+
+def test_no_zeros_ahead_on_a_disk_near_full(small_fs, ezra_factory):
+    """The disk's last room is for commits and the reserve's checkpoint: on a 16 MB file system
+    (less than 64 MB free past the reserve) a pinned WAL grows at each commit, as before."""
+    server = ezra_factory(data_dir=small_fs)
+    client = server.client()
+    client.xadd("q", FIELDS)
+    reader = pin(server)
+    try:
+        wait_until(lambda: client.xadd("q", FIELDS) and wal_size(server) > EXTENDS_PAST + 64 * 1024,
+                   timeout=120, interval=0, message=f"the pinned WAL past {EXTENDS_PAST} bytes")
+        sizes = []
+        for _ in range(50):
+            client.xadd("q", FIELDS)
+            sizes.append(wal_size(server))
+        assert all(after > before for before, after in zip(sizes, sizes[1:])), sizes
+    finally:
+        reader.close()
