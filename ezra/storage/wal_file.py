@@ -45,11 +45,11 @@ class WalFile:
         size = self.size()
         if size == self._extended_to or size < max(past, self._retry_from):
             return  # frames still go over the zeros (or a restart cut the file to that size)
-        stats = os.statvfs(os.path.dirname(self.path) or ".")
-        if stats.f_bavail * stats.f_frsize < keep_free + AHEAD_BYTES:
-            self._retry_from = size + AHEAD_BYTES  # the disk's last room is for the commits
-            return
-        try:
+        try:  # never raises: the caller is about to commit its batch
+            stats = os.statvfs(os.path.dirname(self.path) or ".")
+            if stats.f_bavail * stats.f_frsize < keep_free + AHEAD_BYTES:
+                self._retry_from = size + AHEAD_BYTES  # the disk's last room is for the commits
+                return
             if self._write_fd is None:
                 self._write_fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             os.pwrite(self._write_fd, bytes(AHEAD_BYTES), size)
