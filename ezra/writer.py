@@ -57,6 +57,7 @@ CHECKPOINT_EVERY_BATCHES = 500  # fold the WAL into the database this often (on 
 # reader holding a snapshot (a backup) keeps the WAL long, and each RESTART pauses batches.
 CHECKPOINT_MIN_BATCHES = 20
 MIN_ROOM = 1024 * 1024  # free bytes needed before pushes resume after the disk was full
+WAL_AHEAD_ROOM = 64 * 1024 * 1024  # free bytes (past the reserve) needed to keep zeros past a pinned WAL's end
 SLOW_FSYNC = 0.010  # seconds: fsyncs move to the thread while their moving average is above this...
 FAST_FSYNC = 0.002  # ...and come back inline once it is below this
 FSYNC_AVERAGE_WEIGHT = 0.3  # of the newest fsync in the moving average
@@ -327,6 +328,8 @@ class Writer:
             return  # an EXEC that yielded is still running: `atomic` ends the turn after it
         self._batch = None
         started = time.perf_counter()
+        if self.snapshot_held and not (self.disk_full or self.db.integrity.corrupt):  # its write lock: WalFile
+            self.db.wal.extend_ahead(past=2 * self.db.wal_limit, keep_free=self.db.reserve_bytes + WAL_AHEAD_ROOM)
         try:
             self.db.commit()
         except Exception as exc:

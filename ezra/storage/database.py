@@ -25,6 +25,7 @@ from .integrity import Integrity
 from .producers import IdempotentProducers
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
+from .wal_file import WalFile
 from .schema import SETTING_COLUMNS, encode_failure, encode_fields, name_value
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
@@ -70,12 +71,11 @@ class Database:
         self.reserve_bytes = reserve_bytes
         # The WAL's size tells how much a checkpoint would copy: with journal_size_limit,
         # SQLite cuts the file back to `wal_limit` when the WAL starts over, so a larger
-        # file means more than that many bytes since the last checkpoint. (Never open
-        # -shm or the database file a second time: closing that descriptor would drop
-        # SQLite's POSIX locks for the whole process.)
+        # file means more than that many bytes since the last checkpoint (or the zeros
+        # WalFile.extend_ahead keeps past its end while a reader pins it).
         self.wal_limit = max(reserve_bytes // 2, 1024 * 1024)
         conn.execute(f"PRAGMA journal_size_limit = {self.wal_limit}").fetchone()
-        self._wal_fd = os.open(self.wal_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.wal = WalFile(self.wal_path)
         self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]  # fixed once the file is in WAL mode
         self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
         self.integrity = Integrity(conn)  # read-only once found corrupt
@@ -97,18 +97,18 @@ class Database:
 
     def close(self) -> None:
         self.release_reserve()  # made again at the next start: a stopped EZRA leaves only ezra.db
-        os.close(self._wal_fd)
+        self.wal.close()
         if self._checkpointer is not None:
             self._checkpointer.close()
         self.conn.close()
 
     def sync_wal(self) -> None:
         """fdatasync the WAL: everything committed before this call is durable after it."""
-        os.fdatasync(self._wal_fd)
+        self.wal.sync()
 
     def wal_size(self) -> int:
         """Bytes in the WAL file (one fstat): above `wal_limit`, time for a checkpoint."""
-        return os.fstat(self._wal_fd).st_size
+        return self.wal.size()
 
     def bytes_on_disk(self) -> int:
         """The database file and its WAL (INFO's database_bytes, /metrics' ezra_database_bytes)."""
