@@ -17,7 +17,7 @@ from loguru import logger
 from . import errors
 
 if TYPE_CHECKING:
-    from .writer import Batch
+    from .batch import Batch
 
 
 class Syncer:

@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from conftest import LISTENING, ROOT, wait_until
+from ezra import lifecycle
 from reliability import report
 from support import leave_free, tmpfs
 
@@ -264,6 +265,44 @@ def test_disk_full_then_drained_takes_pushes_again_without_restart(fs_20m, ezra_
     assert client.xlen("full") == 201
     assert "disk space available again" in server.log()
     report("disk_full_drained", pushes_before_full=len(pushed), resumed_after_s=round(resumed_after, 2))
+
+
+def test_a_drain_on_a_full_disk_keeps_the_wal_inside_the_reserve(fs_20m):
+    """In-process: filled with 4 KB tasks, then drained 100 at a time while the checkpoint thread
+    never gets its turn (as on a loaded machine). The passive checkpoint every 20 batches was the
+    only way the WAL started over: it grew past the released 4 MB reserve (6 MB, seen in CI) and
+    the drain's claims failed with 'database or disk is full'. On a full disk the WAL now starts
+    over before the batch after any that left it above its limit."""
+    from ezra.broker import Broker
+    from ezra.config import Settings
+    from ezra.errors import CommandError
+    from ezra.storage import open_database
+
+    data = fs_20m / "data"
+    broker = Broker(open_database(str(data)), Settings(data_dir=str(data), durability="normal"))
+    try:
+        pushed = 0
+        while True:
+            try:
+                broker.push(b"full", b"*", [b"pad", b"x" * 4000]).wait()
+            except CommandError as exc:
+                assert "storage error" in str(exc), exc
+                break
+            pushed += 1
+        assert broker.writer.disk_full and pushed > 1000, pushed
+        broker.writer._start_checkpoint = lambda: None  # the passive pass never runs
+        wal, drained, largest_wal = Path(broker.db.path + "-wal"), 0, 0
+        while claimed := broker.claim([b"full"], b"w", 100, False, None, None):
+            ids = [lifecycle.parse_id(entry_id) for entry_id, _ in claimed[b"full"]]
+            assert broker.ack(b"full", ids).wait() == len(ids)
+            drained += len(ids)
+            largest_wal = max(largest_wal, wal.stat().st_size)
+        assert drained == pushed
+        assert largest_wal <= broker.db.wal_limit + broker.db.reserve_bytes // 2, largest_wal
+    finally:
+        broker.stop()
+        broker.db.close()
+    report("disk_full_drain_wal", tasks=pushed, largest_wal_bytes=largest_wal, wal_limit=broker.db.wal_limit)
 
 
 def _exec_too_big(client, *claims: tuple) -> list:

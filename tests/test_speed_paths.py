@@ -97,13 +97,13 @@ def test_fields_written_by_hand_still_read_and_bad_text_is_an_error():
 # ---------------------------------------------------------------- the writer's fsync flag
 
 def test_fsync_flag_wakes_every_waiter_once_and_skips_killed_ones():
-    """Batch.synced (writer.Flag): set() from a greenlet wakes the waiters in a later callback,
+    """Batch.synced (batch.Flag): set() from a greenlet wakes the waiters in a later callback,
     set_now() (the fsync callback, on the hub) switches to them at once; a waiter killed while
     waiting is skipped, and waiting on a set flag returns at once."""
     import gevent
     from gevent import get_hub
 
-    from ezra.writer import Flag
+    from ezra.batch import Flag
 
     for how in ("set", "set_now"):
         flag, woken = Flag(), []
