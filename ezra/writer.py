@@ -275,6 +275,15 @@ class Writer:
         return self._syncer
 
     def _maybe_checkpoint(self) -> None:
+        if self.disk_full and self.db.wal_size() > self.db.wal_limit:
+            # On a full disk the WAL grows only into the released reserve: fold it in and start it
+            # over before the next batch. A passive pass every 20 batches or more let a drain's
+            # claims and acks outgrow the reserve (6 MB of WAL on a 4 MB reserve) and fail. Even
+            # while a snapshot seems held: a passive pass racing the commits can look like one,
+            # and a RESTART that finds a real reader returns at once (CHECKPOINT_WAIT_MS).
+            self._restart_wal = True
+            self._batches_at_checkpoint = self.batches
+            return
         since = self.batches - self._batches_at_checkpoint
         if not self._checkpointing and (since >= CHECKPOINT_EVERY_BATCHES or (
                 since >= CHECKPOINT_MIN_BATCHES and (since % WAL_SIZE_EVERY == 0 or self.disk_full)
