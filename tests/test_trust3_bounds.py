@@ -269,7 +269,9 @@ def test_info_with_50000_queues_is_bounded_and_every_queue_is_still_listed(ezra_
             for _ in range(8):
                 pipe.info()
             pipe.execute()
-    assert watch.longest < 0.5, f"another client's PING waited {watch.longest:.2f} s"
+    # The old code held the loop ~0.5 s per INFO, 8 in a row: 1.5 s leaves room for a loaded
+    # 2-core machine's scheduling (0.5 failed there once) and still fails on it.
+    assert watch.longest < 1.5, f"another client's PING waited {watch.longest:.2f} s"
     section = r.info("queues")
     assert section["queues"] == 50_000 and section["queues_listed"] == 100
     listed = [key for key in section if key.startswith("queue_")]
