@@ -33,6 +33,8 @@ caller gets it at once. Any other error (a storage failure, a bug) rolls the
 whole batch back: every request in it is answered with a storage error. A
 commit that meets a full disk is the exception: the batch is rolled back and
 run again without its pushes, which alone are refused (and any EXEC in it, whole).
+The full-disk mode itself (the reserve, which pushes are refused, room again) is
+disk_space.py's DiskGuard: the writer tells it what failed and asks it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from loguru import logger
 
 from . import errors
 from .batch import Atomic, Batch, Request
+from .disk_space import DiskGuard
 from .histogram import BATCH_SIZE_BUCKETS, SECONDS_BUCKETS, Histogram
 from .storage import Database
 from .syncer import Syncer
@@ -56,8 +59,6 @@ CHECKPOINT_EVERY_BATCHES = 500  # fold the WAL into the database this often (on 
 # ...or sooner when the WAL outgrows db.wal_limit, but not more often than this: a
 # reader holding a snapshot (a backup) keeps the WAL long, and each RESTART pauses batches.
 CHECKPOINT_MIN_BATCHES = 20
-MIN_ROOM = 1024 * 1024  # free bytes needed before pushes resume after the disk was full
-WAL_AHEAD_ROOM = 64 * 1024 * 1024  # free bytes (past the reserve) needed to keep zeros past a pinned WAL's end
 SLOW_FSYNC = 0.010  # seconds: fsyncs move to the thread while their moving average is above this...
 FAST_FSYNC = 0.002  # ...and come back inline once it is below this
 FSYNC_AVERAGE_WEIGHT = 0.3  # of the newest fsync in the moving average
@@ -96,10 +97,13 @@ class Writer:
         self.fsync_seconds = Histogram(SECONDS_BUCKETS) if fsync_durable else None
         # A checkpoint copies at most the WAL into the database: with the WAL kept
         # under half the reserve (db.wal_limit), the reserve has room for that copy.
-        self.disk_full = not db.make_reserve()
-        if self.disk_full:
-            logger.warning("cannot set {} bytes aside in {}: the disk is nearly full, pushes are refused "
-                           "until there is room", db.reserve_bytes, db.reserve_path)
+        self.disk = DiskGuard.beside(db)  # the full-disk mode (disk_space.py)
+        self.disk.start()
+
+    @property
+    def disk_full(self) -> bool:
+        """Pushes are refused until there is room (INFO, /metrics, the upkeep's vacuum)."""
+        return self.disk.full
 
     def submit(self, fn, *args, durable: bool = True, grows: bool = False) -> Request:
         """Run `fn(*args)` in this turn's transaction; a durable one is answered after fsync.
@@ -113,8 +117,8 @@ class Writer:
         if atomic is not None and atomic.error is not None:
             raise atomic.error  # an earlier command of this EXEC rolled the batch back: none applies
         batch = self._batch or self._open_batch()  # (never inside an EXEC: it opened its batch)
-        if grows and self.disk_full:
-            self._refuse_growth()
+        if grows and self.disk.full:
+            self.disk.check_growth()
         if self.db.integrity.corrupt:
             return self._submit_read_only(batch, fn, args, durable, grows)
         request = Request(batch, fn, args, durable, grows, atomic)
@@ -182,6 +186,7 @@ class Writer:
             self._syncer.stop()
         self._slow_work.join()  # a checkpoint under way finishes before the database closes
         self._slow_work.kill()
+        self.disk.close()
 
     # ------------------------------------------------------------ the turn's transaction
 
@@ -211,12 +216,12 @@ class Writer:
             return  # an EXEC that yielded is still running: `atomic` ends the turn after it
         self._batch = None
         started = time.perf_counter()
-        if self.snapshot_held and not (self.disk_full or self.db.integrity.corrupt):  # its write lock: WalFile
-            self.db.wal.extend_ahead(past=2 * self.db.wal_limit, keep_free=self.db.reserve_bytes + WAL_AHEAD_ROOM)
+        if self.snapshot_held and not (self.disk.full or self.db.integrity.corrupt):  # its write lock: WalFile
+            self.db.wal.extend_ahead(past=2 * self.db.wal_limit, keep_free=self.disk.keep_free_past_wal())
         try:
             self.db.commit()
         except Exception as exc:
-            if self.db.is_disk_full(exc) and not self.disk_full:
+            if self.disk.is_full_error(exc) and not self.disk.full:
                 self._run_again_without_growth(batch, exc)
             else:
                 self._roll_back(batch, exc, f"commit of {len(batch.requests)} requests")
@@ -275,18 +280,13 @@ class Writer:
         return self._syncer
 
     def _maybe_checkpoint(self) -> None:
-        if self.disk_full and self.db.wal_size() > self.db.wal_limit:
-            # On a full disk the WAL grows only into the released reserve: fold it in and start it
-            # over before the next batch. A passive pass every 20 batches or more let a drain's
-            # claims and acks outgrow the reserve (6 MB of WAL on a 4 MB reserve) and fail. Even
-            # while a snapshot seems held: a passive pass racing the commits can look like one,
-            # and a RESTART that finds a real reader returns at once (CHECKPOINT_WAIT_MS).
+        if self.disk.wal_must_start_over():  # a full disk: before the next batch, not in 20
             self._restart_wal = True
             self._batches_at_checkpoint = self.batches
             return
         since = self.batches - self._batches_at_checkpoint
         if not self._checkpointing and (since >= CHECKPOINT_EVERY_BATCHES or (
-                since >= CHECKPOINT_MIN_BATCHES and (since % WAL_SIZE_EVERY == 0 or self.disk_full)
+                since >= CHECKPOINT_MIN_BATCHES and since % WAL_SIZE_EVERY == 0
                 and self.db.wal_size() > self.db.wal_limit)):
             self._checkpointing = True
             self._batches_at_checkpoint = self.batches
@@ -298,7 +298,7 @@ class Writer:
         Its claims, acks and reads then commit on the released reserve and only its pushes are
         refused; before, every request in it failed (a worker's XREADGROUP among them).
         """
-        self._on_disk_full(f"batch of {len(batch.requests)} requests (rolled back, run again without its "
+        self._out_of_space(f"batch of {len(batch.requests)} requests (rolled back, run again without its "
                            "pushes)", exc)
         started = time.perf_counter()
         try:
@@ -329,8 +329,8 @@ class Writer:
 
     def _roll_back(self, batch: Batch, exc: BaseException, what: str) -> None:
         """Undo the whole batch: every request in it is answered with a storage error."""
-        if self.db.is_disk_full(exc):
-            self._on_disk_full(f"{what} (batch rolled back)", exc)
+        if self.disk.is_full_error(exc):
+            self._out_of_space(f"{what} (batch rolled back)", exc)
         elif self.db.integrity.is_corruption(exc):
             self.on_corruption(f"{what}: {exc}")
         else:
@@ -389,45 +389,11 @@ class Writer:
 
     # ------------------------------------------------------------ a full disk
 
-    def _on_disk_full(self, what: str, exc: BaseException) -> None:
-        """The file system is full: free the reserve so acks and claims go on, refuse pushes.
-
-        The reserve (a ballast file made at start) is what lets the WAL grow a
-        little and the checkpoint that follows copy it into the database, after
-        which the WAL is written over from its start: consuming work needs no
-        new space. Without it, a full disk would stop workers too.
-        """
-        if self.disk_full:
-            logger.debug("{} failed, the disk is still full: {}", what, exc)  # logged once per episode
-            return
-        self.disk_full = True
-        self.db.release_reserve()
-        logger.error("disk full: {} failed ({}); released the {}-byte reserve, refusing pushes until "
-                     "there is room again", what, exc, self.db.reserve_bytes)
-        self.checkpoint_soon()
-
-    def _refuse_growth(self) -> None:
-        """While the disk is full, a push is refused with DISK_FULL, unless the reserve fits again."""
-        if self._room_again():
-            self.disk_full = False
-            logger.info("disk space available again: {} bytes set aside, pushes accepted", self.db.reserve_bytes)
-            return
-        raise errors.DISK_FULL
-
-    def _room_again(self) -> bool:
-        """Room for the reserve and as much again (else the next push fills the disk at once): the
-        reserve in the file system, with MIN_ROOM beside it for the WAL; the rest may be free pages
-        in the database file, which new rows reuse without the file system giving a byte."""
-        db = self.db
-        if self.room_missing() > 0:
-            return False
-        if db.free_bytes() + db.free_bytes_inside() < max(2 * db.reserve_bytes, MIN_ROOM):
-            return False
-        return db.make_reserve()
-
-    def room_missing(self) -> int:
-        """Bytes the file system lacks for the reserve and MIN_ROOM beside it (see _room_again)."""
-        return self.db.reserve_bytes + MIN_ROOM - self.db.free_bytes()
+    def _out_of_space(self, what: str, exc: BaseException) -> None:
+        """A commit or a checkpoint met a full disk: the guard frees the reserve and refuses pushes;
+        the WAL then starts over inside the released reserve after the next batch's checkpoint."""
+        if self.disk.out_of_space(what, exc):
+            self.checkpoint_soon()
 
     def checkpoint_soon(self) -> None:
         """Checkpoint after the next batch: a file the incremental vacuum shrank is cut only then."""
@@ -463,8 +429,8 @@ class Writer:
         if isinstance(outcome, BaseException):
             if self.db.is_busy(outcome):
                 self._snapshot_held(True)
-            elif self.db.is_disk_full(outcome):
-                self._on_disk_full(f"{mode} checkpoint", outcome)
+            elif self.disk.is_full_error(outcome):
+                self._out_of_space(f"{mode} checkpoint", outcome)
             else:
                 logger.opt(exception=outcome).error("{} checkpoint failed (will retry): {}", mode, outcome)
             return False

@@ -125,7 +125,7 @@ class Upkeep(BrokerCore):
             more |= self._purge_ttl(now)
         if now >= self._next_idmp_purge:
             more |= self._forget_idmp(now)
-        if self._can_vacuum and self.writer.disk_full:
+        if self._can_vacuum and self.writer.disk.full:
             if now - self._last_delete_at >= DISK_FULL_QUIET_MS:
                 self._give_back_free_pages()
         elif (self._can_vacuum and self._rows_since_vacuum >= VACUUM_AFTER_ROWS
@@ -249,7 +249,7 @@ class Upkeep(BrokerCore):
         """Disk full: free pages go back to the file system now, a step per checkpoint, so the reserve
         fits again and pushes resume (the file keeps its size until a checkpoint cuts it). Without
         this, a drained queue left the disk full for 500 batches, the next periodic checkpoint."""
-        missing = self.writer.room_missing()
+        missing = self.writer.disk.room_missing()
         # Only what is missing (the other free pages are room too), and one step per checkpoint:
         # a step may move live pages into the WAL, which must fit in the released reserve.
         if missing <= 0 or self.db.shrink_pending():

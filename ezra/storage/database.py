@@ -15,9 +15,6 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
-import stat
-
-from loguru import logger
 
 from .. import lifecycle
 from . import reads
@@ -67,8 +64,7 @@ class Database:
         self.conn = conn
         self.path = path
         self.wal_path = path + "-wal"
-        self.reserve_path = os.path.join(os.path.dirname(path), RESERVE_FILENAME)
-        self.reserve_bytes = reserve_bytes
+        self.reserve_bytes = reserve_bytes  # the disk reserve's size (ezra/disk_space.py holds the file)
         # The WAL's size tells how much a checkpoint would copy: with journal_size_limit,
         # SQLite cuts the file back to `wal_limit` when the WAL starts over, so a larger
         # file means more than that many bytes since the last checkpoint (or the zeros
@@ -96,7 +92,6 @@ class Database:
             self.conn.execute("ROLLBACK")
 
     def close(self) -> None:
-        self.release_reserve()  # made again at the next start: a stopped EZRA leaves only ezra.db
         self.wal.close()
         if self._checkpointer is not None:
             self._checkpointer.close()
@@ -113,47 +108,6 @@ class Database:
     def bytes_on_disk(self) -> int:
         """The database file and its WAL (INFO's database_bytes, /metrics' ezra_database_bytes)."""
         return os.path.getsize(self.path) + self.wal_size()
-
-    # -- the disk reserve (a ballast file): see Writer._on_disk_full
-
-    def make_reserve(self) -> bool:
-        """Set `reserve_bytes` aside in the data directory; False if the disk has not that much free."""
-        if self.reserve_bytes <= 0:
-            return True
-        try:
-            fd = os.open(self.reserve_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                logger.error("cannot make the disk reserve: {} is a symbolic link (not followed)",
-                             self.reserve_path)
-            else:
-                logger.warning("cannot make the disk reserve {}: {}", self.reserve_path, exc)
-            return False
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:  # a hard link: somebody else's file
-                logger.error("not using {} as the disk reserve: not a regular file of its own "
-                             "(mode {:o}, {} links)", self.reserve_path, info.st_mode, info.st_nlink)
-                return False
-            os.posix_fallocate(fd, 0, self.reserve_bytes)  # blocks really allocated, not a sparse file
-            return True
-        except OSError:
-            os.ftruncate(fd, 0)
-            return False
-        finally:
-            os.close(fd)
-
-    def free_bytes(self) -> int:
-        """Space unprivileged writers may still use on the database's file system."""
-        stats = os.statvfs(os.path.dirname(self.path))
-        return stats.f_bavail * stats.f_frsize
-
-    def release_reserve(self) -> None:
-        """Give the reserve's space back to the file system (for the WAL and checkpoints)."""
-        try:
-            os.unlink(self.reserve_path)
-        except FileNotFoundError:
-            pass
 
     @staticmethod
     def is_disk_full(exc: BaseException) -> bool:
