@@ -15,7 +15,6 @@ from loguru import logger
 
 from .. import __version__, errors, lifecycle
 from ..broker.core import MAX_QUEUE_NAME
-from ..errors import CommandError
 from ..options import Custom, Options, Value, parse_options
 from ..resp import OK, ErrorReply, SimpleString, Verbatim
 from ..storage.schedules import NEVER
@@ -57,7 +56,7 @@ def quit_(session, args):
 def multi(session, args):
     """MULTI: queue the next commands until EXEC (or DISCARD)."""
     if session.queued is not None:
-        return errors.err("MULTI calls can not be nested")  # answered, the transaction goes on
+        return errors.MULTI_NESTED()  # answered, the transaction goes on
     session.queued, session.queued_bytes, session.queue_failed = [], 0, False
     return OK
 
@@ -76,7 +75,7 @@ def exec_(session, args):
     it is that error. BACKUP, which waits for a commit, is refused at queue time.
     """
     if session.queued is None:
-        raise errors.err("EXEC without MULTI")
+        raise errors.EXEC_WITHOUT_MULTI
     queued, failed = session.queued, session.queue_failed
     session.queued, session.queued_bytes, session.queue_failed = None, 0, False
     if failed:
@@ -120,7 +119,7 @@ class AllReplies:
 def discard(session, args):
     """DISCARD: forget the queued commands."""
     if session.queued is None:
-        raise errors.err("DISCARD without MULTI")
+        raise errors.DISCARD_WITHOUT_MULTI
     session.queued, session.queued_bytes, session.queue_failed = None, 0, False
     return OK
 
@@ -158,7 +157,7 @@ def check_password(session: Session, user: bytes, password: bytes) -> None:
 
 def valid_client_name(name: bytes) -> bytes:
     if any(c <= 32 or c >= 127 for c in name):
-        raise errors.err("Client names cannot contain spaces, newlines or special characters.")
+        raise errors.BAD_CLIENT_NAME
     return name
 
 
@@ -167,12 +166,8 @@ def take_credentials(args: list[bytes], i: int, _) -> tuple:
     return (args[i + 1], args[i + 2]), i + 3
 
 
-def unknown_hello_option(word: bytes) -> CommandError:
-    return errors.err(f"Syntax error in HELLO option '{word.decode('utf-8', 'replace')}'")
-
-
 HELLO_OPTIONS = Options(AUTH=Custom(take_credentials, need=2), SETNAME=Value(valid_client_name),
-                        unknown=unknown_hello_option)
+                        unknown=errors.unknown_hello_option)
 
 
 @command("HELLO", -1)
@@ -180,7 +175,7 @@ def hello(session, args):
     """HELLO [protover [AUTH username password] [SETNAME clientname]]"""
     proto = session.proto
     if len(args) > 1:
-        proto = to_int(args[1], "Protocol version is not an integer or out of range")
+        proto = to_int(args[1], errors.PROTOCOL_NOT_INTEGER)
         if proto not in (2, 3):
             raise errors.NOPROTO
     # Every option is checked before anything changes: a HELLO that fails leaves the connection as it
@@ -189,9 +184,7 @@ def hello(session, args):
     if credentials is not None:
         check_password(session, *credentials)
     if not session.authenticated:
-        raise CommandError("NOAUTH HELLO must be called with the client already authenticated, otherwise "
-                           "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
-                           "client and select the RESP protocol version at the same time")
+        raise errors.HELLO_NOT_AUTHENTICATED
     if name is not None:
         session.name = name
     session.proto = proto
@@ -217,10 +210,10 @@ def client(session, args):
         elif attr == b"LIB-VER":
             session.lib_ver = args[3]
         else:
-            raise errors.err(f"Unrecognized option '{args[2].decode('utf-8', 'replace')}'")
+            raise errors.unrecognized_option(args[2])
         return OK
     if sub in (b"SETNAME", b"GETNAME", b"ID", b"SETINFO"):
-        raise errors.err(f"wrong number of arguments for 'client|{sub.decode().lower()}' command")
+        raise errors.wrong_subcommand_arity("client", sub)
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "CLIENT")
 
 

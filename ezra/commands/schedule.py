@@ -35,7 +35,7 @@ HELP = [
 def scheduler_of(session):
     scheduler = session.server.scheduler
     if scheduler is None:
-        raise errors.err("schedules are not served by this server")
+        raise errors.SCHEDULES_NOT_SERVED
     return scheduler
 
 
@@ -54,7 +54,7 @@ def xschedule(session, args):
     if sub == b"HELP" and len(args) == 2:
         return [SimpleString(line) for line in HELP]
     if sub in (b"SET", b"DEL", b"LIST"):
-        raise errors.err(f"wrong number of arguments for 'xschedule|{sub.decode().lower()}' command")
+        raise errors.wrong_subcommand_arity("xschedule", sub)
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XSCHEDULE")
 
 
