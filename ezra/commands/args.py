@@ -49,4 +49,4 @@ def live_queue(name: bytes) -> bytes:
 
 
 def broker_of(session):
-    return session.server.broker
+    return session.state.broker

@@ -82,7 +82,7 @@ def exec_(session, args):
         raise errors.EXECABORT
     session.in_exec = True
     try:
-        with session.server.broker.writer.atomic() as atomic:
+        with session.state.broker.writer.atomic() as atomic:
             replies = [run(session, fn, queued_args) for fn, queued_args in queued]
     finally:
         session.in_exec = False
@@ -140,14 +140,14 @@ def auth(session, args):
     """AUTH [username] password"""
     if len(args) > 3:
         raise errors.SYNTAX
-    if not session.server.settings.password:
+    if not session.state.settings.password:
         raise errors.AUTH_NOT_CONFIGURED
     check_password(session, args[1] if len(args) == 3 else b"default", args[-1])
     return OK
 
 
 def check_password(session: Session, user: bytes, password: bytes) -> None:
-    expected = session.server.settings.password
+    expected = session.state.settings.password
     import hmac  # here: it loads OpenSSL (3.4 MB), which a server without a password need not hold
     if expected and not (user == b"default" and hmac.compare_digest(password, expected.encode())):
         logger.debug("failed authentication from {}", session.addr)  # ezra/connection.py logs bursts
@@ -250,13 +250,13 @@ def info(session, args):
     everything = bool(wanted & {"all", "everything", "default"})
     # One snapshot of the broker's figures for every section; the queues' only when shown, and
     # only the first INFO_QUEUES of them (50,000 queues took ~0.5 s a call): XINFO QUEUES pages.
-    broker = session.server.broker
+    broker = session.state.broker
     figures = broker.figures(broker.names_after(None, INFO_QUEUES) if everything or "queues" in wanted else (),
                              head_since=False)
     sections = []
     for name, build in INFO_SECTIONS:
         if everything or name in wanted:
-            lines = build(session.server, figures)
+            lines = build(session.state, figures)
             sections.append(f"# {name.capitalize()}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in lines))
     return Verbatim("\r\n".join(sections))
 

@@ -140,7 +140,7 @@ def xadd(session, args):
     if dead and trim is not None:
         raise errors.TRIM_ON_DEAD_TASK
     size = sum(map(len, fields))
-    limit = session.server.settings.max_task_size
+    limit = session.state.settings.max_task_size
     if size > limit:
         raise errors.task_too_large(size, limit)
     if idmp is not None:

@@ -33,7 +33,7 @@ HELP = [
 
 
 def scheduler_of(session):
-    scheduler = session.server.scheduler
+    scheduler = session.state.scheduler
     if scheduler is None:
         raise errors.SCHEDULES_NOT_SERVED
     return scheduler
@@ -44,7 +44,7 @@ def xschedule(session, args):
     """XSCHEDULE SET name queue cron [TZ zone] [SKIP-IF-UNFINISHED] [SLOT-FIELD f] FIELDS f v ... | DEL name | LIST"""
     sub = args[1].upper()
     if sub == b"SET" and len(args) >= 5:
-        definition = schedule_settings.parse(args[2:], session.server.settings.max_task_size)
+        definition = schedule_settings.parse(args[2:], session.state.settings.max_task_size)
         live_queue(definition.queue)  # not a q::dead view
         return Deferred(scheduler_of(session).set(definition), lambda _: OK)
     if sub == b"DEL" and len(args) == 3:

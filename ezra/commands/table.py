@@ -66,7 +66,7 @@ def supported_commands() -> str:
 
 def dispatch(session, args: list[bytes]):
     """Run one command: a reply value, a Deferred, or an ErrorReply."""
-    session.server.total_commands += 1
+    session.state.total_commands += 1
     name = args[0]
     entry = COMMANDS.get(name)  # clients send names in capitals nearly always: no copy then
     if entry is None:
