@@ -300,15 +300,15 @@ def info_persistence(state: ServerState, figures):
 
 
 def info_stats(state: ServerState, figures):
-    stats = figures.stats
+    totals = figures.totals
     return [("total_connections_received", state.total_connections),
             ("total_commands_processed", state.total_commands),
             ("rejected_connections", state.rejected_connections),
-            ("tasks_pushed", stats["pushed"]), ("tasks_delivered", stats["delivered"]),
-            ("tasks_acked", stats["acked"]), ("tasks_failed", stats["failed"]),
-            ("tasks_expired", stats["expired"]), ("tasks_dead", stats["dead"]),
-            ("tasks_released", stats["released"]), ("tasks_purged", stats["purged"]),
-            ("tasks_redelivered", stats["redelivered"]), ("tasks_requeued", stats["requeued"])]
+            ("tasks_pushed", totals["pushed"]), ("tasks_delivered", totals["delivered"]),
+            ("tasks_acked", totals["acked"]), ("tasks_failed", totals["failed"]),
+            ("tasks_expired", totals["expired"]), ("tasks_dead", totals["dead"]),
+            ("tasks_released", totals["released"]), ("tasks_purged", totals["purged"]),
+            ("tasks_redelivered", totals["redelivered"]), ("tasks_requeued", totals["requeued"])]
 
 
 def info_queues(state: ServerState, figures):
@@ -319,17 +319,17 @@ def info_queues(state: ServerState, figures):
         if len(name) > MAX_QUEUE_NAME:  # an older EZRA's queue: cut, as /metrics and the dashboard do
             name = name[:MAX_QUEUE_NAME] + f"…({len(name)} bytes)".encode()
         shown = name.decode("utf-8", "replace").translate(INFO_NAME_SAFE)
-        figures = [(key, queue["counts"][key]) for key in INFO_STATES]
-        figures += [(key, queue["totals"][key]) for key in INFO_TALLIES]
-        figures.append(("paused", int(queue["paused"])))
-        lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in figures)))
+        fields = [(key, queue["counts"][key]) for key in INFO_STATES]
+        fields += [(key, queue["totals"][key]) for key in INFO_TOTALS]
+        fields.append(("paused", int(queue["paused"])))
+        lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in fields)))
     return lines
 
 
-# The counts by state (the first four fields first, as they always were), then events
-# since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED).
+# The counts by state (the first four fields first, as they always were), then totals of
+# events since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED).
 INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD, lifecycle.DELAYED)
-INFO_TALLIES = ("pushed", "delivered", "acked", "failed", "expired")
+INFO_TOTALS = ("pushed", "delivered", "acked", "failed", "expired")
 
 
 INFO_QUEUES = 100  # queue_<name> lines at most, the first queues by name

@@ -200,7 +200,7 @@ def xinfo_tasks(session, args):
 
 QUEUES_DEFAULT_COUNT = 100
 QUEUES_MAX_COUNT = 1000
-QUEUE_TALLIES = ("pushed", "delivered", "acked", "failed", "expired")
+XINFO_QUEUES_TOTALS = ("pushed", "delivered", "acked", "failed", "expired")  # events since start
 
 
 def queues_count(arg: bytes) -> int:
@@ -226,7 +226,7 @@ def xinfo_queues(session, args):
 def queue_reply(name: bytes, queue: dict) -> dict:
     counts, totals = queue["counts"], queue["totals"]
     return {"name": name, **{state.replace("_", "-"): counts[state] for state in lifecycle.STATES},
-            **{tally: totals[tally] for tally in QUEUE_TALLIES}, "paused": int(queue["paused"])}
+            **{event: totals[event] for event in XINFO_QUEUES_TOTALS}, "paused": int(queue["paused"])}
 
 
 def task_reply(row, state: str) -> dict:
