@@ -372,3 +372,80 @@ def cron_invalid(reason: str) -> CommandError:
 
 def too_many_schedules(most: int) -> CommandError:
     return err(f"too many schedules (at most {most}): XSCHEDULE DEL some first")
+
+
+# ---------------------------------------------------------------- the HTTP listener (web/server.py)
+# Its refusals carry an HTTP status instead of a Redis prefix; the dashboard's error page shows
+# the text. Fixed ones are classes too (`raise errors.HTTP_NO_SUCH_QUEUE`), for the same reason.
+
+class HttpError(Exception):
+    """A request refused: the status line, the text the error page shows, any extra headers."""
+
+    def __init__(self, status: str, message: str, headers: list | None = None):
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or []
+
+
+def _fixed_http(status: str, message: str, headers: list | None = None) -> type[HttpError]:
+    class FixedHttpError(HttpError):
+        def __init__(self):
+            super().__init__(status, message, headers)
+
+    FixedHttpError.status_line, FixedHttpError.message = status, message  # readable without an instance
+    return FixedHttpError
+
+
+HTTP_PROTECTED_MODE = _fixed_http(
+    "403 Forbidden", "EZRA is running in protected mode: it has no password, so only clients on its own "
+    "machine (127.0.0.1, ::1) are served. Set --password (then log in with any user name and that password), "
+    "or --protected-mode no on a network you trust.")
+HTTP_PASSWORD_NEEDED = _fixed_http("401 Unauthorized", "this server needs its password (any user name)",
+                                   [("WWW-Authenticate", 'Basic realm="ezra", charset="UTF-8"')])
+HTTP_CROSS_SITE_ORIGIN = _fixed_http("403 Forbidden", "cross-site request refused (Origin is another site)")
+HTTP_CROSS_SITE_FETCH = _fixed_http("403 Forbidden", "cross-site request refused (Sec-Fetch-Site)")
+HTTP_STALE_FORM_TOKEN = _fixed_http("403 Forbidden", "missing or stale form token: reload the page and try again")
+HTTP_BAD_CONTENT_LENGTH = _fixed_http("400 Bad Request", "bad Content-Length")
+HTTP_FORM_TOO_LARGE = _fixed_http("413 Content Too Large", "form too large")
+HTTP_PAGE_NOT_A_NUMBER = _fixed_http("400 Bad Request", "page must be a number")
+HTTP_PAGES_START_AT_1 = _fixed_http("400 Bad Request", "pages start at 1")
+HTTP_PAUSED_INVALID = _fixed_http("400 Bad Request", "paused must be 1 or 0")
+HTTP_BAD_TASK_ID = _fixed_http("400 Bad Request", "bad task id")
+HTTP_NO_SUCH_QUEUE = _fixed_http("404 Not Found", "no such queue")
+HTTP_NO_SUCH_FILE = _fixed_http("404 Not Found", "no such file")
+HTTP_FAILED = "the server failed to answer this page; see its log"  # a 500's page: the log has the error
+# /healthz's 503 bodies (text/plain)
+HEALTH_CORRUPT = b"down: the database is corrupt, writes are refused (see the log, or INFO persistence)\n"
+HEALTH_WRITER_STUCK = b"down: the writer is stuck\n"
+
+
+def health_down(reason) -> bytes:
+    return f"down: {reason}\n".encode()
+
+
+def http_method_not_allowed(method: str, path: str) -> HttpError:
+    return HttpError("405 Method Not Allowed", f"{method} is not allowed on {path}")
+
+
+def http_nothing_at(path: str) -> HttpError:
+    return HttpError("404 Not Found", f"nothing at {path}")
+
+
+def http_misdirected(hostname: str, host: str) -> HttpError:
+    return HttpError("421 Misdirected Request",
+                     f"this server has no password, so it answers only to its IP address, localhost "
+                     f"or {hostname}, not {host!r} (set --password to use other names)")
+
+
+def http_missing(key: str) -> HttpError:
+    return HttpError("400 Bad Request", f"missing {key}")
+
+
+def http_no_such_task(task_id: tuple) -> HttpError:
+    return HttpError("404 Not Found", f"no task {task_id[0]}-{task_id[1]} in this queue: it was never "
+                                      "pushed, or it was acked and deleted, trimmed or purged")
+
+
+def http_body_cut_short(reason) -> str:
+    """web/server.py's ClientInputError text: a 400 page, the connection closed."""
+    return f"the request body ended early or came too slowly: {reason}"

@@ -2,26 +2,30 @@
 
 The rule is read from the source (ast), so it holds from now on: outside errors.py no string
 literal, f-string or concatenation with one is handed to an error constructor (`errors.err`,
-`CommandError`, `ErrorReply`, the catalogue's `_fixed`) nor to `to_int`'s error argument.
+`CommandError`, `ErrorReply`, the catalogue's `_fixed`; the HTTP listener's `HttpError` and
+`ClientInputError`) nor to `to_int`'s error argument.
 A raise names its error instead (`raise errors.UNIQUE_TWICE`, `errors.unique_key_too_long(n, most)`).
-Then the real server answers a sample of the moved texts, byte for byte, in RESP2 and RESP3.
+Then the real server answers a sample of the moved texts, byte for byte, in RESP2 and RESP3,
+and its HTTP listener shows its own on the error page.
 """
 
 from __future__ import annotations
 
 import ast
+import html
 import inspect
 from pathlib import Path
 
 import pytest
 
 from ezra import errors
-from support import RespConnection
+from support import RespConnection, http
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ezra"
 CATALOGUE = PACKAGE / "errors.py"
 # The calls that turn a text into an error a client receives; for to_int, its error argument.
-ERROR_CONSTRUCTORS = {"err", "CommandError", "ErrorReply", "_fixed", "FixedError"}
+ERROR_CONSTRUCTORS = {"err", "CommandError", "ErrorReply", "_fixed", "FixedError",
+                      "HttpError", "_fixed_http", "FixedHttpError", "ClientInputError"}  # the HTTP listener's
 TEXT_AFTER_FIRST = {"to_int"}
 
 
@@ -69,13 +73,14 @@ def test_the_scan_sees_each_way_of_writing_a_text_inline(tmp_path):
         'raise CommandError("NOAUTH " + why)\n'
         'raise ErrorReply(message="ERR keyword")\n'
         'value = to_int(arg, "an ERR text")\n'
+        'raise HttpError("404 Not Found", f"nothing at {path}")\n'
         'raise errors.err(", ".join(names))\n'
         'raise errors.UNIQUE_TWICE\n'              # named: fine
         'raise errors.unique_key_too_long(n, 256)\n'  # a catalogue function: fine
         'value = to_int(arg, errors.NOT_INTEGER)\n'   # fine
     )
     hits = inline_error_texts(sample, tmp_path)
-    assert [hit.split(":")[1] for hit in hits] == ["1", "2", "3", "4", "5", "6"], hits
+    assert [hit.split(":")[1] for hit in hits] == ["1", "2", "3", "4", "5", "6", "7"], hits
 
 
 def test_every_fixed_error_keeps_a_redis_prefix():
@@ -164,3 +169,23 @@ def test_the_server_answers_the_moved_texts_byte_for_byte(shared_server, queue, 
         assert conn.call(["XLEN", queue]) == b":0\r\n", "none of the refused commands made the queue"
     finally:
         conn.close()
+
+
+# The HTTP listener's texts moved the same way: (path, form body or None, status, the page's text).
+MOVED_HTTP = [
+    ("/nowhere", None, 404, "nothing at /nowhere"),
+    ("/metrics", b"x=1", 405, "POST is not allowed on /metrics"),
+    ("/?page=x", None, 400, "page must be a number"),
+    ("/?page=0", None, 400, "pages start at 1"),
+    ("/queue", None, 400, "missing name"),
+    ("/queue?name=absent", None, 404, "no such queue"),
+    ("/static/absent.js", None, 404, "no such file"),
+    ("/queue/pause", b"name=absent&paused=1", 403, "missing or stale form token: reload the page and try again"),
+]
+
+
+def test_the_dashboard_shows_the_moved_texts(ezra_factory):
+    server = ezra_factory("--http-port", "0")
+    for path, form, status, message in MOVED_HTTP:
+        got, _, body = http(server.http_url + path, form)
+        assert (got, html.escape(message, quote=True) in body.decode()) == (status, True), (path, body[:300])
