@@ -1,9 +1,11 @@
-"""Every error EZRA answers, with Redis's prefixes and wording.
+"""Every error EZRA answers, with Redis's prefixes and wording: the one place its texts are written.
 
 Clients map the first word to an exception class (redis-py's
 `EXCEPTION_CLASSES`), so prefixes are API: keep them as Redis has them.
 The UPPER_CASE errors are classes (`raise errors.SYNTAX` builds a fresh one);
-the functions build theirs from their arguments.
+the functions build theirs from their arguments. Redis's own texts come first,
+then EZRA's by family, then the HTTP listener's (statuses instead of prefixes).
+tests/test_error_catalogue.py fails if code elsewhere writes an error's text inline.
 """
 
 from .resp import ErrorReply
