@@ -184,7 +184,7 @@ class Connection:
                 self.flush()
                 return False
             except ProtocolError as exc:
-                self.replies.append((session.proto, ErrorReply("ERR " + str(exc))))
+                self.replies.append((session.proto, errors.protocol_error(str(exc))))
                 self.flush()
                 logger.debug("closing {} after a protocol error: {}", session.addr, exc)
                 return False

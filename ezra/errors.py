@@ -1,9 +1,11 @@
-"""Every error EZRA answers, with Redis's prefixes and wording.
+"""Every error EZRA answers, with Redis's prefixes and wording: the one place its texts are written.
 
 Clients map the first word to an exception class (redis-py's
 `EXCEPTION_CLASSES`), so prefixes are API: keep them as Redis has them.
 The UPPER_CASE errors are classes (`raise errors.SYNTAX` builds a fresh one);
-the functions build theirs from their arguments.
+the functions build theirs from their arguments. Redis's own texts come first,
+then EZRA's by family, then the HTTP listener's (statuses instead of prefixes).
+tests/test_error_catalogue.py fails if code elsewhere writes an error's text inline.
 """
 
 from .resp import ErrorReply
@@ -178,3 +180,274 @@ def database_corrupt(reason: str) -> CommandError:
     """A write refused because ezra.db was found corrupt (storage/integrity.py)."""
     return err(f"database corrupt, EZRA has stopped writing to it (reads of the pages still whole work): "
                f"{reason}; stop EZRA and restore ezra.db from a backup")
+
+
+# ---------------------------------------------------------------- EZRA's own texts, by family
+# Below: the texts that were written where they are raised. Redis's wording where Redis has the
+# case, EZRA's otherwise; each says what to do instead. Variable parts are a function's arguments.
+
+def _text(value: bytes, most: int | None = None) -> str:
+    """A client's bytes shown in an error: decoded as the raising code did, cut at `most`."""
+    return value[:most].decode("utf-8", "replace")
+
+
+def wrong_subcommand_arity(command: str, sub: bytes) -> CommandError:
+    """Redis's arity error for a container command's subcommand: 'xgroup|create'."""
+    return wrong_arity(f"{command}|{sub.decode()}")
+
+
+def protocol_error(reason: str) -> CommandError:
+    """resp.py's ProtocolError ('Protocol error: ...'), sent before the connection closes.
+    Its texts stay in resp.py (the wire format): errors.py imports resp, not the other way."""
+    return err(reason)
+
+
+# Transactions (MULTI/EXEC) and the writer that runs them.
+MULTI_NESTED = _fixed("ERR MULTI calls can not be nested")
+EXEC_WITHOUT_MULTI = _fixed("ERR EXEC without MULTI")
+DISCARD_WITHOUT_MULTI = _fixed("ERR DISCARD without MULTI")
+SHUTTING_DOWN = _fixed("ERR server is shutting down")
+EXEC_INSIDE_EXEC = _fixed("ERR EXEC inside EXEC")  # a bug: the command table never nests them
+COMMIT_WAIT_INSIDE_EXEC = _fixed("ERR cannot wait for a commit inside EXEC")  # it would wait for itself
+
+
+def not_inside_multi(command: str) -> CommandError:
+    return err(f"{command} is not allowed inside MULTI: an EXEC is one transaction and "
+               f"{command} waits for a commit; send it on its own, after the EXEC")
+
+
+def too_much_queued(max_commands: int, max_megabytes: int) -> CommandError:
+    return err(f"too much queued between MULTI and EXEC (at most {max_commands} "
+               f"commands, {max_megabytes} MB; an EXEC holds every other client "
+               f"until it ends): send EXEC sooner, or pipeline without MULTI "
+               f"(redis-py: pipeline(transaction=False))")
+
+
+# The connection's commands: HELLO, CLIENT.
+BAD_CLIENT_NAME = _fixed("ERR Client names cannot contain spaces, newlines or special characters.")
+PROTOCOL_NOT_INTEGER = _fixed("ERR Protocol version is not an integer or out of range")
+HELLO_NOT_AUTHENTICATED = _fixed(
+    "NOAUTH HELLO must be called with the client already authenticated, otherwise "
+    "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
+    "client and select the RESP protocol version at the same time")
+
+
+def unknown_hello_option(word: bytes) -> CommandError:
+    return err(f"Syntax error in HELLO option '{_text(word)}'")
+
+
+def unrecognized_option(word: bytes) -> CommandError:
+    return err(f"Unrecognized option '{_text(word)}'")
+
+
+# Names: queues, their dead-letter views, workers (consumers).
+def queue_name_too_long(size: int, limit: int) -> CommandError:
+    return err(f"queue name is {size} bytes long; a new queue's name is at most {limit} bytes")
+
+
+def worker_name_too_long(size: int, limit: int) -> CommandError:
+    return err(f"consumer name is {size} bytes long; EZRA takes at most {limit} "
+               "(it is stored with every task the consumer holds)")
+
+
+def dead_view_is_read_only(name: bytes, queue: bytes) -> CommandError:
+    return err(f"'{_text(name)}' is the read-only dead-letter view of "
+               f"'{_text(queue)}': use XRANGE, XLEN, XDEL or XREQUEUE on it")
+
+
+# Stream ids (lifecycle.py): Redis's words.
+START_ID_INVALID = _fixed("ERR invalid start ID for the interval")
+END_ID_INVALID = _fixed("ERR invalid end ID for the interval")
+IDS_EXHAUSTED = _fixed("ERR The stream has exhausted the last possible ID, unable to add more items")
+
+# XADD's options: Redis 8.2's IDMP words, then EZRA's DELAY, ATTEMPTS, UNIQUE, FAILURE.
+IDMP_TWICE = _fixed("ERR IDMP/IDMPAUTO specified multiple times")
+IDMP_IID_EMPTY = _fixed("ERR IDMP requires a non-empty idempotent ID")
+IDMP_NEEDS_AUTO_ID = _fixed("ERR IDMP/IDMPAUTO can be used only with auto-generated IDs")
+ATTEMPTS_OUT_OF_RANGE = _fixed("ERR ATTEMPTS must be an integer from 0 to 2147483647")
+UNIQUE_TWICE = _fixed("ERR UNIQUE specified multiple times")
+UNIQUE_KEY_EMPTY = _fixed("ERR UNIQUE requires a non-empty key")
+FAILURE_NOT_A_RECORD = _fixed(
+    'ERR FAILURE must be a JSON object {"cause": text, "reason": text or null, "worker": text or null, '
+    '"at": ms or null}, as ezra export writes it')
+DELAY_ON_DEAD_TASK = _fixed(
+    "ERR DELAY does not apply to a dead task (XADD on a ::dead queue): it is never delivered")
+UNIQUE_ON_DEAD_TASK = _fixed(
+    "ERR UNIQUE does not apply to a dead task (XADD on a ::dead queue): a dead task holds no key")
+TRIM_ON_DEAD_TASK = _fixed(
+    "ERR MAXLEN/MINID trim a live queue's done tasks: they do not apply to a dead task (XADD on a ::dead queue)")
+
+
+def idmp_producer_empty(option: str) -> CommandError:
+    return err(f"{option} requires a non-empty producer ID")
+
+
+def unique_key_too_long(size: int, limit: int) -> CommandError:
+    return err(f"UNIQUE key is {size} bytes long; at most {limit} bytes")
+
+
+# Reads, nacks and take-overs (XREADGROUP, XNACK, XCLAIM, XAUTOCLAIM): Redis's words where it has them.
+BLOCK_NOT_INTEGER = _fixed("ERR timeout is not an integer or out of range")
+MIN_IDLE_NOT_INTEGER = _fixed("ERR min-idle-time is not an integer")
+XCLAIM_MIN_IDLE_INVALID = _fixed("ERR Invalid min-idle-time argument for XCLAIM")
+XAUTOCLAIM_MIN_IDLE_INVALID = _fixed("ERR Invalid min-idle-time argument for XAUTOCLAIM")
+AUTOCLAIM_COUNT_INVALID = _fixed("ERR COUNT must be > 0")
+RETRYCOUNT_NEGATIVE = _fixed("ERR RETRYCOUNT must be zero or positive")
+REASON_NEEDS_LONG_FORM = _fixed(
+    "ERR REASON needs XNACK's long form: XNACK queue group FAIL IDS numids id... REASON text")
+NACK_NUMIDS_INVALID = _fixed("ERR numids must be a positive integer matching the ids given")
+NUMIDS_NOT_POSITIVE = _fixed("ERR Number of IDs must be a positive integer")
+NUMIDS_NOT_MATCHING = _fixed("ERR The `numids` parameter must match the number of arguments")
+
+
+def xclaim_option_invalid(word: str) -> CommandError:
+    return err(f"Invalid {word} option argument for XCLAIM")
+
+
+def unknown_xclaim_option(word: bytes) -> CommandError:
+    return err(f"Unrecognized XCLAIM option '{_text(word)[:128]}'")
+
+
+# Listings (XINFO TASKS, XINFO QUEUES) and BACKUP.
+TASK_STATE_UNKNOWN = _fixed("ERR state must be one of available, delayed, in_flight, done, dead, unfinished")
+
+
+def count_out_of_range(most: int) -> CommandError:
+    return err(f"COUNT must be 1..{most}")
+
+
+def backup_failed(reason) -> CommandError:
+    return err(f"BACKUP failed: {reason}")
+
+
+# Queue settings (XCFGSET, the config file's `queue` lines; queue_settings.py).
+BACKOFF_EXPONENTIAL_ORDER = _fixed("ERR BACKOFF EXPONENTIAL needs 0 < base <= max seconds")
+BACKOFF_USAGE = _fixed("ERR BACKOFF takes FIXED <seconds> or EXPONENTIAL <base seconds> <max seconds>")
+SECONDS_INVALID = _fixed("ERR value is not a valid number of seconds")
+
+
+def settings_required(names: list[str]) -> CommandError:
+    return err("At least one setting is required: " + ", ".join(names))
+
+
+def seconds_out_of_range(positive: bool, most: float, got: bytes) -> CommandError:
+    return err(f"seconds must be {'above' if positive else 'at least'} 0 and at most {most:.0f}, got {_text(got)}")
+
+
+def setting_out_of_range(setting: str, low: int, high: int, unit: str, got: bytes) -> CommandError:
+    """`unit`: what the numbers count, with its leading space (' seconds'), or ''."""
+    return err(f"{setting} must be between {low} and {high}{unit}, got {got[:40].decode('ascii', 'replace')}")
+
+
+def visibility_timeout_too_short(least: float, got: bytes) -> CommandError:
+    return err(f"VISIBILITY-TIMEOUT must be at least {least} seconds (1 ms), got {_text(got, 40)}")
+
+
+def paused_invalid(got: bytes) -> CommandError:
+    return err(f"PAUSED must be 1 (pause) or 0 (resume), got {_text(got, 40)}")
+
+
+# Schedules (XSCHEDULE; schedule_settings.py, broker/schedules.py).
+SCHEDULES_NOT_SERVED = _fixed("ERR schedules are not served by this server")
+SCHEDULE_USAGE = _fixed(
+    "ERR a schedule is: name queue cron [TZ zone] [SKIP-IF-UNFINISHED] [SLOT-FIELD field] FIELDS field value ...")
+SCHEDULE_FIELDS_MISSING = _fixed("ERR FIELDS field value [field value ...] must follow the schedule's options")
+SCHEDULE_QUEUE_EMPTY = _fixed("ERR queue name must not be empty")
+SCHEDULE_FIELDS_NOT_PAIRS = _fixed(
+    "ERR FIELDS takes field value pairs: at least one field, and a value for each")
+CRON_NOT_TEXT = _fixed("ERR the cron expression and TZ must be text (UTF-8)")
+
+
+def unknown_schedule_option(word: bytes) -> CommandError:
+    return err(f"unknown schedule option {_text(word, 40)!r}: after the cron expression "
+               "come TZ zone, SKIP-IF-UNFINISHED, SLOT-FIELD field, then FIELDS field value ...")
+
+
+def schedule_name_length(most: int, got: int) -> CommandError:
+    return err(f"schedule name must be 1 to {most} bytes long, got {got}")
+
+
+def cron_invalid(reason: str) -> CommandError:
+    """cron.py's CronError says what is wrong with the expression or the zone."""
+    return err(reason)
+
+
+def too_many_schedules(most: int) -> CommandError:
+    return err(f"too many schedules (at most {most}): XSCHEDULE DEL some first")
+
+
+# ---------------------------------------------------------------- the HTTP listener (web/server.py)
+# Its refusals carry an HTTP status instead of a Redis prefix; the dashboard's error page shows
+# the text. Fixed ones are classes too (`raise errors.HTTP_NO_SUCH_QUEUE`), for the same reason.
+
+class HttpError(Exception):
+    """A request refused: the status line, the text the error page shows, any extra headers."""
+
+    def __init__(self, status: str, message: str, headers: list | None = None):
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or []
+
+
+def _fixed_http(status: str, message: str, headers: list | None = None) -> type[HttpError]:
+    class FixedHttpError(HttpError):
+        def __init__(self):
+            super().__init__(status, message, headers)
+
+    FixedHttpError.status_line, FixedHttpError.message = status, message  # readable without an instance
+    return FixedHttpError
+
+
+HTTP_PROTECTED_MODE = _fixed_http(
+    "403 Forbidden", "EZRA is running in protected mode: it has no password, so only clients on its own "
+    "machine (127.0.0.1, ::1) are served. Set --password (then log in with any user name and that password), "
+    "or --protected-mode no on a network you trust.")
+HTTP_PASSWORD_NEEDED = _fixed_http("401 Unauthorized", "this server needs its password (any user name)",
+                                   [("WWW-Authenticate", 'Basic realm="ezra", charset="UTF-8"')])
+HTTP_CROSS_SITE_ORIGIN = _fixed_http("403 Forbidden", "cross-site request refused (Origin is another site)")
+HTTP_CROSS_SITE_FETCH = _fixed_http("403 Forbidden", "cross-site request refused (Sec-Fetch-Site)")
+HTTP_STALE_FORM_TOKEN = _fixed_http("403 Forbidden", "missing or stale form token: reload the page and try again")
+HTTP_BAD_CONTENT_LENGTH = _fixed_http("400 Bad Request", "bad Content-Length")
+HTTP_FORM_TOO_LARGE = _fixed_http("413 Content Too Large", "form too large")
+HTTP_PAGE_NOT_A_NUMBER = _fixed_http("400 Bad Request", "page must be a number")
+HTTP_PAGES_START_AT_1 = _fixed_http("400 Bad Request", "pages start at 1")
+HTTP_PAUSED_INVALID = _fixed_http("400 Bad Request", "paused must be 1 or 0")
+HTTP_BAD_TASK_ID = _fixed_http("400 Bad Request", "bad task id")
+HTTP_NO_SUCH_QUEUE = _fixed_http("404 Not Found", "no such queue")
+HTTP_NO_SUCH_FILE = _fixed_http("404 Not Found", "no such file")
+HTTP_FAILED = "the server failed to answer this page; see its log"  # a 500's page: the log has the error
+# /healthz's 503 bodies (text/plain)
+HEALTH_CORRUPT = b"down: the database is corrupt, writes are refused (see the log, or INFO persistence)\n"
+HEALTH_WRITER_STUCK = b"down: the writer is stuck\n"
+
+
+def health_down(reason) -> bytes:
+    return f"down: {reason}\n".encode()
+
+
+def http_method_not_allowed(method: str, path: str) -> HttpError:
+    return HttpError("405 Method Not Allowed", f"{method} is not allowed on {path}")
+
+
+def http_nothing_at(path: str) -> HttpError:
+    return HttpError("404 Not Found", f"nothing at {path}")
+
+
+def http_misdirected(hostname: str, host: str) -> HttpError:
+    return HttpError("421 Misdirected Request",
+                     f"this server has no password, so it answers only to its IP address, localhost "
+                     f"or {hostname}, not {host!r} (set --password to use other names)")
+
+
+def http_missing(key: str) -> HttpError:
+    return HttpError("400 Bad Request", f"missing {key}")
+
+
+def http_no_such_task(task_id: tuple) -> HttpError:
+    return HttpError("404 Not Found", f"no task {task_id[0]}-{task_id[1]} in this queue: it was never "
+                                      "pushed, or it was acked and deleted, trimmed or purged")
+
+
+def http_body_cut_short(reason) -> str:
+    """web/server.py's ClientInputError text: a 400 page, the connection closed."""
+    return f"the request body ended early or came too slowly: {reason}"

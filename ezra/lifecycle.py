@@ -229,7 +229,7 @@ def _next_id(stream_id: StreamId, limit: int = REDIS_MAX_ID_PART) -> StreamId:
         return (ms, seq + 1)
     if ms < limit:
         return (ms + 1, 0)
-    raise errors.err("invalid start ID for the interval")
+    raise errors.START_ID_INVALID
 
 
 def previous_id(stream_id: StreamId) -> StreamId:
@@ -243,7 +243,7 @@ def _previous_id(stream_id: StreamId, limit: int) -> StreamId:
         return (ms, seq - 1)
     if ms > 0:
         return (ms - 1, limit)
-    raise errors.err("invalid end ID for the interval")
+    raise errors.END_ID_INVALID
 
 
 def new_id(requested: bytes, last: StreamId, now: int) -> StreamId:
@@ -282,4 +282,4 @@ def _next_id_or_error(last: StreamId) -> StreamId:
     try:
         return _next_id(last, MAX_ID_PART)
     except errors.CommandError:
-        raise errors.err("The stream has exhausted the last possible ID, unable to add more items") from None
+        raise errors.IDS_EXHAUSTED from None

@@ -50,7 +50,7 @@ IDMP_COLUMNS = ("idmp_duration", "idmp_maxsize")
 def parse(args: list[bytes]) -> dict[str, object]:
     """XCFGSET's arguments after the queue name -> {column: stored value}. Raises CommandError."""
     if not args:
-        raise errors.err("At least one setting is required: " + ", ".join(t.decode() for t in COLUMNS))
+        raise errors.settings_required([t.decode() for t in COLUMNS])
     values, _ = parse_options(args, 0, SETTINGS)
     return {column: value for column, value in zip(COLUMNS.values(), values) if value is not UNSET}
 
@@ -63,9 +63,9 @@ def parse_backoff(args: list[bytes]) -> tuple[str, int]:
     if kind == b"EXPONENTIAL" and len(args) >= 3:
         base, cap = seconds(args[1]), seconds(args[2])
         if base <= 0 or cap < base:
-            raise errors.err("BACKOFF EXPONENTIAL needs 0 < base <= max seconds")
+            raise errors.BACKOFF_EXPONENTIAL_ORDER
         return backoff_text((EXPONENTIAL, base, cap)), 3
-    raise errors.err("BACKOFF takes FIXED <seconds> or EXPONENTIAL <base seconds> <max seconds>")
+    raise errors.BACKOFF_USAGE
 
 
 def backoff_text(policy) -> str:
@@ -86,20 +86,20 @@ def seconds(arg: bytes, positive: bool = False) -> float:
             raise ValueError(arg)
         value = float(arg)
     except ValueError:
-        raise errors.err("value is not a valid number of seconds") from None
+        raise errors.SECONDS_INVALID from None
     if not math.isfinite(value) or value < 0 or (positive and value == 0) or value > MAX_SECONDS:
-        raise errors.err(f"seconds must be {'above' if positive else 'at least'} 0 and at most "
-                         f"{MAX_SECONDS:.0f}, got {arg.decode('utf-8', 'replace')}")
+        raise errors.seconds_out_of_range(positive, MAX_SECONDS, arg)
     return value
 
 
-def integer(arg: bytes, low: int, high: int, out_of_range: str) -> int:
+def integer(arg: bytes, low: int, high: int, setting: str, unit: str = "") -> int:
+    """A setting's integer from `low` to `high`; `unit` names what it counts (' seconds'), for the error."""
     try:
         value = to_int64(arg)
     except ValueError:
         raise errors.NOT_INTEGER from None
     if not low <= value <= high:
-        raise errors.err(f"{out_of_range}, got {arg[:40].decode('ascii', 'replace')}")
+        raise errors.setting_out_of_range(setting, low, high, unit, arg)
     return value
 
 
@@ -107,14 +107,13 @@ def visibility_timeout(arg: bytes) -> float:
     """VISIBILITY-TIMEOUT's and --visibility-timeout's seconds: finite, at least 1 ms."""
     value = seconds(arg, positive=True)
     if value < MIN_VISIBILITY_TIMEOUT:
-        raise errors.err(f"VISIBILITY-TIMEOUT must be at least {MIN_VISIBILITY_TIMEOUT} seconds (1 ms), "
-                         f"got {arg[:40].decode('utf-8', 'replace')}")
+        raise errors.visibility_timeout_too_short(MIN_VISIBILITY_TIMEOUT, arg)
     return value
 
 
 def max_attempts(arg: bytes) -> int:
     """MAX-ATTEMPTS' and --max-attempts' deliveries: 1 .. 2^31-1."""
-    return integer(arg, 1, MAX_ATTEMPTS, f"MAX-ATTEMPTS must be between 1 and {MAX_ATTEMPTS}")
+    return integer(arg, 1, MAX_ATTEMPTS, "MAX-ATTEMPTS")
 
 
 def _retention(arg: bytes) -> float:
@@ -126,16 +125,16 @@ def _release(arg: bytes) -> float:
 
 
 def _idmp_duration(arg: bytes) -> int:
-    return integer(arg, 1, 86400, "IDMP-DURATION must be between 1 and 86400 seconds")
+    return integer(arg, 1, 86400, "IDMP-DURATION", " seconds")
 
 
 def _idmp_maxsize(arg: bytes) -> int:
-    return integer(arg, 1, 10000, "IDMP-MAXSIZE must be between 1 and 10000 entries")
+    return integer(arg, 1, 10000, "IDMP-MAXSIZE", " entries")
 
 
 def _paused(arg: bytes) -> int:
     if arg not in (b"0", b"1"):
-        raise errors.err(f"PAUSED must be 1 (pause) or 0 (resume), got {arg[:40].decode('utf-8', 'replace')}")
+        raise errors.paused_invalid(arg)
     return int(arg)
 
 

@@ -25,13 +25,8 @@ MAX_NAME = 256  # bytes: a schedule's name is a /metrics label and a dashboard r
 SLOT_TEXT = 25  # bytes of the slot's time SLOT-FIELD adds ('2026-12-01T09:00:00+01:00')
 
 
-def unknown_option(word: bytes) -> errors.CommandError:
-    return errors.err(f"unknown schedule option {word[:40].decode('utf-8', 'replace')!r}: after the cron expression "
-                      "come TZ zone, SKIP-IF-UNFINISHED, SLOT-FIELD field, then FIELDS field value ...")
-
-
 OPTIONS = Options({"SKIP-IF-UNFINISHED": Flag(), "SLOT-FIELD": Value(bytes)}, TZ=Value(bytes), FIELDS=Stop(need=1),
-                  unknown=unknown_option)
+                  unknown=errors.unknown_schedule_option)
 
 
 class Definition:
@@ -53,28 +48,27 @@ class Definition:
 def parse(args: list[bytes], max_task_size: int) -> Definition:
     """XSCHEDULE SET's arguments after SET -> a Definition; a CommandError says what is wrong."""
     if len(args) < 3:
-        raise errors.err("a schedule is: name queue cron [TZ zone] [SKIP-IF-UNFINISHED] [SLOT-FIELD field] "
-                         "FIELDS field value ...")
+        raise errors.SCHEDULE_USAGE
     name, queue, cron_text = args[:3]
     (skip, slot_field, zone), i = parse_options(args, 3, OPTIONS)
     if i >= len(args) or args[i].upper() != b"FIELDS":
-        raise errors.err("FIELDS field value [field value ...] must follow the schedule's options")
+        raise errors.SCHEDULE_FIELDS_MISSING
     fields = args[i + 1:]
     if not name or len(name) > MAX_NAME:
-        raise errors.err(f"schedule name must be 1 to {MAX_NAME} bytes long, got {len(name)}")
+        raise errors.schedule_name_length(MAX_NAME, len(name))
     if not queue:
-        raise errors.err("queue name must not be empty")
+        raise errors.SCHEDULE_QUEUE_EMPTY
     if not fields or len(fields) % 2:
-        raise errors.err("FIELDS takes field value pairs: at least one field, and a value for each")
+        raise errors.SCHEDULE_FIELDS_NOT_PAIRS
     size = sum(map(len, fields)) + (0 if slot_field is None else len(slot_field) + SLOT_TEXT)
     if size > max_task_size:
         raise errors.task_too_large(size, max_task_size)
     try:
         cron = Cron(cron_text.decode(), "UTC" if zone is None else zone.decode())
     except UnicodeDecodeError:
-        raise errors.err("the cron expression and TZ must be text (UTF-8)") from None
+        raise errors.CRON_NOT_TEXT from None
     except CronError as exc:
-        raise errors.err(str(exc)) from None
+        raise errors.cron_invalid(str(exc)) from None
     return Definition(name, queue, cron, fields, skip, slot_field)
 
 

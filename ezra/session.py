@@ -36,17 +36,17 @@ NO_WORKERS = frozenset()
 class Session:
     """One connection's state: protocol, name, authentication, the worker names it used."""
 
-    __slots__ = ("server", "id", "proto", "name", "lib_name", "lib_ver", "authenticated",
+    __slots__ = ("state", "id", "proto", "name", "lib_name", "lib_ver", "authenticated",
                  "closing", "addr", "created", "wait", "flush", "workers", "queued", "queued_bytes",
                  "queue_failed", "in_exec")
 
-    def __init__(self, server: ServerState, addr: str, wait, flush):
-        self.server = server
-        self.id = next(server.client_ids)
+    def __init__(self, state: ServerState, addr: str, wait, flush):
+        self.state = state
+        self.id = next(state.client_ids)
         self.proto = 2
         self.name = None
         self.lib_name = self.lib_ver = None
-        self.authenticated = not server.settings.password
+        self.authenticated = not state.settings.password
         self.closing = False
         self.addr = addr
         self.created = time.time()
@@ -66,11 +66,11 @@ class Session:
             if self.workers is NO_WORKERS:
                 self.workers = set()
             self.workers.add(worker)
-            self.server.broker.worker_seen(worker)
+            self.state.broker.worker_seen(worker)
         return worker
 
     def close(self) -> None:
         """The connection closed: the worker names it used may be gone (release on disconnect)."""
         workers, self.workers = self.workers, NO_WORKERS
         for worker in workers:
-            self.server.broker.worker_gone(worker)
+            self.state.broker.worker_gone(worker)

@@ -112,7 +112,7 @@ class Writer:
         else (claims, acks, nacks, reads) rewrites rows that exist and goes on.
         """
         if self._stopping:
-            raise errors.err("server is shutting down")
+            raise errors.SHUTTING_DOWN
         atomic = self._atomic
         if atomic is not None and atomic.error is not None:
             raise atomic.error  # an earlier command of this EXEC rolled the batch back: none applies
@@ -144,12 +144,12 @@ class Writer:
         may wait for a commit (`barrier` refuses; BACKUP is refused inside MULTI). Yields
         the Atomic, whose `wait` the EXEC's reply waits on."""
         if self._stopping:
-            raise errors.err("server is shutting down")
+            raise errors.SHUTTING_DOWN
         # Open first: this may wait out a checkpoint's pause, and other EXECs run meanwhile.
         # From here on nothing yields until the block ends.
         batch = self._batch or self._open_batch()
         if self._atomic is not None:
-            raise errors.err("EXEC inside EXEC")  # a bug: the command table never nests them
+            raise errors.EXEC_INSIDE_EXEC  # a bug: the command table never nests them
         atomic = self._atomic = Atomic(batch)
         batch.held = True
         batch.atomics.append(atomic)
@@ -169,7 +169,7 @@ class Writer:
         """Wait until everything submitted before this call has committed (or rolled back):
         work done off the writer (a backup) then sees every write sent before it."""
         if self._atomic is not None:
-            raise errors.err("cannot wait for a commit inside EXEC")  # it would wait for itself
+            raise errors.COMMIT_WAIT_INSIDE_EXEC  # it would wait for itself
         self.submit(lambda: None, durable=False).batch.committed.wait()
 
     def pending(self) -> int:

@@ -36,7 +36,7 @@ def test_every_queue_and_the_server_wide_figures(broker):
     assert figures.queues[b"q1"]["counts"]["available"] == 2
     assert figures.queues[b"q1"]["counts"]["in_flight"] == 1
     assert figures.queues[b"q1"]["totals"]["pushed"] == 3 and figures.queues[b"q1"]["head_since"] is None
-    assert figures.stats["pushed"] == 4 and figures.stats["delivered"] == 1
+    assert figures.totals["pushed"] == 4 and figures.totals["delivered"] == 1
     assert figures.rest is None and figures.blocked == 0 and figures.database_bytes > 0
     assert figures.fsync_seconds is None  # --durability normal: no fsync per commit
     assert figures.batches == broker.writer.batches - 1  # taken in the batch the call committed
@@ -59,5 +59,5 @@ def test_busiest_and_the_rest_summed(broker):
 def test_no_queues_needs_no_batch(broker):
     batches = broker.writer.batches
     figures = broker.figures()
-    assert figures.queues == {} and figures.queue_count == 3 and figures.stats["pushed"] == 4
+    assert figures.queues == {} and figures.queue_count == 3 and figures.totals["pushed"] == 4
     assert broker.writer.pending() == 0 and broker.writer.batches == batches

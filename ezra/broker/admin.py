@@ -38,6 +38,13 @@ XACKDEL_NOT_FOUND = -1
 ALL_QUEUES = "all"  # figures(ALL_QUEUES): every queue's figures
 
 
+# Counters, one word per idea:
+#   counts   tasks in each state now (QueueState.counts: available, delayed, in_flight, done, dead)
+#   totals   how many times each event happened since start: QueueState.totals per queue, and
+#            Figures.totals in all (core.TALLIES names the events; Broker.stats and _tally, which
+#            add to both, keep their names until the broker's rework: they are totals too)
+#   figures  a snapshot of counts, totals and the writer's numbers (Figures): INFO, /metrics, dashboard
+# "stats" is only what users see: INFO's Stats section (Redis's name) and `ezra stats`.
 @dataclass(slots=True)
 class Figures:
     """A snapshot of the broker's figures (Broker.figures): plain values, safe to format on any thread."""
@@ -46,7 +53,7 @@ class Figures:
     queues: dict                # {name: {"counts", "totals", "paused", "head_since"}}: the queues asked for
     rest: dict | None           # with busiest: {"counts", "totals", "paused"} summed over the other queues
     queue_count: int            # queues in all
-    stats: dict[str, int]       # events since start (core.TALLIES), all queues
+    totals: dict[str, int]      # events since start (core.TALLIES), all queues (Broker.stats)
     blocked: int                # blocked XREADGROUPs and XREADs
     database_bytes: int         # ezra.db and its WAL
     batches: int                # the writer's committed batches (transactions)
@@ -190,7 +197,7 @@ class QueueAdmin(BrokerCore):
         writer = self.writer
         return Figures(
             now=self.clock(), queues=self._queue_figures(queues, head_since), rest=rest,
-            queue_count=len(self.queues), stats=dict(self.stats), blocked=self.blocked_clients(),
+            queue_count=len(self.queues), totals=dict(self.stats), blocked=self.blocked_clients(),
             database_bytes=self.db.bytes_on_disk(), batches=writer.batches,
             committed_requests=writer.committed_requests, fsyncs=writer.fsyncs, disk_full=writer.disk_full,
             batch_sizes=_copy(writer.batch_sizes), commit_seconds=_copy(writer.commit_seconds),

@@ -280,8 +280,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         queue = self.queues.get(name)
         if queue is None and create:
             if len(name) > MAX_QUEUE_NAME:  # raised before the batch writes anything for it
-                raise errors.err(f"queue name is {len(name)} bytes long; a new queue's name is at most "
-                                 f"{MAX_QUEUE_NAME} bytes")
+                raise errors.queue_name_too_long(len(name), MAX_QUEUE_NAME)
             self.db.insert_queue(name, now)
             queue = self.queues[name] = QueueState(name)
             bisect.insort(self.queue_names, name)

@@ -173,7 +173,7 @@ class Leases(BrokerCore):
             state, delivered = row[3], row[5]
             if (state == IN_FLIGHT and now - delivered < min_idle) or not self._may_claim(queue, row, worker):
                 continue
-            claimed.append(self._claim_one(queue, row, worker, now, justid, retry_count, delivered_at))
+            claimed.append(self._take_over_or_renew(queue, row, worker, now, justid, retry_count, delivered_at))
         return claimed
 
     def _tx_autoclaim(self, name: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
@@ -190,7 +190,7 @@ class Leases(BrokerCore):
                 break
             examined += 1
             if now - row[5] >= min_idle and self._may_claim(queue, row, worker):
-                claimed.append(self._claim_one(queue, row, worker, now, justid))
+                claimed.append(self._take_over_or_renew(queue, row, worker, now, justid))
         cursor = lifecycle.format_id(rows[examined][1:3]) if examined < len(rows) else b"0-0"
         return [cursor, claimed, []]
 
@@ -204,11 +204,11 @@ class Leases(BrokerCore):
         for row in self.db.idle_in_flight(queue.name, now - min_idle, count):
             idle, attempts = now - row[5], row[6]
             # Redis counts a CLAIM as a delivery, even of the worker's own task.
-            claimed.append(self._claim_one(queue, row, worker, now, count_attempt=True) + [idle, attempts])
+            claimed.append(self._take_over_or_renew(queue, row, worker, now, count_attempt=True) + [idle, attempts])
         return claimed
 
-    def _claim_one(self, queue, row, worker: bytes, now: int, justid: bool = False, retry_count=None,
-                    delivered_at=None, count_attempt: bool = False) -> list | bytes:
+    def _take_over_or_renew(self, queue, row, worker: bytes, now: int, justid: bool = False, retry_count=None,
+                            delivered_at=None, count_attempt: bool = False) -> list | bytes:
         """Claim one task (LEASE_COLUMNS row) for `worker`, leased from now: the owner renews its lease,
         another worker takes it over. Its entry, or its id (JUSTID)."""
         rowid, ms, seq, state, owner, _, attempts, fields = row

@@ -146,10 +146,9 @@ class Scheduler:
                 schedules.set_origin(definition.name, origin)
             return False
         if len(definition.queue) > MAX_QUEUE_NAME and definition.queue not in self.broker.queues:
-            raise errors.err(f"queue name is {len(definition.queue)} bytes long; a new queue's name is at most "
-                             f"{MAX_QUEUE_NAME} bytes")  # as a push would say, but now rather than at each firing
+            raise errors.queue_name_too_long(len(definition.queue), MAX_QUEUE_NAME)  # as a push would, but now
         if row is None and schedules.count() >= MAX_SCHEDULES:
-            raise errors.err(f"too many schedules (at most {MAX_SCHEDULES}): XSCHEDULE DEL some first")
+            raise errors.too_many_schedules(MAX_SCHEDULES)
         now = self.clock()
         next_at = definition.cron.next_after(now)
         schedules.save(definition.name, definition.queue, definition.cron.text, definition.cron.zone_name,

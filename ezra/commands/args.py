@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .. import errors
 from ..errors import CommandError
 from ..integers import to_int64
@@ -16,15 +18,16 @@ MAX_RETRY_COUNT = 2 ** 31 - 1
 MAX_WORKER_NAME = 256  # bytes
 
 
-def to_int(arg: bytes, error: str | type[CommandError] = errors.NOT_INTEGER) -> int:
+def to_int(arg: bytes, error: Callable[[], CommandError] = errors.NOT_INTEGER) -> int:
     """A signed 64-bit integer, as Redis reads one (integers.to_int64: no '+', '_', spaces or
     leading zeros; anything wider is out of range, and SQLite's too).
 
-    `error`: the error class, or the message of an ERR, built only when the argument is bad."""
+    `error`: what builds the error (a class of errors.py, or a function calling one), only when
+    the argument is bad."""
     try:
         return to_int64(arg)
     except ValueError:
-        raise (errors.err(error) if isinstance(error, str) else error) from None
+        raise error() from None
 
 
 def ids_of(args: list[bytes]) -> list[tuple]:
@@ -34,18 +37,16 @@ def ids_of(args: list[bytes]) -> list[tuple]:
 def worker_name(name: bytes) -> bytes:
     """The worker (consumer) name of a command that leases tasks to it: at most MAX_WORKER_NAME bytes."""
     if len(name) > MAX_WORKER_NAME:
-        raise errors.err(f"consumer name is {len(name)} bytes long; EZRA takes at most {MAX_WORKER_NAME} "
-                         "(it is stored with every task the consumer holds)")
+        raise errors.worker_name_too_long(len(name), MAX_WORKER_NAME)
     return name
 
 
 def live_queue(name: bytes) -> bytes:
     queue, dead = split_queue(name)
     if dead:
-        raise errors.err(f"'{name.decode('utf-8', 'replace')}' is the read-only dead-letter view of "
-                         f"'{queue.decode('utf-8', 'replace')}': use XRANGE, XLEN, XDEL or XREQUEUE on it")
+        raise errors.dead_view_is_read_only(name, queue)
     return queue
 
 
 def broker_of(session):
-    return session.server.broker
+    return session.state.broker

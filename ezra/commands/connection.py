@@ -15,7 +15,6 @@ from loguru import logger
 
 from .. import __version__, errors, lifecycle
 from ..broker.core import MAX_QUEUE_NAME
-from ..errors import CommandError
 from ..options import Custom, Options, Value, parse_options
 from ..resp import OK, ErrorReply, SimpleString, Verbatim
 from ..storage.schedules import NEVER
@@ -57,7 +56,7 @@ def quit_(session, args):
 def multi(session, args):
     """MULTI: queue the next commands until EXEC (or DISCARD)."""
     if session.queued is not None:
-        return errors.err("MULTI calls can not be nested")  # answered, the transaction goes on
+        return errors.MULTI_NESTED()  # answered, the transaction goes on
     session.queued, session.queued_bytes, session.queue_failed = [], 0, False
     return OK
 
@@ -76,14 +75,14 @@ def exec_(session, args):
     it is that error. BACKUP, which waits for a commit, is refused at queue time.
     """
     if session.queued is None:
-        raise errors.err("EXEC without MULTI")
+        raise errors.EXEC_WITHOUT_MULTI
     queued, failed = session.queued, session.queue_failed
     session.queued, session.queued_bytes, session.queue_failed = None, 0, False
     if failed:
         raise errors.EXECABORT
     session.in_exec = True
     try:
-        with session.server.broker.writer.atomic() as atomic:
+        with session.state.broker.writer.atomic() as atomic:
             replies = [run(session, fn, queued_args) for fn, queued_args in queued]
     finally:
         session.in_exec = False
@@ -120,7 +119,7 @@ class AllReplies:
 def discard(session, args):
     """DISCARD: forget the queued commands."""
     if session.queued is None:
-        raise errors.err("DISCARD without MULTI")
+        raise errors.DISCARD_WITHOUT_MULTI
     session.queued, session.queued_bytes, session.queue_failed = None, 0, False
     return OK
 
@@ -141,14 +140,14 @@ def auth(session, args):
     """AUTH [username] password"""
     if len(args) > 3:
         raise errors.SYNTAX
-    if not session.server.settings.password:
+    if not session.state.settings.password:
         raise errors.AUTH_NOT_CONFIGURED
     check_password(session, args[1] if len(args) == 3 else b"default", args[-1])
     return OK
 
 
 def check_password(session: Session, user: bytes, password: bytes) -> None:
-    expected = session.server.settings.password
+    expected = session.state.settings.password
     import hmac  # here: it loads OpenSSL (3.4 MB), which a server without a password need not hold
     if expected and not (user == b"default" and hmac.compare_digest(password, expected.encode())):
         logger.debug("failed authentication from {}", session.addr)  # ezra/connection.py logs bursts
@@ -158,7 +157,7 @@ def check_password(session: Session, user: bytes, password: bytes) -> None:
 
 def valid_client_name(name: bytes) -> bytes:
     if any(c <= 32 or c >= 127 for c in name):
-        raise errors.err("Client names cannot contain spaces, newlines or special characters.")
+        raise errors.BAD_CLIENT_NAME
     return name
 
 
@@ -167,12 +166,8 @@ def take_credentials(args: list[bytes], i: int, _) -> tuple:
     return (args[i + 1], args[i + 2]), i + 3
 
 
-def unknown_hello_option(word: bytes) -> CommandError:
-    return errors.err(f"Syntax error in HELLO option '{word.decode('utf-8', 'replace')}'")
-
-
 HELLO_OPTIONS = Options(AUTH=Custom(take_credentials, need=2), SETNAME=Value(valid_client_name),
-                        unknown=unknown_hello_option)
+                        unknown=errors.unknown_hello_option)
 
 
 @command("HELLO", -1)
@@ -180,7 +175,7 @@ def hello(session, args):
     """HELLO [protover [AUTH username password] [SETNAME clientname]]"""
     proto = session.proto
     if len(args) > 1:
-        proto = to_int(args[1], "Protocol version is not an integer or out of range")
+        proto = to_int(args[1], errors.PROTOCOL_NOT_INTEGER)
         if proto not in (2, 3):
             raise errors.NOPROTO
     # Every option is checked before anything changes: a HELLO that fails leaves the connection as it
@@ -189,9 +184,7 @@ def hello(session, args):
     if credentials is not None:
         check_password(session, *credentials)
     if not session.authenticated:
-        raise CommandError("NOAUTH HELLO must be called with the client already authenticated, otherwise "
-                           "the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the "
-                           "client and select the RESP protocol version at the same time")
+        raise errors.HELLO_NOT_AUTHENTICATED
     if name is not None:
         session.name = name
     session.proto = proto
@@ -217,10 +210,10 @@ def client(session, args):
         elif attr == b"LIB-VER":
             session.lib_ver = args[3]
         else:
-            raise errors.err(f"Unrecognized option '{args[2].decode('utf-8', 'replace')}'")
+            raise errors.unrecognized_option(args[2])
         return OK
     if sub in (b"SETNAME", b"GETNAME", b"ID", b"SETINFO"):
-        raise errors.err(f"wrong number of arguments for 'client|{sub.decode().lower()}' command")
+        raise errors.wrong_subcommand_arity("client", sub)
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "CLIENT")
 
 
@@ -257,13 +250,13 @@ def info(session, args):
     everything = bool(wanted & {"all", "everything", "default"})
     # One snapshot of the broker's figures for every section; the queues' only when shown, and
     # only the first INFO_QUEUES of them (50,000 queues took ~0.5 s a call): XINFO QUEUES pages.
-    broker = session.server.broker
+    broker = session.state.broker
     figures = broker.figures(broker.names_after(None, INFO_QUEUES) if everything or "queues" in wanted else (),
                              head_since=False)
     sections = []
     for name, build in INFO_SECTIONS:
         if everything or name in wanted:
-            lines = build(session.server, figures)
+            lines = build(session.state, figures)
             sections.append(f"# {name.capitalize()}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in lines))
     return Verbatim("\r\n".join(sections))
 
@@ -307,15 +300,15 @@ def info_persistence(state: ServerState, figures):
 
 
 def info_stats(state: ServerState, figures):
-    stats = figures.stats
+    totals = figures.totals
     return [("total_connections_received", state.total_connections),
             ("total_commands_processed", state.total_commands),
             ("rejected_connections", state.rejected_connections),
-            ("tasks_pushed", stats["pushed"]), ("tasks_delivered", stats["delivered"]),
-            ("tasks_acked", stats["acked"]), ("tasks_failed", stats["failed"]),
-            ("tasks_expired", stats["expired"]), ("tasks_dead", stats["dead"]),
-            ("tasks_released", stats["released"]), ("tasks_purged", stats["purged"]),
-            ("tasks_redelivered", stats["redelivered"]), ("tasks_requeued", stats["requeued"])]
+            ("tasks_pushed", totals["pushed"]), ("tasks_delivered", totals["delivered"]),
+            ("tasks_acked", totals["acked"]), ("tasks_failed", totals["failed"]),
+            ("tasks_expired", totals["expired"]), ("tasks_dead", totals["dead"]),
+            ("tasks_released", totals["released"]), ("tasks_purged", totals["purged"]),
+            ("tasks_redelivered", totals["redelivered"]), ("tasks_requeued", totals["requeued"])]
 
 
 def info_queues(state: ServerState, figures):
@@ -326,17 +319,17 @@ def info_queues(state: ServerState, figures):
         if len(name) > MAX_QUEUE_NAME:  # an older EZRA's queue: cut, as /metrics and the dashboard do
             name = name[:MAX_QUEUE_NAME] + f"…({len(name)} bytes)".encode()
         shown = name.decode("utf-8", "replace").translate(INFO_NAME_SAFE)
-        figures = [(key, queue["counts"][key]) for key in INFO_STATES]
-        figures += [(key, queue["totals"][key]) for key in INFO_TALLIES]
-        figures.append(("paused", int(queue["paused"])))
-        lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in figures)))
+        fields = [(key, queue["counts"][key]) for key in INFO_STATES]
+        fields += [(key, queue["totals"][key]) for key in INFO_TOTALS]
+        fields.append(("paused", int(queue["paused"])))
+        lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in fields)))
     return lines
 
 
-# The counts by state (the first four fields first, as they always were), then events
-# since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED).
+# The counts by state (the first four fields first, as they always were), then totals of
+# events since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED).
 INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD, lifecycle.DELAYED)
-INFO_TALLIES = ("pushed", "delivered", "acked", "failed", "expired")
+INFO_TOTALS = ("pushed", "delivered", "acked", "failed", "expired")
 
 
 INFO_QUEUES = 100  # queue_<name> lines at most, the first queues by name

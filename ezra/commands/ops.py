@@ -34,9 +34,9 @@ def ids_block(args: list[bytes], i: int) -> tuple[list[tuple], int]:
         raise errors.SYNTAX
     numids = to_int(args[i + 1])
     if numids <= 0:
-        raise errors.err("Number of IDs must be a positive integer")
+        raise errors.NUMIDS_NOT_POSITIVE
     if i + 2 + numids > len(args):
-        raise errors.err("The `numids` parameter must match the number of arguments")
+        raise errors.NUMIDS_NOT_MATCHING
     return ids_of(args[i + 2:i + 2 + numids]), i + 2 + numids
 
 
@@ -54,7 +54,8 @@ def xcfgset(session, args):
 
 def xclaim_ms(word: str, most: int | None = None) -> Value:
     """XCLAIM's IDLE, TIME and RETRYCOUNT: integers, below 0 read as 0 (as Redis), at most `most`."""
-    error = f"Invalid {word} option argument for XCLAIM"
+    def error() -> CommandError:
+        return errors.xclaim_option_invalid(word)
 
     def convert(arg: bytes) -> int:
         value = max(to_int(arg, error), 0)
@@ -62,14 +63,10 @@ def xclaim_ms(word: str, most: int | None = None) -> Value:
     return Value(convert)
 
 
-def unknown_xclaim_option(word: bytes) -> CommandError:
-    return errors.err(f"Unrecognized XCLAIM option '{word.decode('utf-8', 'replace')[:128]}'")
-
-
 # LASTID sets the group's last id: EZRA's one group has none to set, the id is only checked.
 XCLAIM_OPTIONS = Options(IDLE=xclaim_ms("IDLE"), TIME=xclaim_ms("TIME"),
                          RETRYCOUNT=xclaim_ms("RETRYCOUNT", MAX_RETRY_COUNT), FORCE=Flag(), JUSTID=Flag(),
-                         LASTID=Value(parse_id), unknown=unknown_xclaim_option)
+                         LASTID=Value(parse_id), unknown=errors.unknown_xclaim_option)
 
 
 @command("XCLAIM", -6)
@@ -77,7 +74,7 @@ def xclaim(session, args):
     """XCLAIM queue group worker min-idle-ms id... [IDLE ms] [TIME ms] [RETRYCOUNT n] [FORCE] [JUSTID] [LASTID id]"""
     queue = live_queue(args[1])
     worker = worker_name(args[3])
-    min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XCLAIM"), 0)
+    min_idle = max(to_int(args[4], errors.XCLAIM_MIN_IDLE_INVALID), 0)
     i, ids = 5, []
     while i < len(args):
         try:
@@ -92,9 +89,9 @@ def xclaim(session, args):
 
 
 def autoclaim_count(arg: bytes) -> int:
-    count = to_int(arg, "COUNT must be > 0")
+    count = to_int(arg, errors.AUTOCLAIM_COUNT_INVALID)
     if not 1 <= count <= AUTOCLAIM_COUNT_LIMIT:
-        raise errors.err("COUNT must be > 0")
+        raise errors.AUTOCLAIM_COUNT_INVALID
     return min(count, AUTOCLAIM_MAX_COUNT)
 
 
@@ -106,7 +103,7 @@ def xautoclaim(session, args):
     """XAUTOCLAIM queue group worker min-idle-ms start [COUNT n] [JUSTID]: [cursor, entries, deleted]"""
     queue = live_queue(args[1])
     worker = worker_name(args[3])
-    min_idle = max(to_int(args[4], "Invalid min-idle-time argument for XAUTOCLAIM"), 0)
+    min_idle = max(to_int(args[4], errors.XAUTOCLAIM_MIN_IDLE_INVALID), 0)
     start = lifecycle.parse_range_bound(args[5], True)
     (count, justid), _ = parse_options(args, 6, XAUTOCLAIM_OPTIONS)
     if start == lifecycle.ABOVE_ALL:  # past every id EZRA can store: nothing to scan
@@ -158,7 +155,7 @@ def xinfo(session, args):
     if arity is None:
         raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XINFO")
     if len(args) < arity or (sub != b"STREAM" and len(args) != arity):
-        raise errors.err(f"wrong number of arguments for 'xinfo|{sub.decode().lower()}' command")
+        raise errors.wrong_subcommand_arity("xinfo", sub)
     queue = live_queue(args[2])
     apart = not session.in_exec  # its counts on a native thread; inside EXEC (it cannot wait) in the transaction
     if sub == b"GROUPS":
@@ -179,7 +176,7 @@ TASK_STATES = ({state.encode(): state for state in lifecycle.STATES} | {b"in-fli
 def tasks_count(arg: bytes) -> int:
     count = to_int(arg)
     if not 0 < count <= AUTOCLAIM_MAX_COUNT:
-        raise errors.err(f"COUNT must be 1..{AUTOCLAIM_MAX_COUNT}")
+        raise errors.count_out_of_range(AUTOCLAIM_MAX_COUNT)
     return count
 
 
@@ -191,11 +188,11 @@ def xinfo_tasks(session, args):
     (available, in_flight, dead: by id, AFTER pages; delayed: next due first; done: newest first;
     unfinished: available, delayed and in-flight ones by id, each with its own state)."""
     if len(args) < 4:
-        raise errors.err("wrong number of arguments for 'xinfo|tasks' command")
+        raise errors.wrong_subcommand_arity("xinfo", b"TASKS")
     queue = live_queue(args[2])
     state = TASK_STATES.get(args[3].lower())
     if state is None:
-        raise errors.err("state must be one of available, delayed, in_flight, done, dead, unfinished")
+        raise errors.TASK_STATE_UNKNOWN
     (count, after), _ = parse_options(args, 4, TASKS_OPTIONS)
     return Deferred(broker_of(session).tasks(queue, state, count, after),
                     lambda rows: [task_reply(row, state) for row in rows])
@@ -203,13 +200,13 @@ def xinfo_tasks(session, args):
 
 QUEUES_DEFAULT_COUNT = 100
 QUEUES_MAX_COUNT = 1000
-QUEUE_TALLIES = ("pushed", "delivered", "acked", "failed", "expired")
+XINFO_QUEUES_TOTALS = ("pushed", "delivered", "acked", "failed", "expired")  # events since start
 
 
 def queues_count(arg: bytes) -> int:
     count = to_int(arg)
     if not 0 < count <= QUEUES_MAX_COUNT:
-        raise errors.err(f"COUNT must be 1..{QUEUES_MAX_COUNT}")
+        raise errors.count_out_of_range(QUEUES_MAX_COUNT)
     return count
 
 
@@ -229,7 +226,7 @@ def xinfo_queues(session, args):
 def queue_reply(name: bytes, queue: dict) -> dict:
     counts, totals = queue["counts"], queue["totals"]
     return {"name": name, **{state.replace("_", "-"): counts[state] for state in lifecycle.STATES},
-            **{tally: totals[tally] for tally in QUEUE_TALLIES}, "paused": int(queue["paused"])}
+            **{event: totals[event] for event in XINFO_QUEUES_TOTALS}, "paused": int(queue["paused"])}
 
 
 def task_reply(row, state: str) -> dict:
@@ -336,5 +333,5 @@ def backup(session, args):
     try:
         broker_of(session).backup(dest)
     except StorageError as exc:
-        raise errors.err(f"BACKUP failed: {exc}") from None
+        raise errors.backup_failed(exc) from None
     return OK

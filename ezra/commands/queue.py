@@ -39,11 +39,11 @@ def take_idmpauto(args: list[bytes], i: int, producer):
 
 def idempotent_producer(before, kind: str, producer: bytes, iid: bytes | None) -> tuple:
     if before is not None:
-        raise errors.err("IDMP/IDMPAUTO specified multiple times")
+        raise errors.IDMP_TWICE
     if not producer:
-        raise errors.err(f"{kind} requires a non-empty producer ID")
+        raise errors.idmp_producer_empty(kind)
     if kind == "IDMP" and not iid:
-        raise errors.err("IDMP requires a non-empty idempotent ID")
+        raise errors.IDMP_IID_EMPTY
     return producer, iid
 
 
@@ -54,9 +54,9 @@ def push_ms(arg: bytes) -> int:
 
 def push_attempts(arg: bytes) -> int:
     """ATTEMPTS: the deliveries the task had elsewhere (ezra import)."""
-    attempts = to_int(arg, "ATTEMPTS must be an integer from 0 to 2147483647")
+    attempts = to_int(arg, errors.ATTEMPTS_OUT_OF_RANGE)
     if not 0 <= attempts <= MAX_RETRY_COUNT:
-        raise errors.err("ATTEMPTS must be an integer from 0 to 2147483647")
+        raise errors.ATTEMPTS_OUT_OF_RANGE
     return attempts
 
 
@@ -67,17 +67,13 @@ MAX_UNIQUE_KEY = 256  # bytes
 def take_unique(args: list[bytes], i: int, key):
     """UNIQUE key: at most one unfinished task per key in the queue (an EZRA extension)."""
     if key is not None:
-        raise errors.err("UNIQUE specified multiple times")
+        raise errors.UNIQUE_TWICE
     key = args[i + 1]
     if not key:
-        raise errors.err("UNIQUE requires a non-empty key")
+        raise errors.UNIQUE_KEY_EMPTY
     if len(key) > MAX_UNIQUE_KEY:
-        raise errors.err(f"UNIQUE key is {len(key)} bytes long; at most {MAX_UNIQUE_KEY} bytes")
+        raise errors.unique_key_too_long(len(key), MAX_UNIQUE_KEY)
     return key, i + 2
-
-
-FAILURE_ERROR = ('FAILURE must be a JSON object {"cause": text, "reason": text or null, "worker": text or null, '
-                 '"at": ms or null}, as ezra export writes it')
 
 
 def push_failure(arg: bytes) -> dict:
@@ -87,14 +83,14 @@ def push_failure(arg: bytes) -> dict:
     try:
         record = json.loads(arg)
     except ValueError:
-        raise errors.err(FAILURE_ERROR) from None
+        raise errors.FAILURE_NOT_A_RECORD from None
     if not isinstance(record, dict) or not isinstance(record.get("cause"), str):
-        raise errors.err(FAILURE_ERROR)
+        raise errors.FAILURE_NOT_A_RECORD
     texts = [record.get(key) for key in ("cause", "reason", "worker")]
     at = record.get("at")
     if any(value is not None and not isinstance(value, str) for value in texts) or \
             not (at is None or (type(at) is int and 0 <= at < 2 ** 63)):
-        raise errors.err(FAILURE_ERROR)
+        raise errors.FAILURE_NOT_A_RECORD
     cause, reason, worker = (None if value is None else lifecycle.bound_reason(value.encode("utf-8", "replace"))
                              for value in texts)
     return lifecycle.failure_record(cause, reason, worker, at)
@@ -136,16 +132,15 @@ def xadd(session, args):
     if not fields or len(fields) % 2:
         raise errors.wrong_arity("xadd")
     if dead and delay_ms:
-        raise errors.err("DELAY does not apply to a dead task (XADD on a ::dead queue): it is never delivered")
+        raise errors.DELAY_ON_DEAD_TASK
     if dead and unique is not None:
-        raise errors.err("UNIQUE does not apply to a dead task (XADD on a ::dead queue): a dead task holds no key")
+        raise errors.UNIQUE_ON_DEAD_TASK
     # Exact trimming is refused here, before anything is stored.
     trim = None if trimming is None else trimming.trim()
     if dead and trim is not None:
-        raise errors.err("MAXLEN/MINID trim a live queue's done tasks: they do not apply to a dead task "
-                         "(XADD on a ::dead queue)")
+        raise errors.TRIM_ON_DEAD_TASK
     size = sum(map(len, fields))
-    limit = session.server.settings.max_task_size
+    limit = session.state.settings.max_task_size
     if size > limit:
         raise errors.task_too_large(size, limit)
     if idmp is not None:
@@ -157,7 +152,7 @@ def xadd(session, args):
 def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
     """(producer, iid) for the broker: IDMPAUTO's iid is the fields' digest."""
     if id_arg != b"*":
-        raise errors.err("IDMP/IDMPAUTO can be used only with auto-generated IDs")
+        raise errors.IDMP_NEEDS_AUTO_ID
     producer, iid = idmp
     return producer, lifecycle.idmp_auto_iid(fields) if iid is None else iid
 
@@ -177,7 +172,7 @@ def xtrim(session, args):
 
 def block_timeout(arg: bytes) -> int:
     """BLOCK's milliseconds: 0 is for ever."""
-    block_ms = to_int(arg, "timeout is not an integer or out of range")
+    block_ms = to_int(arg, errors.BLOCK_NOT_INTEGER)
     if block_ms < 0:
         raise errors.TIMEOUT_NEGATIVE
     return block_ms
@@ -185,7 +180,7 @@ def block_timeout(arg: bytes) -> int:
 
 def claim_min_idle(arg: bytes) -> int:
     """XREADGROUP's CLAIM: in-flight tasks idle this long (ms) are claimed too."""
-    return max(to_int(arg, "min-idle-time is not an integer"), 0)
+    return max(to_int(arg, errors.MIN_IDLE_NOT_INTEGER), 0)
 
 
 READ_OPTIONS = Options(COUNT=Value(to_int), BLOCK=Value(block_timeout), CLAIM=Value(claim_min_idle),
@@ -309,7 +304,7 @@ def xack(session, args):
 def nack_retry_count(arg: bytes) -> int:
     retry_count = to_int(arg)
     if retry_count < 0:
-        raise errors.err("RETRYCOUNT must be zero or positive")
+        raise errors.RETRYCOUNT_NEGATIVE
     return min(retry_count, MAX_RETRY_COUNT)
 
 
@@ -325,13 +320,13 @@ def xnack(session, args):
     mode = args[3].upper().decode("latin-1")
     if mode not in lifecycle.NACK_MODES:
         if any(arg.upper() == b"REASON" for arg in args[3:]):
-            raise errors.err("REASON needs XNACK's long form: XNACK queue group FAIL IDS numids id... REASON text")
+            raise errors.REASON_NEEDS_LONG_FORM
         return Deferred(broker_of(session).fail(queue, ids_of(args[3:])))
     if len(args) < 7 or args[4].upper() != b"IDS":
         raise errors.SYNTAX
     numids = to_int(args[5])
     if numids <= 0 or 6 + numids > len(args):
-        raise errors.err("numids must be a positive integer matching the ids given")
+        raise errors.NACK_NUMIDS_INVALID
     ids = ids_of(args[6:6 + numids])
     (retry_count, force, reason), _ = parse_options(args, 6 + numids, NACK_OPTIONS)
     return Deferred(broker_of(session).fail(queue, ids, mode, retry_count, force, reason))
@@ -444,7 +439,7 @@ def xgroup(session, args):
     if sub == b"HELP":
         return [SimpleString(line) for line in XGROUP_HELP]
     if sub in (b"CREATE", b"SETID", b"CREATECONSUMER", b"DELCONSUMER", b"DESTROY"):
-        raise errors.err(f"wrong number of arguments for 'xgroup|{sub.decode().lower()}' command")
+        raise errors.wrong_subcommand_arity("xgroup", sub)
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XGROUP")
 
 

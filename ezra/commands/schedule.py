@@ -33,9 +33,9 @@ HELP = [
 
 
 def scheduler_of(session):
-    scheduler = session.server.scheduler
+    scheduler = session.state.scheduler
     if scheduler is None:
-        raise errors.err("schedules are not served by this server")
+        raise errors.SCHEDULES_NOT_SERVED
     return scheduler
 
 
@@ -44,7 +44,7 @@ def xschedule(session, args):
     """XSCHEDULE SET name queue cron [TZ zone] [SKIP-IF-UNFINISHED] [SLOT-FIELD f] FIELDS f v ... | DEL name | LIST"""
     sub = args[1].upper()
     if sub == b"SET" and len(args) >= 5:
-        definition = schedule_settings.parse(args[2:], session.server.settings.max_task_size)
+        definition = schedule_settings.parse(args[2:], session.state.settings.max_task_size)
         live_queue(definition.queue)  # not a q::dead view
         return Deferred(scheduler_of(session).set(definition), lambda _: OK)
     if sub == b"DEL" and len(args) == 3:
@@ -54,7 +54,7 @@ def xschedule(session, args):
     if sub == b"HELP" and len(args) == 2:
         return [SimpleString(line) for line in HELP]
     if sub in (b"SET", b"DEL", b"LIST"):
-        raise errors.err(f"wrong number of arguments for 'xschedule|{sub.decode().lower()}' command")
+        raise errors.wrong_subcommand_arity("xschedule", sub)
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XSCHEDULE")
 
 

@@ -66,7 +66,7 @@ def supported_commands() -> str:
 
 def dispatch(session, args: list[bytes]):
     """Run one command: a reply value, a Deferred, or an ErrorReply."""
-    session.server.total_commands += 1
+    session.state.total_commands += 1
     name = args[0]
     entry = COMMANDS.get(name)  # clients send names in capitals nearly always: no copy then
     if entry is None:
@@ -85,15 +85,11 @@ def dispatch(session, args: list[bytes]):
         if not session.authenticated and name not in NO_AUTH_NEEDED:
             raise errors.NOAUTH
         if session.queued is not None and name in NOT_INSIDE_MULTI:
-            raise errors.err(f"{lower.upper()} is not allowed inside MULTI: an EXEC is one transaction and "
-                             f"{lower.upper()} waits for a commit; send it on its own, after the EXEC")
+            raise errors.not_inside_multi(lower.upper())
         if session.queued is not None and name not in RUN_INSIDE_MULTI:
             session.queued_bytes += sum(len(arg) for arg in args)
             if len(session.queued) >= MAX_QUEUED_COMMANDS or session.queued_bytes > MAX_QUEUED_BYTES:
-                raise errors.err(f"too much queued between MULTI and EXEC (at most {MAX_QUEUED_COMMANDS} "
-                                 f"commands, {MAX_QUEUED_BYTES >> 20} MB; an EXEC holds every other client "
-                                 f"until it ends): send EXEC sooner, or pipeline without MULTI "
-                                 f"(redis-py: pipeline(transaction=False))")
+                raise errors.too_much_queued(MAX_QUEUED_COMMANDS, MAX_QUEUED_BYTES >> 20)
     except ErrorReply as exc:
         if session.queued is not None:
             session.queue_failed = True  # as Redis: a command refused after MULTI aborts the EXEC

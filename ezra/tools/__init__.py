@@ -1,6 +1,6 @@
 """The command-line programs besides the server, one module per subcommand:
 entry.py dispatches `ezra <subcommand>`; backup.py is `ezra backup`, ping.py
-`ezra ping`, inspect.py `ezra stats`, `ezra ls` and `ezra requeue`, and move.py
+`ezra ping`, inspector.py `ezra stats`, `ezra ls` and `ezra requeue`, and move.py
 (with stream_copy.py and progress.py) `ezra export` and `ezra import`. A tool
 talks to a running server over its port with ezra/client.py, or reads ezra.db
 through storage (read-only, except `ezra import --data-dir`, which runs an

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
         from .move import SUBCOMMANDS as MOVES, run as run_move  # EZRA <-> Redis: no gevent unless --data-dir
         sys.exit(run_move(MOVES[args[0]], args[1:]))
     if args[:1] and args[0] in ("stats", "ls", "requeue"):
-        from .inspect import SUBCOMMANDS, run  # over the server's port: no gevent, no database
+        from .inspector import SUBCOMMANDS, run  # over the server's port: no gevent, no database
         sys.exit(run(SUBCOMMANDS[args[0]], args[1:]))
     if args[:1] and not args[0].startswith("-"):
         print(unknown_command(args[0]), file=sys.stderr)

@@ -24,8 +24,8 @@ What maps to what (README "Moving to Redis (and back)", docs/usage.md):
 Ids are kept (XADD with the explicit id), so a re-run adds nothing: an id at or below the
 destination stream's last id is already there. Both tools end by reading the destination
 back and counting the source's ids in it. The copy code is one path: sources give pages of
-`Task`s in id order, a `Writer` pipelines XADDs, `verify` walks the destination (those
-pieces are in stream_copy.py). Talks RESP2 with ezra/client.py on both sides: no Redis
+`Task`s in id order, a `CheckedPipeline` sends XADDs in pipelines, `verify` walks the
+destination (those pieces are in stream_copy.py). Talks RESP2 with ezra/client.py on both sides: no Redis
 library needed.
 """
 
@@ -41,10 +41,10 @@ from contextlib import contextmanager
 import configargparse
 
 from ..client import Client, ClientError, ReplyError, from_url
-from .inspect import REPLY_SHAPE_ERRORS, connect, connection_parser, table, unexpected_reply
+from .inspector import REPLY_SHAPE_ERRORS, connect, connection_parser, table, unexpected_reply
 from .progress import Progress
 from ..storage import StorageError, decode_fields, name_bytes
-from .stream_copy import (PAGE, ZERO, Ids, MoveError, Task, Writer, format_id, next_id, pairs, parse_id,
+from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, format_id, next_id, pairs, parse_id,
                           report_verified, shown, stream_entries, stream_facts, verify)
 
 DEAD_SUFFIX = b"::dead"
@@ -158,7 +158,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     stream_facts(redis, queue + UNIQUE_SUFFIX, kinds=(b"hash",))
     stream_facts(redis, queue + FAILURES_SUFFIX, kinds=(b"hash",))
     group = os.fsencode(options.group) if options.group else facts["group"]
-    counts, expected = copy_to_redis(source, Writer(None if options.dry_run else redis), queue, last,
+    counts, expected = copy_to_redis(source, CheckedPipeline(None if options.dry_run else redis), queue, last,
                                      Progress(f"export {shown(queue)}", sum(facts["counts"].values())))
     unfinished = sum(counts[state] for state in UNFINISHED)
     if counts["delayed"]:
@@ -178,7 +178,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
             f"{counts['dead']} dead to {shown(dead_key)}); group {shown(group)!r}; {checked}")
 
 
-def copy_to_redis(source, writer: Writer, queue: bytes, last: dict, progress: Progress) -> tuple:
+def copy_to_redis(source, pipeline: CheckedPipeline, queue: bytes, last: dict, progress: Progress) -> tuple:
     """Both passes (unfinished tasks to q, dead ones to q::dead); (counts, {dead?: Ids})."""
     attempts_key, unique_key = queue + ATTEMPTS_SUFFIX, queue + UNIQUE_SUFFIX
     failures_key = queue + FAILURES_SUFFIX
@@ -195,13 +195,13 @@ def copy_to_redis(source, writer: Writer, queue: bytes, last: dict, progress: Pr
                     counts["present"] += 1
                     continue
                 if task.attempts:  # before its entry: a run cut short leaves no entry without it
-                    writer.add([b"HSET", attempts_key, format_id(task.id), b"%d" % task.attempts])
+                    pipeline.add([b"HSET", attempts_key, format_id(task.id), b"%d" % task.attempts])
                 if task.unique_key is not None and not dead:
-                    writer.add([b"HSET", unique_key, format_id(task.id), task.unique_key])
+                    pipeline.add([b"HSET", unique_key, format_id(task.id), task.unique_key])
                 if task.failure is not None:
-                    writer.add([b"HSET", failures_key, format_id(task.id), task.failure])
-                writer.add([b"XADD", key, format_id(task.id), *task.fields], expected=format_id(task.id))
-            writer.flush()
+                    pipeline.add([b"HSET", failures_key, format_id(task.id), task.failure])
+                pipeline.add([b"XADD", key, format_id(task.id), *task.fields], expected=format_id(task.id))
+            pipeline.flush()
             progress.advance(len(page))
     progress.finish()
     return counts, expected
@@ -355,7 +355,7 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
     failures = side_hash(redis, queue + FAILURES_SUFFIX, bytes) if has_failures else {}
     tasks = redis_tasks(redis, queue, group, pending, attempts, keys, failures)
     progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
-    counts, expected = copy_to_ezra(tasks, Writer(None if options.dry_run else ezra), queue,
+    counts, expected = copy_to_ezra(tasks, CheckedPipeline(None if options.dry_run else ezra), queue,
                                     ezra_last_id(ezra, queue), progress)
     if counts["relocated"]:
         warn("import", queue, f"{counts['relocated']} dead entr{'y' if counts['relocated'] == 1 else 'ies'} of "
@@ -381,7 +381,7 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
             f"{f'group {shown(name)!r}' if name else 'no group'}; {checked}")
 
 
-def copy_to_ezra(tasks, writer: Writer, queue: bytes, last: tuple, progress: Progress) -> tuple:
+def copy_to_ezra(tasks, pipeline: CheckedPipeline, queue: bytes, last: tuple, progress: Progress) -> tuple:
     """Push every task not done in Redis, in id order (EZRA's ids only grow); (counts, Ids)."""
     dead_key = queue + DEAD_SUFFIX
     counts, expected, previous, keys = Counter(), Ids(), None, set()
@@ -409,9 +409,9 @@ def copy_to_ezra(tasks, writer: Writer, queue: bytes, last: tuple, progress: Pro
                 unique = [b"UNIQUE", task.unique_key]
         if task.failure is not None:
             attempts += [b"FAILURE", task.failure]
-        writer.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, *unique, format_id(task.id),
+        pipeline.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, *unique, format_id(task.id),
                     *task.fields], expected=format_id(task.id))
-    writer.flush()
+    pipeline.flush()
     progress.finish()
     return counts, expected
 

@@ -1,9 +1,9 @@
 """Streams over RESP for `ezra export` / `ezra import`: ids, pages, pipelined XADDs, verification.
 
 Both directions use the same pieces on either end (EZRA and Redis answer these commands
-alike): `stream_facts` and `stream_entries` read a stream, `Writer` pipelines XADDs and checks
-every reply, `verify` walks the destination and counts the source's ids in it, holding only
-those ids (`Ids`, 16 bytes each).
+alike): `stream_facts` and `stream_entries` read a stream, `CheckedPipeline` sends XADDs in
+pipelines and checks every reply, `verify` walks the destination and counts the source's ids
+in it, holding only those ids (`Ids`, 16 bytes each).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from array import array
 from typing import NamedTuple
 
 from ..client import Client, ReplyError
-from .inspect import printable
+from .inspector import printable
 from ..lifecycle import format_id  # noqa: F401  (move.py takes it from here too)
 
 PAGE = 1000              # entries per read (XINFO TASKS, XRANGE, XPENDING, HSCAN)
@@ -120,7 +120,7 @@ def verify(client: Client, keys: list[bytes], expected: list[Ids]) -> tuple[int,
     return found, total
 
 
-class Writer:
+class CheckedPipeline:
     """XADDs (and their companion commands) sent in pipelines; every reply is checked."""
 
     def __init__(self, client: Client | None):

@@ -27,7 +27,7 @@ from . import shown_name
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# (broker tally, metric name without _total, help) per queue.
+# (event, as QueueState.totals counts it; metric name without _total; help) per queue.
 QUEUE_COUNTERS = (
     ("pushed", "ezra_pushes", "Tasks pushed (XADD)."),
     ("delivered", "ezra_deliveries", "Deliveries of tasks to workers (XREADGROUP, XCLAIM take-overs)."),
@@ -84,15 +84,15 @@ class SnapshotCollector:
             since = queue["head_since"]
             oldest.add_metric([label], 0.0 if since is None else max(figures.now - since, 0) / 1000)
             paused.add_metric([label], int(queue["paused"]))
-            for tally, metric, _ in QUEUE_COUNTERS:
-                counters[metric].add_metric([label], queue["totals"][tally])
+            for event, metric, _ in QUEUE_COUNTERS:
+                counters[metric].add_metric([label], queue["totals"][event])
         rest = figures.rest
         if rest is not None:  # summed, with an empty queue label (Prometheus keeps such series without it)
             for state in lifecycle.STATES:
                 tasks.add_metric(["", state], rest["counts"][state])
             paused.add_metric([""], rest["paused"])
-            for tally, metric, _ in QUEUE_COUNTERS:
-                counters[metric].add_metric([""], rest["totals"][tally])
+            for event, metric, _ in QUEUE_COUNTERS:
+                counters[metric].add_metric([""], rest["totals"][event])
         yield tasks
         yield oldest
         yield paused

@@ -46,7 +46,8 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 from loguru import logger
 
 from . import dashboard, metrics, task_page
-from ..errors import CommandError
+from .. import errors
+from ..errors import CommandError, HttpError
 from ..gate import LOCAL_PEERS
 from ..lifecycle import parse_id
 from ..server import HTTP_CONNECTIONS, tls_context  # (server.py reserves their descriptors)
@@ -64,13 +65,6 @@ SECURITY_HEADERS = [
 
 
 DEFAULT_HEADERS = [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")]
-
-
-class HttpError(Exception):
-    def __init__(self, status: str, message: str, headers: list | None = None):
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or []
 
 
 class WebApp:
@@ -110,7 +104,7 @@ class WebApp:
             logger.opt(exception=exc).error("HTTP {} {} failed: {}", environ.get("REQUEST_METHOD"),
                                             environ.get("PATH_INFO"), exc)
             status, headers, body = "500 Internal Server Error", [], dashboard.error_page(
-                "500 Internal Server Error", "the server failed to answer this page; see its log")
+                "500 Internal Server Error", errors.HTTP_FAILED)
         named = {name for name, _ in headers}
         headers = [*headers, *((name, default) for name, default in DEFAULT_HEADERS if name not in named)]
         start_response(status, [*headers, *SECURITY_HEADERS, ("Content-Length", str(len(body)))])
@@ -125,8 +119,8 @@ class WebApp:
         handler = self.routes.get((method, path))
         if handler is None:
             if any(route_path == path for _, route_path in self.routes):
-                raise HttpError("405 Method Not Allowed", f"{method} is not allowed on {path}")
-            raise HttpError("404 Not Found", f"nothing at {path}")
+                raise errors.http_method_not_allowed(method, path)
+            raise errors.http_nothing_at(path)
         if handler != self.healthz:
             self.check_peer(environ)
             self.check_host(environ)
@@ -141,10 +135,7 @@ class WebApp:
     def check_peer(self, environ) -> None:
         """Protected mode: without a password, only clients from 127.0.0.1 and ::1 (as the main port)."""
         if self.protected and environ.get("REMOTE_ADDR") not in LOCAL_PEERS:
-            raise HttpError("403 Forbidden", "EZRA is running in protected mode: it has no password, so only "
-                            "clients on its own machine (127.0.0.1, ::1) are served. Set --password (then log "
-                            "in with any user name and that password), or --protected-mode no on a network "
-                            "you trust.")
+            raise errors.HTTP_PROTECTED_MODE
 
     def check_host(self, environ) -> None:
         """Without a password: refuse a Host that is a DNS name other than this machine's (rebinding)."""
@@ -158,9 +149,7 @@ class WebApp:
             ipaddress.ip_address(name)
             return
         except ValueError:
-            raise HttpError("421 Misdirected Request",
-                            f"this server has no password, so it answers only to its IP address, localhost "
-                            f"or {socket.gethostname()}, not {host!r} (set --password to use other names)") from None
+            raise errors.http_misdirected(socket.gethostname(), host) from None
 
     def authenticate(self, environ) -> None:
         """With --password: HTTP Basic with that password (any user name), else 401."""
@@ -178,31 +167,30 @@ class WebApp:
         if header:  # a wrong password, not a first visit: its answer waits its network's turn, as AUTH's
             host = environ.get("REMOTE_ADDR", "?")
             gevent.sleep(self.auth_throttle.failed(host, f"{host} (HTTP)", 1, time.monotonic()))
-        raise HttpError("401 Unauthorized", "this server needs its password (any user name)",
-                        [("WWW-Authenticate", 'Basic realm="ezra", charset="UTF-8"')])
+        raise errors.HTTP_PASSWORD_NEEDED
 
     def read_form(self, environ) -> dict[str, list[bytes]]:
         """A POSTed form, once it passed the cross-site guard."""
         origin = environ.get("HTTP_ORIGIN")
         scheme = environ.get("wsgi.url_scheme", "http")
         if origin is not None and origin != f"{scheme}://{environ.get('HTTP_HOST', '')}":
-            raise HttpError("403 Forbidden", "cross-site request refused (Origin is another site)")
+            raise errors.HTTP_CROSS_SITE_ORIGIN
         if environ.get("HTTP_SEC_FETCH_SITE", "same-origin") not in ("same-origin", "none"):
-            raise HttpError("403 Forbidden", "cross-site request refused (Sec-Fetch-Site)")
+            raise errors.HTTP_CROSS_SITE_FETCH
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
-            raise HttpError("400 Bad Request", "bad Content-Length") from None
+            raise errors.HTTP_BAD_CONTENT_LENGTH from None
         if length > MAX_FORM_BYTES:
-            raise HttpError("413 Content Too Large", "form too large")
+            raise errors.HTTP_FORM_TOO_LARGE
         try:
             body = environ["wsgi.input"].read(length)
         except OSError as exc:  # cut short, or past the request deadline (Handler): the client's doing
-            raise ClientInputError(f"the request body ended early or came too slowly: {exc}") from None
+            raise ClientInputError(errors.http_body_cut_short(exc)) from None
         form = query_params(body.decode("latin-1"))
         token = form.get("csrf", [b""])[0]
         if not hmac.compare_digest(token, self.csrf_token.encode()):
-            raise HttpError("403 Forbidden", "missing or stale form token: reload the page and try again")
+            raise errors.HTTP_STALE_FORM_TOKEN
         return form
 
     # -- pages
@@ -211,14 +199,14 @@ class WebApp:
         """200 when the writer commits within HEALTH_TIMEOUT seconds, else 503 (and for a corrupt database)."""
         if self.broker.db.integrity.corrupt:  # what was found is for the log and INFO, not for anyone
             return ("503 Service Unavailable", [("Content-Type", "text/plain")],
-                    b"down: the database is corrupt, writes are refused (see the log, or INFO persistence)\n")
+                    errors.HEALTH_CORRUPT)
         try:
             with gevent.Timeout(HEALTH_TIMEOUT):
                 self.broker.writer.call(lambda: True, durable=False)
         except gevent.Timeout:
-            return "503 Service Unavailable", [("Content-Type", "text/plain")], b"down: the writer is stuck\n"
+            return "503 Service Unavailable", [("Content-Type", "text/plain")], errors.HEALTH_WRITER_STUCK
         except CommandError as exc:  # shutting down
-            return "503 Service Unavailable", [("Content-Type", "text/plain")], f"down: {exc}\n".encode()
+            return "503 Service Unavailable", [("Content-Type", "text/plain")], errors.health_down(exc)
         return "200 OK", [("Content-Type", "text/plain")], b"ok\n"
 
     def metrics(self, environ, params):
@@ -230,9 +218,9 @@ class WebApp:
         try:
             number = int(params.get("page", [b"1"])[0])
         except ValueError:
-            raise HttpError("400 Bad Request", "page must be a number") from None
+            raise errors.HTTP_PAGE_NOT_A_NUMBER from None
         if number < 1:
-            raise HttpError("400 Bad Request", "pages start at 1")
+            raise errors.HTTP_PAGES_START_AT_1
         names = self.broker.queue_names  # kept sorted by the broker: no sort of every name per load
         per_page = dashboard.QUEUES_PER_PAGE
         number = min(number, max(1, -(-len(names) // per_page)))
@@ -247,7 +235,7 @@ class WebApp:
         name = required(params, "name")
         figures = self.broker.figures([name])
         if name not in figures.queues:
-            raise HttpError("404 Not Found", "no such queue")
+            raise errors.HTTP_NO_SUCH_QUEUE
         lists = {state: self.broker.tasks(name, state, dashboard.ROWS_SHOWN).wait()
                  for state in dashboard.LISTED_STATES}
         page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token,
@@ -260,11 +248,10 @@ class WebApp:
         wanted = task_id(params)
         figures = self.broker.figures([name])
         if name not in figures.queues:
-            raise HttpError("404 Not Found", "no such queue")
+            raise errors.HTTP_NO_SUCH_QUEUE
         row = self.broker.task(name, wanted)
         if row is None:
-            raise HttpError("404 Not Found", f"no task {wanted[0]}-{wanted[1]} in this queue: it was never "
-                                             "pushed, or it was acked and deleted, trimmed or purged")
+            raise errors.http_no_such_task(wanted)
         return "200 OK", [], task_page.render(self.state, name, row, figures, self.csrf_token)
 
     def requeue(self, environ, form):
@@ -286,9 +273,9 @@ class WebApp:
         name = required(form, "name")
         paused = required(form, "paused")
         if paused not in (b"0", b"1"):
-            raise HttpError("400 Bad Request", "paused must be 1 or 0")
+            raise errors.HTTP_PAUSED_INVALID
         if name not in self.broker.queues:  # XCFGSET would create it: the dashboard only changes queues it shows
-            raise HttpError("404 Not Found", "no such queue")
+            raise errors.HTTP_NO_SUCH_QUEUE
         self.broker.configure(name, {"paused": int(paused)}).wait()
         return see_other(name, "paused: workers get nothing until it is resumed" if paused == b"1" else "resumed")
 
@@ -306,7 +293,7 @@ def query_params(text: str) -> dict[str, list[bytes]]:
 def required(params: dict, key: str) -> bytes:
     values = params.get(key)
     if not values:
-        raise HttpError("400 Bad Request", f"missing {key}")
+        raise errors.http_missing(key)
     return values[0]
 
 
@@ -314,7 +301,7 @@ def task_id(form: dict) -> tuple:
     try:
         return parse_id(required(form, "id"))
     except CommandError:
-        raise HttpError("400 Bad Request", "bad task id") from None
+        raise errors.HTTP_BAD_TASK_ID from None
 
 
 def see_other(name: bytes, message: str):
@@ -325,7 +312,7 @@ def see_other(name: bytes, message: str):
 
 def static_file(name: str):
     if name not in dashboard.STATIC_FILES:
-        raise HttpError("404 Not Found", "no such file")
+        raise errors.HTTP_NO_SUCH_FILE
     body = resources.files("ezra.web").joinpath("static", name).read_bytes()
     content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
     return "200 OK", [("Content-Type", f"{content_type}; charset=utf-8"), ("Cache-Control", "max-age=3600")], body
