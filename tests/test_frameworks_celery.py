@@ -118,7 +118,7 @@ def test_tasks_longer_than_the_lease_run_once(ezra_factory, queue, python, worke
 
 def test_countdown_runs_on_time_and_is_not_held_by_a_worker(ezra_factory, queue, python, workers):
     """apply_async(countdown=4): pushed with XADD DELAY (delayed on EZRA, no worker holds it) and run
-    within a second of its time. The app is configured the other documented way: broker_transport
+    soon after its time. The app is configured the other documented way: broker_transport
     = 'ezra.celery:Transport', no import; and a password in the URL."""
     server = ezra_factory("--password", "s3cret")
     client = server.client(password="s3cret")
@@ -130,7 +130,9 @@ def test_countdown_runs_on_time_and_is_not_held_by_a_worker(ezra_factory, queue,
     assert counts(client, queue)["delayed"] == 5 and counts(client, queue)["in-flight"] == 0
     wait_until(lambda: len(worker.lines("DONE")) == 5, 30, message=f"the countdown tasks to run ({worker.log})")
     late = [int(ms) for ms in re.findall(r"^LATE (-?\d+) ", worker.output(), re.M)]
-    assert len(late) == 5 and all(0 <= ms < 1000 for ms in late), late
+    # Due after 4 s, run within 3 s of it: a held task would wait out the 3600 s lease, a lost
+    # DELAY would run at once (negative); 1 s was exceeded (876-1266 ms) at load average 10.
+    assert len(late) == 5 and all(0 <= ms < 3000 for ms in late), late
     client.close()
 
 

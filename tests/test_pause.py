@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import redis
@@ -182,8 +183,10 @@ def test_takeovers_take_nothing_but_the_owner_heartbeat_renews(r, queue):
     assert [(p["consumer"], p["times_delivered"]) for p in pending(r, queue)] == [(b"w1", 1)]
 
     wait_until(lambda: pending(r, queue)[0]["time_since_delivered"] >= 100, message="idle 100 ms")
+    sent = time.monotonic()
     assert r.xclaim(queue, "g", "w1", 0, [held], justid=True) == [held]  # the owner's heartbeat
-    assert pending(r, queue)[0]["time_since_delivered"] < 100
+    # Renewed: idle at most the time since the heartbeat was sent (not renewed: 100 ms more).
+    assert pending(r, queue)[0]["time_since_delivered"] <= (time.monotonic() - sent) * 1000 + 1
     cursor, renewed, _ = r.xautoclaim(queue, "g", "w1", 0, "0-0")
     assert [i for i, _ in renewed] == [held]
     mine = r.xreadgroup("g", "w1", {queue: "0"})  # its own pending entries: still readable
