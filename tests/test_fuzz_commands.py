@@ -41,8 +41,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from redis.client import CaseInsensitiveDict
 
-from conftest import EzraProcess, wait_until
 from reliability import Err, Incomplete, errors_in, parse_all, parse_reply, report
+from support_servers import EzraProcess, wait_until
 
 pytestmark = pytest.mark.slow  # fuzzing (hypothesis, atheris): not in `pytest -m "not slow"`
 
