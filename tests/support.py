@@ -3,7 +3,7 @@
 - support_servers.py: EZRA and redis-server started for real, wait_until, ROOT, NO_RETRY;
 - support_queue.py: the queue through redis-py (claim, configure, queue_figures...) and the
   broker in process;
-- support_resp.py: a RESP reply parser, a raw TCP connection, encode_command;
+- support_resp.py: the suite's one RESP reply parser, a raw TCP connection, encode_command;
 - support_http.py: the dashboard and /metrics;
 - support_disk.py: a small tmpfs for the disk-full tests;
 - support_compat.py: the compatibility rows, venvs and the Node.js clients;
@@ -23,8 +23,9 @@ from support_disk import leave_free, mount_small_tmpfs, tmpfs  # noqa: F401
 from support_http import OPENER, NoRedirect, basic, form_token, http, scrape, value  # noqa: F401
 from support_queue import (OK_REPLIES, claim, configure, entries_of, pending, queue_figures,  # noqa: F401
                            submit_broken_request, text)
-from support_resp import (AGGREGATE_TYPES, BLOB_TYPES, LINE_TYPES, Incomplete, Reply,  # noqa: F401
-                          RespConnection, blocked_clients, encode_command, parse_reply, raw)
+from support_resp import (AGGREGATE_TYPES, BLOB_TYPES, LINE_TYPES, MAP_TYPES, Err, Incomplete,  # noqa: F401
+                          Malformed, Reply, RespConnection, blocked_clients, encode_command, errors_in,
+                          parse_all, parse_reply, parse_value, plain, raw)
 from support_servers import (HTTP_LISTENING, LISTENING, NO_RETRY, ROOT, EzraProcess, free_port,  # noqa: F401
                              make_certificates, start_redis_server, wait_until)
 from support_worker_libs import (PIPELINED, REFUSAL, VENV_REDIS5_REQUIREMENTS,  # noqa: F401
