@@ -4,6 +4,7 @@ venvs' requirements, and reading EZRA's refusals out of a library's output."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
