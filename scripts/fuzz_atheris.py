@@ -4,7 +4,7 @@ Each input is split by the fuzzer into a protocol choice, a chunk size and the
 bytes of one connection. The bytes go through RequestReader in those chunks;
 every command is dispatched on a real broker over a temporary database; every
 reply is encoded (RESP2 or RESP3, as the session speaks) and parsed back with
-the strict parser of tests/reliability.py. A crash is any exception other than
+the suite's strict parser (tests/support_resp.py). A crash is any exception other than
 the reader's ProtocolError, and any reply that is `internal error` or a
 rolled-back batch.
 
@@ -36,7 +36,7 @@ with atheris.instrument_imports(include=["ezra"]):
     from ezra.session import ServerState, Session
     from ezra.storage import open_database
 
-from reliability import Err, errors_in, parse_reply  # noqa: E402  (tests/, after the path above)
+from support_resp import Err, errors_in, parse_value  # noqa: E402  (tests/, after the path above)
 
 SKIPPED = {b"BACKUP"}  # writes a file wherever it is told: not for random input
 OPTION_WORDS = ["GROUP", "COUNT", "BLOCK", "NOACK", "CLAIM", "STREAMS", "IDS", "FAIL", "SILENT", "FATAL",
@@ -89,7 +89,7 @@ class Harness:
             except ErrorReply as exc:
                 reply = exc
         wire = encode(reply, session.proto)
-        parsed, end = parse_reply(wire, 0, resp3=True)
+        parsed, end = parse_value(wire, 0, resp3=True)
         assert end == len(wire), f"{args[:4]!r}: bytes after the reply"
         for error in errors_in(parsed):
             text = error.message.decode("utf-8", "replace")

@@ -16,8 +16,8 @@ import time
 import pytest
 import redis
 
-from conftest import wait_until
 from reliability import report
+from support_servers import wait_until
 
 pytestmark = pytest.mark.slow  # resource exhaustion, TLS and slowed-down clients: not in `pytest -m "not slow"`
 

@@ -31,7 +31,7 @@ import redis
 import ezra
 from ezra.config import build_parser
 
-from conftest import ROOT, wait_until
+from support_servers import ROOT, wait_until
 
 pytestmark = pytest.mark.slow  # builds and runs the PyInstaller binary: not in `pytest -m "not slow"`
 

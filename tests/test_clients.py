@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from conftest import ROOT, wait_until
-from support import NODE_SRC, node_env, node_version, python_venv, record_results, run_examples
+from support_compat import NODE_SRC, node_env, node_version, python_venv, record_results, run_examples
+from support_servers import ROOT, wait_until
 
 pytestmark = pytest.mark.slow  # other runtimes and clients: not in `pytest -m "not slow"`
 

@@ -17,8 +17,8 @@ import time
 
 import redis
 
-from conftest import NO_RETRY, wait_until
 from reliability import report
+from support_servers import NO_RETRY, wait_until
 
 CYCLES = int(os.environ.get("EZRA_CRASH_CYCLES", "8"))
 NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError)

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from conftest import ROOT, wait_until
+from support_servers import ROOT, wait_until
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 import pytest
 
-from conftest import ROOT
-from support import basic, http
+from support_http import basic, http
+from support_servers import ROOT
 
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=1">'
 

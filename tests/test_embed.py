@@ -19,7 +19,7 @@ import redis
 from ezra import Server
 from ezra.storage import StorageError
 
-from conftest import NO_RETRY, ROOT, wait_until
+from support_servers import NO_RETRY, ROOT, wait_until
 
 
 def ezra_threads() -> list[str]:

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 import redis
-from conftest import ROOT, wait_until
-from support import claim, configure, http
+from support_http import http
+from support_queue import claim, configure
+from support_servers import ROOT, wait_until
 
 from ezra.lifecycle import MAX_REASON_BYTES
 from ezra.storage import SCHEMA_VERSION

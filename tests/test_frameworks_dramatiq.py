@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from conftest import wait_until
+from support_servers import wait_until
 from frameworks.harness import app_env, blocked, compat_json, counts, produce, python, workers  # noqa: F401 (fixtures)
-from support import Row, configure, dist_version
+from support_queue import configure
+from support_worker_libs import Row, dist_version
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("compat_json")]  # framework workers in their own venv
 

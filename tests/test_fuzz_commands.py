@@ -41,8 +41,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from redis.client import CaseInsensitiveDict
 
-from conftest import EzraProcess, wait_until
-from reliability import Err, Incomplete, errors_in, parse_all, parse_reply, report
+from reliability import report
+from support_resp import Err, Incomplete, errors_in, parse_all, parse_value
+from support_servers import EzraProcess, wait_until
 
 pytestmark = pytest.mark.slow  # fuzzing (hypothesis, atheris): not in `pytest -m "not slow"`
 
@@ -425,7 +426,7 @@ class RawClient:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                value, pos = parse_reply(self.buf, 0, self.resp3 or resp3)
+                value, pos = parse_value(self.buf, 0, self.resp3 or resp3)
                 self.buf = self.buf[pos:]
                 return value
             except Incomplete:

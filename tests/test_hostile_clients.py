@@ -11,7 +11,7 @@ import socket
 import pytest
 import redis
 
-from conftest import wait_until
+from support_servers import wait_until
 
 
 def current_rss_mib(pid: int) -> float:

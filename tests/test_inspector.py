@@ -10,7 +10,7 @@ import sys
 import pytest
 import redis
 
-from conftest import ROOT
+from support_servers import ROOT
 
 
 def ezra(server, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import ROOT
+from support_servers import ROOT
 
 
 def run_python(code: str) -> str:

@@ -16,8 +16,8 @@ import uuid
 import pytest
 import redis
 
-from conftest import ROOT
-from support import node_env
+from support_compat import node_env
+from support_servers import ROOT
 from ezra.tools.progress import Progress
 
 EXAMPLES = ROOT / "examples"

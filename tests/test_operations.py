@@ -19,8 +19,8 @@ import time
 
 import pytest
 import redis
-from conftest import ROOT, wait_until
-from support import OK_REPLIES, claim, configure, entries_of, pending, text
+from support_queue import OK_REPLIES, claim, configure, entries_of, pending, text
+from support_servers import ROOT, wait_until
 
 # ---------------------------------------------------------------- helpers
 

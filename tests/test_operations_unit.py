@@ -14,7 +14,7 @@ from ezra.config import Settings
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, EXPONENTIAL, FAIL, FIXED, SILENT
 from ezra.storage import open_database
-from support import submit_broken_request
+from support_queue import submit_broken_request
 
 # ---------------------------------------------------------------- pure rules
 

@@ -29,7 +29,7 @@ from ezra import Server
 from ezra.config import Settings, build_parser
 from ezra.tools.ping import main as ping_main
 
-from conftest import ROOT
+from support_servers import ROOT
 
 RELEASE_NAMES = {"ezra-linux_x86_64", "ezra-linux_arm64", "ezra-macos_arm64"}
 BINARY_INPUTS = ["ezra/", "ezra.spec", "setup.cfg", "scripts/build-binary.sh"]  # what build-binary.sh reads

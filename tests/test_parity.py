@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import ROOT, EzraProcess, wait_until
 from ezra import errors
-from support import RespConnection, encode_command, run_examples
+from support_compat import run_examples
+from support_resp import RespConnection, blocked_clients, encode_command
+from support_servers import ROOT, EzraProcess, wait_until
 
 COMPAT = ROOT / "build" / "compat"
 REDIS_VERSION: list[str] = []
@@ -322,11 +323,6 @@ def connect(port: int, protocol: int) -> dict:
             assert conn.call(["HELLO", "3"]).startswith(b"%")
         conns[name] = conn
     return conns
-
-
-def blocked_clients(conn) -> int:
-    info = conn.call(["INFO", "clients"])
-    return int(re.search(rb"blocked_clients:(\d+)", info).group(1))
 
 
 def run(port: int, protocol: int, key: str, steps: list[Step]) -> list[bytes]:

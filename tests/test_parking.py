@@ -10,8 +10,8 @@ import time
 import pytest
 import redis
 
-from conftest import wait_until
-from support import claim, configure
+from support_queue import claim, configure
+from support_servers import wait_until
 
 PARK_DEADLINE = 20.0  # parking happens 1-2 s after a connection goes quiet; a loaded CI machine is slower
 

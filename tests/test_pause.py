@@ -20,8 +20,10 @@ import time
 
 import pytest
 import redis
-from conftest import ROOT, wait_until
-from support import RespConnection, basic, claim, configure, entries_of, form_token, http, pending, scrape, text, value
+from support_http import basic, form_token, http, scrape, value
+from support_queue import claim, configure, entries_of, pending, text
+from support_resp import RespConnection
+from support_servers import ROOT, wait_until
 from ezra.storage import SCHEMA_VERSION  # 4 since schedules (test_schedules.py)
 
 

@@ -7,8 +7,8 @@ import threading
 import pytest
 import redis
 
-from conftest import wait_until
-from support import claim, entries_of
+from support_queue import claim, entries_of
+from support_servers import wait_until
 
 
 def test_round_trip_push_claim_ack(r, queue):

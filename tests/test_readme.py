@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from conftest import ROOT
+from support_servers import ROOT
 
 
 def readme_python_blocks() -> list[str]:

@@ -20,8 +20,9 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
-from conftest import ROOT, wait_until
-from support import entries_of, http, scrape, submit_broken_request, value
+from support_http import http, scrape, value
+from support_queue import entries_of, submit_broken_request
+from support_servers import ROOT, wait_until
 from ezra import lifecycle
 from ezra.broker import Broker
 from ezra.broker.schedules import Scheduler

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from support import claim, text
+from support_queue import claim, text
 from ezra.storage import SCHEMA_VERSION  # 4 since schedules (test_schedules.py)
 
 # Schema 1 as EZRA wrote it (storage.py before schema 2), comments left out.

@@ -13,8 +13,8 @@ import uuid
 import pytest
 import redis
 
-from conftest import wait_until
-from support import claim, entries_of
+from support_queue import claim, entries_of
+from support_servers import wait_until
 
 
 def raw_exchange(port: int, payload: bytes, expect_close: bool = False) -> bytes:

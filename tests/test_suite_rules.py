@@ -1,5 +1,5 @@
-"""The test suite's own rules: helpers that several test modules share live in support.py
-(fixtures in conftest.py), so no test module imports another."""
+"""The test suite's own rules: helpers that several test modules share live in support_*.py
+(by topic; fixtures in conftest.py), so no test module imports another."""
 
 from __future__ import annotations
 
@@ -25,4 +25,4 @@ def test_no_test_module_imports_another():
     offenders = {path.name: sorted(imported_modules(path) & test_modules)
                  for path in sorted(TESTS.rglob("*.py"))}
     assert {name: found for name, found in offenders.items() if found} == {}, \
-        "move the shared helpers to tests/support.py"
+        "move the shared helpers to tests/support_*.py"

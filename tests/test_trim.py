@@ -13,7 +13,7 @@ import redis
 
 from ezra.errors import EXACT_TRIM_REFUSED
 from ezra.trimming import DEFAULT_LIMIT
-from support import queue_figures
+from support_queue import queue_figures
 
 EXACT = EXACT_TRIM_REFUSED.message[len("ERR "):]  # redis-py drops the prefix
 

@@ -14,7 +14,7 @@ import socket
 import pytest
 import redis
 
-from conftest import EzraProcess
+from support_servers import EzraProcess
 
 REMOTE = "127.0.0.2"  # a loopback address that is not local to protected mode (as in Redis 7)
 DENIED = (b"-DENIED EZRA is running in protected mode because protected mode is enabled and no password is set "

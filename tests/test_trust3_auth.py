@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from conftest import wait_until
+from support_servers import wait_until
 from ezra.gate import GUESSES_PER_SECOND, Gate, GuessThrottle, network_of
 
 PASSWORD = "s3cret"

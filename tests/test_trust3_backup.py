@@ -17,8 +17,8 @@ import redis
 
 from ezra.storage import encode_fields
 
-from conftest import EzraProcess, wait_until
-from support import leave_free
+from support_disk import leave_free
+from support_servers import EzraProcess, wait_until
 
 BIG_TASKS = 1500
 BIG_FIELD = 100_000  # bytes: a database of ~150 MB, so a BACKUP of it takes a while

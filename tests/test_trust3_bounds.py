@@ -17,8 +17,9 @@ import time
 
 import pytest
 import redis
-from conftest import ROOT, wait_until
-from support import claim, configure, http, pending, scrape
+from support_http import http, scrape
+from support_queue import claim, configure, pending
+from support_servers import ROOT, wait_until
 
 # ---------------------------------------------------------------- item 15: validate, then act
 

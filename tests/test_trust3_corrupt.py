@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 import redis
 
-from conftest import EzraProcess, wait_until
+from support_servers import EzraProcess, wait_until
 
 TASKS = 3000
 

@@ -20,9 +20,9 @@ import time
 import pytest
 import redis
 
-from conftest import wait_until
 from reliability import report
-from support import entries_of
+from support_queue import entries_of
+from support_servers import wait_until
 
 RESULTS = 998  # with the XACK and the XREADGROUP: 1,000 commands, the most one MULTI may hold
 
@@ -238,7 +238,7 @@ def test_a_storage_failure_inside_an_exec_undoes_all_of_it(tmp_path):
     from ezra.config import Settings
     from ezra.errors import CommandError
     from ezra.storage import open_database
-    from support import submit_broken_request
+    from support_queue import submit_broken_request
 
     broker = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path), durability="normal"))
     try:
@@ -268,7 +268,7 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
     from ezra.config import Settings
     from ezra.errors import CommandError
     from ezra.storage import open_database
-    from support import leave_free
+    from support_disk import leave_free
 
     broker = Broker(open_database(str(small_fs / "data"), 2 * 1024 * 1024),
                     Settings(data_dir=str(small_fs / "data"), durability="normal", disk_reserve=2 * 1024 * 1024))

@@ -13,10 +13,10 @@ import uuid
 
 import pytest
 
-from conftest import EzraProcess, wait_until
+from support_servers import EzraProcess, wait_until
 from ezra.integers import to_int64, to_uint64
 from ezra.resp import BulkTooLarge, ProtocolError, RequestReader
-from support import RespConnection, encode_command
+from support_resp import RespConnection, encode_command
 
 # Integer forms: all but the last few are refused by Redis's string2ll.
 INTEGER_FORMS = ["05", "-0", "+5", "1_0", " 5", "5 ", "9223372036854775808", "-9223372036854775809",

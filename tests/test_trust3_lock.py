@@ -20,7 +20,7 @@ import redis
 from ezra import Server
 from ezra.storage import DataDirLock, DataDirLocked
 
-from conftest import LISTENING, NO_RETRY, ROOT, EzraProcess, wait_until
+from support_servers import LISTENING, NO_RETRY, ROOT, EzraProcess, wait_until
 
 LEASE = ("--visibility-timeout", "300")
 

@@ -13,8 +13,8 @@ import subprocess
 import sys
 import time
 
-from conftest import wait_until
 from reliability import report
+from support_servers import wait_until
 
 # Holds one read transaction on the file (a snapshot) until its stdin closes.
 HOLDER = r"""

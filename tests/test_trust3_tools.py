@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from support_servers import ROOT
 
 TIMEOUT = 1.0  # the tools' --timeout
 ANSWERS = {

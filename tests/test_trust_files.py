@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 import redis
-from conftest import ROOT
+from support_servers import ROOT
 
 OK_REPLIES = (True, b"OK", "OK")
 

@@ -13,7 +13,7 @@ import uuid
 import pytest
 import redis
 
-from conftest import ROOT, wait_until
+from support_servers import ROOT, wait_until
 from ezra.storage import SCHEMA_VERSION, open_database
 
 
@@ -346,7 +346,7 @@ def test_ezra_ls_shows_each_task_s_key(ezra_factory):
 
 
 def test_the_dashboard_lists_each_task_s_key_escaped(ezra_factory):
-    from support import http
+    from support_http import http
     server = ezra_factory("--http-port", "0")
     client = server.client()
     dead = push(client, "jobs", "UNIQUE", "dead <b>key</b>")

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EzraProcess, wait_until
-from support import AGGREGATE_TYPES, Incomplete, Reply, RespConnection, blocked_clients, parse_reply, raw
+from support_resp import AGGREGATE_TYPES, Incomplete, Reply, RespConnection, blocked_clients, parse_reply, raw
+from support_servers import EzraProcess, wait_until
 from ezra import errors
 
 VECTORS = Path(__file__).resolve().parent / "vectors"

@@ -4,7 +4,7 @@ the size), and those zeros are no data: a crash in the middle loses no acknowled
 
 import sqlite3
 
-from conftest import wait_until
+from support_servers import wait_until
 
 from ezra.storage import DEFAULT_RESERVE_BYTES
 from ezra.storage.wal_file import AHEAD_BYTES

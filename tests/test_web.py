@@ -19,8 +19,8 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from conftest import ROOT, wait_until
-from support import NoRedirect, basic, form_token, http, scrape, value
+from support_http import NoRedirect, basic, form_token, http, scrape, value
+from support_servers import ROOT, wait_until
 
 XSS = '<script>window.__xss=1</script><img src=x onerror="window.__xss=1">'
 

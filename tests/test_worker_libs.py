@@ -30,9 +30,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from conftest import ROOT, wait_until
-from support import (NODE_SRC, VENV_REDIS5_REQUIREMENTS, Row, dist_version, first_refusal, node_env, node_version,
-                     python_venv, record_worker_libs, refusals, run_json, short, walrus_database)
+from support_compat import NODE_SRC, node_env, node_version, python_venv
+from support_servers import ROOT, wait_until
+from support_worker_libs import (VENV_REDIS5_REQUIREMENTS, Row, dist_version, first_refusal,
+                                 record_worker_libs, refusals, run_json, short, walrus_database)
 
 pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
 

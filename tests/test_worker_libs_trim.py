@@ -27,9 +27,9 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, wait_until
-from support import (NODE_SRC, Row, dist_version, node_env, node_version, python_venv, record_worker_libs, run_json,
-                     short)
+from support_compat import NODE_SRC, node_env, node_version, python_venv
+from support_servers import ROOT, wait_until
+from support_worker_libs import Row, dist_version, record_worker_libs, run_json, short
 
 pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
 

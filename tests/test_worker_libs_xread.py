@@ -23,9 +23,11 @@ from collections import Counter
 import pytest
 import redis
 
-from conftest import wait_until
-from support import (NODE_SRC, Row, dist_version, first_refusal, node_env, node_version, queue_figures,
-                     record_worker_libs, run_json, short, walrus_database)
+from support_compat import NODE_SRC, node_env, node_version
+from support_queue import queue_figures
+from support_servers import wait_until
+from support_worker_libs import (Row, dist_version, first_refusal, record_worker_libs, run_json, short,
+                                 walrus_database)
 
 pytestmark = pytest.mark.slow  # worker libraries in their own venvs: not in `pytest -m "not slow"`
 

@@ -8,7 +8,7 @@ import gevent
 from ezra.broker import Broker
 from ezra.config import Settings
 from ezra.storage import open_database
-from support import submit_broken_request
+from support_queue import submit_broken_request
 
 
 def open_broker(tmp_path, durability="full") -> Broker:

@@ -13,8 +13,10 @@ import time
 import pytest
 import redis
 
-from conftest import wait_until
-from support import RespConnection, blocked_clients, encode_command, leave_free, queue_figures
+from support_disk import leave_free
+from support_queue import queue_figures
+from support_resp import RespConnection, blocked_clients, encode_command
+from support_servers import wait_until
 
 
 def raw(server, protocol):

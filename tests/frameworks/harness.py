@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, wait_until
-from support import python_venv, record_worker_libs, run_json
+from support_compat import python_venv
+from support_servers import ROOT, wait_until
+from support_worker_libs import record_worker_libs, run_json
 
 APPS = Path(__file__).resolve().parent
 # The versions the docs name; ezra's extras (setup.cfg) ask for the same.

@@ -1,0 +1,60 @@
+"""Driving a queue in tests: through redis-py (claim, configure, the queue's figures), or the
+broker in process (a request that fails inside its batch)."""
+
+from __future__ import annotations
+
+
+OK_REPLIES = (True, b"OK", "OK")
+
+
+def configure(r, queue, *settings):
+    assert r.execute_command("XCFGSET", queue, *settings) in OK_REPLIES
+
+
+def queue_figures(client, queue) -> dict:
+    """One queue's counts and tallies since start, keyed as INFO's (`in_flight`), read with XINFO
+    QUEUES: INFO lists only the first 100 queues by name, and a shared server holds more."""
+    name = queue.encode() if isinstance(queue, str) else queue
+    # AFTER is exclusive: from the name less its last byte, `name` is among the first few.
+    for row in client.execute_command("XINFO", "QUEUES", "AFTER", name[:-1], "COUNT", 1000):
+        fields = row if isinstance(row, dict) else dict(zip(row[::2], row[1::2]))
+        fields = {text(key).replace("-", "_"): value for key, value in fields.items()}
+        if fields.pop("name") in (name, name.decode(errors="replace")):
+            return fields
+    raise AssertionError(f"XINFO QUEUES does not list {name!r}")
+
+
+def entries_of(reply, queue):
+    """The entries for `queue` in an XREADGROUP reply, in either protocol's shape."""
+    if not reply:
+        return []
+    key = queue.encode()
+    if isinstance(reply, dict):  # RESP3: {queue: [entries]}
+        items = reply.get(key, [])
+        return items[0] if items and isinstance(items[0], list) else items
+    return {name: items for name, items in reply}.get(key, [])
+
+
+def claim(r, queue, worker="w1", count=None, block=None, **kwargs):
+    return entries_of(r.xreadgroup("g", worker, {queue: ">"}, count=count, block=block, **kwargs), queue)
+
+
+def pending(r, queue) -> list[dict]:
+    return r.xpending_range(queue, "g", "-", "+", 100)
+
+
+def text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def submit_broken_request(broker) -> None:
+    """A request whose statement fails: its whole batch rolls back and answers a storage error."""
+    def broken():
+        broker.db.conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+    try:
+        broker.writer.submit(broken)
+    except Exception as exc:
+        assert "storage error" in str(exc)
+    else:
+        raise AssertionError("the broken request was answered")
