@@ -451,3 +451,15 @@ def http_no_such_task(task_id: tuple) -> HttpError:
 def http_body_cut_short(reason) -> str:
     """web/server.py's ClientInputError text: a 400 page, the connection closed."""
     return f"the request body ended early or came too slowly: {reason}"
+
+
+# ---------------------------------------------------------------- a broken invariant (a bug)
+
+class StateGuardFailed(RuntimeError):
+    """A guarded UPDATE did not find the task in a state its caller's SELECT had just read.
+    Not a CommandError on purpose: the writer rolls the whole batch back and logs it, and
+    the clients in it get a storage error."""
+
+
+def guard_failed(move: str, rowid: int, state: str) -> StateGuardFailed:
+    return StateGuardFailed(f"{move}: task rowid {rowid}, read as {state}, is not in a state this move starts from")

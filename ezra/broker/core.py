@@ -423,7 +423,8 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
                 held_by = None if worker is None else name_bytes(worker).decode("utf-8", "replace")
                 why = reason(held_by) if callable(reason) else reason
                 failure = lifecycle.failure_record(cause, why, held_by, now)
-            self.db.set_outcome(rowid, new_state, attempts, now, available_at, failure)
+            if not self.db.set_outcome(rowid, new_state, attempts, now, available_at, failure):
+                raise errors.guard_failed("failure", rowid, state)  # the SELECT above said it was unfinished
             queue.move(state, new_state)
             if new_state == DELAYED:
                 self.due_at(available_at)

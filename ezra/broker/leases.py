@@ -29,7 +29,7 @@ from __future__ import annotations
 import gevent
 from loguru import logger
 
-from .. import lifecycle
+from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, IN_FLIGHT
 from ..storage import decode_fields, name_bytes
 from .base import BrokerCore
@@ -218,7 +218,8 @@ class Leases(BrokerCore):
         elif not (justid or renewal):
             attempts += 1  # a delivery to another worker counts, as Redis counts XCLAIM
         deadline = lifecycle.lease_deadline(now, self._visibility_timeout(queue))
-        self.db.set_lease(rowid, worker, now if delivered_at is None else delivered_at, deadline, attempts)
+        if not self.db.set_lease(rowid, worker, now if delivered_at is None else delivered_at, deadline, attempts):
+            raise errors.guard_failed("lease", rowid, state)  # the SELECT above said in flight or available
         self.lease_until(deadline)
         if state == AVAILABLE:  # XCLAIM FORCE of a task nobody held
             queue.move(AVAILABLE, IN_FLIGHT)

@@ -351,19 +351,20 @@ class Database:
             "SELECT min(deadline) FROM tasks WHERE state = 'in_flight'").fetchone()[0]
 
     def set_outcome(self, rowid: int, state: str, attempts: int, now: int, available_at: int,
-                    failure: dict | None = None) -> None:
-        """Apply the result of a failure (lifecycle.after_failure) to one task, and record why
-        (lifecycle.failure_record; None: keep the record it has, as a SILENT nack without REASON)."""
+                    failure: dict | None = None) -> int:
+        """Apply the result of a failure (lifecycle.after_failure) to one unfinished task, and record
+        why (lifecycle.failure_record; None: keep the record it has, as a SILENT nack without
+        REASON). 1 if it moved, 0 if the task was done or dead (the caller's SELECT said otherwise)."""
+        unfinished = "(state = 'in_flight' OR state = 'available' OR state = 'delayed')"  # not IN: see schema.sql
         if failure is None:
-            self.conn.execute(
+            return self.conn.execute(
                 "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, "
-                "available_at = ?, finished_at = CASE WHEN ? = 'dead' THEN ? END WHERE rowid = ?",
-                (state, attempts, available_at, state, now, rowid))
-            return
-        self.conn.execute(
-            "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, "
-            "available_at = ?, finished_at = CASE WHEN ? = 'dead' THEN ? END, failure = ? WHERE rowid = ?",
-            (state, attempts, available_at, state, now, encode_failure(failure), rowid))
+                f"available_at = ?, finished_at = CASE WHEN ? = 'dead' THEN ? END WHERE rowid = ? AND {unfinished}",
+                (state, attempts, available_at, state, now, rowid)).rowcount
+        return self.conn.execute(
+            "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, available_at = ?, "
+            f"finished_at = CASE WHEN ? = 'dead' THEN ? END, failure = ? WHERE rowid = ? AND {unfinished}",
+            (state, attempts, available_at, state, now, encode_failure(failure), rowid)).rowcount
 
     def promote_due(self, now: int, limit: int) -> list:
         """Delayed tasks whose time came become available; the queue of each."""
@@ -451,10 +452,12 @@ class Database:
             "AND delivered_at <= ? ORDER BY delivered_at, id_ms, id_seq LIMIT ?",
             (name_value(queue), delivered_before, limit)).fetchall()
 
-    def set_lease(self, rowid: int, worker: bytes, delivered_at: int, deadline: int, attempts: int) -> None:
-        self.conn.execute(
-            "UPDATE tasks SET state = 'in_flight', worker = ?, delivered_at = ?, deadline = ?, "
-            "attempts = ? WHERE rowid = ?", (name_value(worker), delivered_at, deadline, attempts, rowid))
+    def set_lease(self, rowid: int, worker: bytes, delivered_at: int, deadline: int, attempts: int) -> int:
+        """Take over or renew an in-flight task, or FORCE an available one: 1 if it moved, else 0."""
+        return self.conn.execute(
+            "UPDATE tasks SET state = 'in_flight', worker = ?, delivered_at = ?, deadline = ?, attempts = ? "
+            "WHERE rowid = ? AND (state = 'in_flight' OR state = 'available')",
+            (name_value(worker), delivered_at, deadline, attempts, rowid)).rowcount
 
     # -- reads
 
