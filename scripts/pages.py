@@ -1,0 +1,248 @@
+"""WAL frames and SQLite CPU per state change, for the tasks table's schema and variants of it.
+
+Issue 22, "The pages (round three)" in BENCHMARKS.md: what each B-tree of the tasks table costs
+a push, a claim and an ack, measured with sqlite3 alone. Each variant gets a fresh file with
+EZRA's own schema.sql and pragmas, a backlog (done tasks of this queue, available tasks of
+another), then three phases of one command kind, each command its own transaction, the WAL
+fdatasync'ed after each commit as the writer does. Per command: WAL frames written (the WAL's
+growth; nothing checkpoints during a phase) and the CPU of the statements and the commit
+(median). The variants run in alternation, round after round, and the table shows medians.
+
+    python3 scripts/pages.py --size 100 --tasks 2000 --backlog 20000 --rounds 3
+    python3 scripts/pages.py --size 1000000 --tasks 30 --backlog 0 --rounds 1
+
+Variants: base (schema.sql as it is), without_rowid (tasks keyed by its primary key, no
+separate index for it), no_available_index (no tasks_available: the claim names the head's id,
+as an order kept in memory would), both of these, integer_queue (queue INTEGER instead of the
+name), no_auto_vacuum (for comparison: what pointer-map pages add when the file grows).
+
+    python3 scripts/pages.py --rebuild 1000000
+
+--rebuild N: what an order kept in memory would cost at start-up without tasks_available: N
+available tasks of one queue (and N/4 done ones), read in id order into two array('q') (id_ms,
+id_seq), timed, with the process's RSS before and after.
+"""
+from __future__ import annotations
+
+import argparse
+from array import array
+import json
+import os
+import re
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ezra.storage.opening import _set_pragmas  # noqa: E402  (the server's own pragmas)
+
+SCHEMA = (ROOT / "ezra" / "storage" / "schema.sql").read_text()
+BASE_MS = 10 ** 12
+PHASES = ("push", "claim", "ack")
+
+
+class Variant:
+    def __init__(self, name: str, without_rowid=False, no_available_index=False, integer_queue=False,
+                 auto_vacuum=True):
+        self.name = name
+        self.without_rowid = without_rowid
+        self.no_available_index = no_available_index
+        self.integer_queue = integer_queue
+        self.auto_vacuum = auto_vacuum
+
+    def schema(self) -> str:
+        text = SCHEMA
+        if self.without_rowid:
+            text = replaced(text, "PRIMARY KEY (queue, id_ms, id_seq)\n);",
+                            "PRIMARY KEY (queue, id_ms, id_seq)\n) WITHOUT ROWID;")
+        if self.no_available_index:
+            index = re.search(r"CREATE INDEX IF NOT EXISTS tasks_available[^;]*;", text)
+            text = replaced(text, index.group(0) if index else "CREATE INDEX IF NOT EXISTS tasks_available", "")
+        if self.integer_queue:
+            text = replaced(text, "CREATE TABLE IF NOT EXISTS tasks (\n    queue         TEXT    NOT NULL,",
+                            "CREATE TABLE IF NOT EXISTS tasks (\n    queue         INTEGER NOT NULL,")
+        return text
+
+
+def replaced(text: str, old: str, new: str) -> str:
+    """`text` with `old` replaced once; schema.sql changed if it is not there."""
+    if old not in text:
+        raise SystemExit(f"pages.py: schema.sql no longer has {old!r}; update the variant")
+    return text.replace(old, new, 1)
+
+
+VARIANTS = [
+    Variant("base"),
+    Variant("without_rowid", without_rowid=True),
+    Variant("no_available_index", no_available_index=True),
+    Variant("without_rowid + no_available_index", without_rowid=True, no_available_index=True),
+    Variant("integer_queue", integer_queue=True),
+    Variant("no_auto_vacuum", auto_vacuum=False),
+]
+
+CLAIM_SET = ("UPDATE tasks SET state = 'in_flight', worker = 'worker-1', deadline = ?, delivered_at = ?, "
+             "attempts = attempts + 1, finished_at = NULL WHERE ")
+
+
+class Run:
+    """One variant's file and its three phases."""
+
+    def __init__(self, variant: Variant, size: int, tasks: int, backlog: int):
+        self.variant = variant
+        self.tasks = tasks
+        self.dir = tempfile.mkdtemp(prefix="ezra-pages-")
+        self.path = os.path.join(self.dir, "ezra.db")
+        self.conn = sqlite3.connect(self.path, isolation_level=None)
+        _set_pragmas(self.conn)
+        if not variant.auto_vacuum:
+            self.conn.execute("PRAGMA auto_vacuum = NONE")
+        self.conn.executescript(variant.schema())
+        self.queue = 1 if variant.integer_queue else "emails.outbound"
+        self.fields = json.dumps(["body", "x" * size])
+        self._fill(backlog, size)
+        self.wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
+
+    def _fill(self, backlog: int, size: int) -> None:
+        other = 2 if self.variant.integer_queue else "reports.nightly"
+        old_fields = self.fields if size <= 10_000 else '["body", "x"]'
+        self.conn.execute("BEGIN")
+        for i in range(backlog):
+            self.conn.execute("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, "
+                              "finished_at) VALUES (?, ?, 0, 'done', ?, 0, 0, ?)", (self.queue, i, old_fields, i))
+            self.conn.execute("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                              "VALUES (?, ?, 0, 'available', ?, 0, 0)", (other, i, '["f", "v"]'))
+        self.conn.execute("COMMIT")
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def push(self, i: int) -> None:
+        self.conn.execute("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                          "VALUES (?, ?, 0, 'available', ?, 1, 1)", (self.queue, BASE_MS + i, self.fields))
+
+    def claim(self, i: int) -> None:
+        if self.variant.no_available_index:
+            # The head's id comes from the order in memory: update it, read its fields.
+            self.conn.execute(CLAIM_SET + "queue = ? AND id_ms = ? AND id_seq = 0 AND state = 'available'",
+                              (5, 1, self.queue, BASE_MS + i))
+            self.conn.execute("SELECT fields, attempts FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = 0",
+                              (self.queue, BASE_MS + i)).fetchone()
+            return
+        key = "id_ms, id_seq" if self.variant.without_rowid else "rowid"
+        # INDEXED BY: without it the planner walks the primary key of a WITHOUT ROWID table
+        # past every claimed task (ms per claim).
+        head = self.conn.execute(
+            f"SELECT {key}, fields, attempts FROM tasks INDEXED BY tasks_available WHERE queue = ? "
+            "AND state = 'available' ORDER BY id_ms, id_seq LIMIT 1", (self.queue,)).fetchone()
+        if self.variant.without_rowid:
+            self.conn.execute(CLAIM_SET + "queue = ? AND id_ms = ? AND id_seq = ? AND state = 'available'",
+                              (5, 1, self.queue, head[0], head[1]))
+        else:
+            self.conn.execute(CLAIM_SET + "rowid = ? AND state = 'available'", (5, 1, head[0]))
+
+    def ack(self, i: int) -> None:
+        self.conn.execute("UPDATE tasks SET state = 'done', deadline = NULL, finished_at = ? "
+                          "WHERE queue = ? AND id_ms = ? AND id_seq = 0 AND state = 'in_flight'",
+                          (2, self.queue, BASE_MS + i))
+
+    def phase(self, name: str) -> tuple[float, float]:
+        """(WAL frames per command, median µs of CPU per command's statements and commit)."""
+        step = getattr(self, name)
+        wal_before = os.fstat(self.wal_fd).st_size
+        cpu = []
+        for i in range(self.tasks):
+            start = time.process_time_ns()
+            self.conn.execute("BEGIN IMMEDIATE")
+            step(i)
+            self.conn.execute("COMMIT")
+            cpu.append(time.process_time_ns() - start)
+            os.fdatasync(self.wal_fd)
+        frames = (os.fstat(self.wal_fd).st_size - wal_before) / (self.page_size() + 24) / self.tasks
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return frames, statistics.median(cpu) / 1000
+
+    def page_size(self) -> int:
+        return self.conn.execute("PRAGMA page_size").fetchone()[0]
+
+    def close(self) -> None:
+        os.close(self.wal_fd)
+        self.conn.close()
+        shutil.rmtree(self.dir)
+
+
+def rss_kb() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def rebuild(tasks: int) -> None:
+    variant = Variant("no_available_index", no_available_index=True)
+    run = Run(variant, 100, 0, 0)
+    try:
+        run.conn.execute("BEGIN")
+        run.conn.executemany(
+            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
+            "VALUES (?, ?, 0, ?, ?, 1, 1)",
+            ((run.queue, BASE_MS + i, "done" if i % 5 == 0 else "available", run.fields)
+             for i in range(tasks + tasks // 4)))
+        run.conn.execute("COMMIT")
+        run.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        run.conn.close()
+        run.conn = sqlite3.connect(run.path, isolation_level=None)  # a cold page cache, as at start-up
+        _set_pragmas(run.conn)
+        before = rss_kb()
+        start = time.perf_counter()
+        first = run.conn.execute(
+            "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND state = 'available' "
+            "ORDER BY id_ms, id_seq LIMIT 1", (run.queue,)).fetchone()
+        first_at = time.perf_counter() - start
+        ms, seq = array("q"), array("q")
+        for row in run.conn.execute(
+                "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND state = 'available' "
+                "ORDER BY id_ms, id_seq", (run.queue,)):
+            ms.append(row[0])
+            seq.append(row[1])
+        took = time.perf_counter() - start
+        print(f"{len(ms)} available of {tasks + tasks // 4} tasks: head {first} in {first_at * 1000:.1f} ms, "
+              f"the whole order in {took:.2f} s, RSS {before / 1024:.1f} -> {rss_kb() / 1024:.1f} MB")
+    finally:
+        run.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=100, help="bytes of the one field's value")
+    parser.add_argument("--tasks", type=int, default=2000, help="commands per phase")
+    parser.add_argument("--backlog", type=int, default=20000, help="done and other-queue tasks first")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rebuild", type=int, default=0, metavar="N",
+                        help="time the start-up rebuild of an order in memory of N available tasks instead")
+    args = parser.parse_args()
+    if args.rebuild:
+        rebuild(args.rebuild)
+        return
+    results = {variant.name: {phase: [] for phase in PHASES} for variant in VARIANTS}
+    for _ in range(args.rounds):
+        for variant in VARIANTS:
+            run = Run(variant, args.size, args.tasks, args.backlog)
+            try:
+                for phase in PHASES:
+                    results[variant.name][phase].append(run.phase(phase))
+            finally:
+                run.close()
+    print(f"{args.size}-byte field, {args.tasks} commands per phase, backlog {args.backlog}, "
+          f"medians of {args.rounds} rounds: WAL frames / µs of CPU per command")
+    print("| variant | push | claim | ack |")
+    print("|---|---:|---:|---:|")
+    for name, phases in results.items():
+        cells = [f"{statistics.median(f for f, _ in phases[p]):.2f} / {statistics.median(u for _, u in phases[p]):.1f}"
+                 for p in PHASES]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
