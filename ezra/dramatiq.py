@@ -9,7 +9,8 @@
     actor.send() / enqueue      XADD queue * message <dramatiq's encoded message>
     enqueue(delay=ms)           XADD queue DELAY <s> ... (EZRA holds it; no delay queue, no eta)
     the consumer waiting        XREADGROUP GROUP dramatiq <consumer> COUNT <prefetch left>
-                                BLOCK <worker timeout> STREAMS queue >
+                                BLOCK <worker timeout> STREAMS queue >  (no BLOCK right after
+                                a read that filled the prefetch: more are likely waiting)
     ack                         XACK
     nack (failed for good)      XNACK FATAL: the dead queue, REASON the exception's type and message
     requeue (worker shutdown)   XNACK SILENT: back, no attempt counted
@@ -27,6 +28,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable
 
 import redis
@@ -126,7 +128,8 @@ class EzraConsumer(Consumer):
         self.broker, self.queue_name, self.prefetch, self.timeout = broker, queue_name, prefetch, timeout
         self.client = broker.connect(timeout / 1000)
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.cache: list[EzraMessage] = []   # read, not yet handed to dramatiq
+        self.cache: deque[EzraMessage] = deque()  # read, not yet handed to dramatiq
+        self.more_waiting = False            # the last read filled the prefetch: read the next without BLOCK
         self.outstanding: set[str] = set()   # handed to dramatiq, not yet acked or nacked
         self.settled = threading.Event()     # an ack or nack made room under the prefetch limit
         try:
@@ -139,7 +142,7 @@ class EzraConsumer(Consumer):
     def __next__(self) -> MessageProxy | None:
         """The next message, or None after `timeout` ms without one (one blocking read, no sleeps)."""
         if self.cache:
-            message = self.cache.pop(0)
+            message = self.cache.popleft()
             self.outstanding.add(message.task_id)
             return message
         room = self.prefetch - len(self.outstanding)
@@ -148,18 +151,25 @@ class EzraConsumer(Consumer):
             if self.prefetch - len(self.outstanding) <= 0:
                 self.settled.wait(self.timeout / 1000)
             return None
+        # After a full read more tasks are likely queued: take them without BLOCK, so EZRA sets up
+        # no blocked reader for them; a read that comes back short (or empty) means the next blocks.
+        block = None if self.more_waiting else max(self.timeout, 1)
         try:
-            reply = self.client.xreadgroup(GROUP, self.worker, {self.queue_name: ">"}, count=room,
-                                           block=max(self.timeout, 1))
+            reply = self.client.xreadgroup(GROUP, self.worker, {self.queue_name: ">"}, count=room, block=block)
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
+        read = 0
         for _, entries in reply or []:
+            read += len(entries)
             for task_id, fields in entries:
                 message = self.decode(task_id.decode(), fields)
                 if message is not None:
-                    self.leases.hold(self.queue_name, message.task_id)
                     self.cache.append(message)
-        return next(self) if self.cache else None
+        self.more_waiting = read >= room
+        self.leases.hold_all(self.queue_name, [message.task_id for message in self.cache])
+        if self.cache:
+            return next(self)
+        return None
 
     def decode(self, task_id: str, fields: dict) -> EzraMessage | None:
         """dramatiq's message from a task; a task that is not one goes to the dead queue, with a log."""
@@ -207,7 +217,7 @@ class EzraConsumer(Consumer):
     def close(self) -> None:
         """Hand back what was read and not yet given to dramatiq, stop renewing, close."""
         try:
-            cached, self.cache = self.cache, []
+            cached, self.cache = list(self.cache), deque()
             self.requeue(cached)
         finally:
             self.leases.stop()
