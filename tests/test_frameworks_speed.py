@@ -2,8 +2,9 @@
 
 The probes (tests/frameworks/speed_probe.py) run in build/venv-frameworks against a real
 EZRA and count what the brokers send and make: a read of queued tasks without BLOCK after
-a read that filled the prefetch, and one redis-py client for all of taskiq's pushes and acks
-(RedisStreamBroker makes one per push and per ack). How fast that makes them is
+a read that filled the prefetch, a connection of its own for each Dramatiq thread (no
+redis-py pool check-out per command), and one redis-py client for all of taskiq's pushes
+and acks (RedisStreamBroker makes one per push and per ack). How fast that makes them is
 scripts/bench.py's (BENCHMARKS.md, issue 23).
 """
 
@@ -38,6 +39,16 @@ def test_dramatiq_reads_queued_tasks_without_block_and_blocks_on_an_empty_queue(
     assert summary["empty_reads"][-1]["got"] == 1, summary["empty_reads"]
     client = ezra.client()
     assert counts(client, queue) == {"available": 0, "delayed": 0, "in-flight": 0, "done": 21, "dead": 0}
+    client.close()
+
+
+def test_dramatiq_pushes_reads_and_acks_check_nothing_out_of_a_pool(ezra, queue, python):
+    """50 pushes, then 50 tasks taken and acked: each thread's own connection (and the
+    consumer's for its reads), so no pool check-out per command (62be3ec: one per command)."""
+    summary = produce(python, "speed_probe", "dramatiq_checkouts(50)", app_env(ezra, queue))
+    assert summary["checkouts_for_pushes"] == 0 and summary["checkouts_for_reads_and_acks"] == 0, summary
+    client = ezra.client()
+    assert counts(client, queue) == {"available": 0, "delayed": 0, "in-flight": 0, "done": 51, "dead": 0}
     client.close()
 
 

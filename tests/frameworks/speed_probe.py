@@ -5,6 +5,9 @@ redis-py clients the shipped brokers spend per task, against the real EZRA the t
                                   dramatiq's worker does: each XREADGROUP it sent (COUNT, BLOCK or
                                   not, tasks returned), then one more read on the empty queue that
                                   a push made while it blocks answers
+    dramatiq_checkouts(n)         n pushes, then n tasks taken and acked one by one: the redis-py pool
+                                  check-outs they made (each costs two settimeout calls and a recv);
+                                  client CPU per push and per ack printed for the record
     taskiq_clients(n)             n kiq() pushes and n acks through EzraStreamBroker: the redis-py
                                   clients made for them (RedisStreamBroker makes one per push and
                                   per ack), and the CPU each cost (printed for the record, never
@@ -69,6 +72,40 @@ def dramatiq_reads(n: int, prefetch: int) -> None:
     broker.close()
     report(taken=sorted(taken), late=late.args[0], queued_reads=reads[:queued_reads],
            empty_reads=reads[queued_reads:])
+
+
+def dramatiq_checkouts(n: int) -> None:
+    from dramatiq.message import Message
+
+    from ezra.dramatiq import EzraBroker
+
+    checkouts = [0]
+    get_connection = redis.ConnectionPool.get_connection
+
+    def counting_get_connection(self, *args, **kwargs):  # the real check-out, counted
+        checkouts[0] += 1
+        return get_connection(self, *args, **kwargs)
+    redis.ConnectionPool.get_connection = counting_get_connection
+
+    broker = EzraBroker(url=URL)
+    broker.enqueue(Message(queue_name=QUEUE, actor_name="noop", args=(-1,), kwargs={}, options={}))  # connects
+    before, cpu = checkouts[0], time.process_time()
+    for i in range(n):
+        broker.enqueue(Message(queue_name=QUEUE, actor_name="noop", args=(i,), kwargs={}, options={}))
+    pushes, push_cpu = checkouts[0] - before, time.process_time() - cpu
+    consumer = broker.consume(QUEUE, prefetch=1, timeout=20_000)
+    consumer.ack(next(consumer))  # the first push; this thread's connection is made by now
+    before, ack_cpu = checkouts[0], 0.0
+    for _ in range(n):
+        message = next(consumer)
+        cpu = time.process_time()
+        consumer.ack(message)
+        ack_cpu += time.process_time() - cpu
+    acks = checkouts[0] - before
+    consumer.close()
+    broker.close()
+    report(checkouts_for_pushes=pushes, checkouts_for_reads_and_acks=acks, push_cpu_us=push_cpu * 1e6 / n,
+           ack_cpu_us=ack_cpu * 1e6 / n)
 
 
 def taskiq_clients(n: int) -> None:
