@@ -8,9 +8,11 @@ redis-py clients the shipped brokers spend per task, against the real EZRA the t
     dramatiq_checkouts(n)         n pushes, then n tasks taken and acked one by one: the redis-py pool
                                   check-outs they made (each costs two settimeout calls and a recv);
                                   client CPU per push and per ack printed for the record
-    taskiq_clients(n)             n kiq() pushes and n acks through EzraStreamBroker: the redis-py
-                                  clients made for them (RedisStreamBroker makes one per push and
-                                  per ack), and the CPU each cost (printed for the record, never
+    taskiq_clients(n)             n kiq() pushes and n acks through EzraStreamBroker, one at a time
+                                  (then 20 pushes and 20 acks at once):
+                                  the redis-py clients made and the pool check-outs for them
+                                  (RedisStreamBroker makes a client and checks a connection out
+                                  per push and per ack), and the CPU each cost (printed for the record, never
                                   asserted: speed is bench.py's)
 """
 
@@ -111,8 +113,14 @@ def dramatiq_checkouts(n: int) -> None:
 def taskiq_clients(n: int) -> None:
     from ezra.taskiq import EzraStreamBroker
 
-    made = [0]
+    made, checkouts = [0], [0]
     init = redis.asyncio.Redis.__init__
+    get_connection = redis.asyncio.BlockingConnectionPool.get_connection
+
+    async def counting_get_connection(self, *args, **kwargs):  # the real check-out, counted
+        checkouts[0] += 1
+        return await get_connection(self, *args, **kwargs)
+    redis.asyncio.BlockingConnectionPool.get_connection = counting_get_connection
 
     def counting_init(self, *args, **kwargs):  # the real constructor, counted
         made[0] += 1
@@ -127,19 +135,23 @@ def taskiq_clients(n: int) -> None:
             pass
 
         await broker.startup()
-        before, cpu = made[0], time.process_time()
+        await noop.kiq(-1)  # connects
+        before, out, cpu = made[0], checkouts[0], time.process_time()
         for i in range(n):
             await noop.kiq(i)
-        pushes, push_cpu = made[0] - before, time.process_time() - cpu
+        pushes, push_cpu, push_checkouts = made[0] - before, time.process_time() - cpu, checkouts[0] - out
         listen = broker.listen()
-        messages = [await listen.__anext__() for _ in range(n)]
-        before, cpu = made[0], time.process_time()
+        messages = [await listen.__anext__() for _ in range(n + 1)]
+        before, out, cpu = made[0], checkouts[0], time.process_time()
         for message in messages:
             await message.ack()
-        acks, ack_cpu = made[0] - before, time.process_time() - cpu
+        acks, ack_cpu, ack_checkouts = made[0] - before, time.process_time() - cpu, checkouts[0] - out
+        await asyncio.gather(*(noop.kiq(i) for i in range(n, n + 20)))  # at once: the pool's connections too
+        together = [await listen.__anext__() for _ in range(20)]
+        await asyncio.gather(*(message.ack() for message in together))
         await listen.aclose()
         await broker.shutdown()
-        report(clients_for_pushes=pushes, clients_for_acks=acks, push_cpu_us=push_cpu * 1e6 / n,
-               ack_cpu_us=ack_cpu * 1e6 / n)
+        report(clients_for_pushes=pushes, clients_for_acks=acks, checkouts_for_pushes=push_checkouts,
+               checkouts_for_acks=ack_checkouts, push_cpu_us=push_cpu * 1e6 / n, ack_cpu_us=ack_cpu * 1e6 / (n + 1))
 
     asyncio.run(run())
