@@ -9,7 +9,8 @@
     actor.send() / enqueue      XADD queue * message <dramatiq's encoded message>
     enqueue(delay=ms)           XADD queue DELAY <s> ... (EZRA holds it; no delay queue, no eta)
     the consumer waiting        XREADGROUP GROUP dramatiq <consumer> COUNT <prefetch left>
-                                BLOCK <worker timeout> STREAMS queue >
+                                BLOCK <worker timeout> STREAMS queue >  (no BLOCK right after
+                                a read that filled the prefetch: more are likely waiting)
     ack                         XACK
     nack (failed for good)      XNACK FATAL: the dead queue, REASON the exception's type and message
     requeue (worker shutdown)   XNACK SILENT: back, no attempt counted
@@ -27,6 +28,8 @@ import socket
 import threading
 import time
 import uuid
+import weakref
+from collections import deque
 from collections.abc import Iterable
 
 import redis
@@ -61,12 +64,29 @@ class EzraBroker(Broker):
     def __init__(self, *, url: str = "redis://127.0.0.1:42002", middleware=None, **client_options) -> None:
         super().__init__(middleware=middleware)
         self.url, self.client_options = url, client_options
-        self.client = self.connect()
+        self.client = self.connect()  # a pool: join(), the consumers' lease renewals
         self.queues: set[str] = set()
+        self._local = threading.local()
+        # every live thread_client(), for close(); a thread's client goes (and closes) with its thread
+        self._thread_clients: weakref.WeakSet[redis.Redis] = weakref.WeakSet()
+        self._thread_clients_lock = threading.Lock()
 
-    def connect(self, block_seconds: float = 0.0) -> redis.Redis:
-        options = {"socket_timeout": block_seconds + READ_MARGIN, **self.client_options}
+    def connect(self, block_seconds: float = 0.0, single: bool = False) -> redis.Redis:
+        options = {"socket_timeout": block_seconds + READ_MARGIN, "single_connection_client": single,
+                   **self.client_options}
         return redis.Redis.from_url(self.url, **options)
+
+    def thread_client(self) -> redis.Redis:
+        """This thread's own connection, for pushes and acks. redis-py's pool checks a connection
+        on each check-out (two settimeout calls and a recv: ~40 µs of client CPU per command,
+        measured), and one connection shared by every thread would make them wait for each
+        other's round trips, where EZRA commits concurrent pushes together."""
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self.connect(single=True)
+            with self._thread_clients_lock:
+                self._thread_clients.add(client)
+        return client
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> Consumer:
         return EzraConsumer(self, queue_name, prefetch, timeout)
@@ -83,7 +103,8 @@ class EzraBroker(Broker):
         self.logger.debug("Enqueueing message %r on queue %r.", message.message_id, message.queue_name)
         self.emit_before("enqueue", message, delay)
         try:
-            self.client.execute_command("XADD", message.queue_name, *options, "*", FIELD, message.encode())
+            self.thread_client().execute_command("XADD", message.queue_name, *options, "*", FIELD,
+                                                 message.encode())
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
         self.emit_after("enqueue", message, delay)
@@ -115,6 +136,10 @@ class EzraBroker(Broker):
             time.sleep(interval / 1000)
 
     def close(self) -> None:
+        with self._thread_clients_lock:
+            clients, self._thread_clients = list(self._thread_clients), weakref.WeakSet()
+        for client in clients:
+            client.close()
         self.client.close()
 
 
@@ -124,14 +149,15 @@ class EzraConsumer(Consumer):
     def __init__(self, broker: EzraBroker, queue_name: str, prefetch: int, timeout: int) -> None:
         self.logger = get_logger(__name__, type(self))
         self.broker, self.queue_name, self.prefetch, self.timeout = broker, queue_name, prefetch, timeout
-        self.client = broker.connect(timeout / 1000)
         self.worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.cache: list[EzraMessage] = []   # read, not yet handed to dramatiq
+        self.cache: deque[EzraMessage] = deque()  # read, not yet handed to dramatiq
+        self.more_waiting = False            # the last read filled the prefetch: read the next without BLOCK
         self.outstanding: set[str] = set()   # handed to dramatiq, not yet acked or nacked
         self.settled = threading.Event()     # an ack or nack made room under the prefetch limit
         try:
+            self.client = broker.connect(timeout / 1000, single=True)  # its reads: only this consumer's thread
             self.client.execute_command("XGROUP", "CREATE", queue_name, GROUP, "$", "MKSTREAM")
-            self.leases = LeaseKeeper(self.client, GROUP, self.worker,
+            self.leases = LeaseKeeper(broker.client, GROUP, self.worker,
                                       visibility_timeout(self.client, queue_name) / 3)
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
@@ -139,7 +165,7 @@ class EzraConsumer(Consumer):
     def __next__(self) -> MessageProxy | None:
         """The next message, or None after `timeout` ms without one (one blocking read, no sleeps)."""
         if self.cache:
-            message = self.cache.pop(0)
+            message = self.cache.popleft()
             self.outstanding.add(message.task_id)
             return message
         room = self.prefetch - len(self.outstanding)
@@ -148,18 +174,25 @@ class EzraConsumer(Consumer):
             if self.prefetch - len(self.outstanding) <= 0:
                 self.settled.wait(self.timeout / 1000)
             return None
+        # After a full read more tasks are likely queued: take them without BLOCK, so EZRA sets up
+        # no blocked reader for them; a read that comes back short (or empty) means the next blocks.
+        block = None if self.more_waiting else max(self.timeout, 1)
         try:
-            reply = self.client.xreadgroup(GROUP, self.worker, {self.queue_name: ">"}, count=room,
-                                           block=max(self.timeout, 1))
+            reply = self.client.xreadgroup(GROUP, self.worker, {self.queue_name: ">"}, count=room, block=block)
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
+        read = 0
         for _, entries in reply or []:
+            read += len(entries)
             for task_id, fields in entries:
                 message = self.decode(task_id.decode(), fields)
                 if message is not None:
-                    self.leases.hold(self.queue_name, message.task_id)
                     self.cache.append(message)
-        return next(self) if self.cache else None
+        self.more_waiting = read >= room
+        self.leases.hold_all(self.queue_name, [message.task_id for message in self.cache])
+        if self.cache:
+            return next(self)
+        return None
 
     def decode(self, task_id: str, fields: dict) -> EzraMessage | None:
         """dramatiq's message from a task; a task that is not one goes to the dead queue, with a log."""
@@ -191,11 +224,12 @@ class EzraConsumer(Consumer):
         if not ids:
             return
         try:
+            client = self.broker.thread_client()  # dramatiq's worker threads ack: not on the reads' connection
             if how is None:
-                self.client.xack(self.queue_name, GROUP, *ids)
+                client.xack(self.queue_name, GROUP, *ids)
             else:
                 why = [] if reason is None else ["REASON", reason]
-                self.client.execute_command("XNACK", self.queue_name, GROUP, how, "IDS", len(ids), *ids, *why)
+                client.execute_command("XNACK", self.queue_name, GROUP, how, "IDS", len(ids), *ids, *why)
         except redis.ConnectionError as exc:
             raise ConnectionClosed(exc) from None
         finally:
@@ -207,7 +241,7 @@ class EzraConsumer(Consumer):
     def close(self) -> None:
         """Hand back what was read and not yet given to dramatiq, stop renewing, close."""
         try:
-            cached, self.cache = self.cache, []
+            cached, self.cache = list(self.cache), deque()
             self.requeue(cached)
         finally:
             self.leases.stop()

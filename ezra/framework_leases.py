@@ -43,8 +43,15 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
 
     def hold(self, queue: str, task_id: str) -> None:
+        self.hold_all(queue, [task_id])
+
+    def hold_all(self, queue: str, task_ids: list[str]) -> None:
+        """Hold the tasks of one read: one lock for all of them."""
+        if not task_ids:
+            return
         with self._lock:
-            self._held[(queue, task_id)] = None
+            for task_id in task_ids:
+                self._held[(queue, task_id)] = None
             if self._thread is None and not self._stopped.is_set():
                 self._thread = threading.Thread(target=self._run, name=f"ezra-leases-{self.worker}", daemon=True)
                 self._thread.start()
