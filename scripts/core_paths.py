@@ -1,9 +1,9 @@
-"""The Python between XADD's and XACK's handlers and their SQL, timed alone.
+"""The Python between XADD's, XACK's and XNACK's handlers and their SQL, timed alone.
 
     python scripts/core_paths.py                          # this tree: ns per push and per ack
     python scripts/core_paths.py --trees /tmp/old,. --rounds 7   # two trees in alternation, medians
 
-Calls `Broker.push` and `Broker.ack` as the handlers do, TURN to a loop turn, on a fresh
+Calls `Broker.push`, `Broker.ack` and `Broker.fail` as the handlers do, TURN to a loop turn, on a fresh
 data dir (durability full), and times only those calls with the thread's CPU clock: the
 writer's submit, the broker's transaction script, storage's parameter building and the
 statement itself (the same SQL in every tree), not the commit or the fsync, which run after
@@ -27,7 +27,7 @@ TURN = 50  # commands per loop turn, as a pipelined client's read
 
 
 def measure(tasks: int) -> dict:
-    """One round in this process: median ns per push and per ack over the turns."""
+    """One round in this process: median ns per push, per ack and per nack over the turns."""
     import gevent
     from ezra import storage
     from ezra.broker import Broker
@@ -57,7 +57,22 @@ def measure(tasks: int) -> dict:
             requests[-1].wait()
             if not all(request.result == 1 for request in requests):
                 raise SystemExit("an ack found no task in flight")
-        figures.update(push=statistics.median(push_ns) / TURN, ack=statistics.median(ack_ns) / TURN)
+        # XNACK of each, after a claim would have left it in flight again (default mode: a counted
+        # failure; back to available, or delayed by the server's backoff).
+        broker.writer.call(lambda: broker.db.conn.execute(
+            "UPDATE tasks SET state = 'in_flight', attempts = 1, finished_at = NULL"))
+        counts = broker.queues[b"q"].counts
+        counts["in_flight"], counts["done"] = counts["done"], 0
+        nack_ns = []
+        for start in range(0, len(ids), TURN):
+            started = clock()
+            requests = [broker.fail(b"q", [task_id]) for task_id in ids[start:start + TURN]]
+            nack_ns.append(clock() - started)
+            requests[-1].wait()
+            if not all(request.result == 1 for request in requests):
+                raise SystemExit("a nack found no task in flight")
+        figures.update(push=statistics.median(push_ns) / TURN, ack=statistics.median(ack_ns) / TURN,
+                       nack=statistics.median(nack_ns) / TURN)
 
     gevent.spawn(run).join()
     broker.stop()
@@ -76,7 +91,7 @@ def main() -> None:
         print(json.dumps(measure(a.tasks)))
         return
     trees = (a.trees or os.getcwd()).split(",")
-    runs = {tree: {"push": [], "ack": []} for tree in trees}
+    runs = {tree: {"push": [], "ack": [], "nack": []} for tree in trees}
     for _ in range(a.rounds):
         for tree in trees:
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", "--tasks", str(a.tasks)],
