@@ -439,7 +439,8 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
                 self.due_at(available_at)
             elif new_state == DEAD:
                 self._tally(queue, "dead")
-        self._serve_waiters(queue, now)
+        if queue.name in self.blocked:  # a blocked worker gets what went back (none blocked: nothing to do)
+            self._serve_waiters(queue, now)
 
     def _note_deleted(self, queue: QueueState, ids: list[tuple]) -> None:
         """Tasks were removed for good: count them (XINFO) and keep ids from ever repeating."""

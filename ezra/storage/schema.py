@@ -100,7 +100,12 @@ def decode_fields(text: str) -> list[bytes]:
 
 def encode_failure(failure: dict | None) -> str | None:
     """A task's last failure (lifecycle.failure_record) as the JSON text of tasks.failure."""
-    return None if failure is None else json.dumps(failure, ensure_ascii=False)
+    return None if failure is None else _FAILURE_ENCODER.encode(failure)
+
+
+# json.dumps builds a new encoder on every call that passes an option: 2.5 against 1.8 µs a
+# failure record (each nack's), measured; this one writes the same text.
+_FAILURE_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
 def decode_failure(text: str | None) -> dict | None:
