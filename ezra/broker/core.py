@@ -354,15 +354,20 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
             self._remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id
         queue.counts[state] += 1
-        self._tally(queue, "pushed")
-        if dead:
-            self._view_grew(queue.name, True)  # XREAD's observers of q::dead look again
+        # _tally's work, inlined: this runs once per task (the call was ~0.2 µs of it).
+        self.stats["pushed"] += 1
+        queue.totals["pushed"] += 1
+        if self.observers:  # XREAD's blocked readers: seldom any
+            self._view_grew(name, False)
+            if dead:
+                self._view_grew(name, True)  # XREAD's observers of q::dead look again
         if trim is not None:
             self._trim_done(queue, trim)  # as Redis: after the add, the new task counted
-        if state == DELAYED:
+        if state == AVAILABLE:
+            if name in self.blocked:  # a blocked worker gets it in this batch (none blocked: nothing to do)
+                self._serve_waiters(queue, now)
+        elif state == DELAYED:
             self.due_at(available_at)
-        elif state == AVAILABLE:
-            self._serve_waiters(queue, now)
         return lifecycle.format_id(task_id)
 
     def _remember_push(self, queue: QueueState, idmp: tuple, task_id: tuple, now: int) -> None:
@@ -384,9 +389,13 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         acked = self.db.ack(name, ids, self.clock())
         if acked:
             queue.trim_floor = min(queue.trim_floor, *ids)  # some of them are done now
-        queue.move(IN_FLIGHT, DONE, acked)
-        self._tally(queue, "acked", acked + len(deleted))
-        return acked + len(deleted)
+            counts = queue.counts  # QueueState.move and _tally inlined: once per ack
+            counts[IN_FLIGHT] -= acked
+            counts[DONE] += acked
+        n = acked + len(deleted)
+        self.stats["acked"] += n  # "acked" grows no XREAD view: no observers to tell
+        queue.totals["acked"] += n
+        return n
 
     def _tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None,
                  force: bool, reason: bytes | None = None, cause: str = lifecycle.NACKED) -> int:
@@ -430,7 +439,8 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
                 self.due_at(available_at)
             elif new_state == DEAD:
                 self._tally(queue, "dead")
-        self._serve_waiters(queue, now)
+        if queue.name in self.blocked:  # a blocked worker gets what went back (none blocked: nothing to do)
+            self._serve_waiters(queue, now)
 
     def _note_deleted(self, queue: QueueState, ids: list[tuple]) -> None:
         """Tasks were removed for good: count them (XINFO) and keep ids from ever repeating."""

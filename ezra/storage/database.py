@@ -57,6 +57,17 @@ def task_by_id(conn, queue: bytes, task_id: tuple) -> tuple | None:
                         (name_value(queue), *task_id)).fetchone()
 
 
+# set_outcome's statements, built once (an f-string per call cost a format and a hash of its
+# text for the statement cache, on every nack). Unfinished is spelled out, not IN: see schema.sql.
+_UNFINISHED = "(state = 'in_flight' OR state = 'available' OR state = 'delayed')"
+_SET_OUTCOME_SQL = ("UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, available_at = ?, "
+                    f"finished_at = CASE WHEN ? = 'dead' THEN ? END WHERE rowid = ? AND {_UNFINISHED}")
+_SET_OUTCOME_WITH_FAILURE_SQL = (
+    "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, available_at = ?, "
+    f"finished_at = CASE WHEN ? = 'dead' THEN ? END, failure = ? WHERE rowid = ? AND {_UNFINISHED}")
+_BY_ID_SQL: dict[tuple[str, tuple], str] = {}  # _tasks_by_id's SELECT per (columns, states)
+
+
 class Database:
     """The connection and every query EZRA runs, named."""
 
@@ -324,9 +335,11 @@ class Database:
     def _tasks_by_id(self, columns: str, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
         """`columns` of the given tasks (each once, in the order given) that are in one of `states`."""
         q = name_value(queue)
-        marks = ",".join("?" * len(states))
-        sql = (f"SELECT {columns} FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ? "
-               f"AND state IN ({marks})")
+        sql = _BY_ID_SQL.get((columns, states))
+        if sql is None:  # built once per shape (a handful: XNACK's, XCLAIM's), not per call
+            marks = ",".join("?" * len(states))
+            sql = _BY_ID_SQL[columns, states] = (f"SELECT {columns} FROM tasks WHERE queue = ? AND id_ms = ? "
+                                                 f"AND id_seq = ? AND state IN ({marks})")
         rows = []
         for ms, seq in dict.fromkeys(ids):
             row = self.conn.execute(sql, (q, ms, seq, *states)).fetchone()
@@ -355,16 +368,10 @@ class Database:
         """Apply the result of a failure (lifecycle.after_failure) to one unfinished task, and record
         why (lifecycle.failure_record; None: keep the record it has, as a SILENT nack without
         REASON). 1 if it moved, 0 if the task was done or dead (the caller's SELECT said otherwise)."""
-        unfinished = "(state = 'in_flight' OR state = 'available' OR state = 'delayed')"  # not IN: see schema.sql
         if failure is None:
-            return self.conn.execute(
-                "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, "
-                f"available_at = ?, finished_at = CASE WHEN ? = 'dead' THEN ? END WHERE rowid = ? AND {unfinished}",
-                (state, attempts, available_at, state, now, rowid)).rowcount
-        return self.conn.execute(
-            "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, available_at = ?, "
-            f"finished_at = CASE WHEN ? = 'dead' THEN ? END, failure = ? WHERE rowid = ? AND {unfinished}",
-            (state, attempts, available_at, state, now, encode_failure(failure), rowid)).rowcount
+            return self.conn.execute(_SET_OUTCOME_SQL, (state, attempts, available_at, state, now, rowid)).rowcount
+        return self.conn.execute(_SET_OUTCOME_WITH_FAILURE_SQL, (state, attempts, available_at, state, now,
+                                                                 encode_failure(failure), rowid)).rowcount
 
     def promote_due(self, now: int, limit: int) -> list:
         """Delayed tasks whose time came become available; the queue of each."""

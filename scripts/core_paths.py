@@ -1,0 +1,109 @@
+"""The Python between XADD's, XACK's and XNACK's handlers and their SQL, timed alone.
+
+    python scripts/core_paths.py                          # this tree: ns per push and per ack
+    python scripts/core_paths.py --trees /tmp/old,. --rounds 7   # two trees in alternation, medians
+
+Calls `Broker.push`, `Broker.ack` and `Broker.fail` as the handlers do, TURN to a loop turn, on a fresh
+data dir (durability full), and times only those calls with the thread's CPU clock: the
+writer's submit, the broker's transaction script, storage's parameter building and the
+statement itself (the same SQL in every tree), not the commit or the fsync, which run after
+the turn. stages.py's rows carry its wrappers' cost (about 0.5 µs a wrapped call), so a cut
+that removes a call moves them more than the work; this has no wrapper. Each round is a
+process of its own; with --trees the trees alternate, round by round.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TURN = 50  # commands per loop turn, as a pipelined client's read
+
+
+def measure(tasks: int) -> dict:
+    """One round in this process: median ns per push, per ack and per nack over the turns."""
+    import gevent
+    from ezra import storage
+    from ezra.broker import Broker
+    from ezra.config import Settings
+
+    data = tempfile.mkdtemp(prefix="ezra-core-paths-")
+    broker = Broker(storage.open_database(data), Settings(data_dir=data, durability="full"))
+    gc.freeze()
+    clock, fields, figures = time.thread_time_ns, [b"field", b"v" * 20], {}
+
+    def run():
+        push_ns, ack_ns, ids = [], [], []
+        for _ in range(0, tasks, TURN):
+            started = clock()
+            requests = [broker.push(b"q", b"*", fields, False, 0, None, None, 0, False, None, None, None)
+                        for _ in range(TURN)]
+            push_ns.append(clock() - started)
+            requests[-1].wait()  # the turn's commit and fsync, untimed
+            ids += [tuple(map(int, request.result.split(b"-"))) for request in requests]
+        # Every task in flight, as claims would leave them (claims are not what is timed here).
+        broker.writer.call(lambda: broker.db.conn.execute("UPDATE tasks SET state = 'in_flight'"))
+        broker.queues[b"q"].counts["in_flight"] += len(ids)
+        for start in range(0, len(ids), TURN):
+            started = clock()
+            requests = [broker.ack(b"q", [task_id]) for task_id in ids[start:start + TURN]]
+            ack_ns.append(clock() - started)
+            requests[-1].wait()
+            if not all(request.result == 1 for request in requests):
+                raise SystemExit("an ack found no task in flight")
+        # XNACK of each, after a claim would have left it in flight again (default mode: a counted
+        # failure; back to available, or delayed by the server's backoff).
+        broker.writer.call(lambda: broker.db.conn.execute(
+            "UPDATE tasks SET state = 'in_flight', attempts = 1, finished_at = NULL"))
+        counts = broker.queues[b"q"].counts
+        counts["in_flight"], counts["done"] = counts["done"], 0
+        nack_ns = []
+        for start in range(0, len(ids), TURN):
+            started = clock()
+            requests = [broker.fail(b"q", [task_id]) for task_id in ids[start:start + TURN]]
+            nack_ns.append(clock() - started)
+            requests[-1].wait()
+            if not all(request.result == 1 for request in requests):
+                raise SystemExit("a nack found no task in flight")
+        figures.update(push=statistics.median(push_ns) / TURN, ack=statistics.median(ack_ns) / TURN,
+                       nack=statistics.median(nack_ns) / TURN)
+
+    gevent.spawn(run).join()
+    broker.stop()
+    broker.db.close()
+    return figures
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=5000, help="pushes, then acks, per round")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--trees", help="comma list of trees to alternate (each round runs each tree once)")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a round, as JSON
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(measure(a.tasks)))
+        return
+    trees = (a.trees or os.getcwd()).split(",")
+    runs = {tree: {"push": [], "ack": [], "nack": []} for tree in trees}
+    for _ in range(a.rounds):
+        for tree in trees:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", "--tasks", str(a.tasks)],
+                                 cwd=tree, env={**os.environ, "PYTHONPATH": os.path.abspath(tree)},
+                                 capture_output=True, text=True, check=True).stdout
+            for kind, ns in json.loads(out.splitlines()[-1]).items():
+                runs[tree][kind].append(ns)
+    for tree, kinds in runs.items():
+        print(tree, "  ".join(f"{kind} {statistics.median(ns) / 1000:.2f} µs ({' '.join(f'{n / 1000:.2f}' for n in ns)})"
+                             for kind, ns in kinds.items()))
+    print("load average", " ".join(f"{x:.1f}" for x in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()
