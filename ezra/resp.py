@@ -219,7 +219,8 @@ class RequestReader:
         buf, pos = self._buf, self._pos
         if pos >= len(buf) or buf[pos] != 0x2A:  # not '*'
             return None
-        parts = bytes(buf[pos:pos + BATCH_WINDOW]).split(b"\r\n", BATCH_PARTS)
+        window = bytes(memoryview(buf)[pos:pos + BATCH_WINDOW])  # one copy (a bytearray slice is another)
+        parts = window.split(b"\r\n", BATCH_PARTS)
         complete = len(parts) - 1  # the last part has no CRLF after it yet (or is the unsplit rest)
         counts, max_args, header_of = FRAME_COUNTS, self.max_args, self._bulk_headers.__getitem__
         frames, i = [], 0
@@ -240,7 +241,9 @@ class RequestReader:
             i = end
         if not frames:
             return None
-        self._pos = pos + sum(map(len, parts[:i])) + 2 * i
+        # Where the batch ends, from the window's end: the parts after it are few (none but the rest
+        # when the read ended at a frame's end), where summing the ones before cost a step per part.
+        self._pos = pos + len(window) - sum(map(len, parts[i:])) - 2 * (complete - i)
         if len(frames) == 1:
             return frames[0]
         frames.reverse()
