@@ -115,7 +115,7 @@ class RequestReader:
         self._skip = 0
         self._skipping = False
         self._too_large = 0  # the largest argument of this frame that was read past
-        self._ready: list[list[bytes]] = []  # commands parsed by `_batch`, last first
+        self._ready: list[list[bytes]] = []  # commands parsed by `_batch` for next_command, last first
         self._bulk_headers = bulk_headers(max_bulk_len)
 
     def feed(self, data: bytes) -> None:
@@ -151,14 +151,44 @@ class RequestReader:
         """Part of a command has arrived and the rest has not (the frame timeout applies)."""
         return self._args is not None or self._pos < len(self._buf)
 
+    def next_commands(self) -> list[list[bytes]] | tuple:
+        """Every complete command at the buffer's front that the batch takes, in order, or the next one
+        the careful paths read; empty until more bytes arrive. The connection's loop: one call per read of
+        a pipeline, not one per command."""
+        if self._ready:  # left by next_command
+            ready, self._ready = self._ready, []
+            ready.reverse()
+            return ready
+        if self._args is None:
+            if self._pos >= len(self._buf):
+                return NOTHING  # all read (one command per read: the second call, every time)
+            frames = self._batch()
+            if frames:
+                return frames
+        args = self._one_command()
+        return NOTHING if args is None else [args]
+
     def next_command(self) -> list[bytes] | None:
         """The next complete command, or None until more bytes arrive."""
         if self._ready:
             return self._ready.pop()
         if self._args is None:
             if self._pos >= len(self._buf):
-                return None  # all read (one command per read: the second call, every time)
-            args = self._batch() or self._whole_frame()
+                return None
+            frames = self._batch()
+            if frames:
+                if len(frames) == 1:
+                    return frames[0]
+                frames.reverse()
+                first = frames.pop()
+                self._ready = frames  # last first: each call pops one
+                return first
+        return self._one_command()
+
+    def _one_command(self) -> list[bytes] | None:
+        """Where the batch stops: a whole frame in one go, else the step-by-step reader (errors, caps)."""
+        if self._args is None:
+            args = self._whole_frame()
             if args is not None:
                 return args
         while True:
@@ -202,15 +232,15 @@ class RequestReader:
         count = int(match.group(1))
         return None if count > self.max_args else (count, match.end())
 
-    def _batch(self) -> list[bytes] | None:
+    def _batch(self) -> list[list[bytes]] | None:
         """Fastest path: every whole frame within the next BATCH_WINDOW bytes, split in one C call.
 
         Most commands are a few short arguments (XADD, XREADGROUP, XACK), and a pipeline
         brings dozens in one read. Splitting a copy of the window at CRLF once, then
         checking each frame's headers against its arguments' lengths with table lookups
         (no Python step per argument), parses a pipelined XADD in about a third of the
-        time that splitting a window per frame took. The first frame is returned, the
-        rest wait in `_ready`. The check is exact: `*N` and `$<len>` must be as Redis
+        time that splitting a window per frame took. The frames are returned in order. The
+        check is exact: `*N` and `$<len>` must be as Redis
         writes them, so an argument that holds a CRLF (its pieces do not add up), a bad
         header or anything over a cap ends the batch there, and `_whole_frame` or the
         step-by-step reader decides on that frame (caps lifted by an AUTH before it
@@ -244,12 +274,7 @@ class RequestReader:
         # Where the batch ends, from the window's end: the parts after it are few (none but the rest
         # when the read ended at a frame's end), where summing the ones before cost a step per part.
         self._pos = pos + len(window) - sum(map(len, parts[i:])) - 2 * (complete - i)
-        if len(frames) == 1:
-            return frames[0]
-        frames.reverse()
-        first = frames.pop()
-        self._ready = frames
-        return first
+        return frames
 
     def _whole_frame(self) -> list[bytes] | None:
         """Fast path: a complete, well-formed multibulk frame in one go, else None.
@@ -379,6 +404,7 @@ class RequestReader:
         return split_inline(line)
 
 
+NOTHING = ()  # next_commands' "no command yet": no list made for it
 BATCH_WINDOW = 64 * 1024  # bytes of frames parsed at once by RequestReader._batch (a read's worth)
 # Pieces it splits the window into, at most: 80 pipelined claims' worth. A window of CRLFs alone
 # would be 32K pieces, every time a frame built to fail the batch after them arrived.

@@ -222,7 +222,7 @@ def instrument_ezra(meter: Meter, broker) -> None:
     meter.wrap(connection.Connection, "serve", "connection loop")
     meter.wrap(connection.Connection, "_run_buffered_commands", "connection loop")
     meter.wrap(connection.Connection, "flush", "connection loop")
-    meter.wrap(resp.RequestReader, "next_command", "parse")
+    meter.wrap(resp.RequestReader, "next_commands", "parse")
     meter.wrap(connection, "dispatch", "dispatch")
     meter.wrap(connection, "encode", "encode")
     for name in (b"XADD", b"XREADGROUP", b"XACK"):

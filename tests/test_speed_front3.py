@@ -55,3 +55,51 @@ def test_a_batch_cut_by_the_split_limit_resumes_at_the_next_frame():
     reader.feed(b"".join(frames))
     assert drain(reader) == [[b"XACK", b"q", b"g", b"%d-0" % i] for i in range(len(frames))]
     assert reader.buffered() == 0
+
+
+# ---------------------------------------------------------------- the connection's one pass over a read
+
+
+def test_a_pipeline_stops_at_quit_in_the_same_read(ezra_factory):
+    """The read's parsed commands are run from one list: QUIT still ends it, nothing after it runs."""
+    from support import RespConnection
+
+    server = ezra_factory()
+    conn = RespConnection(server.port)
+    pushes = b"".join(multibulk(b"XADD", b"q", b"*", b"n", b"%d" % i) for i in range(5))
+    conn.send(pushes + multibulk(b"QUIT") + pushes)
+    replies = [conn.read_reply() for _ in range(6)]
+    assert all(reply.startswith(b"$") for reply in replies[:5]), replies
+    assert replies[5] == b"+OK\r\n"
+    assert conn.closed_by_server()
+    assert server.client().xlen("q") == 5
+
+
+def test_hello_mid_pipeline_switches_the_replies_after_it(ezra_factory):
+    """Each reply is encoded in the protocol of its command's moment, in one read of many commands."""
+    from support import RespConnection, parse_reply
+
+    server = ezra_factory()
+    conn = RespConnection(server.port)
+    conn.send(multibulk(b"XADD", b"q", b"*", b"n", b"1") + multibulk(b"XPENDING", b"q", b"g")
+              + multibulk(b"HELLO", b"3") + multibulk(b"XPENDING", b"q", b"g") + multibulk(b"PING"))
+    pushed, pending2, hello, pending3, pong = (conn.read_reply() for _ in range(5))
+    assert pushed.startswith(b"$")
+    assert pending2.startswith(b"*4\r\n:0\r\n") and b"_\r\n" not in pending2, "RESP2 nulls before HELLO"
+    assert parse_reply(hello)[0].kind == "%", "HELLO 3 answers in RESP3 already"
+    assert pending3 == b"*4\r\n:0\r\n_\r\n_\r\n_\r\n", "RESP3 nulls after it"
+    assert pong == b"+PONG\r\n"
+
+
+def test_every_command_of_a_pipeline_is_counted(ezra_factory):
+    """INFO's total_commands_processed counts each command of a pipelined read, the INFO itself included."""
+    server = ezra_factory()
+    client = server.client()
+    before = client.info("stats")["total_commands_processed"]
+    pipe = client.pipeline(transaction=False)
+    for i in range(120):
+        pipe.xadd("q", {"n": str(i)})
+    pipe.info("stats")
+    *ids, info = pipe.execute()
+    assert len(ids) == 120
+    assert info["total_commands_processed"] - before == 120 + 1, "the pushes and this INFO (the first counted itself)"
