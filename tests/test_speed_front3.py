@@ -103,3 +103,68 @@ def test_every_command_of_a_pipeline_is_counted(ezra_factory):
     *ids, info = pipe.execute()
     assert len(ids) == 120
     assert info["total_commands_processed"] - before == 120 + 1, "the pushes and this INFO (the first counted itself)"
+
+
+# ---------------------------------------------------------------- dispatch's common case, run inlined
+
+
+@pytest.fixture
+def probe_command():
+    """A command of the test's own in the table (removed after): its handler is the test's to set."""
+    from ezra.commands import COMMANDS
+
+    behaviour = {}
+
+    def handler(session, args):
+        return behaviour["run"](args)
+
+    COMMANDS[b"FRONT3PROBE"] = (handler, -1, "front3probe")
+    yield behaviour
+    del COMMANDS[b"FRONT3PROBE"]
+
+
+def a_session():
+    import tempfile
+
+    from ezra.config import Settings
+    from ezra.session import ServerState, Session
+
+    return Session(ServerState(None, Settings(data_dir=tempfile.mkdtemp())), "127.0.0.1:1", None, None)
+
+
+def test_the_fast_path_answers_a_handlers_bug_as_an_internal_error_and_logs_it(probe_command):
+    from loguru import logger
+
+    from ezra.commands import dispatch
+    from ezra.resp import ErrorReply
+
+    def bug(args):
+        raise ZeroDivisionError("a handler's bug")
+
+    probe_command["run"] = bug
+    logged = []
+    sink = logger.add(lambda message: logged.append(message), level="ERROR")
+    try:
+        reply = dispatch(a_session(), [b"FRONT3PROBE", b"x"])
+    finally:
+        logger.remove(sink)
+    assert isinstance(reply, ErrorReply) and "internal error" in reply.message.lower(), reply
+    assert len(logged) == 1 and "FRONT3PROBE" in logged[0] and "ZeroDivisionError" in logged[0]
+
+
+def test_the_fast_path_returns_a_handlers_error_without_its_traceback(probe_command):
+    from ezra.commands import dispatch
+    from ezra.resp import ErrorReply
+
+    def refuse(args):
+        raise ErrorReply("ERR refused on purpose")
+
+    probe_command["run"] = refuse
+    session = a_session()
+    reply = dispatch(session, [b"FRONT3PROBE"])
+    assert isinstance(reply, ErrorReply) and reply.message == "ERR refused on purpose"
+    assert reply.__traceback__ is None, "a traceback would keep the command's arguments alive"
+    assert session.server.total_commands == 1
+    probe_command["run"] = lambda args: b"ok"
+    assert dispatch(session, [b"front3probe", b"a", b"b"]) == b"ok", "a name in lower case takes the same path"
+    assert session.server.total_commands == 2
