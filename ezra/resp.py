@@ -24,6 +24,7 @@ RESP3 bytes, or RESP2 where the two differ:
 from __future__ import annotations
 
 import re
+from itertools import chain
 
 
 class ProtocolError(Exception):
@@ -252,6 +253,47 @@ class RequestReader:
         window = bytes(memoryview(buf)[pos:pos + BATCH_WINDOW])  # one copy (a bytearray slice is another)
         parts = window.split(b"\r\n", BATCH_PARTS)
         complete = len(parts) - 1  # the last part has no CRLF after it yet (or is the unsplit rest)
+        count = FRAME_COUNTS.get(parts[0])
+        if count is not None and 2 * count + 1 >= complete:  # one frame at most (one command per read)
+            i = 1 + 2 * count
+            if i > complete or count > self.max_args:
+                return None
+            frames = [parts[2:i:2]]
+            try:
+                if parts[1:i:2] != list(map(self._bulk_headers.__getitem__, map(len, frames[0]))):
+                    return None
+            except IndexError:
+                return None
+        else:
+            # Walk the frames by their `*N` alone, then check every argument's `$<len>` in one go:
+            # one comparison for the window, not a list and a comparison per frame.
+            counts, max_args = FRAME_COUNTS, self.max_args
+            frames, headers, i = [], [], 0
+            while i < complete:
+                count = counts.get(parts[i])
+                if count is None or count > max_args:
+                    break
+                end = i + 1 + 2 * count
+                if end > complete:
+                    break
+                frames.append(parts[i + 2:end:2])
+                headers += parts[i + 1:end:2]
+                i = end
+            try:
+                exact = headers == list(map(self._bulk_headers.__getitem__, map(len, ALL_ARGUMENTS(frames))))
+            except IndexError:  # an argument over the cap, or too long for the table
+                exact = False
+            if not exact:  # some frame is not as it seems (an argument holding a CRLF...): up to it only
+                frames, i = self._checked_frames(parts, complete)
+        if not frames:
+            return None
+        # Where the batch ends, from the window's end: the parts after it are few (none but the rest
+        # when the read ended at a frame's end), where summing the ones before cost a step per part.
+        self._pos = pos + len(window) - sum(map(len, parts[i:])) - 2 * (complete - i)
+        return frames
+
+    def _checked_frames(self, parts: list[bytes], complete: int) -> tuple[list[list[bytes]], int]:
+        """The frames before the first whose headers do not match its arguments, each checked on its own."""
         counts, max_args, header_of = FRAME_COUNTS, self.max_args, self._bulk_headers.__getitem__
         frames, i = [], 0
         while i < complete:
@@ -265,16 +307,11 @@ class RequestReader:
             try:
                 if parts[i + 1:end:2] != list(map(header_of, map(len, args))):
                     break
-            except IndexError:  # an argument over the cap, or too long for the table
+            except IndexError:
                 break
             frames.append(args)
             i = end
-        if not frames:
-            return None
-        # Where the batch ends, from the window's end: the parts after it are few (none but the rest
-        # when the read ended at a frame's end), where summing the ones before cost a step per part.
-        self._pos = pos + len(window) - sum(map(len, parts[i:])) - 2 * (complete - i)
-        return frames
+        return frames, i
 
     def _whole_frame(self) -> list[bytes] | None:
         """Fast path: a complete, well-formed multibulk frame in one go, else None.
@@ -404,6 +441,7 @@ class RequestReader:
         return split_inline(line)
 
 
+ALL_ARGUMENTS = chain.from_iterable  # the frames' arguments as one run, for one check
 NOTHING = ()  # next_commands' "no command yet": no list made for it
 BATCH_WINDOW = 64 * 1024  # bytes of frames parsed at once by RequestReader._batch (a read's worth)
 # Pieces it splits the window into, at most: 80 pipelined claims' worth. A window of CRLFs alone

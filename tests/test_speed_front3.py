@@ -57,6 +57,19 @@ def test_a_batch_cut_by_the_split_limit_resumes_at_the_next_frame():
     assert reader.buffered() == 0
 
 
+@pytest.mark.parametrize("where", [0, 3, 40])
+def test_an_argument_that_looks_like_frames_is_one_argument(where):
+    """The batch walks frames by their `*N` first, and checks the arguments' `$<len>` after: an
+    argument holding CRLFs and what looks like a frame must fail that check, and stay one argument."""
+    sneaky = b"v\r\n*1\r\n$4\r\nPING"
+    commands = [[b"XADD", b"q", b"*", b"n", b"%d" % i] for i in range(50)]
+    commands.insert(where, [b"XADD", b"q", b"*", b"n", sneaky])
+    reader = RequestReader(max_bulk_len=1024)
+    reader.feed(b"".join(multibulk(*command) for command in commands))
+    assert drain(reader) == commands
+    assert reader.buffered() == 0
+
+
 # ---------------------------------------------------------------- the connection's one pass over a read
 
 
