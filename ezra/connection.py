@@ -327,8 +327,10 @@ class Connection:
         append = out.append
         for proto, reply in replies:
             if type(reply) is Deferred:
-                try:
-                    reply = reply.resolve()
+                try:  # Deferred.resolve, inlined: a call less per reply
+                    transform, reply = reply.transform, reply.request.wait()
+                    if transform is not None:
+                        reply = transform(reply)
                 except ErrorReply as exc:
                     reply = exc.as_reply()
             kind = type(reply)

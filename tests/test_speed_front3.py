@@ -181,3 +181,51 @@ def test_the_fast_path_returns_a_handlers_error_without_its_traceback(probe_comm
     probe_command["run"] = lambda args: b"ok"
     assert dispatch(session, [b"front3probe", b"a", b"b"]) == b"ok", "a name in lower case takes the same path"
     assert session.server.total_commands == 2
+
+
+# ---------------------------------------------------------------- replies written in place
+
+
+def reference_encode(value, resp3: bool) -> bytes:
+    """RESP as the protocol's text spells it, one call per value: what encode's in-place paths must equal."""
+    from ezra.resp import PairsMap
+
+    if isinstance(value, bytes):
+        return b"$%d\r\n%s\r\n" % (len(value), value)
+    if isinstance(value, int):
+        return b":%d\r\n" % value
+    if value is None:
+        return b"_\r\n" if resp3 else b"$-1\r\n"
+    if isinstance(value, list):
+        return b"*%d\r\n" % len(value) + b"".join(reference_encode(item, resp3) for item in value)
+    assert isinstance(value, PairsMap)
+    if resp3:
+        return b"%%%d\r\n" % len(value) + b"".join(
+            reference_encode(k, resp3) + reference_encode(v, resp3) for k, v in value.items())
+    return b"*%d\r\n" % len(value) + b"".join(
+        b"*2\r\n" + reference_encode(k, resp3) + reference_encode(v, resp3) for k, v in value.items())
+
+
+def test_claim_shaped_replies_are_written_byte_for_byte():
+    """XREADGROUP's reply {queue: [[id, [field, value...]]...]}, with keys, ids and lists on both
+    sides of the 1,024-long prefix tables, in RESP2 and RESP3."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from ezra.resp import PairsMap, encode
+
+    sizes = st.sampled_from([0, 1, 5, 1023, 1024, 1500])
+    leaf = st.one_of(sizes.map(lambda n: b"v" * n), st.integers(-5, 10**12), st.none())
+    entry = st.lists(st.one_of(leaf, st.lists(leaf, max_size=6)), max_size=4)
+    reply = st.dictionaries(sizes.map(lambda n: b"q" * max(n, 1)), st.lists(entry, max_size=4), max_size=3)
+
+    @settings(max_examples=300, deadline=None)
+    @given(reply, st.sampled_from([2, 3]))
+    def check(value, proto):
+        value = PairsMap(value)
+        assert encode(value, proto) == reference_encode(value, proto == 3)
+        assert encode([value], proto) == reference_encode([value], proto == 3)
+
+    check()
+    long_entry = [b"1-1", [b"f"] * 1030]
+    assert encode([long_entry] * 1030, 2) == reference_encode([long_entry] * 1030, False)
