@@ -95,7 +95,7 @@ class RequestReader:
     """Incremental parser of client requests with caps on every length."""
 
     __slots__ = ("max_bulk_len", "discard_limit", "max_args", "max_inline_len", "unauthenticated", "_buf",
-                 "_pos", "_args", "_due", "_skip", "_skipping", "_too_large", "_ready", "_bulk_headers")
+                 "_pos", "_args", "_due", "_skip", "_skipping", "_too_large", "_ready", "_bulk_headers", "_careful")
     MAX_ARGS = 1024 * 1024
 
     def __init__(self, max_bulk_len: int, max_args: int = MAX_ARGS, max_inline_len: int = 64 * 1024,
@@ -118,6 +118,7 @@ class RequestReader:
         self._too_large = 0  # the largest argument of this frame that was read past
         self._ready: list[list[bytes]] = []  # commands parsed by `_batch` for next_command, last first
         self._bulk_headers = bulk_headers(max_bulk_len)
+        self._careful = False  # a window held a frame that was not as it seemed: frame by frame for now
 
     def feed(self, data: bytes) -> None:
         """Add bytes received from the socket (bytes of an argument being read past are dropped here)."""
@@ -227,15 +228,12 @@ class RequestReader:
     def _batch(self) -> list[list[bytes]] | None:
         """Fastest path: every whole frame within the next BATCH_WINDOW bytes, split in one C call.
 
-        Most commands are a few short arguments (XADD, XREADGROUP, XACK), and a pipeline
-        brings dozens in one read. Splitting a copy of the window at CRLF once, then checking
-        the frames' headers against their arguments' lengths with table lookups (no Python
-        step per argument), parses a pipelined XADD in a third of the time that splitting a
-        window per frame took. The frames are returned in order. The check is exact: `*N`
-        and `$<len>` must be as Redis writes them, so an argument that holds a CRLF (its
-        pieces do not add up), a bad header or anything over a cap ends the batch there, and
-        `_whole_frame` or the step-by-step reader decides on that frame (caps lifted by an
-        AUTH before it apply: the frames before it run first).
+        A pipeline brings dozens of commands of a few short arguments in one read: the window
+        is split at CRLF once, and the frames' headers checked against their arguments' lengths
+        by table lookups (no Python step per argument). The check is exact (`*N` and `$<len>` as
+        Redis writes them): an argument that holds a CRLF, a bad header or anything over a cap
+        ends the batch there, and `_whole_frame` or the step-by-step reader decides on that
+        frame (caps lifted by an AUTH before it apply: the frames before it run first).
         """
         buf, pos = self._buf, self._pos
         if pos >= len(buf) or buf[pos] != 0x2A:  # not '*'
@@ -254,6 +252,8 @@ class RequestReader:
                     return None
             except IndexError:
                 return None
+        elif self._careful:  # until a window passes whole: a client that mixes in such frames costs no walk more
+            frames, i, self._careful = self._checked_frames(parts, complete)
         else:
             # Walk the frames by their `*N` alone, then check every argument's `$<len>` in one go:
             # one comparison for the window, not a list and a comparison per frame.
@@ -274,7 +274,7 @@ class RequestReader:
             except IndexError:  # an argument over the cap, or too long for the table
                 exact = False
             if not exact:  # some frame is not as it seems (an argument holding a CRLF...): up to it only
-                frames, i = self._checked_frames(parts, complete)
+                frames, i, self._careful = self._checked_frames(parts, complete)
         if not frames:
             return None
         # Where the batch ends, from the window's end: the parts after it are few (none but the rest
@@ -282,26 +282,26 @@ class RequestReader:
         self._pos = pos + len(window) - sum(map(len, parts[i:])) - 2 * (complete - i)
         return frames
 
-    def _checked_frames(self, parts: list[bytes], complete: int) -> tuple[list[list[bytes]], int]:
-        """The frames before the first whose headers do not match its arguments, each checked on its own."""
+    def _checked_frames(self, parts: list[bytes], complete: int) -> tuple[list[list[bytes]], int, bool]:
+        """The frames before the first not as the batch reads them, each checked; True if one stopped it."""
         counts, max_args, header_of = FRAME_COUNTS, self.max_args, self._bulk_headers.__getitem__
         frames, i = [], 0
         while i < complete:
             count = counts.get(parts[i])
             if count is None or count > max_args:
-                break
+                return frames, i, True
             end = i + 1 + 2 * count
             if end > complete:
                 break
             args = parts[i + 2:end:2]
             try:
                 if parts[i + 1:end:2] != list(map(header_of, map(len, args))):
-                    break
+                    return frames, i, True
             except IndexError:
-                break
+                return frames, i, True
             frames.append(args)
             i = end
-        return frames, i
+        return frames, i, False
 
     def _whole_frame(self) -> list[bytes] | None:
         """Fast path: a complete, well-formed multibulk frame in one go, else None.
