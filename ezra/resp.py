@@ -178,8 +178,6 @@ class RequestReader:
                 return None
             frames = self._batch()
             if frames:
-                if len(frames) == 1:
-                    return frames[0]
                 frames.reverse()
                 first = frames.pop()
                 self._ready = frames  # last first: each call pops one
@@ -238,7 +236,8 @@ class RequestReader:
         buf, pos = self._buf, self._pos
         if pos >= len(buf) or buf[pos] != 0x2A:  # not '*'
             return None
-        window = bytes(memoryview(buf)[pos:pos + BATCH_WINDOW])  # one copy (a bytearray slice is another)
+        window = (bytes(buf) if not pos and len(buf) <= BATCH_WINDOW  # one copy: no memoryview as after a feed
+                  else bytes(memoryview(buf)[pos:pos + BATCH_WINDOW]))  # (a bytearray slice is a second copy)
         parts = window.split(b"\r\n", BATCH_PARTS)
         complete = len(parts) - 1  # the last part has no CRLF after it yet (or is the unsplit rest)
         count = FRAME_COUNTS.get(parts[0])
