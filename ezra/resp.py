@@ -276,9 +276,10 @@ class RequestReader:
                 frames, i, self._careful = self._checked_frames(parts, complete)
         if not frames:
             return None
-        # Where the batch ends, from the window's end: the parts after it are few (none but the rest
-        # when the read ended at a frame's end), where summing the ones before cost a step per part.
-        self._pos = pos + len(window) - sum(map(len, parts[i:])) - 2 * (complete - i)
+        # Where the batch ends, from the window's end: the parts after it are few (only the rest when
+        # the read ended at a frame's end: no sum then), where summing the ones before cost a step each.
+        self._pos = pos + len(window) - (len(parts[i]) if i == complete else
+                                         sum(map(len, parts[i:])) + 2 * (complete - i))
         return frames
 
     def _checked_frames(self, parts: list[bytes], complete: int) -> tuple[list[list[bytes]], int, bool]:
