@@ -240,38 +240,43 @@ class Connection:
                 pass  # already closed by the client
 
     def _run_buffered_commands(self) -> None:
+        """Run every complete command buffered: a pipeline's parsed frames come in one list (one
+        parser call per read, not per command), and are run in order until one closes the session."""
         session = self.session
-        next_command = self.reader.next_command
+        next_commands = self.reader.next_commands
         while not session.closing:
             try:
-                args = next_command()
+                commands = next_commands()
             except BulkTooLarge as exc:
                 if exc.fatal:
                     raise
                 self.replies.append((session.proto, self._refuse_read_past(exc)))
                 continue
-            if args is None:
+            if not commands:
                 return
-            if args[0] in HTTP_NAMES:
-                log_cross_protocol_attack(session.addr)
-                session.closing = True  # no reply, nothing after it runs
-                return
-            reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
-            kind = type(reply)
-            if kind is WRONGPASS:
-                self._failed_auth()
-            elif self.limited and session.authenticated:
-                self.lift_limits()
-            replies = self.replies  # after dispatch: a command that blocks flushes first
-            replies.append((session.proto, reply))
-            # A read's reply may be megabytes (see LARGE): at most READS_PER_FLUSH are held
-            if (not getattr(reply.request, "durable", False)) if kind is Deferred else isinstance(reply, LARGE):
-                self.reads += 1
-                if self.reads >= READS_PER_FLUSH:
+            for args in commands:
+                if session.closing:
+                    return  # QUIT, too many failed AUTHs, shutdown: nothing after it runs
+                if args[0] in HTTP_NAMES:
+                    log_cross_protocol_attack(session.addr)
+                    session.closing = True  # no reply, nothing after it runs
+                    return
+                reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
+                kind = type(reply)
+                if kind is WRONGPASS:
+                    self._failed_auth()
+                elif self.limited and session.authenticated:
+                    self.lift_limits()
+                replies = self.replies  # after dispatch: a command that blocks flushes first
+                replies.append((session.proto, reply))
+                # A read's reply may be megabytes (see LARGE): at most READS_PER_FLUSH are held
+                if (not getattr(reply.request, "durable", False)) if kind is Deferred else isinstance(reply, LARGE):
+                    self.reads += 1
+                    if self.reads >= READS_PER_FLUSH:
+                        self.flush()
+                        continue
+                if len(replies) >= MAX_PIPELINE:
                     self.flush()
-                    continue
-            if len(replies) >= MAX_PIPELINE:
-                self.flush()
 
     def _refuse_read_past(self, exc: BulkTooLarge) -> ErrorReply:
         """A command with an argument over the cap, read past: the task limit's error, and a log line."""
@@ -319,21 +324,28 @@ class Connection:
             return
         replies, self.replies, self.reads = self.replies, [], 0
         out, size = [], 0
+        append = out.append
         for proto, reply in replies:
             if type(reply) is Deferred:
-                try:
-                    reply = reply.resolve()
+                try:  # Deferred.resolve, inlined: a call less per reply
+                    transform, reply = reply.transform, reply.request.wait()
+                    if transform is not None:
+                        reply = transform(reply)
                 except ErrorReply as exc:
                     reply = exc.as_reply()
-            data = encode(reply, proto)
-            out.append(data)
+            kind = type(reply)
+            # A push's id and an ack's count, the most common replies, as encode writes them: no call
+            data = b"$%d\r\n%s\r\n" % (len(reply), reply) if kind is bytes else (
+                b":%d\r\n" % reply if kind is int else encode(reply, proto))
+            append(data)
             size += len(data)
             if size >= SEND_CHUNK:
                 if not self._send(b"".join(out)):
                     return
                 out, size = [], 0
+                append = out.append
         if out:
-            self._send(b"".join(out))
+            self._send(out[0] if len(out) == 1 else b"".join(out))
 
     def _send(self, data: bytes) -> bool:
         """Send data; False if the client is gone or reads nothing (then the connection is closing)."""

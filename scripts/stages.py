@@ -4,6 +4,7 @@
     python scripts/stages.py                        # both servers, interleaved, 3 rounds, medians
     python scripts/stages.py --servers ezra --per-turn 50 --tasks 20000
     python scripts/stages.py --real                 # the real servers: perf stat, strace -c, bytes written
+    python scripts/stages.py --front --per-turn 50  # EZRA's front alone, handlers stubbed (callgrind: see front_only)
 
 In-process (the default): each server's own connection loop (EZRA's Connection.serve,
 the floor's Floor.handle) runs on a fake socket: the request path exactly, without the
@@ -222,7 +223,7 @@ def instrument_ezra(meter: Meter, broker) -> None:
     meter.wrap(connection.Connection, "serve", "connection loop")
     meter.wrap(connection.Connection, "_run_buffered_commands", "connection loop")
     meter.wrap(connection.Connection, "flush", "connection loop")
-    meter.wrap(resp.RequestReader, "next_command", "parse")
+    meter.wrap(resp.RequestReader, "next_commands", "parse")
     meter.wrap(connection, "dispatch", "dispatch")
     meter.wrap(connection, "encode", "encode")
     for name in (b"XADD", b"XREADGROUP", b"XACK"):
@@ -585,6 +586,66 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# --------------------------------------------------------------------------- the front alone
+
+class StubRequest:
+    """What a stubbed handler's Deferred waits for: its reply at once (no writer, no commit)."""
+
+    __slots__ = ("durable", "result")
+
+    def __init__(self, result, durable: bool):
+        self.result, self.durable = result, durable
+
+    def wait(self):
+        return self.result
+
+
+def front_only(a) -> None:
+    """EZRA's front alone: Connection.serve on the fake socket, the three handlers stubbed.
+
+    Each stub answers what its command would (an id, a claim's one-entry reply, a count) as
+    a Deferred, so the figure is the parser, the loop, dispatch, encode and flush with
+    nothing of the broker. os.getppid() is called between phases: under
+    `valgrind --tool=callgrind --dump-before=getppid` each dump is one phase, and its
+    instruction count per command does not move with the machine's load.
+    """
+    entry_id = b"1764612345678-0"
+    replies = {"XADD": (entry_id, True), "XREADGROUP": (resp.PairsMap({b"q": [[entry_id, [b"payload", PAYLOAD]]]}),
+                                                          False), "XACK": (1, True)}
+    for name in KINDS:
+        fn, arity, lower = commands.COMMANDS[name.encode()]
+        result, durable = replies[name]
+        commands.COMMANDS[name.encode()] = (
+            lambda session, args, result=result, durable=durable: commands.Deferred(StubRequest(result, durable)),
+            arity, lower)
+    settings = Settings(data_dir=tempfile.mkdtemp(prefix="ezra-stages-front-"))
+    state, throttle = session_mod.ServerState(None, settings), gate.Gate(settings)
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 20, 20)
+    frames = {kind: command_frames(kind, [entry_id])[0] for kind in KINDS}
+
+    def phase(kind: str, n: int) -> float:
+        reads = iter([frames[kind] * a.per_turn] * (n // a.per_turn))
+        sock = FakeSocket(None, Meter(time.thread_time_ns))
+        sock.recv = lambda size, flags=0: next(reads, b"")
+        sock.send = len
+        started = time.thread_time_ns()
+        connection.Connection(state, sock, ("127.0.0.1", 1), throttle).serve()
+        return (time.thread_time_ns() - started) / n / 1000
+
+    for kind in KINDS:
+        phase(kind, a.warmup)
+    figures = {kind: [] for kind in KINDS}
+    for _ in range(a.rounds):
+        for kind in KINDS:
+            os.getppid()  # a phase's mark for callgrind (see above)
+            figures[kind].append(phase(kind, a.tasks))
+    os.getppid()
+    print(f"EZRA's front alone (handlers stubbed), µs of CPU per command, {a.per_turn} per read, "
+          f"{a.tasks} per phase, medians of {a.rounds}: " + ", ".join(
+              f"{kind} {statistics.median(values):.2f}" for kind, values in figures.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default="ezra,floor", help="comma list of ezra,floor (default both)")
@@ -597,10 +658,14 @@ def main() -> None:
                          "wall: time.perf_counter_ns")
     ap.add_argument("--real", action="store_true", help="the real servers: perf stat, strace -c, bytes written")
     ap.add_argument("--json", help="also write every round's figures here: {server|kind|row: [per round]}")
+    ap.add_argument("--front", action="store_true",
+                    help="EZRA's front alone: the loop, parser, dispatch and encode, handlers stubbed")
     a = ap.parse_args()
     a.servers = [s for s in a.servers.split(",") if s]
     if a.real:
         real(a)
+    elif a.front:
+        front_only(a)
     else:
         gevent.spawn(in_process, a).join()
 
