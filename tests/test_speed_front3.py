@@ -205,10 +205,10 @@ def test_the_fast_path_returns_a_handlers_error_without_its_traceback(probe_comm
     reply = dispatch(session, [b"FRONT3PROBE"])
     assert isinstance(reply, ErrorReply) and reply.message == "ERR refused on purpose"
     assert reply.__traceback__ is None, "a traceback would keep the command's arguments alive"
-    assert session.server.total_commands == 1
+    assert session.state.total_commands == 1
     probe_command["run"] = lambda args: b"ok"
     assert dispatch(session, [b"front3probe", b"a", b"b"]) == b"ok", "a name in lower case takes the same path"
-    assert session.server.total_commands == 2
+    assert session.state.total_commands == 2
 
 
 # ---------------------------------------------------------------- replies written in place
