@@ -26,7 +26,7 @@ from loguru import logger
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
 from ..queue_settings import backoff_text, number, optional_seconds
-from ..storage import StorageError, backup_database, entry, name_bytes, reads
+from ..storage import StorageError, backup_database, name_bytes, reads
 from ..storage.database import task_by_id
 from .base import BrokerCore
 
@@ -259,7 +259,7 @@ class QueueAdmin(BrokerCore):
                 **self._ezra_figures(queue, idmp), "now": now}
         if full_count is not None:  # XINFO STREAM FULL: the entries and the pending list too
             limit = full_count or None
-            info["entries"] = [entry(row) for row in self.db.range(name, LIVE_STATES, (0, 0), TOP, limit, False)]
+            info["entries"] = self.db.range(name, LIVE_STATES, (0, 0), TOP, limit, False)
             info["pel"] = self._tx_pending_entries(name, (0, 0), TOP, limit or -1, None, None)
         return info
 
@@ -276,8 +276,8 @@ class QueueAdmin(BrokerCore):
             "max-deleted-entry-id": lifecycle.format_id(queue.max_deleted),
             "entries-added": sum(counts.values()) + queue.deleted,
             "recorded-first-entry-id": lifecycle.format_id(first[0][:2]) if first else b"0-0",
-            "first-entry": entry(first[0]) if first else None,
-            "last-entry": entry(last[0]) if last else None,
+            "first-entry": first[0] if first else None,  # task rows: commands/ops.py shapes them
+            "last-entry": last[0] if last else None,
         }
 
     def _group_figures(self, queue, now: int, consumers: list[tuple]) -> dict:

@@ -25,7 +25,7 @@ from .leases import Leases
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from .observers import Observers
 from .admin import QueueAdmin
-from ..storage import SETTING_COLUMNS, Database, entry, name_bytes, reads
+from ..storage import SETTING_COLUMNS, Database, name_bytes, reads
 from .upkeep import Upkeep
 from ..writer import Writer
 
@@ -172,6 +172,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         return self.writer.submit(self._tx_length, queue, dead, durable=False)
 
     def range(self, queue: bytes, dead: bool, start, end, count, reverse: bool):
+        """XRANGE / XREVRANGE: task rows (id_ms, id_seq, fields JSON, ...); None for COUNT 0 on a queue."""
         return self.writer.submit(self._tx_range, queue, dead, start, end, count, reverse, durable=False)
 
     def pending_summary(self, queue: bytes, apart: bool = True):
@@ -474,8 +475,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         if count <= 0:  # XRANGE ... COUNT 0: None if the queue exists (Redis answers a null array)
             return None if name in self.queues else []
         states = (DEAD,) if dead else (AVAILABLE, DELAYED, IN_FLIGHT, DONE)
-        rows = self.db.range(name, states, start, end, count, reverse)
-        return [entry(row) for row in rows]
+        return self.db.range(name, states, start, end, count, reverse)
 
     def _tx_pending_summary(self, name: bytes):
         first, last, workers = self.db.pending_summary(name)

@@ -21,6 +21,7 @@ from ..options import Flag, Options, Value, parse_options
 from ..resp import OK, SimpleString
 from ..storage import StorageError, decode_failure, decode_fields, name_bytes
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
+from .replies import entries, entry_or_none, taken_over
 from .table import Deferred, command
 
 AUTOCLAIM_DEFAULT_COUNT = 100
@@ -85,7 +86,8 @@ def xclaim(session, args):
     (idle_ms, time_ms, retry_count, force, justid, _), _ = parse_options(args, i, XCLAIM_OPTIONS)
     session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
     return Deferred(broker_of(session).take_over(queue, worker, min_idle, ids, idle_ms=idle_ms, time_ms=time_ms,
-                                                 retry_count=retry_count, force=force, justid=justid))
+                                                 retry_count=retry_count, force=force, justid=justid),
+                    lambda claimed: taken_over(claimed, justid))
 
 
 def autoclaim_count(arg: bytes) -> int:
@@ -109,7 +111,14 @@ def xautoclaim(session, args):
     if start == lifecycle.ABOVE_ALL:  # past every id EZRA can store: nothing to scan
         return [b"0-0", [], []]
     session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
-    return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid))
+    return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid),
+                    lambda scanned: autoclaim_reply(scanned, justid))
+
+
+def autoclaim_reply(scanned: tuple, justid: bool) -> list:
+    """[next cursor, entries or ids, deleted ids]: EZRA deletes no entry under a pending one."""
+    cursor, claimed = scanned
+    return [lifecycle.format_id(cursor), taken_over(claimed, justid), []]
 
 
 @command("XACKDEL", -6)
@@ -264,7 +273,7 @@ def stream_full_count(rest: list[bytes]) -> int | None:
 def stream_reply(info: dict) -> dict:
     """Redis 7's ten fields, Redis 8.6's idempotency fields, then EZRA's counts and settings."""
     reply = {key: info[key] for key in REDIS_STREAM_HEAD}
-    reply.update(groups=1, **{key: info[key] for key in ("first-entry", "last-entry")})
+    reply.update(groups=1, **{key: entry_or_none(info[key]) for key in ("first-entry", "last-entry")})
     return reply | ezra_fields(info)
 
 
@@ -280,7 +289,7 @@ def stream_full_reply(info: dict) -> dict:
                                    if owner == worker]}
                       for worker, n, idle in info["consumers"]],
     }
-    reply.update(entries=info["entries"], groups=[group])
+    reply.update(entries=entries(info["entries"]), groups=[group])
     return reply | ezra_fields(info)
 
 

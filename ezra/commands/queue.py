@@ -13,6 +13,7 @@ from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_op
 from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
 from ..trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
+from .replies import claim_reply, entries, read_reply
 from .table import Deferred, command
 
 
@@ -221,12 +222,13 @@ def xreadgroup(session, args):
         broker = broker_of(session)
         claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
         if claimed is not None:
-            return Deferred(claimed)  # answered with the read's other replies: one commit for them all
+            # answered with the read's other replies: one commit for them all
+            return Deferred(claimed, read_reply if claim_idle is None else idle_claim_reply)
         if block_ms is None:
             return NULL_ARRAY
         session.flush()  # a blocked client has its earlier pipelined replies already
         result = broker.claim(queues, worker, count, noack, block_ms, session.wait, claim_idle)
-        return NULL_ARRAY if result is None else result
+        return NULL_ARRAY if result is None else claim_reply(result, claim_idle)
     return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
 
 
@@ -246,10 +248,17 @@ def xread(session, args):
         reads.setdefault(stream, (stream, split_queue(stream), after))
     count = read_count(count)
     if block_ms is None or session.in_exec:  # as Redis: inside MULTI/EXEC nothing blocks
-        return Deferred(broker_of(session).look(list(reads.values()), count), lambda found: found or NULL_ARRAY)
+        return Deferred(broker_of(session).look(list(reads.values()), count), found_or_null)
     session.flush()  # a blocked client has its earlier pipelined replies already
-    result = broker_of(session).observe(list(reads.values()), count, block_ms, session.wait)
-    return result or NULL_ARRAY
+    return found_or_null(broker_of(session).observe(list(reads.values()), count, block_ms, session.wait))
+
+
+def found_or_null(found: dict | None):
+    return read_reply(found) if found else NULL_ARRAY
+
+
+def idle_claim_reply(found: dict):
+    return claim_reply(found, True)
 
 
 def after_id(arg: bytes):
@@ -285,9 +294,9 @@ def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
         if after is None:
             claimed = broker_of(session).claim([queue], worker, count, noack, None, session.wait, claim_idle)
             if claimed:
-                result.update(claimed)
+                result.update(claim_reply(claimed, claim_idle))
         else:
-            result[queue] = broker_of(session).claim_own(queue, worker, after, count).wait()
+            result[queue] = entries(broker_of(session).claim_own(queue, worker, after, count).wait())
     return result or NULL_ARRAY
 
 
@@ -358,16 +367,16 @@ def range_command(session, args, reverse: bool):
     if len(args) == 6 and args[4].upper() == b"COUNT":
         count = min(max(to_int(args[5]), 0), RANGE_DEFAULT_COUNT)
         if count == 0:  # Redis: a null array when the stream exists, an empty one when not
-            return Deferred(broker_of(session).range(queue, dead, start, end, 0, reverse), none_as_null_array)
+            return Deferred(broker_of(session).range(queue, dead, start, end, 0, reverse), entries_or_null_array)
     elif len(args) != 4:
         raise errors.SYNTAX
     if start > end:
         return []
-    return Deferred(broker_of(session).range(queue, dead, start, end, count, reverse))
+    return Deferred(broker_of(session).range(queue, dead, start, end, count, reverse), entries)
 
 
-def none_as_null_array(entries):
-    return NULL_ARRAY if entries is None else entries
+def entries_or_null_array(rows):
+    return NULL_ARRAY if rows is None else entries(rows)
 
 
 @command("XRANGE", -4)

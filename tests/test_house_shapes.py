@@ -1,0 +1,80 @@
+"""Issue 25, items 3 and 4: reply shapes are built in commands/ only, from the broker's plain values,
+and the wire bytes stay Redis's (the RESP2 and RESP3 bytes of the reshaped replies, literally)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ezra.broker import Broker
+from ezra.config import Settings
+from ezra.resp import PairsMap
+from ezra.storage import open_database
+from support_resp import RespConnection
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path)))
+    yield b
+    b.stop()
+    b.db.close()
+
+
+def plain(value) -> bool:
+    """Built of Python's own types only: no reply type of resp.py anywhere inside."""
+    if isinstance(value, PairsMap):
+        return False
+    if isinstance(value, dict):
+        return type(value) is dict and all(plain(k) and plain(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value) in (list, tuple) and all(plain(item) for item in value)
+    return value is None or type(value) in (bytes, str, int, float, bool)
+
+
+def test_the_broker_answers_plain_rows(broker):
+    first = broker.push(b"q", b"*", [b"f", b"v"]).wait()
+    broker.push(b"q", b"*", [b"f", b"w"]).wait()
+    claimed = broker.claim([b"q"], b"w1", 1, False, None, None)
+    assert plain(claimed) and list(claimed) == [b"q"]
+    (row,) = claimed[b"q"]
+    assert b"%d-%d" % row[:2] == first and row[2] == '["f", "v"]'  # the task row as storage reads it
+    cursor, taken = broker.autoclaim(b"q", b"w2", 0, (0, 0), 10, False).wait()
+    assert cursor == (0, 0) and [task[:2] for task in taken] == [row[:2]] and plain(taken)
+    assert broker.take_over(b"q", b"w2", 0, [row[:2]], justid=True).wait() == [row[:2]]
+    idle = broker.claim([b"q"], b"w3", 10, False, None, None, claim_idle=0)
+    assert plain(idle) and [task[3:] for task in idle[b"q"]][1:] == [(0, 0)]  # the new task: idle 0, 0 deliveries
+    looked = broker.look([(b"q", (b"q", False), (0, 0))], 10).wait()
+    assert plain(looked) and len(looked[b"q"]) == 2
+    assert plain(broker.range(b"q", False, (0, 0), (2 ** 63 - 1, 0), 10, False).wait())
+    assert plain(broker.stream_info(b"q", 10).wait())
+
+
+def as_resp3(conn: RespConnection) -> None:
+    assert conn.call(["HELLO", "3"]).startswith(b"%")
+
+
+ENTRY = b"*2\r\n$3\r\n1-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n"
+
+
+@pytest.mark.parametrize("resp3", [False, True], ids=["resp2", "resp3"])
+def test_the_reshaped_replies_keep_their_bytes(shared_server, queue, resp3):
+    conn = RespConnection(shared_server.port)
+    try:
+        if resp3:
+            as_resp3(conn)
+        assert conn.call(["XADD", queue, "1-1", "f", "v"]) == b"$3\r\n1-1\r\n"
+        name = queue.encode()
+        key = b"$%d\r\n%s\r\n" % (len(name), name)
+        read = conn.call(["XREADGROUP", "GROUP", "g", "w1", "COUNT", "1", "BLOCK", "10", "STREAMS", queue, ">"])
+        head = b"%1\r\n" if resp3 else b"*1\r\n*2\r\n"
+        assert read == head + key + b"*1\r\n" + ENTRY
+        assert conn.call(["XRANGE", queue, "-", "+"]) == b"*1\r\n" + ENTRY
+        assert conn.call(["XREAD", "STREAMS", queue, "0"]) == head + key + b"*1\r\n" + ENTRY
+        assert conn.call(["XREADGROUP", "GROUP", "g", "w1", "STREAMS", queue, "0"]) == head + key + b"*1\r\n" + ENTRY
+        assert conn.call(["XCLAIM", queue, "g", "w2", "0", "1-1", "JUSTID"]) == b"*1\r\n$3\r\n1-1\r\n"
+        assert conn.call(["XAUTOCLAIM", queue, "g", "w1", "0", "0"]) == b"*3\r\n$3\r\n0-0\r\n*1\r\n" + ENTRY + b"*0\r\n"
+        claim = conn.call(["XREADGROUP", "GROUP", "g", "w2", "CLAIM", "0", "STREAMS", queue, ">"])
+        assert claim.startswith(head + key + b"*1\r\n*4\r\n$3\r\n1-1\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n:")
+        assert claim.endswith(b"\r\n:3\r\n")  # delivered 3 times before: XREADGROUP > and 0, XAUTOCLAIM
+    finally:
+        conn.close()
