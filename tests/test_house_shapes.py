@@ -3,6 +3,8 @@ and the wire bytes stay Redis's (the RESP2 and RESP3 bytes of the reshaped repli
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ezra.broker import Broker
@@ -46,7 +48,8 @@ def test_the_broker_answers_plain_rows(broker):
     looked = broker.look([(b"q", (b"q", False), (0, 0))], 10).wait()
     assert plain(looked) and len(looked[b"q"]) == 2
     assert plain(broker.range(b"q", False, (0, 0), (2 ** 63 - 1, 0), 10, False).wait())
-    assert plain(broker.stream_info(b"q", 10).wait())
+    info = broker.stream_info(b"q", 10).wait()  # a dataclass of the broker's own, of plain values
+    assert plain(dataclasses.asdict(info)) and info.last_id == info.last[:2] and not hasattr(info, "__getitem__")
 
 
 def as_resp3(conn: RespConnection) -> None:

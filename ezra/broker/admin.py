@@ -38,6 +38,36 @@ XACKDEL_NOT_FOUND = -1
 ALL_QUEUES = "all"  # figures(ALL_QUEUES): every queue's figures
 
 
+@dataclass(slots=True)
+class StreamInfo:
+    """One queue's figures behind XINFO STREAM / GROUPS / CONSUMERS, as plain values: ids as
+    (ms, seq), tasks as storage rows, times in ms (commands/ops.py names them as Redis does)."""
+
+    now: int
+    length: int                 # tasks not done (XLEN)
+    stream_nodes: int           # the radix-tree nodes a Redis stream of these entries would have
+    last_id: tuple
+    max_deleted: tuple
+    entries_added: int
+    first: tuple | None         # the oldest task row shown by XRANGE, the newest, or None
+    last: tuple | None
+    group: bytes                # the one implicit group's name
+    pending: int                # tasks in flight
+    last_delivered: tuple
+    entries_read: int
+    lag: int
+    consumers: list             # [(worker, tasks held, last seen at ms)]
+    idmp: tuple                 # (duration s, max size) of the idempotent producers
+    pids_tracked: int
+    iids_tracked: int
+    iids_added: int
+    iids_duplicates: int
+    counts: dict                # {state: tasks}
+    settings: dict              # {setting: value as XCFGSET takes it}
+    entries: list | None = None  # XINFO STREAM FULL: the task rows
+    pel: list | None = None      # ...and the pending ones: [(id, worker, delivered at ms, deliveries)]
+
+
 # Counters, one word per idea:
 #   counts   tasks in each state now (QueueState.counts: available, delayed, in_flight, done, dead)
 #   totals   how many times each event happened since start: QueueState.totals per queue, and
@@ -83,7 +113,7 @@ class QueueAdmin(BrokerCore):
         return self.writer.submit(self._tx_ack_delete, queue, ids)
 
     def stream_info(self, queue: bytes, full_count: int | None = None, apart: bool = True):
-        """The figures of XINFO STREAM / GROUPS / CONSUMERS (a dict); ERR no such key if none.
+        """The figures of XINFO STREAM / GROUPS / CONSUMERS (a StreamInfo); ERR no such key if none.
 
         The workers holding tasks and the idempotent producers are counted row by row (400,000
         in flight, 300,000 producer ids: 28 and 123 ms), so they are read apart (storage.reads,
@@ -247,7 +277,7 @@ class QueueAdmin(BrokerCore):
         self._note_deleted(queue, deleted)
         return replies
 
-    def _tx_stream_info(self, name: bytes, full_count: int | None, counted: tuple | None) -> dict:
+    def _tx_stream_info(self, name: bytes, full_count: int | None, counted: tuple | None) -> StreamInfo:
         queue = self.queues.get(name)
         if queue is None:
             raise errors.NO_SUCH_KEY
@@ -255,29 +285,26 @@ class QueueAdmin(BrokerCore):
         if counted is None:  # in the transaction (EXEC)
             counted = self.db.consumers(name), self.db.producers.tracked(name, now)
         consumers, idmp = counted
-        info = {**self._stream_figures(queue), **self._group_figures(queue, now, consumers),
-                **self._ezra_figures(queue, idmp), "now": now}
+        info = StreamInfo(now=now, **self._stream_figures(queue), **self._group_figures(queue, now, consumers),
+                          **self._ezra_figures(queue, idmp))
         if full_count is not None:  # XINFO STREAM FULL: the entries and the pending list too
             limit = full_count or None
-            info["entries"] = self.db.range(name, LIVE_STATES, (0, 0), TOP, limit, False)
-            info["pel"] = self._tx_pending_entries(name, (0, 0), TOP, limit or -1, None, None)
+            info.entries = self.db.range(name, LIVE_STATES, (0, 0), TOP, limit, False)
+            info.pel = [((ms, seq), name_bytes(owner), min(delivered, now), attempts) for ms, seq, owner, delivered, attempts
+                        in self.db.pending_entries(name, (0, 0), TOP, limit or -1, None, None)]
         return info
 
     def _stream_figures(self, queue) -> dict:
-        """Redis 7's XINFO STREAM fields, as they read for a queue."""
+        """What Redis 7's XINFO STREAM fields say, as they read for a queue."""
         counts = queue.counts
         first = self.db.range(queue.name, LIVE_STATES, (0, 0), TOP, 1, False)
         last = self.db.range(queue.name, LIVE_STATES, (0, 0), TOP, 1, True)
         nodes = math.ceil(sum(counts[state] for state in LIVE_STATES) / STREAM_NODE_ENTRIES)
         return {
-            "length": sum(counts[state] for state in lifecycle.WAITING),
-            "radix-tree-keys": nodes, "radix-tree-nodes": nodes + 1,
-            "last-generated-id": lifecycle.format_id(queue.last_id),
-            "max-deleted-entry-id": lifecycle.format_id(queue.max_deleted),
-            "entries-added": sum(counts.values()) + queue.deleted,
-            "recorded-first-entry-id": lifecycle.format_id(first[0][:2]) if first else b"0-0",
-            "first-entry": first[0] if first else None,  # task rows: commands/ops.py shapes them
-            "last-entry": last[0] if last else None,
+            "length": sum(counts[state] for state in lifecycle.WAITING), "stream_nodes": nodes,
+            "last_id": queue.last_id, "max_deleted": queue.max_deleted,
+            "entries_added": sum(counts.values()) + queue.deleted,
+            "first": first[0] if first else None, "last": last[0] if last else None,
         }
 
     def _group_figures(self, queue, now: int, consumers: list[tuple]) -> dict:
@@ -288,19 +315,18 @@ class QueueAdmin(BrokerCore):
         return {
             "group": queue.group or b"default",
             "pending": queue.counts[IN_FLIGHT],
-            "last-delivered-id": lifecycle.format_id(queue.last_delivered),
-            "entries-read": sum(queue.counts.values()) + queue.deleted - waiting,
+            "last_delivered": queue.last_delivered,
+            "entries_read": sum(queue.counts.values()) + queue.deleted - waiting,
             "lag": waiting,
-            "consumers": [(name_bytes(worker), n, max(now - (seen or now), 0))
-                          for worker, n, seen in consumers],
+            "consumers": [(name_bytes(worker), n, min(seen or now, now)) for worker, n, seen in consumers],
         }
 
     def _ezra_figures(self, queue, idmp: tuple[int, int]) -> dict:
         """Redis 8.6's idempotency figures, EZRA's counts by state and the settings in force."""
         pids, iids = idmp
         return {
-            "idmp": self._idmp_limits(queue), "pids-tracked": pids, "iids-tracked": iids,
-            "iids-added": queue.iids_added, "iids-duplicates": queue.iids_duplicates,
+            "idmp": self._idmp_limits(queue), "pids_tracked": pids, "iids_tracked": iids,
+            "iids_added": queue.iids_added, "iids_duplicates": queue.iids_duplicates,
             "counts": dict(queue.counts), "settings": self._settings_shown(queue),
         }
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .. import errors, lifecycle, queue_settings
 from ..errors import CommandError
-from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
+from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, format_id, parse_id, split_queue
 from ..options import Flag, Options, Value, parse_options
 from ..resp import OK, SimpleString
 from ..storage import StorageError, decode_failure, decode_fields, name_bytes
@@ -270,54 +270,57 @@ def stream_full_count(rest: list[bytes]) -> int | None:
     return 10
 
 
-def stream_reply(info: dict) -> dict:
+def stream_reply(info) -> dict:
     """Redis 7's ten fields, Redis 8.6's idempotency fields, then EZRA's counts and settings."""
-    reply = {key: info[key] for key in REDIS_STREAM_HEAD}
-    reply.update(groups=1, **{key: entry_or_none(info[key]) for key in ("first-entry", "last-entry")})
+    reply = redis_stream_head(info)
+    reply.update(groups=1, **{"first-entry": entry_or_none(info.first), "last-entry": entry_or_none(info.last)})
     return reply | ezra_fields(info)
 
 
-def stream_full_reply(info: dict) -> dict:
-    reply = {key: info[key] for key in REDIS_STREAM_HEAD}
-    now_pending = info["pel"]
+def stream_full_reply(info) -> dict:
+    reply = redis_stream_head(info)
     group = {
-        "name": info["group"], "last-delivered-id": info["last-delivered-id"],
-        "entries-read": info["entries-read"], "lag": info["lag"], "pel-count": info["pending"],
-        "pending": [[task_id, worker, info["now"] - idle, n] for task_id, worker, idle, n in now_pending],
-        "consumers": [{"name": worker, "seen-time": info["now"] - idle, "pel-count": n,
-                       "pending": [[task_id, info["now"] - pidle, pn] for task_id, owner, pidle, pn in now_pending
+        "name": info.group, "last-delivered-id": format_id(info.last_delivered),
+        "entries-read": info.entries_read, "lag": info.lag, "pel-count": info.pending,
+        "pending": [[format_id(task_id), worker, delivered, n] for task_id, worker, delivered, n in info.pel],
+        "consumers": [{"name": worker, "seen-time": seen, "pel-count": n,
+                       "pending": [[format_id(task_id), delivered, pn] for task_id, owner, delivered, pn in info.pel
                                    if owner == worker]}
-                      for worker, n, idle in info["consumers"]],
+                      for worker, n, seen in info.consumers],
     }
-    reply.update(entries=entries(info["entries"]), groups=[group])
+    reply.update(entries=entries(info.entries), groups=[group])
     return reply | ezra_fields(info)
 
 
-REDIS_STREAM_HEAD = ("length", "radix-tree-keys", "radix-tree-nodes", "last-generated-id",
-                     "max-deleted-entry-id", "entries-added", "recorded-first-entry-id")
+def redis_stream_head(info) -> dict:
+    """The Redis 7 fields XINFO STREAM starts with (FULL too), in Redis's order."""
+    return {"length": info.length, "radix-tree-keys": info.stream_nodes, "radix-tree-nodes": info.stream_nodes + 1,
+            "last-generated-id": format_id(info.last_id), "max-deleted-entry-id": format_id(info.max_deleted),
+            "entries-added": info.entries_added,
+            "recorded-first-entry-id": format_id(info.first[:2]) if info.first else b"0-0"}
 
 
-def ezra_fields(info: dict) -> dict:
-    duration, maxsize = info["idmp"]
-    counts = info["counts"]
+def ezra_fields(info) -> dict:
+    duration, maxsize = info.idmp
+    counts = info.counts
     return {
-        "idmp-duration": duration, "idmp-maxsize": maxsize, "pids-tracked": info["pids-tracked"],
-        "iids-tracked": info["iids-tracked"], "iids-added": info["iids-added"],
-        "iids-duplicates": info["iids-duplicates"],
+        "idmp-duration": duration, "idmp-maxsize": maxsize, "pids-tracked": info.pids_tracked,
+        "iids-tracked": info.iids_tracked, "iids-added": info.iids_added,
+        "iids-duplicates": info.iids_duplicates,
         "available": counts[lifecycle.AVAILABLE], "delayed": counts[DELAYED],
         "in-flight": counts[IN_FLIGHT], "done": counts[DONE], "dead": counts[DEAD],
-        **info["settings"],
+        **info.settings,
     }
 
 
-def group_reply(info: dict) -> dict:
-    return {"name": info["group"], "consumers": len(info["consumers"]), "pending": info["pending"],
-            "last-delivered-id": info["last-delivered-id"], "entries-read": info["entries-read"],
-            "lag": info["lag"]}
+def group_reply(info) -> dict:
+    return {"name": info.group, "consumers": len(info.consumers), "pending": info.pending,
+            "last-delivered-id": format_id(info.last_delivered), "entries-read": info.entries_read,
+            "lag": info.lag}
 
 
-def consumers_reply(info: dict) -> list:
-    return [{"name": worker, "pending": n, "idle": idle} for worker, n, idle in info["consumers"]]
+def consumers_reply(info) -> list:
+    return [{"name": worker, "pending": n, "idle": info.now - seen} for worker, n, seen in info.consumers]
 
 
 XINFO_HELP = [
