@@ -187,6 +187,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         return self.writer.submit(self._tx_pending_summary, queue, durable=False)
 
     def pending_entries(self, queue: bytes, start, end, count, worker, min_idle_ms):
+        """XPENDING's extended form: [(id, worker, idle ms, deliveries)] of tasks in flight."""
         return self.writer.submit(self._tx_pending_entries, queue, start, end, count, worker, min_idle_ms,
                                   durable=False)
 
@@ -485,7 +486,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         now = self.clock()
         before = None if min_idle_ms is None else now - min_idle_ms
         rows = self.db.pending_entries(name, start, end, count, worker, before)
-        return [[lifecycle.format_id((ms, seq)), name_bytes(owner), max(now - delivered, 0), attempts]
+        return [((ms, seq), name_bytes(owner), max(now - delivered, 0), attempts)
                 for ms, seq, owner, delivered, attempts in rows]
 
     def _tx_existing(self, names: list[bytes]) -> set[bytes]:

@@ -416,7 +416,11 @@ def xpending(session, args):
     worker = rest[3] if len(rest) == 4 else None
     if count <= 0 or start > end:
         return []
-    return Deferred(broker_of(session).pending_entries(queue, start, end, count, worker, min_idle))
+    return Deferred(broker_of(session).pending_entries(queue, start, end, count, worker, min_idle), pending_reply)
+
+
+def pending_reply(pending: list) -> list:
+    return [[format_id(task_id), worker, idle, n] for task_id, worker, idle, n in pending]
 
 
 def pending_summary_reply(summary) -> list:
