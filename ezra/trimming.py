@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from . import errors
 from .integers import to_int64
-from .lifecycle import MAX_ID_PART, StreamId, parse_id_parts
+from .stream_ids import MAX_ID_PART, StreamId, parse_id_parts
 
 MAXLEN = "MAXLEN"
 MINID = "MINID"

@@ -53,7 +53,7 @@ import greenlet  # noqa: E402
 import hiredis  # noqa: E402
 
 import floor_server  # noqa: E402
-from ezra import commands, connection, gate, lifecycle, resp, session as session_mod, storage  # noqa: E402
+from ezra import commands, connection, gate, resp, session as session_mod, storage, stream_ids  # noqa: E402
 from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
 from ezra.broker import claims as claims_mod, core as core_mod  # noqa: E402
@@ -234,7 +234,7 @@ def instrument_ezra(meter: Meter, broker) -> None:
     meter.wrap(session_mod.Session, "use_worker", "worker name")
     meter.wrap(writer_mod.Request, "wait", WAITS)
     for name in ("new_id", "format_id", "parse_id", "check_push_id"):
-        meter.wrap(lifecycle, name, "id")
+        meter.wrap(stream_ids, name, "id")
     meter.wrap(queue_cmds, "ids_of", "id")
     for name in ("submit", "call", "_open_batch", "_end_turn", "_committed", "_fsync_inline"):
         meter.wrap(Writer, name, "writer")

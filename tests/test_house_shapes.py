@@ -81,3 +81,13 @@ def test_the_reshaped_replies_keep_their_bytes(shared_server, queue, resp3):
         assert claim.endswith(b"\r\n:3\r\n")  # delivered 3 times before: XREADGROUP > and 0, XAUTOCLAIM
     finally:
         conn.close()
+
+
+def test_lifecycle_is_the_state_machine_alone():
+    """Issue 25 item 4: the id grammar (parse, format, compare, '*' '-' '+' '$' '>') is stream_ids.py's."""
+    from ezra import lifecycle, stream_ids
+
+    grammar = ("format_id", "parse_id", "parse_range_bound", "parse_after_id", "new_id", "check_push_id",
+               "previous_id", "MAX_ID_PART", "ABOVE_ALL", "xread_id", "xreadgroup_id", "SINCE_NOW")
+    assert [name for name in grammar if hasattr(lifecycle, name)] == []
+    assert all(hasattr(stream_ids, name) for name in grammar)

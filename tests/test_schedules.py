@@ -23,7 +23,7 @@ import redis
 from support_http import http, scrape, value
 from support_queue import entries_of, submit_broken_request
 from support_servers import ROOT, wait_until
-from ezra import lifecycle
+from ezra import stream_ids
 from ezra.broker import Broker
 from ezra.broker.schedules import Scheduler
 from ezra.config import Settings, parse_settings
@@ -119,7 +119,7 @@ def scheduler(tmp_path):
     broker.db.close()
 
 
-TOP = (lifecycle.MAX_ID_PART, lifecycle.MAX_ID_PART)
+TOP = (stream_ids.MAX_ID_PART, stream_ids.MAX_ID_PART)
 
 
 def tasks(scheduler, queue=b"reports") -> list[list[bytes]]:

@@ -47,8 +47,9 @@ The parts (mixins of Broker, in its bases' order; each is a class over BrokerCor
 Beside them, not a part: schedules.py's Scheduler (XSCHEDULE), a plain object over the Broker
 that fires periodic pushes through `_tx_push` in its own writer scripts.
 
-What the parts may import: the layers below (storage, writer, lifecycle, errors,
-queue_settings, trimming, resp's reply types), gevent and loguru; never commands,
+What the parts may import: the layers below (storage, writer, lifecycle, stream_ids,
+errors, queue_settings, trimming), gevent and loguru; never resp or commands (the broker
+returns plain values: rows, tuples, its own dataclasses; commands/ build Redis's shapes),
 server, web, tools or app, which call the broker, not the other way round. A part
 reaches another only through `self`, by names BrokerCore declares
 (scripts/broker_xrefs.py counts the undeclared ones: keep it at 0).

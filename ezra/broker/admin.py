@@ -23,11 +23,12 @@ from operator import itemgetter
 from gevent import get_hub
 from loguru import logger
 
-from .. import errors, lifecycle
-from ..lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
+from .. import errors, lifecycle, stream_ids
+from ..lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT
 from ..queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, name_bytes, reads
 from ..storage.database import task_by_id
+from ..stream_ids import MAX_ID_PART
 from .base import BrokerCore
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
@@ -211,7 +212,7 @@ class QueueAdmin(BrokerCore):
         if released:
             logger.warning("XREQUEUE {!r}: {} task(s) requeued without their unique key, which another "
                            "unfinished task holds (the first: {})", name.decode("utf-8", "replace"),
-                           len(released), lifecycle.format_id(min(released)).decode())
+                           len(released), stream_ids.format_id(min(released)).decode())
 
     def _tx_tasks(self, name: bytes, state: str, count: int, after: tuple) -> list[tuple]:
         if name not in self.queues:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import time
 
-from .. import errors, lifecycle, queue_settings
+from .. import errors, lifecycle, queue_settings, stream_ids
 from .claims import Claims
 from .leases import Leases
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
@@ -336,14 +336,14 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
             first = self.db.producers.lookup(name, idmp[0], idmp[1], now)
             if first is not None:
                 queue.iids_duplicates += 1
-                return lifecycle.format_id(first)
+                return stream_ids.format_id(first)
         if unique is not None:
             holder = self.db.unique_keys.holder(name, unique)
             if holder is not None:  # the key's task is unfinished: it is the answer, nothing is stored
                 if idmp is not None:
                     self._remember_push(queue, idmp, holder, now)  # a retry answers the same id
-                return lifecycle.format_id(holder)
-        task_id = lifecycle.new_id(id_arg, queue.last_id, now)
+                return stream_ids.format_id(holder)
+        task_id = stream_ids.new_id(id_arg, queue.last_id, now)
         state, available_at = (DELAYED, now + delay_ms) if delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD
@@ -365,7 +365,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
             self.due_at(available_at)
         elif state == AVAILABLE:
             self._serve_waiters(queue, now)
-        return lifecycle.format_id(task_id)
+        return stream_ids.format_id(task_id)
 
     def _remember_push(self, queue: QueueState, idmp: tuple, task_id: tuple, now: int) -> None:
         duration, maxsize = self._idmp_limits(queue)

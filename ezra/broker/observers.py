@@ -24,15 +24,13 @@ import time
 
 from gevent.event import Event
 
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART, previous_id
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from ..stream_ids import LAST_ONE, MAX_ID_PART, SINCE_NOW, previous_id
 from .base import BrokerCore
 
 LIVE_VIEW = (AVAILABLE, DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a live queue
 DEAD_VIEW = (DEAD,)
 NEWEST = (MAX_ID_PART, MAX_ID_PART)
-# Special ids, resolved in the transaction of the first look, per queue:
-SINCE_NOW = "$"  # entries added after the call: above the queue's last id
-LAST_ONE = "+"   # the view's newest entry, then what comes after it (Redis 7.4)
 
 
 class Observer:

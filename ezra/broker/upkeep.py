@@ -28,8 +28,9 @@ import gevent
 from loguru import logger
 
 from .. import lifecycle, trimming
-from ..lifecycle import AVAILABLE, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART
+from ..lifecycle import AVAILABLE, DELAYED, DONE, IN_FLIGHT
 from ..storage import name_bytes
+from ..stream_ids import MAX_ID_PART
 from ..trimming import MAXLEN, MINID
 from .base import BrokerCore
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from .. import errors
 from ..errors import CommandError
 from ..integers import to_int64
-from ..lifecycle import parse_id, split_queue
+from ..lifecycle import split_queue
+from ..stream_ids import parse_id
 
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
 # RETRYCOUNT above this means the same (above any MAX-ATTEMPTS): the deliveries counted after it stay 64-bit.

@@ -14,12 +14,13 @@ Same rules as every command (table.py): parse, call the broker, return a reply v
 
 from __future__ import annotations
 
-from .. import errors, lifecycle, queue_settings
+from .. import errors, lifecycle, queue_settings, stream_ids
 from ..errors import CommandError
-from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, format_id, parse_id, split_queue
+from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, split_queue
 from ..options import Flag, Options, Value, parse_options
 from ..resp import OK, SimpleString
 from ..storage import StorageError, decode_failure, decode_fields, name_bytes
+from ..stream_ids import format_id, parse_id
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
 from .replies import entries, entry_or_none, taken_over
 from .table import Deferred, command
@@ -106,9 +107,9 @@ def xautoclaim(session, args):
     queue = live_queue(args[1])
     worker = worker_name(args[3])
     min_idle = max(to_int(args[4], errors.XAUTOCLAIM_MIN_IDLE_INVALID), 0)
-    start = lifecycle.parse_range_bound(args[5], True)
+    start = stream_ids.parse_range_bound(args[5], True)
     (count, justid), _ = parse_options(args, 6, XAUTOCLAIM_OPTIONS)
-    if start == lifecycle.ABOVE_ALL:  # past every id EZRA can store: nothing to scan
+    if start == stream_ids.ABOVE_ALL:  # past every id EZRA can store: nothing to scan
         return [b"0-0", [], []]
     session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
     return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid),
@@ -118,7 +119,7 @@ def xautoclaim(session, args):
 def autoclaim_reply(scanned: tuple, justid: bool) -> list:
     """[next cursor, entries or ids, deleted ids]: EZRA deletes no entry under a pending one."""
     cursor, claimed = scanned
-    return [lifecycle.format_id(cursor), taken_over(claimed, justid), []]
+    return [stream_ids.format_id(cursor), taken_over(claimed, justid), []]
 
 
 @command("XACKDEL", -6)
@@ -243,7 +244,7 @@ def task_reply(row, state: str) -> dict:
         *row, state = row  # those rows carry their own state
     ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished, unique_key, failure = row
     failure = decode_failure(failure) or {}
-    return {"id": lifecycle.format_id((ms, seq)), "state": state, "attempts": attempts,
+    return {"id": stream_ids.format_id((ms, seq)), "state": state, "attempts": attempts,
             "worker": None if worker is None else name_bytes(worker), "created-at": created,
             "available-at": available, "delivered-at": delivered, "deadline": deadline,
             "finished-at": finished, "fields": decode_fields(fields),

@@ -5,12 +5,12 @@ XREVRANGE, XTRIM, XPENDING, XGROUP. Each parses its arguments, calls a broker ve
 
 from __future__ import annotations
 
-from .. import errors, lifecycle, queue_settings
+from .. import errors, lifecycle, queue_settings, stream_ids
 from ..broker.core import DEFAULT_READ_COUNT, MAX_READ_COUNT
-from ..broker.observers import LAST_ONE, SINCE_NOW
-from ..lifecycle import format_id, parse_after_id, parse_id, split_queue
+from ..lifecycle import split_queue
 from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
 from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
+from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
 from .replies import claim_reply, entries, read_reply
@@ -126,7 +126,7 @@ def xadd(session, args):
     (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure), i = parse_options(
         args, 2, PUSH_OPTIONS)
     if i < len(args):
-        lifecycle.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
+        stream_ids.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
     if trimming is not None:
         trimming.check()
     fields = args[i + 1:]
@@ -211,14 +211,14 @@ def xreadgroup(session, args):
     # The reply is keyed by queue: a queue named twice is read once (with its first id), else the
     # tasks claimed for its first mention would be dropped from the reply, leased and never shown.
     reads = {}
-    for queue, stream_id in zip(map(live_queue, streams[:half]), map(read_id, streams[half:])):
+    for queue, stream_id in zip(map(live_queue, streams[:half]), map(xreadgroup_id, streams[half:])):
         reads.setdefault(queue, stream_id)
     queues, ids = list(reads), list(reads.values())
     count = read_count(count)
     session.use_worker(worker)  # not before: a malformed command must not touch the name's release timer
     if session.in_exec:
         block_ms = None  # as Redis: inside MULTI/EXEC a blocking read does not block
-    if all(stream_id is None for stream_id in ids):
+    if all(stream_id is NEW_TASKS for stream_id in ids):
         broker = broker_of(session)
         claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
         if claimed is not None:
@@ -244,7 +244,7 @@ def xread(session, args):
     half = len(streams) // 2
     # Keyed by stream: a queue named twice is read once, with its first id (Redis repeats it).
     reads = {}
-    for stream, after in zip(streams[:half], map(after_id, streams[half:])):
+    for stream, after in zip(streams[:half], map(xread_id, streams[half:])):
         reads.setdefault(stream, (stream, split_queue(stream), after))
     count = read_count(count)
     if block_ms is None or session.in_exec:  # as Redis: inside MULTI/EXEC nothing blocks
@@ -261,26 +261,6 @@ def idle_claim_reply(found: dict):
     return claim_reply(found, True)
 
 
-def after_id(arg: bytes):
-    """XREAD's id: '$' (entries added after the call), '+' (the last entry, Redis 7.4), an id."""
-    if arg == b"$":
-        return SINCE_NOW
-    if arg == b"+":
-        return LAST_ONE
-    if arg == b">":
-        raise errors.GT_IN_XREAD
-    return parse_after_id(arg)
-
-
-def read_id(arg: bytes):
-    """None for '>' (new tasks), else the id after which to re-read pending ones."""
-    if arg == b">":
-        return None
-    if arg == b"$":
-        raise errors.DOLLAR_IN_XREADGROUP
-    return parse_id(arg)
-
-
 def read_count(count: int | None) -> int:
     if count is None or count <= 0:
         return DEFAULT_READ_COUNT
@@ -291,7 +271,7 @@ def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
     """XREADGROUP with explicit ids: pending tasks come back even when empty (as Redis)."""
     result = PairsMap()
     for queue, after in zip(queues, ids):
-        if after is None:
+        if after is NEW_TASKS:
             claimed = broker_of(session).claim([queue], worker, count, noack, None, session.wait, claim_idle)
             if claimed:
                 result.update(claim_reply(claimed, claim_idle))
@@ -361,8 +341,8 @@ def xlen(session, args):
 def range_command(session, args, reverse: bool):
     queue, dead = split_queue(args[1])
     low, high = (args[3], args[2]) if reverse else (args[2], args[3])
-    start = lifecycle.parse_range_bound(low, True)
-    end = lifecycle.parse_range_bound(high, False)
+    start = stream_ids.parse_range_bound(low, True)
+    end = stream_ids.parse_range_bound(high, False)
     count = RANGE_DEFAULT_COUNT
     if len(args) == 6 and args[4].upper() == b"COUNT":
         count = min(max(to_int(args[5]), 0), RANGE_DEFAULT_COUNT)
@@ -410,8 +390,8 @@ def xpending(session, args):
     rest = args[i:]
     if len(rest) not in (3, 4):
         raise errors.SYNTAX
-    start = lifecycle.parse_range_bound(rest[0], True)
-    end = lifecycle.parse_range_bound(rest[1], False)
+    start = stream_ids.parse_range_bound(rest[0], True)
+    end = stream_ids.parse_range_bound(rest[1], False)
     count = min(to_int(rest[2]), RANGE_DEFAULT_COUNT)
     worker = rest[3] if len(rest) == 4 else None
     if count <= 0 or start > end:

@@ -9,9 +9,9 @@ no pass converts the broker's shape into another one.
 
 from __future__ import annotations
 
-from ..lifecycle import format_id
 from ..resp import PairsMap
 from ..storage import decode_fields
+from ..stream_ids import format_id
 
 
 def entry(row) -> list:

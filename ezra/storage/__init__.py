@@ -15,7 +15,7 @@ the WAL file's own descriptor (fdatasync, size, zeros kept ahead; `db.wal`). rea
 summary, XINFO's counts), which the Database runs in its transaction and the
 broker on a native thread (`read_apart`). The modules import one another in that
 order (schema <- dirlock, integrity, reads <- database <- opening <- snapshots);
-the package imports nothing of EZRA but lifecycle (the states and id format), so
+the package imports nothing of EZRA but lifecycle (the states), so
 the broker, the writer, web/ and tools/ import it and it imports none of them.
 """
 
