@@ -28,6 +28,12 @@ LAST_ONE = "+"   # the view's newest entry, then what comes after it (Redis 7.4)
 NEW_TASKS = None  # XREADGROUP's '>': tasks never delivered (else its id: the worker's own after it)
 
 
+def group_start_id(arg: bytes):
+    """XGROUP CREATE's and SETID's id: '$' (SINCE_NOW) or an id in Redis's 64-bit space (checked:
+    EZRA's one implicit group starts nowhere else than at its queue's tasks)."""
+    return SINCE_NOW if arg == b"$" else parse_id_parts(arg, 0)
+
+
 def xread_id(arg: bytes):
     """XREAD's id: '$' (entries added after the call), '+' (the last entry, Redis 7.4), an id."""
     if arg == b"$":

@@ -4,8 +4,10 @@ and the wire bytes stay Redis's (the RESP2 and RESP3 bytes of the reshaped repli
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
+import redis
 
 from ezra.broker import Broker
 from ezra.config import Settings
@@ -91,3 +93,39 @@ def test_lifecycle_is_the_state_machine_alone():
                "previous_id", "MAX_ID_PART", "ABOVE_ALL", "xread_id", "xreadgroup_id", "SINCE_NOW")
     assert [name for name in grammar if hasattr(lifecycle, name)] == []
     assert all(hasattr(stream_ids, name) for name in grammar)
+
+
+SUBCOMMAND_SYNTAX = "unknown subcommand or wrong number of arguments for '{}'. Try XGROUP HELP."
+NEEDS_KEY = "The XGROUP subcommand requires the key to exist"
+# What Redis 7.0.15 answers (recorded), checked in its order: the options, the key, then the id.
+XGROUP_REFUSED = [
+    (["CREATE", "{q}", "g", "bad", "MKSTREAM"], "Invalid stream ID"),
+    (["CREATE", "{q}", "g", "$", "MKSTREAM", "BOGUS"], SUBCOMMAND_SYNTAX.format("CREATE")),
+    (["CREATE", "{q}", "g", "$", "MKSTREAM", "ENTRIESREAD"], SUBCOMMAND_SYNTAX.format("CREATE")),
+    (["CREATE", "{q}", "g", "$", "MKSTREAM", "ENTRIESREAD", "x"], "value is not an integer or out of range"),
+    (["CREATE", "{q}", "g", "$", "MKSTREAM", "ENTRIESREAD", "-5"], "value for ENTRIESREAD must be positive or -1"),
+    (["CREATE", "{q}", "g", "bad", "MKSTREAM", "ENTRIESREAD", "x"], "value is not an integer or out of range"),
+    (["CREATE", "{q}", "g", "-", "MKSTREAM"], "Invalid stream ID"),
+    (["CREATE", "{q}", "g", "bad"], NEEDS_KEY),
+    (["SETID", "{q}", "g", "0"], NEEDS_KEY),
+    (["SETID", "{q}", "g", "bad"], NEEDS_KEY),
+    (["SETID", "{q}", "g", "$", "BOGUS"], SUBCOMMAND_SYNTAX.format("SETID")),
+    (["SETID", "{q}", "g", "0", "ENTRIESREAD", "x"], "value is not an integer or out of range"),
+]
+
+
+@pytest.mark.parametrize("words, error", XGROUP_REFUSED, ids=[" ".join(w) for w, _ in XGROUP_REFUSED])
+def test_xgroup_checks_every_argument_before_it_creates_the_queue(r, queue, words, error):
+    """Issue 25 item 4: XGROUP CREATE ... MKSTREAM created the queue, then ignored a bad id or option."""
+    with pytest.raises(redis.ResponseError, match=re.escape(error)):
+        r.execute_command("XGROUP", *[word.replace("{q}", queue) for word in words])
+    assert r.exists(queue) == 0
+
+
+def test_xgroup_takes_what_redis_takes(r, queue):
+    assert r.execute_command("XGROUP", "CREATE", queue, "g", "$", "ENTRIESREAD", "3", "MKSTREAM") in (b"OK", "OK", True)
+    assert r.execute_command("XGROUP", "SETID", queue, "g", "0", "ENTRIESREAD", "-1") in (b"OK", "OK", True)
+    with pytest.raises(redis.ResponseError, match="Invalid stream ID"):
+        r.execute_command("XGROUP", "SETID", queue, "g", "bad")
+    with pytest.raises(redis.ResponseError, match="Invalid stream ID"):
+        r.execute_command("XGROUP", "CREATE", queue, "g", "bad")  # the key exists: the id's error

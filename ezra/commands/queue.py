@@ -6,13 +6,15 @@ XREVRANGE, XTRIM, XPENDING, XGROUP. Each parses its arguments, calls a broker ve
 from __future__ import annotations
 
 from .. import errors, lifecycle, queue_settings, stream_ids
+from ..errors import CommandError
 from ..broker.core import DEFAULT_READ_COUNT, MAX_READ_COUNT
+from ..integers import to_int
 from ..lifecycle import split_queue
 from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
 from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
 from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..trimming import TrimArgs
-from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
+from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
 from .replies import claim_reply, entries, read_reply
 from .table import Deferred, command
 
@@ -415,12 +417,8 @@ def pending_summary_reply(summary) -> list:
 def xgroup(session, args):
     """XGROUP CREATE|DESTROY|SETID|CREATECONSUMER|DELCONSUMER|HELP: one implicit group per queue."""
     sub = args[1].upper()
-    if sub == b"CREATE" and len(args) >= 5:
-        mkstream = any(arg.upper() == b"MKSTREAM" for arg in args[5:])
-        return Deferred(broker_of(session).create_queue(live_queue(args[2]), not mkstream, args[3]),
-                        lambda _: OK)
-    if sub == b"SETID" and len(args) >= 5:
-        return OK
+    if sub in (b"CREATE", b"SETID") and len(args) >= 5:
+        return xgroup_create_or_setid(session, sub, args)
     if sub == b"CREATECONSUMER" and len(args) == 5:
         return 1
     if sub == b"DESTROY" and len(args) == 4:
@@ -434,6 +432,43 @@ def xgroup(session, args):
     if sub in (b"CREATE", b"SETID", b"CREATECONSUMER", b"DELCONSUMER", b"DESTROY"):
         raise errors.wrong_subcommand_arity("xgroup", sub)
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XGROUP")
+
+
+def xgroup_create_or_setid(session, sub: bytes, args: list[bytes]):
+    """XGROUP CREATE q g <id|$> [MKSTREAM] [ENTRIESREAD n] | SETID q g <id|$> [ENTRIESREAD n]:
+    checked in Redis's order (the options, the key, the id) before anything is created; the id
+    and ENTRIESREAD mean nothing to EZRA's one implicit group, so SETID changes nothing."""
+    mkstream = group_options(sub, args)
+    queue = live_queue(args[2])
+    try:
+        stream_ids.group_start_id(args[4])
+    except CommandError:
+        if not mkstream and queue not in broker_of(session).existing([queue]):
+            raise errors.XGROUP_NEEDS_KEY from None
+        raise
+    if sub == b"CREATE":
+        return Deferred(broker_of(session).create_queue(queue, not mkstream, args[3]), lambda _: OK)
+    if queue not in broker_of(session).existing([queue]):
+        raise errors.XGROUP_NEEDS_KEY
+    return OK
+
+
+def group_options(sub: bytes, args: list[bytes]) -> bool:
+    """XGROUP CREATE's MKSTREAM and ENTRIESREAD (SETID's ENTRIESREAD): whether MKSTREAM was given."""
+    if len(args) > 8 or (sub == b"SETID" and len(args) not in (5, 7)):
+        raise errors.subcommand_syntax(args[1], "XGROUP")
+    mkstream, i = False, 5
+    while i < len(args):
+        word = args[i].upper()
+        if word == b"MKSTREAM" and sub == b"CREATE":
+            mkstream, i = True, i + 1
+        elif word == b"ENTRIESREAD" and i + 1 < len(args):
+            if to_int(args[i + 1]) < -1:
+                raise errors.ENTRIESREAD_INVALID
+            i += 2
+        else:
+            raise errors.subcommand_syntax(args[1], "XGROUP")
+    return mkstream
 
 
 XGROUP_HELP = [
