@@ -468,5 +468,10 @@ class StateGuardFailed(RuntimeError):
     the clients in it get a storage error."""
 
 
+def move_not_drawn(from_state, to_state) -> StateGuardFailed:
+    """QueueState.move was asked for a change of counts lifecycle.MOVES does not have."""
+    return StateGuardFailed(f"counts moved {from_state} -> {to_state}: not a move of lifecycle.MOVES")
+
+
 def guard_failed(move: str, rowid: int, state: str) -> StateGuardFailed:
     return StateGuardFailed(f"{move}: task rowid {rowid}, read as {state}, is not in a state this move starts from")

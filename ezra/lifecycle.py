@@ -7,21 +7,23 @@
                            in_flight -> dead        (nack or timeout: no attempts left)
               dead -> available (requeue) ; done/dead -> purged (retention / TTL; done: trimming)
 
-    transition   from        to                         attempts
-    push         -           available | delayed        0
-    promote      delayed     available (its time came)  =
-    claim        available   in_flight (worker, lease)  +1 (every delivery counts)
-    claim own    in_flight   in_flight (lease renewed)  +1 (as Redis counts re-reads with id 0)
-    renew        in_flight   in_flight (XCLAIM by the owner: a heartbeat)   =
-    take over    in_flight   in_flight (XCLAIM/XAUTOCLAIM/CLAIM by another) +1
-    ack          in_flight   done (or deleted: retention 0, XACKDEL)        =
-    fail         in_flight   available | delayed | dead  = (dead once attempts >= max)
-    silent       in_flight   available                  -1 (the attempt is given back; no backoff)
-    fatal        in_flight   dead                       =
-    expire       in_flight   = fail (a timeout is a failure nobody reported)
-    release      in_flight   = fail (the worker's last connection closed)
-    recover      in_flight   available (server restart, never dead)   =
-    requeue      dead        available                  0
+    transition   from                 to                                  attempts
+    push         -                    available | delayed | dead (q::dead: ezra import)   0
+    promote      delayed              available (its time came)           =
+    claim        available            in_flight | done (NOACK)            +1 (every delivery counts)
+    claim own    in_flight            in_flight (lease renewed)           +1 (as Redis counts re-reads with id 0)
+    renew        in_flight            in_flight (XCLAIM by the owner: a heartbeat)   =
+    take over    in_flight | available  in_flight (XCLAIM/XAUTOCLAIM/CLAIM by another; XCLAIM FORCE)  +1
+    ack          in_flight            done | - (deleted: retention 0, XACKDEL)   =
+    fail         in_flight            available | delayed | dead          = (dead once attempts >= max)
+    silent       in_flight            available                           -1 (the attempt is given back; no backoff)
+    fatal        in_flight            dead                                =
+    nack FORCE   available | delayed  available | delayed | dead (XNACK FORCE of a task nobody holds)   as fail
+    expire       in_flight            = fail (a timeout is a failure nobody reported)
+    release      in_flight            = fail (the worker's last connection closed)
+    recover      in_flight            available (server restart, never dead)   =
+    requeue      dead                 available                           0
+    purge        done | dead          - (retention, TTL; done: trimming, XACKDEL; dead: XDEL on q::dead)
 
 Every failure (fail, fatal, expire, release; XDEL and XGROUP DELCONSUMER fail too) records
 why on the task, replacing the record before: `failure_record`'s cause, reason, worker and
@@ -43,6 +45,33 @@ DONE = "done"
 DEAD = "dead"
 STATES = (AVAILABLE, DELAYED, IN_FLIGHT, DONE, DEAD)
 WAITING = (AVAILABLE, DELAYED, IN_FLIGHT)  # not done yet: what XLEN counts
+GONE = None  # outside the queue: before its push, after its delete or purge
+
+# The table above, executable: every change of a queue's state counts is one of these moves
+# (QueueState.move, the one place counts change, refuses any other as a bug), and
+# tests/test_house_shapes.py holds this to the drawing. A move within one state (a failure that
+# leaves a forced task available) changes no count but is still one the machine knows.
+MOVES = {
+    (GONE, AVAILABLE): "push",
+    (GONE, DELAYED): "push DELAY",
+    (GONE, DEAD): "push to q::dead (ezra import)",
+    (DELAYED, AVAILABLE): "promote; nack FORCE",
+    (AVAILABLE, IN_FLIGHT): "claim; take over (XCLAIM FORCE)",
+    (AVAILABLE, DONE): "claim NOACK",
+    (IN_FLIGHT, DONE): "ack",
+    (IN_FLIGHT, GONE): "ack with retention 0; XACKDEL",
+    (IN_FLIGHT, AVAILABLE): "fail; silent; expire; release; recover",
+    (IN_FLIGHT, DELAYED): "fail (backoff)",
+    (IN_FLIGHT, DEAD): "fail (no attempts left); fatal",
+    (AVAILABLE, AVAILABLE): "nack FORCE",
+    (AVAILABLE, DELAYED): "nack FORCE",
+    (AVAILABLE, DEAD): "nack FORCE",
+    (DELAYED, DELAYED): "nack FORCE",
+    (DELAYED, DEAD): "nack FORCE",
+    (DEAD, AVAILABLE): "requeue",
+    (DONE, GONE): "purge (retention, TTL); trim; XACKDEL",
+    (DEAD, GONE): "purge (retention, TTL); XDEL on q::dead",
+}
 
 # XNACK modes (Redis 8.8 syntax): how a reported failure treats the attempt.
 FAIL = "FAIL"

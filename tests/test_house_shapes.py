@@ -129,3 +129,62 @@ def test_xgroup_takes_what_redis_takes(r, queue):
         r.execute_command("XGROUP", "SETID", queue, "g", "bad")
     with pytest.raises(redis.ResponseError, match="Invalid stream ID"):
         r.execute_command("XGROUP", "CREATE", queue, "g", "bad")  # the key exists: the id's error
+
+
+def drawn_moves() -> set[tuple]:
+    """The (from, to) pairs of lifecycle.py's transition table, read from its docstring."""
+    from ezra import lifecycle
+
+    lines = lifecycle.__doc__.split("    transition   from", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    targets: dict[str, list] = {}
+    pairs = set()
+
+    def states(text: str) -> list:
+        return [lifecycle.GONE if word == "-" else word for word in re.split(r"\s*\|\s*", text.strip())]
+
+    for line in lines:
+        name, froms, to, *_ = re.split(r"\s{2,}", line.strip())
+        to = to.split("(", 1)[0].strip()
+        targets[name] = targets[to[2:]] if to.startswith("= ") else states(to)
+        pairs |= {(a, b) for a in states(froms) for b in targets[name]}
+    assert set(a for pair in pairs for a in pair) <= {*lifecycle.STATES, lifecycle.GONE}, pairs
+    return pairs
+
+
+def test_the_moves_of_the_counts_are_the_drawing():
+    """Issue 25 item 5: lifecycle.MOVES (what QueueState.move allows) is the docstring's table;
+    in-flight to in-flight (renew, take over, claim own) changes no count, so it is no move."""
+    from ezra import lifecycle
+
+    assert drawn_moves() - {(lifecycle.IN_FLIGHT, lifecycle.IN_FLIGHT)} == set(lifecycle.MOVES)
+
+
+def test_a_move_not_drawn_is_refused_and_counts_nothing():
+    from ezra.broker.core import QueueState
+    from ezra.errors import StateGuardFailed
+    from ezra.lifecycle import AVAILABLE, DONE, GONE
+
+    queue = QueueState(b"q")
+    queue.move(GONE, AVAILABLE, 3)
+    with pytest.raises(StateGuardFailed, match="done -> available"):
+        queue.move(DONE, AVAILABLE)
+    assert queue.counts[AVAILABLE] == 3 and queue.counts[DONE] == 0
+
+
+def test_counts_change_only_through_queue_state_move():
+    """No `counts[state] += n` by hand in the broker: QueueState.move is the one place."""
+    from pathlib import Path
+
+    broker = Path(__file__).resolve().parent.parent / "ezra" / "broker"
+    by_hand = [f"{path.name}:{n}" for path in sorted(broker.glob("*.py"))
+               for n, line in enumerate(path.read_text().splitlines(), 1)
+               if re.search(r"counts\[[^\]]+\]\s*[-+]=", line) and "def move" not in line]
+    assert by_hand == ["core.py:%d" % n for n in core_move_lines()]
+
+
+def core_move_lines() -> list[int]:
+    from pathlib import Path
+
+    core = (Path(__file__).resolve().parent.parent / "ezra" / "broker" / "core.py").read_text().splitlines()
+    start = next(n for n, line in enumerate(core, 1) if "def move(" in line)
+    return [n for n, line in enumerate(core, 1) if n > start and re.search(r"counts\[[^\]]+\]\s*[-+]=", line)][:2]

@@ -24,7 +24,7 @@ from gevent import get_hub
 from loguru import logger
 
 from .. import errors, lifecycle, stream_ids
-from ..lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
 from ..queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, name_bytes, reads
 from ..storage.database import task_by_id
@@ -270,7 +270,7 @@ class QueueAdmin(BrokerCore):
             if state is None:
                 replies.append(XACKDEL_NOT_FOUND)
                 continue
-            queue.counts[state] -= 1
+            queue.move(state, GONE)
             if state == IN_FLIGHT:
                 self._tally(queue, "acked")
             deleted.append(task_id)

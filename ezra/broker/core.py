@@ -22,7 +22,7 @@ import time
 from .. import errors, lifecycle, queue_settings, stream_ids
 from .claims import Claims
 from .leases import Leases
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
 from .observers import Observers
 from .admin import QueueAdmin
 from ..storage import SETTING_COLUMNS, Database, name_bytes, reads
@@ -88,9 +88,16 @@ class QueueState:
         for column in SETTING_COLUMNS:
             setattr(self, column, None)
 
-    def move(self, from_state: str, to_state: str, n: int = 1) -> None:
-        self.counts[from_state] -= n
-        self.counts[to_state] += n
+    def move(self, from_state: str | None, to_state: str | None, n: int = 1) -> None:
+        """The one place state counts change: n tasks moved (lifecycle.MOVES; GONE, None, is
+        outside the queue: a push comes from it, a delete or purge goes to it)."""
+        if (from_state, to_state) not in lifecycle.MOVES:
+            raise errors.move_not_drawn(from_state, to_state)
+        counts = self.counts
+        if from_state is not GONE:
+            counts[from_state] -= n
+        if to_state is not GONE:
+            counts[to_state] += n
 
 
 class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
@@ -355,7 +362,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         if idmp is not None:
             self._remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id
-        queue.counts[state] += 1
+        queue.move(GONE, state)
         self._tally(queue, "pushed")
         if dead:
             self._view_grew(queue.name, True)  # XREAD's observers of q::dead look again
@@ -381,7 +388,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         deleted = []
         if self._retention(queue) == 0:  # retention 0: the record goes with the ack
             deleted = [task_id for task_id in dict.fromkeys(ids) if self.db.ack_delete(name, [task_id])]
-            queue.counts[IN_FLIGHT] -= len(deleted)
+            queue.move(IN_FLIGHT, GONE, len(deleted))
             self._note_deleted(queue, deleted)
         acked = self.db.ack(name, ids, self.clock())
         if acked:
@@ -460,7 +467,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         if queue is None:
             return 0
         deleted = self.db.delete_dead(name, ids)
-        queue.counts[DEAD] -= len(deleted)
+        queue.move(DEAD, GONE, len(deleted))
         self._note_deleted(queue, deleted)
         return len(deleted)
 
