@@ -34,6 +34,10 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     maintain             (the reaper, tests)      one reaper pass: expire, promote, purge, trim
     start_reaper, stop, cancel_waiters            life: reaper, shutdown
 
+What they return are plain values, never a reply type: task rows as storage reads them
+(id_ms, id_seq, fields JSON, ...), ids as (ms, seq), tuples, and the broker's own dataclasses
+(Figures, StreamInfo). The commands build Redis's shapes from them (commands/replies.py).
+
 The parts (mixins of Broker, in its bases' order; each is a class over BrokerCore):
 
     base.py       BrokerCore: the attributes and helpers the parts share through `self`
