@@ -34,8 +34,6 @@ from .base import BrokerCore
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
 TOP = (MAX_ID_PART, MAX_ID_PART)
 STREAM_NODE_ENTRIES = 100  # Redis's stream-node-max-entries: XINFO's radix-tree figures estimate it
-XACKDEL_DELETED = 1
-XACKDEL_NOT_FOUND = -1
 ALL_QUEUES = "all"  # figures(ALL_QUEUES): every queue's figures
 
 
@@ -110,7 +108,7 @@ class QueueAdmin(BrokerCore):
         return self.writer.submit(self._tx_requeue, queue, ids)
 
     def ack_delete(self, queue: bytes, ids: list[tuple]):
-        """XACKDEL: per id, 1 (acked and deleted) or -1 (not in flight nor done)."""
+        """XACKDEL: per id, True (acked and deleted) or False (not in flight nor done)."""
         return self.writer.submit(self._tx_ack_delete, queue, ids)
 
     def stream_info(self, queue: bytes, full_count: int | None = None, apart: bool = True):
@@ -260,21 +258,21 @@ class QueueAdmin(BrokerCore):
             "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]},
             "paused": sum(1 for queue in rest if self._paused(queue))}
 
-    def _tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[int]:
+    def _tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[bool]:
         queue = self.queues.get(name)
         if queue is None:
-            return [XACKDEL_NOT_FOUND] * len(ids)
+            return [False] * len(ids)
         replies, deleted = [], []
         for task_id in ids:
             state = self.db.delete_finished(name, task_id)
             if state is None:
-                replies.append(XACKDEL_NOT_FOUND)
+                replies.append(False)
                 continue
             queue.move(state, GONE)
             if state == IN_FLIGHT:
                 self._tally(queue, "acked")
             deleted.append(task_id)
-            replies.append(XACKDEL_DELETED)
+            replies.append(True)
         self._note_deleted(queue, deleted)
         return replies
 

@@ -133,7 +133,15 @@ def xackdel(session, args):
     ids, end = ids_block(args, i)
     if end != len(args):
         raise errors.SYNTAX
-    return Deferred(broker_of(session).ack_delete(queue, ids))
+    return Deferred(broker_of(session).ack_delete(queue, ids), xackdel_reply)
+
+
+XACKDEL_DELETED = 1
+XACKDEL_NOT_FOUND = -1
+
+
+def xackdel_reply(deleted: list[bool]) -> list[int]:
+    return [XACKDEL_DELETED if done else XACKDEL_NOT_FOUND for done in deleted]
 
 
 # ---------------------------------------------------------------- redrive
