@@ -132,7 +132,7 @@ def _idmp_maxsize(arg: bytes) -> int:
 def _paused(arg: bytes) -> int:
     if arg not in (b"0", b"1"):
         raise errors.paused_invalid(arg)
-    return int(arg)
+    return to_int(arg)
 
 
 PARSERS = {

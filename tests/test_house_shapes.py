@@ -188,3 +188,17 @@ def core_move_lines() -> list[int]:
     core = (Path(__file__).resolve().parent.parent / "ezra" / "broker" / "core.py").read_text().splitlines()
     start = next(n for n, line in enumerate(core, 1) if "def move(" in line)
     return [n for n, line in enumerate(core, 1) if n > start and re.search(r"counts\[[^\]]+\]\s*[-+]=", line)][:2]
+
+
+def test_one_integer_reader_for_the_arguments():
+    """Issue 25 item 4: commands, options, trimming and settings read integers with integers.to_int
+    alone (client.py reads replies with to_int64; resp.py's frame lengths are the protocol's)."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent.parent / "ezra"
+    readers = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                     if re.search(r"\bto_int64\b|\bint\(arg", path.read_text())
+                     and path.parent.name in ("commands", "ezra") and path.name in (
+                         "args.py", "queue.py", "ops.py", "connection.py", "keys.py", "schedule.py",
+                         "options.py", "trimming.py", "queue_settings.py", "schedule_settings.py"))
+    assert readers == []
