@@ -101,6 +101,13 @@ XGROUP_NEEDS_KEY = _fixed(
     "ERR The XGROUP subcommand requires the key to exist. Note that for CREATE you may want to use "
     "the MKSTREAM option to create an empty stream automatically."
 )
+ENTRIESREAD_INVALID = _fixed("ERR value for ENTRIESREAD must be positive or -1")
+
+
+def subcommand_syntax(sub: bytes, command: str) -> CommandError:
+    """Redis's addReplySubcommandSyntaxError: a known subcommand with words it does not take."""
+    return err(f"unknown subcommand or wrong number of arguments for '{_printable(sub)}'. "
+               f"Try {command.upper()} HELP.")
 DB_OUT_OF_RANGE = _fixed("ERR DB index is out of range")
 SELECT_ONLY_ZERO = _fixed("ERR EZRA has one database: only SELECT 0 is allowed")
 # Trimming (trimming.py): Redis 7's syntax errors, word for word, then EZRA's one refusal.
@@ -459,6 +466,11 @@ class StateGuardFailed(RuntimeError):
     """A guarded UPDATE did not find the task in a state its caller's SELECT had just read.
     Not a CommandError on purpose: the writer rolls the whole batch back and logs it, and
     the clients in it get a storage error."""
+
+
+def move_not_drawn(from_state, to_state) -> StateGuardFailed:
+    """QueueState.move was asked for a change of counts lifecycle.MOVES does not have."""
+    return StateGuardFailed(f"counts moved {from_state} -> {to_state}: not a move of lifecycle.MOVES")
 
 
 def guard_failed(move: str, rowid: int, state: str) -> StateGuardFailed:

@@ -12,12 +12,17 @@ that, C's strtoull in base 10, which skips leading spaces, takes a '+' or a '-' 
 text. So an id part may be "05", "+5" or " 5" where a count may not: Redis's own
 inconsistency, kept so both servers answer alike.
 
-Both raise ValueError on a refused text; callers turn that into their command's error.
+Both raise ValueError on a refused text. `to_int` is the one reader of the commands' counts,
+options and settings (commands/, options.py's values, trimming.py, queue_settings.py): to_int64,
+a refused text answered with the command's error (Redis's "not an integer" unless it says another).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
+from . import errors
 
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 UINT64_MAX = 2 ** 64 - 1
@@ -34,6 +39,18 @@ def to_int64(text: bytes) -> int:
     if not INT64_MIN <= value <= INT64_MAX:
         raise ValueError(text)
     return value
+
+
+def to_int(arg: bytes, error: Callable[[], errors.CommandError] = errors.NOT_INTEGER) -> int:
+    """A signed 64-bit integer, as Redis reads one (to_int64: no '+', '_', spaces or leading
+    zeros; anything wider is out of range, and SQLite's too).
+
+    `error`: what builds the error (a class of errors.py, or a function calling one), only when
+    the argument is bad."""
+    try:
+        return to_int64(arg)
+    except ValueError:
+        raise error() from None
 
 
 def to_uint64(text: bytes) -> int:

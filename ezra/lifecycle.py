@@ -1,4 +1,4 @@
-"""The task state machine: states, transitions, the attempts rule, backoff, ids. No I/O.
+"""The task state machine: states, transitions, the attempts rule, backoff. No I/O (ids: stream_ids.py).
 
     [push] -> available -> in_flight (claim) -> done (ack)
     [push DELAY] -> delayed -> available    (due)
@@ -7,21 +7,23 @@
                            in_flight -> dead        (nack or timeout: no attempts left)
               dead -> available (requeue) ; done/dead -> purged (retention / TTL; done: trimming)
 
-    transition   from        to                         attempts
-    push         -           available | delayed        0
-    promote      delayed     available (its time came)  =
-    claim        available   in_flight (worker, lease)  +1 (every delivery counts)
-    claim own    in_flight   in_flight (lease renewed)  +1 (as Redis counts re-reads with id 0)
-    renew        in_flight   in_flight (XCLAIM by the owner: a heartbeat)   =
-    take over    in_flight   in_flight (XCLAIM/XAUTOCLAIM/CLAIM by another) +1
-    ack          in_flight   done (or deleted: retention 0, XACKDEL)        =
-    fail         in_flight   available | delayed | dead  = (dead once attempts >= max)
-    silent       in_flight   available                  -1 (the attempt is given back; no backoff)
-    fatal        in_flight   dead                       =
-    expire       in_flight   = fail (a timeout is a failure nobody reported)
-    release      in_flight   = fail (the worker's last connection closed)
-    recover      in_flight   available (server restart, never dead)   =
-    requeue      dead        available                  0
+    transition   from                 to                                  attempts
+    push         -                    available | delayed | dead (q::dead: ezra import)   0
+    promote      delayed              available (its time came)           =
+    claim        available            in_flight | done (NOACK)            +1 (every delivery counts)
+    claim own    in_flight            in_flight (lease renewed)           +1 (as Redis counts re-reads with id 0)
+    renew        in_flight            in_flight (XCLAIM by the owner: a heartbeat)   =
+    take over    in_flight | available  in_flight (XCLAIM/XAUTOCLAIM/CLAIM by another; XCLAIM FORCE)  +1
+    ack          in_flight            done | - (deleted: retention 0, XACKDEL)   =
+    fail         in_flight            available | delayed | dead          = (dead once attempts >= max)
+    silent       in_flight            available                           -1 (the attempt is given back; no backoff)
+    fatal        in_flight            dead                                =
+    nack FORCE   available | delayed  available | delayed | dead (XNACK FORCE of a task nobody holds)   as fail
+    expire       in_flight            = fail (a timeout is a failure nobody reported)
+    release      in_flight            = fail (the worker's last connection closed)
+    recover      in_flight            available (server restart, never dead)   =
+    requeue      dead                 available                           0
+    purge        done | dead          - (retention, TTL; done: trimming, XACKDEL; dead: XDEL on q::dead)
 
 Every failure (fail, fatal, expire, release; XDEL and XGROUP DELCONSUMER fail too) records
 why on the task, replacing the record before: `failure_record`'s cause, reason, worker and
@@ -36,10 +38,6 @@ so tests move time instead of waiting.
 
 from __future__ import annotations
 
-
-from . import errors
-from .integers import to_uint64
-
 AVAILABLE = "available"
 DELAYED = "delayed"  # waits for its time (XADD DELAY, retry backoff), then becomes available
 IN_FLIGHT = "in_flight"
@@ -47,6 +45,33 @@ DONE = "done"
 DEAD = "dead"
 STATES = (AVAILABLE, DELAYED, IN_FLIGHT, DONE, DEAD)
 WAITING = (AVAILABLE, DELAYED, IN_FLIGHT)  # not done yet: what XLEN counts
+GONE = None  # outside the queue: before its push, after its delete or purge
+
+# The table above, executable: every change of a queue's state counts is one of these moves
+# (QueueState.move, the one place counts change, refuses any other as a bug), and
+# tests/test_house_shapes.py holds this to the drawing. A move within one state (a failure that
+# leaves a forced task available) changes no count but is still one the machine knows.
+MOVES = {
+    (GONE, AVAILABLE): "push",
+    (GONE, DELAYED): "push DELAY",
+    (GONE, DEAD): "push to q::dead (ezra import)",
+    (DELAYED, AVAILABLE): "promote; nack FORCE",
+    (AVAILABLE, IN_FLIGHT): "claim; take over (XCLAIM FORCE)",
+    (AVAILABLE, DONE): "claim NOACK",
+    (IN_FLIGHT, DONE): "ack",
+    (IN_FLIGHT, GONE): "ack with retention 0; XACKDEL",
+    (IN_FLIGHT, AVAILABLE): "fail; silent; expire; release; recover",
+    (IN_FLIGHT, DELAYED): "fail (backoff)",
+    (IN_FLIGHT, DEAD): "fail (no attempts left); fatal",
+    (AVAILABLE, AVAILABLE): "nack FORCE",
+    (AVAILABLE, DELAYED): "nack FORCE",
+    (AVAILABLE, DEAD): "nack FORCE",
+    (DELAYED, DELAYED): "nack FORCE",
+    (DELAYED, DEAD): "nack FORCE",
+    (DEAD, AVAILABLE): "requeue",
+    (DONE, GONE): "purge (retention, TTL); trim; XACKDEL",
+    (DEAD, GONE): "purge (retention, TTL); XDEL on q::dead",
+}
 
 # XNACK modes (Redis 8.8 syntax): how a reported failure treats the attempt.
 FAIL = "FAIL"
@@ -56,13 +81,6 @@ NACK_MODES = (FAIL, SILENT, FATAL)
 
 DEAD_SUFFIX = "::dead"
 _DEAD_SUFFIX = DEAD_SUFFIX.encode()  # split_queue runs on every queue command
-
-MAX_ID_PART = 2 ** 63 - 1  # SQLite integers are signed 64-bit; Redis allows 2**64-1
-REDIS_MAX_ID_PART = 2 ** 64 - 1
-ABOVE_ALL = (MAX_ID_PART + 1, 0)  # a range start above every id EZRA can store: the range is empty
-MAX_ID_TEXT = 127  # Redis copies an id into a 128-byte buffer: a longer text is no id
-
-StreamId = tuple  # (ms, seq)
 
 
 def after_failure(attempts: int, max_attempts: int, mode: str = FAIL) -> tuple[str, int]:
@@ -147,139 +165,3 @@ def split_queue(name: bytes) -> tuple[bytes, bool]:
     if name.endswith(_DEAD_SUFFIX) and len(name) > len(_DEAD_SUFFIX):
         return name[: -len(_DEAD_SUFFIX)], True
     return name, False
-
-
-# ---------------------------------------------------------------- ids
-
-def format_id(stream_id: StreamId) -> bytes:
-    return b"%d-%d" % stream_id
-
-
-def parse_id(arg: bytes, missing_seq: int = 0) -> StreamId:
-    """'5-3' -> (5, 3); '5' -> (5, missing_seq). Raises the Redis id error, also for parts
-    Redis accepts but EZRA cannot store (above 2**63-1: SQLite's integers are signed)."""
-    stream_id = parse_id_parts(arg, missing_seq)
-    if stream_id[0] > MAX_ID_PART or stream_id[1] > MAX_ID_PART:
-        raise errors.INVALID_ID
-    return stream_id
-
-
-def parse_id_parts(arg: bytes, missing_seq: int) -> StreamId:
-    """An id's two parts as Redis reads them (streamGenericParseIDOrReply): at most 127 bytes,
-    split at the first '-', each part by string2ull's rules (integers.to_uint64, up to 2**64-1)."""
-    ms, sep, seq = arg.partition(b"-")
-    try:
-        if len(arg) > MAX_ID_TEXT:
-            raise ValueError(arg)
-        return to_uint64(ms), to_uint64(seq) if sep else missing_seq
-    except ValueError:
-        raise errors.INVALID_ID from None
-
-
-def _id_part(text: bytes) -> int:
-    value = to_uint64(text)
-    if value > MAX_ID_PART:
-        raise ValueError(text)
-    return value
-
-
-def parse_after_id(arg: bytes) -> StreamId:
-    """An id to read after (XREAD): as parse_id, but ids beyond EZRA's 63-bit parts, up to
-    Redis's 2**64-1, read as the highest EZRA has: no task is above either."""
-    return last_stored_at_or_below(parse_id_parts(arg, 0))
-
-
-def parse_range_bound(arg: bytes, is_start: bool) -> StreamId:
-    """An XRANGE bound: '-', '+', an id, or '(id' (exclusive), as an inclusive id EZRA can store.
-
-    The bound is read and moved past (exclusive) in Redis's 64-bit id space, so every id
-    Redis takes is taken (18446744073709551615-18446744073709551615 too), then brought into
-    EZRA's: a start to the first id at or above it that EZRA can hold (ABOVE_ALL if none:
-    the range is empty), an end to the last at or below it."""
-    if arg == b"-":
-        return (0, 0)
-    if arg == b"+":
-        return (MAX_ID_PART, MAX_ID_PART)
-    exclusive = len(arg) > 1 and arg.startswith(b"(")
-    if exclusive:
-        arg = arg[1:]  # '(-' and '(+' are refused as parse_id_parts reads them: no digits
-    stream_id = parse_id_parts(arg, 0 if is_start else REDIS_MAX_ID_PART)
-    if exclusive:
-        stream_id = _next_id(stream_id) if is_start else _previous_id(stream_id, REDIS_MAX_ID_PART)
-    return first_stored_at_or_above(stream_id) if is_start else last_stored_at_or_below(stream_id)
-
-
-def first_stored_at_or_above(stream_id: StreamId) -> StreamId:
-    ms, seq = stream_id
-    if seq > MAX_ID_PART:
-        ms, seq = ms + 1, 0
-    return (ms, seq) if ms <= MAX_ID_PART else ABOVE_ALL
-
-
-def last_stored_at_or_below(stream_id: StreamId) -> StreamId:
-    ms, seq = stream_id
-    if ms > MAX_ID_PART:
-        return (MAX_ID_PART, MAX_ID_PART)
-    return ms, min(seq, MAX_ID_PART)
-
-
-def _next_id(stream_id: StreamId, limit: int = REDIS_MAX_ID_PART) -> StreamId:
-    ms, seq = stream_id
-    if seq < limit:
-        return (ms, seq + 1)
-    if ms < limit:
-        return (ms + 1, 0)
-    raise errors.START_ID_INVALID
-
-
-def previous_id(stream_id: StreamId) -> StreamId:
-    """The id just below `stream_id` among those EZRA stores; 0-0 has none."""
-    return _previous_id(stream_id, MAX_ID_PART)
-
-
-def _previous_id(stream_id: StreamId, limit: int) -> StreamId:
-    ms, seq = stream_id
-    if seq > 0:
-        return (ms, seq - 1)
-    if ms > 0:
-        return (ms - 1, limit)
-    raise errors.END_ID_INVALID
-
-
-def new_id(requested: bytes, last: StreamId, now: int) -> StreamId:
-    """The id of a pushed task: '*', 'ms-*' or explicit, strictly above `last`."""
-    if requested == b"*":
-        if now > last[0]:
-            return (now, 0)
-        return _next_id_or_error(last)
-    ms_part, sep, seq_part = requested.partition(b"-")
-    if sep and seq_part == b"*":
-        try:
-            ms = _id_part(ms_part)
-        except ValueError:
-            raise errors.INVALID_ID from None
-        if ms > last[0]:
-            return (ms, 0)
-        if ms < last[0]:
-            raise errors.ID_TOO_SMALL
-        return _next_id_or_error(last)
-    stream_id = parse_id(requested)
-    if stream_id == (0, 0):
-        raise errors.ID_ZERO
-    if stream_id <= last:
-        raise errors.ID_TOO_SMALL
-    return stream_id
-
-
-def check_push_id(requested: bytes) -> None:
-    """XADD's id is well formed ('*', 'ms-*', 'ms-seq' or 'ms'), else Redis's id error."""
-    if requested != b"*":
-        ms_part, sep, seq_part = requested.partition(b"-")
-        parse_id(ms_part if sep and seq_part == b"*" else requested)
-
-
-def _next_id_or_error(last: StreamId) -> StreamId:
-    try:
-        return _next_id(last, MAX_ID_PART)
-    except errors.CommandError:
-        raise errors.IDS_EXHAUSTED from None

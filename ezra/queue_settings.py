@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from . import errors
-from .integers import to_int64
+from .integers import to_int
 from .lifecycle import EXPONENTIAL, FIXED
 from .options import Custom, Options, Value, parse_options
 
@@ -94,10 +94,7 @@ def seconds(arg: bytes, positive: bool = False) -> float:
 
 def integer(arg: bytes, low: int, high: int, setting: str, unit: str = "") -> int:
     """A setting's integer from `low` to `high`; `unit` names what it counts (' seconds'), for the error."""
-    try:
-        value = to_int64(arg)
-    except ValueError:
-        raise errors.NOT_INTEGER from None
+    value = to_int(arg)
     if not low <= value <= high:
         raise errors.setting_out_of_range(setting, low, high, unit, arg)
     return value
@@ -135,7 +132,7 @@ def _idmp_maxsize(arg: bytes) -> int:
 def _paused(arg: bytes) -> int:
     if arg not in (b"0", b"1"):
         raise errors.paused_invalid(arg)
-    return int(arg)
+    return to_int(arg)
 
 
 PARSERS = {

@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import errors
-from .integers import to_int64
-from .lifecycle import MAX_ID_PART, StreamId, parse_id_parts
+from .integers import to_int
+from .stream_ids import MAX_ID_PART, StreamId, parse_id_parts
 
 MAXLEN = "MAXLEN"
 MINID = "MINID"
@@ -104,11 +104,8 @@ def slack(maxlen: int) -> int:
 
 
 def _count(arg: bytes, negative) -> int:
-    """A signed 64-bit integer as Redis reads one (integers.to_int64), that must not be negative."""
-    try:
-        value = to_int64(arg)
-    except ValueError:
-        raise errors.NOT_INTEGER from None
+    """A signed 64-bit integer as Redis reads one (integers.to_int), that must not be negative."""
+    value = to_int(arg)
     if value < 0:
         raise negative
     return value

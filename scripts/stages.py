@@ -54,7 +54,7 @@ import greenlet  # noqa: E402
 import hiredis  # noqa: E402
 
 import floor_server  # noqa: E402
-from ezra import commands, connection, gate, lifecycle, resp, session as session_mod, storage  # noqa: E402
+from ezra import commands, connection, gate, resp, session as session_mod, storage, stream_ids  # noqa: E402
 from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
 from ezra.broker import claims as claims_mod, core as core_mod  # noqa: E402
@@ -235,7 +235,7 @@ def instrument_ezra(meter: Meter, broker) -> None:
     meter.wrap(session_mod.Session, "use_worker", "worker name")
     meter.wrap(writer_mod.Request, "wait", WAITS)
     for name in ("new_id", "format_id", "parse_id", "check_push_id"):
-        meter.wrap(lifecycle, name, "id")
+        meter.wrap(stream_ids, name, "id")
     meter.wrap(queue_cmds, "ids_of", "id")
     for name in ("submit", "call", "_open_batch", "_end_turn", "_committed", "_fsync_inline"):
         meter.wrap(Writer, name, "writer")
@@ -245,7 +245,7 @@ def instrument_ezra(meter: Meter, broker) -> None:
         meter.wrap(claims_mod.Claims, name, "broker")
     for name in ("insert_task", "claim", "ack", "begin", "commit", "sync_wal"):
         meter.wrap(database_mod.Database, name, "storage (Python)")
-    meter.wrap(claims_mod, "entry", "storage (Python)")  # claims.py's own name for schema.entry
+    meter.wrap(queue_cmds, "read_reply", "encode")  # the claims' entries, built in the command (issue 25)
     meter.wrap(database_mod, "encode_fields", "fields JSON")
     meter.wrap(schema_mod, "decode_fields", "fields JSON")
     meter.patched.append((broker.db, "conn", broker.db.conn))

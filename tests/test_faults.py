@@ -21,7 +21,6 @@ import pytest
 import redis
 
 from support_servers import LISTENING, ROOT, wait_until
-from ezra import lifecycle
 from reliability import report
 from support_disk import leave_free, tmpfs
 
@@ -293,8 +292,8 @@ def test_a_drain_on_a_full_disk_keeps_the_wal_inside_the_reserve(fs_20m):
         broker.writer._start_checkpoint = lambda: None  # the passive pass never runs
         wal, drained, largest_wal = Path(broker.db.path + "-wal"), 0, 0
         while claimed := broker.claim([b"full"], b"w", 100, False, None, None):
-            ids = [lifecycle.parse_id(entry_id) for entry_id, _ in claimed[b"full"]]
-            assert broker.ack_delete(b"full", ids).wait() == [1] * len(ids)  # XACKDEL
+            ids = [row[:2] for row in claimed[b"full"]]  # task rows, their ids first
+            assert broker.ack_delete(b"full", ids).wait() == [True] * len(ids)  # XACKDEL: each acked and deleted
             drained += len(ids)
             largest_wal = max(largest_wal, wal.stat().st_size)
         assert drained == pushed

@@ -125,3 +125,31 @@ def test_every_folder_says_what_it_holds():
     folders = tracked_folders() - {ROOT}
     assert PACKAGE in folders and ROOT / "tests" in folders, "git ls-files was read"
     assert sorted(str(folder.relative_to(ROOT)) for folder in folders if not says_what_it_holds(folder)) == []
+
+
+def every_import(path: Path, modules: set[str]) -> set[str]:
+    """The ezra modules `path` imports anywhere: in functions and under TYPE_CHECKING too."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.update(({f"{base}.{alias.name}" for alias in node.names} & modules) or {base})
+    return found & modules
+
+
+def test_the_broker_and_storage_build_no_reply_shapes():
+    """Issue 25: the broker and storage return plain values; commands/ build Redis's shapes,
+    so neither imports the protocol module (resp.py)."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(path) for path in paths}
+    assert "ezra.resp" in every_import(PACKAGE / "commands" / "queue.py", modules), "imports were read"
+    importers = sorted(module_name(path) for path in paths
+                       if path.parent.name in ("broker", "storage") and "ezra.resp" in every_import(path, modules))
+    assert importers == []

@@ -6,8 +6,8 @@ import pytest
 
 from ezra import errors
 from ezra.errors import CommandError
-from ezra.lifecycle import (ABOVE_ALL, AVAILABLE, DEAD, FAIL, FATAL, MAX_ID_PART, SILENT, after_failure,
-                            lease_deadline, new_id, parse_id, parse_range_bound, split_queue)
+from ezra.lifecycle import AVAILABLE, DEAD, FAIL, FATAL, SILENT, after_failure, lease_deadline, split_queue
+from ezra.stream_ids import ABOVE_ALL, MAX_ID_PART, new_id, parse_id, parse_range_bound
 
 MAX = MAX_ID_PART
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ezra import lifecycle, queue_settings
+from ezra import lifecycle, queue_settings, stream_ids
 from ezra.broker import Broker
 from ezra.config import Settings
 from ezra.errors import CommandError
@@ -87,11 +87,11 @@ def push(broker, fields=(b"a", b"1"), delay_ms=0, ttl_ms=None) -> bytes:
 
 def claim(broker, queue=b"q", worker=b"w"):
     result = broker.claim([queue], worker, 10, False, block_ms=None, wait=None)
-    return [task_id for task_id, _ in result[queue]] if result else []
+    return [stream_ids.format_id(row[:2]) for row in result[queue]] if result else []  # plain rows (issue 25)
 
 
 def fail(broker, task_id: bytes) -> None:
-    broker.fail(b"q", [lifecycle.parse_id(task_id)]).wait()
+    broker.fail(b"q", [stream_ids.parse_id(task_id)]).wait()
 
 
 def reaper_pass(broker) -> None:
@@ -140,7 +140,7 @@ def test_retention_and_ttl_purge_by_the_clock(broker):
     plain = push(broker)
     short = push(broker, (b"b", b"2"), ttl_ms=2000)
     claim(broker)
-    broker.ack(b"q", [lifecycle.parse_id(plain), lifecycle.parse_id(short)]).wait()
+    broker.ack(b"q", [stream_ids.parse_id(plain), stream_ids.parse_id(short)]).wait()
     broker.clock_.now += 2000
     reaper_pass(broker)
     assert broker.queues[b"q"].counts[lifecycle.DONE] == 1  # the TTL task went first

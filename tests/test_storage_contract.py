@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 
-from ezra import lifecycle
+from ezra import lifecycle, stream_ids
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, STATES
 from ezra.storage import open_database
 from ezra.storage.database import task_by_id
@@ -28,7 +28,7 @@ LATER = NOW + 1
 ID = (5, 0)
 FIELDS = [b"n", b"1"]
 OWNER, OTHER = b"w1", b"w2"  # the in-flight and done tasks were claimed by OWNER
-EVERY_ID = ((0, 0), (lifecycle.MAX_ID_PART, 0))
+EVERY_ID = ((0, 0), (stream_ids.MAX_ID_PART, 0))
 
 
 def queue_of(state: str) -> bytes:

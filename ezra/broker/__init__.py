@@ -34,6 +34,10 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     maintain             (the reaper, tests)      one reaper pass: expire, promote, purge, trim
     start_reaper, stop, cancel_waiters            life: reaper, shutdown
 
+What they return are plain values, never a reply type: task rows as storage reads them
+(id_ms, id_seq, fields JSON, ...), ids as (ms, seq), tuples, and the broker's own dataclasses
+(Figures, StreamInfo). The commands build Redis's shapes from them (commands/replies.py).
+
 The parts (mixins of Broker, in its bases' order; each is a class over BrokerCore):
 
     base.py       BrokerCore: the attributes and helpers the parts share through `self`
@@ -47,8 +51,9 @@ The parts (mixins of Broker, in its bases' order; each is a class over BrokerCor
 Beside them, not a part: schedules.py's Scheduler (XSCHEDULE), a plain object over the Broker
 that fires periodic pushes through `_tx_push` in its own writer scripts.
 
-What the parts may import: the layers below (storage, writer, lifecycle, errors,
-queue_settings, trimming, resp's reply types), gevent and loguru; never commands,
+What the parts may import: the layers below (storage, writer, lifecycle, stream_ids,
+errors, queue_settings, trimming), gevent and loguru; never resp or commands (the broker
+returns plain values: rows, tuples, its own dataclasses; commands/ build Redis's shapes),
 server, web, tools or app, which call the broker, not the other way round. A part
 reaches another only through `self`, by names BrokerCore declares
 (scripts/broker_xrefs.py counts the undeclared ones: keep it at 0).

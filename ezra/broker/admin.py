@@ -23,19 +23,48 @@ from operator import itemgetter
 from gevent import get_hub
 from loguru import logger
 
-from .. import errors, lifecycle
-from ..lifecycle import AVAILABLE, DEAD, DONE, IN_FLIGHT, MAX_ID_PART
+from .. import errors, lifecycle, stream_ids
+from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
 from ..queue_settings import backoff_text, number, optional_seconds
-from ..storage import StorageError, backup_database, entry, name_bytes, reads
+from ..storage import StorageError, backup_database, name_bytes, reads
 from ..storage.database import task_by_id
+from ..stream_ids import MAX_ID_PART
 from .base import BrokerCore
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
 TOP = (MAX_ID_PART, MAX_ID_PART)
 STREAM_NODE_ENTRIES = 100  # Redis's stream-node-max-entries: XINFO's radix-tree figures estimate it
-XACKDEL_DELETED = 1
-XACKDEL_NOT_FOUND = -1
 ALL_QUEUES = "all"  # figures(ALL_QUEUES): every queue's figures
+
+
+@dataclass(slots=True)
+class StreamInfo:
+    """One queue's figures behind XINFO STREAM / GROUPS / CONSUMERS, as plain values: ids as
+    (ms, seq), tasks as storage rows, times in ms (commands/ops.py names them as Redis does)."""
+
+    now: int
+    length: int                 # tasks not done (XLEN)
+    stream_nodes: int           # the radix-tree nodes a Redis stream of these entries would have
+    last_id: tuple
+    max_deleted: tuple
+    entries_added: int
+    first: tuple | None         # the oldest task row shown by XRANGE, the newest, or None
+    last: tuple | None
+    group: bytes                # the one implicit group's name
+    pending: int                # tasks in flight
+    last_delivered: tuple
+    entries_read: int
+    lag: int
+    consumers: list             # [(worker, tasks held, last seen at ms)]
+    idmp: tuple                 # (duration s, max size) of the idempotent producers
+    pids_tracked: int
+    iids_tracked: int
+    iids_added: int
+    iids_duplicates: int
+    counts: dict                # {state: tasks}
+    settings: dict              # {setting: value as XCFGSET takes it}
+    entries: list | None = None  # XINFO STREAM FULL: the task rows
+    pel: list | None = None      # ...and the pending ones: [(id, worker, delivered at ms, deliveries)]
 
 
 # Counters, one word per idea:
@@ -79,11 +108,11 @@ class QueueAdmin(BrokerCore):
         return self.writer.submit(self._tx_requeue, queue, ids)
 
     def ack_delete(self, queue: bytes, ids: list[tuple]):
-        """XACKDEL: per id, 1 (acked and deleted) or -1 (not in flight nor done)."""
+        """XACKDEL: per id, True (acked and deleted) or False (not in flight nor done)."""
         return self.writer.submit(self._tx_ack_delete, queue, ids)
 
     def stream_info(self, queue: bytes, full_count: int | None = None, apart: bool = True):
-        """The figures of XINFO STREAM / GROUPS / CONSUMERS (a dict); ERR no such key if none.
+        """The figures of XINFO STREAM / GROUPS / CONSUMERS (a StreamInfo); ERR no such key if none.
 
         The workers holding tasks and the idempotent producers are counted row by row (400,000
         in flight, 300,000 producer ids: 28 and 123 ms), so they are read apart (storage.reads,
@@ -181,7 +210,7 @@ class QueueAdmin(BrokerCore):
         if released:
             logger.warning("XREQUEUE {!r}: {} task(s) requeued without their unique key, which another "
                            "unfinished task holds (the first: {})", name.decode("utf-8", "replace"),
-                           len(released), lifecycle.format_id(min(released)).decode())
+                           len(released), stream_ids.format_id(min(released)).decode())
 
     def _tx_tasks(self, name: bytes, state: str, count: int, after: tuple) -> list[tuple]:
         if name not in self.queues:
@@ -229,25 +258,25 @@ class QueueAdmin(BrokerCore):
             "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]},
             "paused": sum(1 for queue in rest if self._paused(queue))}
 
-    def _tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[int]:
+    def _tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[bool]:
         queue = self.queues.get(name)
         if queue is None:
-            return [XACKDEL_NOT_FOUND] * len(ids)
+            return [False] * len(ids)
         replies, deleted = [], []
         for task_id in ids:
             state = self.db.delete_finished(name, task_id)
             if state is None:
-                replies.append(XACKDEL_NOT_FOUND)
+                replies.append(False)
                 continue
-            queue.counts[state] -= 1
+            queue.move(state, GONE)
             if state == IN_FLIGHT:
                 self._tally(queue, "acked")
             deleted.append(task_id)
-            replies.append(XACKDEL_DELETED)
+            replies.append(True)
         self._note_deleted(queue, deleted)
         return replies
 
-    def _tx_stream_info(self, name: bytes, full_count: int | None, counted: tuple | None) -> dict:
+    def _tx_stream_info(self, name: bytes, full_count: int | None, counted: tuple | None) -> StreamInfo:
         queue = self.queues.get(name)
         if queue is None:
             raise errors.NO_SUCH_KEY
@@ -255,29 +284,26 @@ class QueueAdmin(BrokerCore):
         if counted is None:  # in the transaction (EXEC)
             counted = self.db.consumers(name), self.db.producers.tracked(name, now)
         consumers, idmp = counted
-        info = {**self._stream_figures(queue), **self._group_figures(queue, now, consumers),
-                **self._ezra_figures(queue, idmp), "now": now}
+        info = StreamInfo(now=now, **self._stream_figures(queue), **self._group_figures(queue, now, consumers),
+                          **self._ezra_figures(queue, idmp))
         if full_count is not None:  # XINFO STREAM FULL: the entries and the pending list too
             limit = full_count or None
-            info["entries"] = [entry(row) for row in self.db.range(name, LIVE_STATES, (0, 0), TOP, limit, False)]
-            info["pel"] = self._tx_pending_entries(name, (0, 0), TOP, limit or -1, None, None)
+            info.entries = self.db.range(name, LIVE_STATES, (0, 0), TOP, limit, False)
+            info.pel = [((ms, seq), name_bytes(owner), min(delivered, now), attempts) for ms, seq, owner, delivered, attempts
+                        in self.db.pending_entries(name, (0, 0), TOP, limit or -1, None, None)]
         return info
 
     def _stream_figures(self, queue) -> dict:
-        """Redis 7's XINFO STREAM fields, as they read for a queue."""
+        """What Redis 7's XINFO STREAM fields say, as they read for a queue."""
         counts = queue.counts
         first = self.db.range(queue.name, LIVE_STATES, (0, 0), TOP, 1, False)
         last = self.db.range(queue.name, LIVE_STATES, (0, 0), TOP, 1, True)
         nodes = math.ceil(sum(counts[state] for state in LIVE_STATES) / STREAM_NODE_ENTRIES)
         return {
-            "length": sum(counts[state] for state in lifecycle.WAITING),
-            "radix-tree-keys": nodes, "radix-tree-nodes": nodes + 1,
-            "last-generated-id": lifecycle.format_id(queue.last_id),
-            "max-deleted-entry-id": lifecycle.format_id(queue.max_deleted),
-            "entries-added": sum(counts.values()) + queue.deleted,
-            "recorded-first-entry-id": lifecycle.format_id(first[0][:2]) if first else b"0-0",
-            "first-entry": entry(first[0]) if first else None,
-            "last-entry": entry(last[0]) if last else None,
+            "length": sum(counts[state] for state in lifecycle.WAITING), "stream_nodes": nodes,
+            "last_id": queue.last_id, "max_deleted": queue.max_deleted,
+            "entries_added": sum(counts.values()) + queue.deleted,
+            "first": first[0] if first else None, "last": last[0] if last else None,
         }
 
     def _group_figures(self, queue, now: int, consumers: list[tuple]) -> dict:
@@ -288,19 +314,18 @@ class QueueAdmin(BrokerCore):
         return {
             "group": queue.group or b"default",
             "pending": queue.counts[IN_FLIGHT],
-            "last-delivered-id": lifecycle.format_id(queue.last_delivered),
-            "entries-read": sum(queue.counts.values()) + queue.deleted - waiting,
+            "last_delivered": queue.last_delivered,
+            "entries_read": sum(queue.counts.values()) + queue.deleted - waiting,
             "lag": waiting,
-            "consumers": [(name_bytes(worker), n, max(now - (seen or now), 0))
-                          for worker, n, seen in consumers],
+            "consumers": [(name_bytes(worker), n, min(seen or now, now)) for worker, n, seen in consumers],
         }
 
     def _ezra_figures(self, queue, idmp: tuple[int, int]) -> dict:
         """Redis 8.6's idempotency figures, EZRA's counts by state and the settings in force."""
         pids, iids = idmp
         return {
-            "idmp": self._idmp_limits(queue), "pids-tracked": pids, "iids-tracked": iids,
-            "iids-added": queue.iids_added, "iids-duplicates": queue.iids_duplicates,
+            "idmp": self._idmp_limits(queue), "pids_tracked": pids, "iids_tracked": iids,
+            "iids_added": queue.iids_added, "iids_duplicates": queue.iids_duplicates,
             "counts": dict(queue.counts), "settings": self._settings_shown(queue),
         }
 

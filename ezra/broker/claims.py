@@ -26,16 +26,19 @@ from gevent.event import Event
 
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DONE, IN_FLIGHT
-from ..resp import PairsMap
-from ..storage import entry
 from .base import BrokerCore
 
 if TYPE_CHECKING:
     from .core import QueueState
 
 
+def new_as_idle(rows: list) -> list:
+    """XREADGROUP CLAIM: new tasks in the idle claims' shape, idle 0 ms and delivered 0 times before."""
+    return [(*row[:3], 0, 0) for row in rows]
+
+
 class Waiter:
-    """A blocked XREADGROUP: woken with `result` (a PairsMap) or `error`."""
+    """A blocked XREADGROUP: woken with `result` ({queue: task rows}, as `_tx_claim`'s) or `error`."""
 
     __slots__ = ("queues", "worker", "count", "noack", "claim_idle", "event", "result", "error",
                  "registered", "rolled_back")
@@ -64,7 +67,9 @@ class Claims(BrokerCore):
 
     def claim(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
              block_ms: int | None, wait, claim_idle: int | None = None):
-        """XREADGROUP with '>': claim, or block until a task comes or the time is up.
+        """XREADGROUP with '>': claim, or block until a task comes or the time is up. What it claimed
+        is {queue: task rows} (id_ms, id_seq, fields JSON, ...), or None; with CLAIM the rows are
+        (id_ms, id_seq, fields JSON, idle ms, deliveries). commands/replies.py shapes them.
 
         `wait(event, seconds)` waits for the event and returns True, or False on
         a timeout, or None when the client hung up. With `claim_idle` (CLAIM ms),
@@ -148,20 +153,20 @@ class Claims(BrokerCore):
     def _tx_claim(self, names: list[bytes], worker: bytes, count: int, noack: bool,
                   waiter: Waiter | None, claim_idle: int | None):
         now = self.clock()
-        result = PairsMap()
+        result = {}
         for name in names:
             queue = self.queues.get(name)
             if queue is None or self._paused(queue):
                 continue
-            entries = []
+            rows = []
             if claim_idle is not None and queue.counts[IN_FLIGHT]:
-                entries = self._claim_idle(queue, worker, count, claim_idle, now)
-            room = count - len(entries)
+                rows = self._claim_idle(queue, worker, count, claim_idle, now)
+            room = count - len(rows)
             if room > 0 and queue.counts[AVAILABLE]:
-                extra = [] if claim_idle is None else [0, 0]  # CLAIM: new tasks are idle 0, delivered 0 times
-                entries += [entry(row) + extra for row in self._claim_rows(queue, worker, room, noack, now)]
-            if entries:
-                result[name] = entries
+                new = self._claim_rows(queue, worker, room, noack, now)
+                rows = new if claim_idle is None else rows + new_as_idle(new)
+            if rows:
+                result[name] = rows
         if result:
             return result
         if waiter is not None:
@@ -203,8 +208,7 @@ class Claims(BrokerCore):
             if not rows:
                 return
             self._unregister(waiter)
-            extra = [] if waiter.claim_idle is None else [0, 0]
-            waiter.result = PairsMap({queue.name: [entry(row) + extra for row in rows]})
+            waiter.result = {queue.name: rows if waiter.claim_idle is None else new_as_idle(rows)}
             self._served.append(waiter)
 
     def _unregister(self, waiter: Waiter) -> None:
@@ -240,10 +244,10 @@ class Claims(BrokerCore):
                 self._unregister(waiter)
                 self._served.append(waiter)  # woken with result None: a null reply
 
-    def _release_unsent(self, result: PairsMap) -> None:
+    def _release_unsent(self, result: dict) -> None:
         """The worker hung up after tasks were claimed for it: give them back unspent."""
-        for name, entries in result.items():
-            ids = [lifecycle.parse_id(task_id) for task_id, *_ in entries]
+        for name, rows in result.items():
+            ids = [row[:2] for row in rows]
             self.writer.submit(self._tx_fail, name, ids, lifecycle.SILENT, None, False)
 
     def _tx_claim_own(self, name: bytes, worker: bytes, after: tuple, count: int | None):
@@ -253,7 +257,7 @@ class Claims(BrokerCore):
         now = self.clock()
         deadline = lifecycle.lease_deadline(now, self._visibility_timeout(queue))
         self.lease_until(deadline)
-        return [entry(row) for row in self.db.claim_own(name, worker, after, count, now, deadline)]
+        return self.db.claim_own(name, worker, after, count, now, deadline)
 
     def _after_batch(self, ok: bool) -> None:
         """In the event loop, after a batch: wake the waiters it served, then the observers

@@ -19,13 +19,13 @@ from __future__ import annotations
 import bisect
 import time
 
-from .. import errors, lifecycle, queue_settings
+from .. import errors, lifecycle, queue_settings, stream_ids
 from .claims import Claims
 from .leases import Leases
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
 from .observers import Observers
 from .admin import QueueAdmin
-from ..storage import SETTING_COLUMNS, Database, entry, name_bytes, reads
+from ..storage import SETTING_COLUMNS, Database, name_bytes, reads
 from .upkeep import Upkeep
 from ..writer import Writer
 
@@ -88,9 +88,16 @@ class QueueState:
         for column in SETTING_COLUMNS:
             setattr(self, column, None)
 
-    def move(self, from_state: str, to_state: str, n: int = 1) -> None:
-        self.counts[from_state] -= n
-        self.counts[to_state] += n
+    def move(self, from_state: str | None, to_state: str | None, n: int = 1) -> None:
+        """The one place state counts change: n tasks moved (lifecycle.MOVES; GONE, None, is
+        outside the queue: a push comes from it, a delete or purge goes to it)."""
+        if (from_state, to_state) not in lifecycle.MOVES:
+            raise errors.move_not_drawn(from_state, to_state)
+        counts = self.counts
+        if from_state is not GONE:
+            counts[from_state] -= n
+        if to_state is not GONE:
+            counts[to_state] += n
 
 
 class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
@@ -172,6 +179,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         return self.writer.submit(self._tx_length, queue, dead, durable=False)
 
     def range(self, queue: bytes, dead: bool, start, end, count, reverse: bool):
+        """XRANGE / XREVRANGE: task rows (id_ms, id_seq, fields JSON, ...); None for COUNT 0 on a queue."""
         return self.writer.submit(self._tx_range, queue, dead, start, end, count, reverse, durable=False)
 
     def pending_summary(self, queue: bytes, apart: bool = True):
@@ -186,6 +194,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         return self.writer.submit(self._tx_pending_summary, queue, durable=False)
 
     def pending_entries(self, queue: bytes, start, end, count, worker, min_idle_ms):
+        """XPENDING's extended form: [(id, worker, idle ms, deliveries)] of tasks in flight."""
         return self.writer.submit(self._tx_pending_entries, queue, start, end, count, worker, min_idle_ms,
                                   durable=False)
 
@@ -334,14 +343,14 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
             first = self.db.producers.lookup(name, idmp[0], idmp[1], now)
             if first is not None:
                 queue.iids_duplicates += 1
-                return lifecycle.format_id(first)
+                return stream_ids.format_id(first)
         if unique is not None:
             holder = self.db.unique_keys.holder(name, unique)
             if holder is not None:  # the key's task is unfinished: it is the answer, nothing is stored
                 if idmp is not None:
                     self._remember_push(queue, idmp, holder, now)  # a retry answers the same id
-                return lifecycle.format_id(holder)
-        task_id = lifecycle.new_id(id_arg, queue.last_id, now)
+                return stream_ids.format_id(holder)
+        task_id = stream_ids.new_id(id_arg, queue.last_id, now)
         state, available_at = (DELAYED, now + delay_ms) if delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD
@@ -353,7 +362,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         if idmp is not None:
             self._remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id
-        queue.counts[state] += 1
+        queue.move(GONE, state)
         # _tally's work, inlined: this runs once per task (the call was ~0.2 µs of it).
         self.stats["pushed"] += 1
         queue.totals["pushed"] += 1
@@ -368,7 +377,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
                 self._serve_waiters(queue, now)
         elif state == DELAYED:
             self.due_at(available_at)
-        return lifecycle.format_id(task_id)
+        return stream_ids.format_id(task_id)
 
     def _remember_push(self, queue: QueueState, idmp: tuple, task_id: tuple, now: int) -> None:
         duration, maxsize = self._idmp_limits(queue)
@@ -384,14 +393,12 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         deleted = []
         if self._retention(queue) == 0:  # retention 0: the record goes with the ack
             deleted = [task_id for task_id in dict.fromkeys(ids) if self.db.ack_delete(name, [task_id])]
-            queue.counts[IN_FLIGHT] -= len(deleted)
+            queue.move(IN_FLIGHT, GONE, len(deleted))
             self._note_deleted(queue, deleted)
         acked = self.db.ack(name, ids, self.clock())
         if acked:
             queue.trim_floor = min(queue.trim_floor, *ids)  # some of them are done now
-            counts = queue.counts  # QueueState.move and _tally inlined: once per ack
-            counts[IN_FLIGHT] -= acked
-            counts[DONE] += acked
+            queue.move(IN_FLIGHT, DONE, acked)
         n = acked + len(deleted)
         self.stats["acked"] += n  # "acked" grows no XREAD view: no observers to tell
         queue.totals["acked"] += n
@@ -468,7 +475,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         if queue is None:
             return 0
         deleted = self.db.delete_dead(name, ids)
-        queue.counts[DEAD] -= len(deleted)
+        queue.move(DEAD, GONE, len(deleted))
         self._note_deleted(queue, deleted)
         return len(deleted)
 
@@ -484,8 +491,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         if count <= 0:  # XRANGE ... COUNT 0: None if the queue exists (Redis answers a null array)
             return None if name in self.queues else []
         states = (DEAD,) if dead else (AVAILABLE, DELAYED, IN_FLIGHT, DONE)
-        rows = self.db.range(name, states, start, end, count, reverse)
-        return [entry(row) for row in rows]
+        return self.db.range(name, states, start, end, count, reverse)
 
     def _tx_pending_summary(self, name: bytes):
         first, last, workers = self.db.pending_summary(name)
@@ -495,7 +501,7 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         now = self.clock()
         before = None if min_idle_ms is None else now - min_idle_ms
         rows = self.db.pending_entries(name, start, end, count, worker, before)
-        return [[lifecycle.format_id((ms, seq)), name_bytes(owner), max(now - delivered, 0), attempts]
+        return [((ms, seq), name_bytes(owner), max(now - delivered, 0), attempts)
                 for ms, seq, owner, delivered, attempts in rows]
 
     def _tx_existing(self, names: list[bytes]) -> set[bytes]:

@@ -31,9 +31,10 @@ from loguru import logger
 
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, IN_FLIGHT
-from ..storage import decode_fields, name_bytes
+from ..storage import name_bytes
 from .base import BrokerCore
 
+SCAN_OVER = (0, 0)  # XAUTOCLAIM's cursor once every in-flight task was looked at
 AUTOCLAIM_SCAN_FACTOR = 10  # XAUTOCLAIM looks at up to COUNT x 10 in-flight tasks, as Redis does
 
 
@@ -63,13 +64,15 @@ class Leases(BrokerCore):
 
     def take_over(self, queue: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms=None,
                    time_ms=None, retry_count=None, force=False, justid=False):
-        """XCLAIM: entries (or ids with JUSTID) of the tasks now leased to `worker`."""
+        """XCLAIM: the tasks now leased to `worker`, (id_ms, id_seq, fields JSON) rows, or (id_ms, id_seq)
+        with JUSTID."""
         return self.writer.submit(self._tx_take_over, queue, worker, min_idle, ids, idle_ms, time_ms,
                                   retry_count, force, justid, durable=False)
 
     def autoclaim(self, queue: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
                   justid: bool):
-        """XAUTOCLAIM: [next cursor, entries or ids, deleted ids (always none in EZRA)]."""
+        """XAUTOCLAIM: (next cursor, the tasks as XCLAIM's); the cursor (0, 0) when the scan is over.
+        (Redis's third part, the deleted ids, is always empty in EZRA: commands/ops.py adds it.)"""
         return self.writer.submit(self._tx_autoclaim, queue, worker, min_idle, start, count, justid,
                                   durable=False)
 
@@ -177,10 +180,10 @@ class Leases(BrokerCore):
         return claimed
 
     def _tx_autoclaim(self, name: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
-                      justid: bool) -> list:
+                      justid: bool) -> tuple:
         queue = self.queues.get(name)
         if queue is None:
-            return [b"0-0", [], []]
+            return SCAN_OVER, []
         now = self.clock()
         limit = count * AUTOCLAIM_SCAN_FACTOR
         rows = self.db.in_flight_from(name, start, limit + 1)
@@ -191,26 +194,27 @@ class Leases(BrokerCore):
             examined += 1
             if now - row[5] >= min_idle and self._may_claim(queue, row, worker):
                 claimed.append(self._take_over_or_renew(queue, row, worker, now, justid))
-        cursor = lifecycle.format_id(rows[examined][1:3]) if examined < len(rows) else b"0-0"
-        return [cursor, claimed, []]
+        cursor = rows[examined][1:3] if examined < len(rows) else SCAN_OVER
+        return cursor, claimed
 
     def _may_claim(self, queue, row, worker: bytes) -> bool:
         """While the queue is paused, a claim may only renew the owner's own lease (LEASE_COLUMNS row)."""
         return not self._paused(queue) or (row[3] == IN_FLIGHT and name_bytes(row[4]) == worker)
 
     def _claim_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
-        """XREADGROUP CLAIM: claim tasks in flight idle >= min_idle; entries with [idle, deliveries so far]."""
+        """XREADGROUP CLAIM: claim tasks in flight idle >= min_idle; rows (id_ms, id_seq, fields JSON,
+        idle ms, deliveries so far)."""
         claimed = []
         for row in self.db.idle_in_flight(queue.name, now - min_idle, count):
             idle, attempts = now - row[5], row[6]
             # Redis counts a CLAIM as a delivery, even of the worker's own task.
-            claimed.append(self._take_over_or_renew(queue, row, worker, now, count_attempt=True) + [idle, attempts])
+            claimed.append((*self._take_over_or_renew(queue, row, worker, now, count_attempt=True), idle, attempts))
         return claimed
 
     def _take_over_or_renew(self, queue, row, worker: bytes, now: int, justid: bool = False, retry_count=None,
-                            delivered_at=None, count_attempt: bool = False) -> list | bytes:
+                            delivered_at=None, count_attempt: bool = False) -> tuple:
         """Claim one task (LEASE_COLUMNS row) for `worker`, leased from now: the owner renews its lease,
-        another worker takes it over. Its entry, or its id (JUSTID)."""
+        another worker takes it over. (id_ms, id_seq, fields JSON), or (id_ms, id_seq) with JUSTID."""
         rowid, ms, seq, state, owner, _, attempts, fields = row
         renewal = state == IN_FLIGHT and name_bytes(owner) == worker and not count_attempt
         if retry_count is not None:
@@ -229,5 +233,4 @@ class Leases(BrokerCore):
             self._tally(queue, "delivered")
             if attempts > 1 or state == IN_FLIGHT:  # delivered before, or taken from another worker
                 self._tally(queue, "redelivered")
-        task_id = lifecycle.format_id((ms, seq))
-        return task_id if justid else [task_id, decode_fields(fields)]
+        return (ms, seq) if justid else (ms, seq, fields)

@@ -24,17 +24,13 @@ import time
 
 from gevent.event import Event
 
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART, previous_id
-from ..resp import PairsMap
-from ..storage import entry
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from ..stream_ids import LAST_ONE, MAX_ID_PART, SINCE_NOW, previous_id
 from .base import BrokerCore
 
 LIVE_VIEW = (AVAILABLE, DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a live queue
 DEAD_VIEW = (DEAD,)
 NEWEST = (MAX_ID_PART, MAX_ID_PART)
-# Special ids, resolved in the transaction of the first look, per queue:
-SINCE_NOW = "$"  # entries added after the call: above the queue's last id
-LAST_ONE = "+"   # the view's newest entry, then what comes after it (Redis 7.4)
 
 
 class Observer:
@@ -58,7 +54,7 @@ class Observers(BrokerCore):
     # ------------------------------------------------------------ greenlet API
 
     def look(self, reads: list[tuple], count: int):
-        """XREAD without BLOCK: a request whose result is {stream: entries} (only those with some).
+        """XREAD without BLOCK: a request whose result is {stream: task rows} (only those with some).
 
         `reads`: (stream name as given, (queue, dead), after) with after an id, SINCE_NOW or LAST_ONE."""
         return self.writer.submit(self._tx_look, reads, count, durable=False)
@@ -126,16 +122,16 @@ class Observers(BrokerCore):
 
     # ------------------------------------------------------------ writer's batch
 
-    def _tx_look(self, reads: list[tuple], count: int) -> PairsMap:
-        result = PairsMap()
+    def _tx_look(self, reads: list[tuple], count: int) -> dict:
+        result = {}
         for stream, (name, dead), after in reads:
             states = DEAD_VIEW if dead else LIVE_VIEW
             rows = self.db.entries_after(name, states, self._resolve(name, states, after), count)
             if rows:
-                result[stream] = [entry(row) for row in rows]
+                result[stream] = rows
         return result
 
-    def _tx_first_look(self, reads: list[tuple], count: int) -> tuple[list[tuple], PairsMap]:
+    def _tx_first_look(self, reads: list[tuple], count: int) -> tuple[list[tuple], dict]:
         """The ids '$' and '+' stand for now, and what is there after them."""
         reads = [(stream, (name, dead), self._resolve(name, DEAD_VIEW if dead else LIVE_VIEW, after))
                  for stream, (name, dead), after in reads]

@@ -26,7 +26,7 @@ import gevent
 from gevent.event import Event
 from loguru import logger
 
-from .. import errors, lifecycle
+from .. import errors, stream_ids
 from ..cron import Cron, CronError
 from ..schedule_settings import Definition
 from ..storage.schedules import NEVER
@@ -187,7 +187,7 @@ class Scheduler:
                              text(row.queue), cron.local(slot), exc)
                 self.db.schedules.move_next(row.name, next_at)
                 return
-            task_id = lifecycle.parse_id(pushed)
+            task_id = stream_ids.parse_id(pushed)
         self.db.schedules.record_firing(row.name, slot, next_at, now, task_id)
 
 

@@ -28,8 +28,9 @@ import gevent
 from loguru import logger
 
 from .. import lifecycle, trimming
-from ..lifecycle import AVAILABLE, DELAYED, DONE, IN_FLIGHT, MAX_ID_PART
+from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
+from ..stream_ids import MAX_ID_PART
 from ..trimming import MAXLEN, MINID
 from .base import BrokerCore
 
@@ -214,7 +215,7 @@ class Upkeep(BrokerCore):
 
     def _purged(self, queue, ids: list[tuple]) -> None:
         """Done tasks were deleted (retention, trimming): count them and keep ids from repeating."""
-        queue.counts[DONE] -= len(ids)
+        queue.move(DONE, GONE, len(ids))
         self._tally(queue, "purged", len(ids))
         self._note_deleted(queue, ids)
 
@@ -228,7 +229,7 @@ class Upkeep(BrokerCore):
             queue = self.queues.get(name)
             if queue is not None:
                 for state, _ in items:
-                    queue.counts[state] -= 1
+                    queue.move(state, GONE)
                 self._note_deleted(queue, [task_id for _, task_id in items])
                 self._tally(queue, "purged", len(items))
         if len(rows) == PURGE_BATCH:

@@ -1,9 +1,10 @@
 """The commands: parse a command's arguments, call a broker verb, return a reply value. table.py
 holds only the registry (COMMANDS, the `@command` decorator), dispatch/run and Deferred (the
 writer's reply a handler may return), and imports nothing else of this package; args.py holds
-the argument helpers the families share (it imports no family). Each family module registers
+the argument helpers the families share and replies.py the Redis shapes built from the broker's
+plain values (entries, XREADGROUP's map); neither imports a family. Each family module registers
 its commands in the table and may import only table.py, args.py and the layers below (broker,
-lifecycle, errors, resp, options, queue_settings, trimming, storage's decoders), never another
+lifecycle, stream_ids, errors, resp, options, queue_settings, trimming, storage's decoders), never another
 family: queue.py (XADD, XREADGROUP, XACK, XNACK, XRANGE, XPENDING...), ops.py (XCFGSET, XCLAIM,
 XINFO, XREQUEUE, BACKUP...), connection.py (PING, HELLO, AUTH, CLIENT, MULTI/EXEC, INFO...) and
 keys.py (EXISTS, TYPE) and schedule.py (XSCHEDULE). Importing this package imports the families, so every command is

@@ -1,13 +1,11 @@
-"""Argument helpers the command families share: integers as Redis reads them, ids, queue names."""
+"""Argument helpers the command families share: ids, queue and worker names, the limits of counts.
+(Integers: ezra/integers.py's to_int, the one reader; ids: ezra/stream_ids.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from .. import errors
-from ..errors import CommandError
-from ..integers import to_int64
-from ..lifecycle import parse_id, split_queue
+from ..lifecycle import split_queue
+from ..stream_ids import parse_id
 
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
 # RETRYCOUNT above this means the same (above any MAX-ATTEMPTS): the deliveries counted after it stay 64-bit.
@@ -16,18 +14,6 @@ MAX_RETRY_COUNT = 2 ** 31 - 1
 # 1 MB name wrote 965 MB. Longer names are refused where a name is given tasks (XREADGROUP,
 # XCLAIM, XAUTOCLAIM); XPENDING and XGROUP DELCONSUMER still take any name, to clean up.
 MAX_WORKER_NAME = 256  # bytes
-
-
-def to_int(arg: bytes, error: Callable[[], CommandError] = errors.NOT_INTEGER) -> int:
-    """A signed 64-bit integer, as Redis reads one (integers.to_int64: no '+', '_', spaces or
-    leading zeros; anything wider is out of range, and SQLite's too).
-
-    `error`: what builds the error (a class of errors.py, or a function calling one), only when
-    the argument is bad."""
-    try:
-        return to_int64(arg)
-    except ValueError:
-        raise error() from None
 
 
 def ids_of(args: list[bytes]) -> list[tuple]:

@@ -15,10 +15,10 @@ from loguru import logger
 
 from .. import __version__, errors, lifecycle
 from ..broker.core import MAX_QUEUE_NAME
+from ..integers import to_int
 from ..options import Custom, Options, Value, parse_options
 from ..resp import OK, ErrorReply, SimpleString, Verbatim
 from ..storage.schedules import NEVER
-from .args import to_int
 from .table import COMMANDS, Deferred, command, run
 
 if TYPE_CHECKING:  # annotations only: no command module imports the connection side

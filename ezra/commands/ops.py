@@ -14,13 +14,16 @@ Same rules as every command (table.py): parse, call the broker, return a reply v
 
 from __future__ import annotations
 
-from .. import errors, lifecycle, queue_settings
+from .. import errors, lifecycle, queue_settings, stream_ids
 from ..errors import CommandError
-from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, parse_id, split_queue
+from ..integers import to_int
+from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, split_queue
 from ..options import Flag, Options, Value, parse_options
 from ..resp import OK, SimpleString
 from ..storage import StorageError, decode_failure, decode_fields, name_bytes
-from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
+from ..stream_ids import format_id, parse_id
+from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
+from .replies import entries, entry_or_none, taken_over
 from .table import Deferred, command
 
 AUTOCLAIM_DEFAULT_COUNT = 100
@@ -85,7 +88,8 @@ def xclaim(session, args):
     (idle_ms, time_ms, retry_count, force, justid, _), _ = parse_options(args, i, XCLAIM_OPTIONS)
     session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
     return Deferred(broker_of(session).take_over(queue, worker, min_idle, ids, idle_ms=idle_ms, time_ms=time_ms,
-                                                 retry_count=retry_count, force=force, justid=justid))
+                                                 retry_count=retry_count, force=force, justid=justid),
+                    lambda claimed: taken_over(claimed, justid))
 
 
 def autoclaim_count(arg: bytes) -> int:
@@ -104,12 +108,19 @@ def xautoclaim(session, args):
     queue = live_queue(args[1])
     worker = worker_name(args[3])
     min_idle = max(to_int(args[4], errors.XAUTOCLAIM_MIN_IDLE_INVALID), 0)
-    start = lifecycle.parse_range_bound(args[5], True)
+    start = stream_ids.parse_range_bound(args[5], True)
     (count, justid), _ = parse_options(args, 6, XAUTOCLAIM_OPTIONS)
-    if start == lifecycle.ABOVE_ALL:  # past every id EZRA can store: nothing to scan
+    if start == stream_ids.ABOVE_ALL:  # past every id EZRA can store: nothing to scan
         return [b"0-0", [], []]
     session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
-    return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid))
+    return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid),
+                    lambda scanned: autoclaim_reply(scanned, justid))
+
+
+def autoclaim_reply(scanned: tuple, justid: bool) -> list:
+    """[next cursor, entries or ids, deleted ids]: EZRA deletes no entry under a pending one."""
+    cursor, claimed = scanned
+    return [stream_ids.format_id(cursor), taken_over(claimed, justid), []]
 
 
 @command("XACKDEL", -6)
@@ -122,7 +133,15 @@ def xackdel(session, args):
     ids, end = ids_block(args, i)
     if end != len(args):
         raise errors.SYNTAX
-    return Deferred(broker_of(session).ack_delete(queue, ids))
+    return Deferred(broker_of(session).ack_delete(queue, ids), xackdel_reply)
+
+
+XACKDEL_DELETED = 1
+XACKDEL_NOT_FOUND = -1
+
+
+def xackdel_reply(deleted: list[bool]) -> list[int]:
+    return [XACKDEL_DELETED if done else XACKDEL_NOT_FOUND for done in deleted]
 
 
 # ---------------------------------------------------------------- redrive
@@ -234,7 +253,7 @@ def task_reply(row, state: str) -> dict:
         *row, state = row  # those rows carry their own state
     ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished, unique_key, failure = row
     failure = decode_failure(failure) or {}
-    return {"id": lifecycle.format_id((ms, seq)), "state": state, "attempts": attempts,
+    return {"id": stream_ids.format_id((ms, seq)), "state": state, "attempts": attempts,
             "worker": None if worker is None else name_bytes(worker), "created-at": created,
             "available-at": available, "delivered-at": delivered, "deadline": deadline,
             "finished-at": finished, "fields": decode_fields(fields),
@@ -261,54 +280,57 @@ def stream_full_count(rest: list[bytes]) -> int | None:
     return 10
 
 
-def stream_reply(info: dict) -> dict:
+def stream_reply(info) -> dict:
     """Redis 7's ten fields, Redis 8.6's idempotency fields, then EZRA's counts and settings."""
-    reply = {key: info[key] for key in REDIS_STREAM_HEAD}
-    reply.update(groups=1, **{key: info[key] for key in ("first-entry", "last-entry")})
+    reply = redis_stream_head(info)
+    reply.update(groups=1, **{"first-entry": entry_or_none(info.first), "last-entry": entry_or_none(info.last)})
     return reply | ezra_fields(info)
 
 
-def stream_full_reply(info: dict) -> dict:
-    reply = {key: info[key] for key in REDIS_STREAM_HEAD}
-    now_pending = info["pel"]
+def stream_full_reply(info) -> dict:
+    reply = redis_stream_head(info)
     group = {
-        "name": info["group"], "last-delivered-id": info["last-delivered-id"],
-        "entries-read": info["entries-read"], "lag": info["lag"], "pel-count": info["pending"],
-        "pending": [[task_id, worker, info["now"] - idle, n] for task_id, worker, idle, n in now_pending],
-        "consumers": [{"name": worker, "seen-time": info["now"] - idle, "pel-count": n,
-                       "pending": [[task_id, info["now"] - pidle, pn] for task_id, owner, pidle, pn in now_pending
+        "name": info.group, "last-delivered-id": format_id(info.last_delivered),
+        "entries-read": info.entries_read, "lag": info.lag, "pel-count": info.pending,
+        "pending": [[format_id(task_id), worker, delivered, n] for task_id, worker, delivered, n in info.pel],
+        "consumers": [{"name": worker, "seen-time": seen, "pel-count": n,
+                       "pending": [[format_id(task_id), delivered, pn] for task_id, owner, delivered, pn in info.pel
                                    if owner == worker]}
-                      for worker, n, idle in info["consumers"]],
+                      for worker, n, seen in info.consumers],
     }
-    reply.update(entries=info["entries"], groups=[group])
+    reply.update(entries=entries(info.entries), groups=[group])
     return reply | ezra_fields(info)
 
 
-REDIS_STREAM_HEAD = ("length", "radix-tree-keys", "radix-tree-nodes", "last-generated-id",
-                     "max-deleted-entry-id", "entries-added", "recorded-first-entry-id")
+def redis_stream_head(info) -> dict:
+    """The Redis 7 fields XINFO STREAM starts with (FULL too), in Redis's order."""
+    return {"length": info.length, "radix-tree-keys": info.stream_nodes, "radix-tree-nodes": info.stream_nodes + 1,
+            "last-generated-id": format_id(info.last_id), "max-deleted-entry-id": format_id(info.max_deleted),
+            "entries-added": info.entries_added,
+            "recorded-first-entry-id": format_id(info.first[:2]) if info.first else b"0-0"}
 
 
-def ezra_fields(info: dict) -> dict:
-    duration, maxsize = info["idmp"]
-    counts = info["counts"]
+def ezra_fields(info) -> dict:
+    duration, maxsize = info.idmp
+    counts = info.counts
     return {
-        "idmp-duration": duration, "idmp-maxsize": maxsize, "pids-tracked": info["pids-tracked"],
-        "iids-tracked": info["iids-tracked"], "iids-added": info["iids-added"],
-        "iids-duplicates": info["iids-duplicates"],
+        "idmp-duration": duration, "idmp-maxsize": maxsize, "pids-tracked": info.pids_tracked,
+        "iids-tracked": info.iids_tracked, "iids-added": info.iids_added,
+        "iids-duplicates": info.iids_duplicates,
         "available": counts[lifecycle.AVAILABLE], "delayed": counts[DELAYED],
         "in-flight": counts[IN_FLIGHT], "done": counts[DONE], "dead": counts[DEAD],
-        **info["settings"],
+        **info.settings,
     }
 
 
-def group_reply(info: dict) -> dict:
-    return {"name": info["group"], "consumers": len(info["consumers"]), "pending": info["pending"],
-            "last-delivered-id": info["last-delivered-id"], "entries-read": info["entries-read"],
-            "lag": info["lag"]}
+def group_reply(info) -> dict:
+    return {"name": info.group, "consumers": len(info.consumers), "pending": info.pending,
+            "last-delivered-id": format_id(info.last_delivered), "entries-read": info.entries_read,
+            "lag": info.lag}
 
 
-def consumers_reply(info: dict) -> list:
-    return [{"name": worker, "pending": n, "idle": idle} for worker, n, idle in info["consumers"]]
+def consumers_reply(info) -> list:
+    return [{"name": worker, "pending": n, "idle": info.now - seen} for worker, n, seen in info.consumers]
 
 
 XINFO_HELP = [

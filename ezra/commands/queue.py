@@ -5,14 +5,17 @@ XREVRANGE, XTRIM, XPENDING, XGROUP. Each parses its arguments, calls a broker ve
 
 from __future__ import annotations
 
-from .. import errors, lifecycle, queue_settings
+from .. import errors, lifecycle, queue_settings, stream_ids
+from ..errors import CommandError
 from ..broker.core import DEFAULT_READ_COUNT, MAX_READ_COUNT
-from ..broker.observers import LAST_ONE, SINCE_NOW
-from ..lifecycle import format_id, parse_after_id, parse_id, split_queue
+from ..integers import to_int
+from ..lifecycle import split_queue
 from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
 from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
+from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..trimming import TrimArgs
-from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, to_int, worker_name
+from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
+from .replies import claim_reply, entries, read_reply
 from .table import Deferred, command
 
 
@@ -125,7 +128,7 @@ def xadd(session, args):
     (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure), i = parse_options(
         args, 2, PUSH_OPTIONS)
     if i < len(args):
-        lifecycle.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
+        stream_ids.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
     if trimming is not None:
         trimming.check()
     fields = args[i + 1:]
@@ -210,23 +213,24 @@ def xreadgroup(session, args):
     # The reply is keyed by queue: a queue named twice is read once (with its first id), else the
     # tasks claimed for its first mention would be dropped from the reply, leased and never shown.
     reads = {}
-    for queue, stream_id in zip(map(live_queue, streams[:half]), map(read_id, streams[half:])):
+    for queue, stream_id in zip(map(live_queue, streams[:half]), map(xreadgroup_id, streams[half:])):
         reads.setdefault(queue, stream_id)
     queues, ids = list(reads), list(reads.values())
     count = read_count(count)
     session.use_worker(worker)  # not before: a malformed command must not touch the name's release timer
     if session.in_exec:
         block_ms = None  # as Redis: inside MULTI/EXEC a blocking read does not block
-    if all(stream_id is None for stream_id in ids):
+    if all(stream_id is NEW_TASKS for stream_id in ids):
         broker = broker_of(session)
         claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
         if claimed is not None:
-            return Deferred(claimed)  # answered with the read's other replies: one commit for them all
+            # answered with the read's other replies: one commit for them all
+            return Deferred(claimed, read_reply if claim_idle is None else idle_claim_reply)
         if block_ms is None:
             return NULL_ARRAY
         session.flush()  # a blocked client has its earlier pipelined replies already
         result = broker.claim(queues, worker, count, noack, block_ms, session.wait, claim_idle)
-        return NULL_ARRAY if result is None else result
+        return NULL_ARRAY if result is None else claim_reply(result, claim_idle)
     return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
 
 
@@ -242,34 +246,21 @@ def xread(session, args):
     half = len(streams) // 2
     # Keyed by stream: a queue named twice is read once, with its first id (Redis repeats it).
     reads = {}
-    for stream, after in zip(streams[:half], map(after_id, streams[half:])):
+    for stream, after in zip(streams[:half], map(xread_id, streams[half:])):
         reads.setdefault(stream, (stream, split_queue(stream), after))
     count = read_count(count)
     if block_ms is None or session.in_exec:  # as Redis: inside MULTI/EXEC nothing blocks
-        return Deferred(broker_of(session).look(list(reads.values()), count), lambda found: found or NULL_ARRAY)
+        return Deferred(broker_of(session).look(list(reads.values()), count), found_or_null)
     session.flush()  # a blocked client has its earlier pipelined replies already
-    result = broker_of(session).observe(list(reads.values()), count, block_ms, session.wait)
-    return result or NULL_ARRAY
+    return found_or_null(broker_of(session).observe(list(reads.values()), count, block_ms, session.wait))
 
 
-def after_id(arg: bytes):
-    """XREAD's id: '$' (entries added after the call), '+' (the last entry, Redis 7.4), an id."""
-    if arg == b"$":
-        return SINCE_NOW
-    if arg == b"+":
-        return LAST_ONE
-    if arg == b">":
-        raise errors.GT_IN_XREAD
-    return parse_after_id(arg)
+def found_or_null(found: dict | None):
+    return read_reply(found) if found else NULL_ARRAY
 
 
-def read_id(arg: bytes):
-    """None for '>' (new tasks), else the id after which to re-read pending ones."""
-    if arg == b">":
-        return None
-    if arg == b"$":
-        raise errors.DOLLAR_IN_XREADGROUP
-    return parse_id(arg)
+def idle_claim_reply(found: dict):
+    return claim_reply(found, True)
 
 
 def read_count(count: int | None) -> int:
@@ -282,12 +273,12 @@ def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
     """XREADGROUP with explicit ids: pending tasks come back even when empty (as Redis)."""
     result = PairsMap()
     for queue, after in zip(queues, ids):
-        if after is None:
+        if after is NEW_TASKS:
             claimed = broker_of(session).claim([queue], worker, count, noack, None, session.wait, claim_idle)
             if claimed:
-                result.update(claimed)
+                result.update(claim_reply(claimed, claim_idle))
         else:
-            result[queue] = broker_of(session).claim_own(queue, worker, after, count).wait()
+            result[queue] = entries(broker_of(session).claim_own(queue, worker, after, count).wait())
     return result or NULL_ARRAY
 
 
@@ -352,22 +343,22 @@ def xlen(session, args):
 def range_command(session, args, reverse: bool):
     queue, dead = split_queue(args[1])
     low, high = (args[3], args[2]) if reverse else (args[2], args[3])
-    start = lifecycle.parse_range_bound(low, True)
-    end = lifecycle.parse_range_bound(high, False)
+    start = stream_ids.parse_range_bound(low, True)
+    end = stream_ids.parse_range_bound(high, False)
     count = RANGE_DEFAULT_COUNT
     if len(args) == 6 and args[4].upper() == b"COUNT":
         count = min(max(to_int(args[5]), 0), RANGE_DEFAULT_COUNT)
         if count == 0:  # Redis: a null array when the stream exists, an empty one when not
-            return Deferred(broker_of(session).range(queue, dead, start, end, 0, reverse), none_as_null_array)
+            return Deferred(broker_of(session).range(queue, dead, start, end, 0, reverse), entries_or_null_array)
     elif len(args) != 4:
         raise errors.SYNTAX
     if start > end:
         return []
-    return Deferred(broker_of(session).range(queue, dead, start, end, count, reverse))
+    return Deferred(broker_of(session).range(queue, dead, start, end, count, reverse), entries)
 
 
-def none_as_null_array(entries):
-    return NULL_ARRAY if entries is None else entries
+def entries_or_null_array(rows):
+    return NULL_ARRAY if rows is None else entries(rows)
 
 
 @command("XRANGE", -4)
@@ -401,13 +392,17 @@ def xpending(session, args):
     rest = args[i:]
     if len(rest) not in (3, 4):
         raise errors.SYNTAX
-    start = lifecycle.parse_range_bound(rest[0], True)
-    end = lifecycle.parse_range_bound(rest[1], False)
+    start = stream_ids.parse_range_bound(rest[0], True)
+    end = stream_ids.parse_range_bound(rest[1], False)
     count = min(to_int(rest[2]), RANGE_DEFAULT_COUNT)
     worker = rest[3] if len(rest) == 4 else None
     if count <= 0 or start > end:
         return []
-    return Deferred(broker_of(session).pending_entries(queue, start, end, count, worker, min_idle))
+    return Deferred(broker_of(session).pending_entries(queue, start, end, count, worker, min_idle), pending_reply)
+
+
+def pending_reply(pending: list) -> list:
+    return [[format_id(task_id), worker, idle, n] for task_id, worker, idle, n in pending]
 
 
 def pending_summary_reply(summary) -> list:
@@ -422,12 +417,8 @@ def pending_summary_reply(summary) -> list:
 def xgroup(session, args):
     """XGROUP CREATE|DESTROY|SETID|CREATECONSUMER|DELCONSUMER|HELP: one implicit group per queue."""
     sub = args[1].upper()
-    if sub == b"CREATE" and len(args) >= 5:
-        mkstream = any(arg.upper() == b"MKSTREAM" for arg in args[5:])
-        return Deferred(broker_of(session).create_queue(live_queue(args[2]), not mkstream, args[3]),
-                        lambda _: OK)
-    if sub == b"SETID" and len(args) >= 5:
-        return OK
+    if sub in (b"CREATE", b"SETID") and len(args) >= 5:
+        return xgroup_create_or_setid(session, sub, args)
     if sub == b"CREATECONSUMER" and len(args) == 5:
         return 1
     if sub == b"DESTROY" and len(args) == 4:
@@ -441,6 +432,43 @@ def xgroup(session, args):
     if sub in (b"CREATE", b"SETID", b"CREATECONSUMER", b"DELCONSUMER", b"DESTROY"):
         raise errors.wrong_subcommand_arity("xgroup", sub)
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XGROUP")
+
+
+def xgroup_create_or_setid(session, sub: bytes, args: list[bytes]):
+    """XGROUP CREATE q g <id|$> [MKSTREAM] [ENTRIESREAD n] | SETID q g <id|$> [ENTRIESREAD n]:
+    checked in Redis's order (the options, the key, the id) before anything is created; the id
+    and ENTRIESREAD mean nothing to EZRA's one implicit group, so SETID changes nothing."""
+    mkstream = group_options(sub, args)
+    queue = live_queue(args[2])
+    try:
+        stream_ids.group_start_id(args[4])
+    except CommandError:
+        if not mkstream and queue not in broker_of(session).existing([queue]):
+            raise errors.XGROUP_NEEDS_KEY from None
+        raise
+    if sub == b"CREATE":
+        return Deferred(broker_of(session).create_queue(queue, not mkstream, args[3]), lambda _: OK)
+    if queue not in broker_of(session).existing([queue]):
+        raise errors.XGROUP_NEEDS_KEY
+    return OK
+
+
+def group_options(sub: bytes, args: list[bytes]) -> bool:
+    """XGROUP CREATE's MKSTREAM and ENTRIESREAD (SETID's ENTRIESREAD): whether MKSTREAM was given."""
+    if len(args) > 8 or (sub == b"SETID" and len(args) not in (5, 7)):
+        raise errors.subcommand_syntax(args[1], "XGROUP")
+    mkstream, i = False, 5
+    while i < len(args):
+        word = args[i].upper()
+        if word == b"MKSTREAM" and sub == b"CREATE":
+            mkstream, i = True, i + 1
+        elif word == b"ENTRIESREAD" and i + 1 < len(args):
+            if to_int(args[i + 1]) < -1:
+                raise errors.ENTRIESREAD_INVALID
+            i += 2
+        else:
+            raise errors.subcommand_syntax(args[1], "XGROUP")
+    return mkstream
 
 
 XGROUP_HELP = [

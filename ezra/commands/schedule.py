@@ -11,7 +11,7 @@ Same rules as every command (table.py): parse, call the scheduler, return a repl
 
 from __future__ import annotations
 
-from .. import errors, lifecycle, schedule_settings
+from .. import errors, schedule_settings, stream_ids
 from ..storage.schedules import NEVER
 from ..cron import local_time
 from ..resp import OK, SimpleString
@@ -66,5 +66,5 @@ def schedule_reply(row) -> dict:
             "next-run": None if never else row.next_at,
             "next-run-local": None if never else local_time(row.next_at, row.zone),
             "last-run": row.last_slot, "last-fired-at": row.last_fired_at,
-            "last-task-id": None if row.last_task is None else lifecycle.format_id(row.last_task),
+            "last-task-id": None if row.last_task is None else stream_ids.format_id(row.last_task),
             "firings": row.firings, "skipped": row.skipped}

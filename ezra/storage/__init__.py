@@ -15,7 +15,7 @@ the WAL file's own descriptor (fdatasync, size, zeros kept ahead; `db.wal`). rea
 summary, XINFO's counts), which the Database runs in its transaction and the
 broker on a native thread (`read_apart`). The modules import one another in that
 order (schema <- dirlock, integrity, reads <- database <- opening <- snapshots);
-the package imports nothing of EZRA but lifecycle (the states and id format), so
+the package imports nothing of EZRA but lifecycle (the states), so
 the broker, the writer, web/ and tools/ import it and it imports none of them.
 """
 
@@ -24,12 +24,12 @@ from .integrity import Integrity, QuickCheck
 from .database import DEFAULT_RESERVE_BYTES, RESERVE_FILENAME, Database
 from .opening import DB_FILENAME, open_database
 from .schema import (SCHEMA, SCHEMA_VERSION, SETTING_COLUMNS, StorageError, decode_failure, decode_fields,
-                     encode_failure, encode_fields, entry, name_bytes, name_value)
+                     encode_failure, encode_fields, name_bytes, name_value)
 from .snapshots import Snapshot, backup_database, database_in_use
 
 __all__ = [
     "DB_FILENAME", "DEFAULT_RESERVE_BYTES", "LOCK_FILENAME", "DataDirLock", "DataDirLocked",
     "Integrity", "RESERVE_FILENAME", "SCHEMA", "SCHEMA_VERSION", "SETTING_COLUMNS",
     "Database", "Snapshot", "StorageError", "backup_database", "database_in_use", "decode_failure",
-    "decode_fields", "encode_failure", "encode_fields", "entry", "name_bytes", "name_value", "open_database", "QuickCheck",
+    "decode_fields", "encode_failure", "encode_fields", "name_bytes", "name_value", "open_database", "QuickCheck",
 ]

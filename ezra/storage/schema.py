@@ -15,7 +15,6 @@ import re
 import sqlite3
 from importlib import resources
 
-from .. import lifecycle
 
 APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
 # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused;
@@ -132,9 +131,4 @@ def decode_failure(text: str | None) -> dict | None:
     if not isinstance(failure, dict):
         return {"cause": None, "reason": str(text), "worker": None, "at": None}
     return failure
-
-
-def entry(row) -> list:
-    """A task row (id_ms, id_seq, fields) as a Redis stream entry [id, [f, v, ...]]."""
-    return [lifecycle.format_id(row[:2]), decode_fields(row[2])]
 

@@ -16,7 +16,7 @@ from urllib.parse import quote as url_quote
 import gevent
 from loguru import logger
 
-from .. import __version__, humanize, lifecycle
+from .. import __version__, humanize, lifecycle, stream_ids
 from ..storage.schedules import NEVER
 from ..cron import local_time
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
@@ -114,7 +114,7 @@ def queue_link(name: bytes) -> str:
 def task_link(queue: bytes, row) -> str:
     """A listed task's id linking to its page (task_page.py); plain text in a queue whose name is
     longer than today's limit (an older EZRA's queue), whose whole name each link would carry."""
-    task_id = lifecycle.format_id(row[:2])
+    task_id = stream_ids.format_id(row[:2])
     if len(queue) > NAME_SHOWN:
         return text(task_id)
     return f'<a href="/task?queue={text(quote(queue))}&amp;id={text(task_id)}">{text(task_id)}</a>'
@@ -365,12 +365,12 @@ def dead_table(name: bytes, rows: list, total: int, now: int, csrf: str) -> str:
                        confirm=f"Requeue all {total} dead tasks?")
     key_head, key_cell = key_cells(rows)
     cells = "".join(
-        f'<tr data-id="{text(lifecycle.format_id(row[:2]))}"><td class="id">{task_link(name, row)}</td>'
+        f'<tr data-id="{text(stream_ids.format_id(row[:2]))}"><td class="id">{task_link(name, row)}</td>'
         f'{key_cell(row)}<td class="fields">{fields_text(row[2], 1000)}</td><td class="num">{row[3]}</td>'
         f'<td>{text(timestamp(row[9]))} <span class="muted">({text(duration(now - row[9]))} ago)</span></td>'
         f'<td class="failure">{failure_text(row[FAILURE], now, 2000)}</td>'
-        f'<td class="actions">{form("/queue/requeue", name, csrf, {"id": lifecycle.format_id(row[:2])}, "Requeue", "requeue")}'
-        f'{form("/queue/delete", name, csrf, {"id": lifecycle.format_id(row[:2])}, "Delete", "delete", confirm="Delete this task for good?")}'
+        f'<td class="actions">{form("/queue/requeue", name, csrf, {"id": stream_ids.format_id(row[:2])}, "Requeue", "requeue")}'
+        f'{form("/queue/delete", name, csrf, {"id": stream_ids.format_id(row[:2])}, "Delete", "delete", confirm="Delete this task for good?")}'
         f'</td></tr>' for row in rows)
     return (head + requeue_all + f'<table class="tasks dead"><thead><tr><th>id</th>{key_head}<th>fields</th>'
             '<th class="num">attempts</th><th>died</th><th>last failure</th><th></th></tr></thead>'

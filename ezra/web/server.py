@@ -49,8 +49,8 @@ from . import dashboard, metrics, task_page
 from .. import errors
 from ..errors import CommandError, HttpError
 from ..gate import LOCAL_PEERS
-from ..lifecycle import parse_id
 from ..server import HTTP_CONNECTIONS, tls_context  # (server.py reserves their descriptors)
+from ..stream_ids import parse_id
 
 MAX_FORM_BYTES = 64 * 1024
 HEALTH_TIMEOUT = 2.0         # /healthz: seconds the writer has to answer before "down"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from .. import lifecycle
+from .. import lifecycle, stream_ids
 from ..lifecycle import DEAD, MAX_REASON_BYTES
 from ..storage import decode_failure, decode_fields
 from . import shown_name
@@ -122,7 +122,7 @@ def actions(queue: bytes, task_id: str, csrf: str) -> str:
 def render(state, queue: bytes, row: tuple, figures, csrf: str) -> bytes:
     """The page of one task: `row` is storage.database.task_by_id's (INSPECT_COLUMNS + state)."""
     now = figures.now
-    task_id = lifecycle.format_id(row[:2])
+    task_id = stream_ids.format_id(row[:2])
     body = [header(state, figures),
             f'<main><p><a href="/">← queues</a> · queue {queue_link(queue)}</p>'
             f'<h1>task <span class="id">{text(task_id)}</span></h1>',

@@ -1,0 +1,188 @@
+"""The stream-id grammar: parse, format, compare and step ids, as Redis reads them. No I/O.
+
+    ms-seq    an id: two unsigned parts (Redis: 64-bit; EZRA stores up to 2**63-1, SQLite's integers)
+    ms        the same as ms-0 (a range end: ms-<highest>)
+    *  ms-*   XADD: a new id, above the queue's last one (new_id)
+    - +       XRANGE's lowest and highest; (id an exclusive bound (parse_range_bound)
+    $         XREAD: entries added after the call (SINCE_NOW); + the newest entry (LAST_ONE)
+    >         XREADGROUP: tasks never delivered (NEW_TASKS)
+
+lifecycle.py is the state machine; what an id means to a queue (its last id, the next one
+to deliver) is the broker's.
+"""
+
+from __future__ import annotations
+
+from . import errors
+from .integers import to_uint64
+
+MAX_ID_PART = 2 ** 63 - 1  # SQLite integers are signed 64-bit; Redis allows 2**64-1
+REDIS_MAX_ID_PART = 2 ** 64 - 1
+ABOVE_ALL = (MAX_ID_PART + 1, 0)  # a range start above every id EZRA can store: the range is empty
+MAX_ID_TEXT = 127  # Redis copies an id into a 128-byte buffer: a longer text is no id
+
+StreamId = tuple  # (ms, seq)
+# XREAD's special ids, resolved per queue in the transaction of its first look (broker/observers.py).
+SINCE_NOW = "$"  # entries added after the call: above the queue's last id
+LAST_ONE = "+"   # the view's newest entry, then what comes after it (Redis 7.4)
+NEW_TASKS = None  # XREADGROUP's '>': tasks never delivered (else its id: the worker's own after it)
+
+
+def group_start_id(arg: bytes):
+    """XGROUP CREATE's and SETID's id: '$' (SINCE_NOW) or an id in Redis's 64-bit space (checked:
+    EZRA's one implicit group starts nowhere else than at its queue's tasks)."""
+    return SINCE_NOW if arg == b"$" else parse_id_parts(arg, 0)
+
+
+def xread_id(arg: bytes):
+    """XREAD's id: '$' (entries added after the call), '+' (the last entry, Redis 7.4), an id."""
+    if arg == b"$":
+        return SINCE_NOW
+    if arg == b"+":
+        return LAST_ONE
+    if arg == b">":
+        raise errors.GT_IN_XREAD
+    return parse_after_id(arg)
+
+
+def xreadgroup_id(arg: bytes):
+    """XREADGROUP's id: NEW_TASKS for '>', else the id after which to re-read the worker's own."""
+    if arg == b">":
+        return NEW_TASKS
+    if arg == b"$":
+        raise errors.DOLLAR_IN_XREADGROUP
+    return parse_id(arg)
+
+
+def format_id(stream_id: StreamId) -> bytes:
+    return b"%d-%d" % stream_id
+
+
+def parse_id(arg: bytes, missing_seq: int = 0) -> StreamId:
+    """'5-3' -> (5, 3); '5' -> (5, missing_seq). Raises the Redis id error, also for parts
+    Redis accepts but EZRA cannot store (above 2**63-1: SQLite's integers are signed)."""
+    stream_id = parse_id_parts(arg, missing_seq)
+    if stream_id[0] > MAX_ID_PART or stream_id[1] > MAX_ID_PART:
+        raise errors.INVALID_ID
+    return stream_id
+
+
+def parse_id_parts(arg: bytes, missing_seq: int) -> StreamId:
+    """An id's two parts as Redis reads them (streamGenericParseIDOrReply): at most 127 bytes,
+    split at the first '-', each part by string2ull's rules (integers.to_uint64, up to 2**64-1)."""
+    ms, sep, seq = arg.partition(b"-")
+    try:
+        if len(arg) > MAX_ID_TEXT:
+            raise ValueError(arg)
+        return to_uint64(ms), to_uint64(seq) if sep else missing_seq
+    except ValueError:
+        raise errors.INVALID_ID from None
+
+
+def _id_part(text: bytes) -> int:
+    value = to_uint64(text)
+    if value > MAX_ID_PART:
+        raise ValueError(text)
+    return value
+
+
+def parse_after_id(arg: bytes) -> StreamId:
+    """An id to read after (XREAD): as parse_id, but ids beyond EZRA's 63-bit parts, up to
+    Redis's 2**64-1, read as the highest EZRA has: no task is above either."""
+    return last_stored_at_or_below(parse_id_parts(arg, 0))
+
+
+def parse_range_bound(arg: bytes, is_start: bool) -> StreamId:
+    """An XRANGE bound: '-', '+', an id, or '(id' (exclusive), as an inclusive id EZRA can store.
+
+    The bound is read and moved past (exclusive) in Redis's 64-bit id space, so every id
+    Redis takes is taken (18446744073709551615-18446744073709551615 too), then brought into
+    EZRA's: a start to the first id at or above it that EZRA can hold (ABOVE_ALL if none:
+    the range is empty), an end to the last at or below it."""
+    if arg == b"-":
+        return (0, 0)
+    if arg == b"+":
+        return (MAX_ID_PART, MAX_ID_PART)
+    exclusive = len(arg) > 1 and arg.startswith(b"(")
+    if exclusive:
+        arg = arg[1:]  # '(-' and '(+' are refused as parse_id_parts reads them: no digits
+    stream_id = parse_id_parts(arg, 0 if is_start else REDIS_MAX_ID_PART)
+    if exclusive:
+        stream_id = _next_id(stream_id) if is_start else _previous_id(stream_id, REDIS_MAX_ID_PART)
+    return first_stored_at_or_above(stream_id) if is_start else last_stored_at_or_below(stream_id)
+
+
+def first_stored_at_or_above(stream_id: StreamId) -> StreamId:
+    ms, seq = stream_id
+    if seq > MAX_ID_PART:
+        ms, seq = ms + 1, 0
+    return (ms, seq) if ms <= MAX_ID_PART else ABOVE_ALL
+
+
+def last_stored_at_or_below(stream_id: StreamId) -> StreamId:
+    ms, seq = stream_id
+    if ms > MAX_ID_PART:
+        return (MAX_ID_PART, MAX_ID_PART)
+    return ms, min(seq, MAX_ID_PART)
+
+
+def _next_id(stream_id: StreamId, limit: int = REDIS_MAX_ID_PART) -> StreamId:
+    ms, seq = stream_id
+    if seq < limit:
+        return (ms, seq + 1)
+    if ms < limit:
+        return (ms + 1, 0)
+    raise errors.START_ID_INVALID
+
+
+def previous_id(stream_id: StreamId) -> StreamId:
+    """The id just below `stream_id` among those EZRA stores; 0-0 has none."""
+    return _previous_id(stream_id, MAX_ID_PART)
+
+
+def _previous_id(stream_id: StreamId, limit: int) -> StreamId:
+    ms, seq = stream_id
+    if seq > 0:
+        return (ms, seq - 1)
+    if ms > 0:
+        return (ms - 1, limit)
+    raise errors.END_ID_INVALID
+
+
+def new_id(requested: bytes, last: StreamId, now: int) -> StreamId:
+    """The id of a pushed task: '*', 'ms-*' or explicit, strictly above `last`."""
+    if requested == b"*":
+        if now > last[0]:
+            return (now, 0)
+        return _next_id_or_error(last)
+    ms_part, sep, seq_part = requested.partition(b"-")
+    if sep and seq_part == b"*":
+        try:
+            ms = _id_part(ms_part)
+        except ValueError:
+            raise errors.INVALID_ID from None
+        if ms > last[0]:
+            return (ms, 0)
+        if ms < last[0]:
+            raise errors.ID_TOO_SMALL
+        return _next_id_or_error(last)
+    stream_id = parse_id(requested)
+    if stream_id == (0, 0):
+        raise errors.ID_ZERO
+    if stream_id <= last:
+        raise errors.ID_TOO_SMALL
+    return stream_id
+
+
+def check_push_id(requested: bytes) -> None:
+    """XADD's id is well formed ('*', 'ms-*', 'ms-seq' or 'ms'), else Redis's id error."""
+    if requested != b"*":
+        ms_part, sep, seq_part = requested.partition(b"-")
+        parse_id(ms_part if sep and seq_part == b"*" else requested)
+
+
+def _next_id_or_error(last: StreamId) -> StreamId:
+    try:
+        return _next_id(last, MAX_ID_PART)
+    except errors.CommandError:
+        raise errors.IDS_EXHAUSTED from None
