@@ -36,12 +36,14 @@ def load_time_statements(body: list):
                 yield from load_time_statements(getattr(node, field, []) or [])
 
 
-def imported_modules(path: Path, modules: set[str]) -> set[str]:
-    """The ezra modules `path` imports (relative and absolute; `from . import x` counts x)."""
+def imported_modules(path: Path, modules: set[str], anywhere: bool = False) -> set[str]:
+    """The ezra modules `path` imports (relative and absolute; `from . import x` counts x): at
+    load time, or with `anywhere` in functions and under TYPE_CHECKING too."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
     found = set()
-    for node in load_time_statements(ast.parse(path.read_text(), str(path)).body):
+    for node in ast.walk(tree) if anywhere else load_time_statements(tree.body):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -129,19 +131,7 @@ def test_every_folder_says_what_it_holds():
 
 def every_import(path: Path, modules: set[str]) -> set[str]:
     """The ezra modules `path` imports anywhere: in functions and under TYPE_CHECKING too."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([base] if base else []))
-            found.update(({f"{base}.{alias.name}" for alias in node.names} & modules) or {base})
-    return found & modules
+    return imported_modules(path, modules, anywhere=True)
 
 
 def test_the_broker_and_storage_build_no_reply_shapes():
