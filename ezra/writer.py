@@ -119,9 +119,9 @@ class Writer:
         batch = self._batch or self._open_batch()  # (never inside an EXEC: it opened its batch)
         if grows and self.disk.full:
             self.disk.check_growth()
-        if self.db.integrity.corrupt:
-            return self._submit_read_only(batch, fn, args, durable, grows)
         request = Request(batch, fn, args, durable, grows, atomic)
+        if self.db.integrity.corrupt:
+            return self._submit_read_only(request)
         try:
             request.result = fn(*args)
         except errors.CommandError:
@@ -366,14 +366,14 @@ class Writer:
                          "(export what it can still read first: ezra export --data-dir)", self.db.path,
                          self.db.integrity.reason)
 
-    def _submit_read_only(self, batch: Batch, fn, args, durable: bool, grows: bool) -> Request:
+    def _submit_read_only(self, request: Request) -> Request:
         """Run `fn` on the read-only connection: a read answers; a write is refused, alone (the
         batch holds no writes to undo). The broker's caches are not rebuilt: it changes them
         after its statements, which refused writes never pass (and a rebuild reads every
         queue's counts: 0.1 s a refused write with a million tasks)."""
-        request = Request(batch, fn, args, durable, grows)
+        fn = request.fn
         try:
-            request.result = fn(*args)
+            request.result = fn(*request.args)
         except Exception as exc:
             if not self.db.conn.in_transaction:  # some errors end SQLite's transaction: the turn needs one
                 self.db.begin()
@@ -383,8 +383,12 @@ class Writer:
                 logger.opt(exception=exc).error("request {} failed on the corrupt database: {}",
                                                 getattr(fn, "__name__", fn), exc)
             raise errors.database_corrupt(self.db.integrity.reason) from None
+        batch = request.batch
         batch.requests.append(request)
-        batch.durable |= durable
+        if request.durable:
+            batch.durable = True
+            if request.atomic is not None:
+                request.atomic.durable = True  # as submit: the EXEC's reply waits for the same fsync
         return request
 
     # ------------------------------------------------------------ a full disk
