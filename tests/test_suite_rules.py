@@ -26,3 +26,11 @@ def test_no_test_module_imports_another():
                  for path in sorted(TESTS.rglob("*.py"))}
     assert {name: found for name, found in offenders.items() if found} == {}, \
         "move the shared helpers to tests/support_*.py"
+
+
+def test_no_module_imports_helpers_from_conftest():
+    """conftest.py holds fixtures, which pytest hands to tests by name: a module importing from
+    it is reaching for a helper, and those live in support_*.py (28 modules did before)."""
+    offenders = sorted(path.relative_to(TESTS).as_posix() for path in TESTS.rglob("*.py")
+                       if "conftest" in imported_modules(path))
+    assert offenders == [], "import helpers from support_*.py, not conftest.py"
