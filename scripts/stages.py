@@ -57,7 +57,8 @@ import floor_server  # noqa: E402
 from ezra import commands, connection, gate, resp, session as session_mod, storage, stream_ids  # noqa: E402
 from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
-from ezra.broker import claims as claims_mod, core as core_mod  # noqa: E402
+from ezra.broker import claims as claims_mod, core as core_mod, tasks as tasks_mod  # noqa: E402
+from ezra.broker import transitions as transitions_mod  # noqa: E402
 from ezra.commands import queue as queue_cmds  # noqa: E402
 from ezra.config import Settings  # noqa: E402
 from ezra.storage import database as database_mod, schema as schema_mod  # noqa: E402
@@ -239,9 +240,13 @@ def instrument_ezra(meter: Meter, broker) -> None:
     meter.wrap(queue_cmds, "ids_of", "id")
     for name in ("submit", "call", "_open_batch", "_end_turn", "_committed", "_fsync_inline"):
         meter.wrap(Writer, name, "writer")
-    for name in ("push", "ack", "_tx_push", "_tx_ack", "_tally", "_queue"):
+    for name in ("push", "ack", "claim", "claim_now", "_after_batch"):
         meter.wrap(core_mod.Broker, name, "broker")
-    for name in ("claim", "_tx_claim", "_claim_rows", "_nothing_to_claim", "_serve_waiters", "_after_batch"):
+    for name in ("tx_push", "tx_ack"):
+        meter.wrap(tasks_mod.Tasks, name, "broker")
+    for name in ("tally", "queue", "claim_rows", "serve_waiters"):
+        meter.wrap(transitions_mod.Transitions, name, "broker")
+    for name in ("tx_claim", "nothing_to_claim"):
         meter.wrap(claims_mod.Claims, name, "broker")
     for name in ("insert_task", "claim", "ack", "begin", "commit", "sync_wal"):
         meter.wrap(database_mod.Database, name, "storage (Python)")

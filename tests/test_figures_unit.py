@@ -27,7 +27,7 @@ def fill(broker: Broker) -> None:
         for i in range(n):
             broker.push(name, b"*", [b"n", b"%d" % i]).wait()
     broker.create_queue(b"q3", must_exist=False).wait()
-    broker.claim([b"q1"], b"w", 1, False, None, None)
+    broker.claim_committed([b"q1"], b"w", 1, False)
 
 
 def test_every_queue_and_the_server_wide_figures(broker):

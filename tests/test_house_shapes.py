@@ -38,14 +38,14 @@ def plain(value) -> bool:
 def test_the_broker_answers_plain_rows(broker):
     first = broker.push(b"q", b"*", [b"f", b"v"]).wait()
     broker.push(b"q", b"*", [b"f", b"w"]).wait()
-    claimed = broker.claim([b"q"], b"w1", 1, False, None, None)
+    claimed = broker.claim_committed([b"q"], b"w1", 1, False)
     assert plain(claimed) and list(claimed) == [b"q"]
     (row,) = claimed[b"q"]
     assert b"%d-%d" % row[:2] == first and row[2] == '["f", "v"]'  # the task row as storage reads it
     cursor, taken = broker.autoclaim(b"q", b"w2", 0, (0, 0), 10, False).wait()
     assert cursor == (0, 0) and [task[:2] for task in taken] == [row[:2]] and plain(taken)
     assert broker.take_over(b"q", b"w2", 0, [row[:2]], justid=True).wait() == [row[:2]]
-    idle = broker.claim([b"q"], b"w3", 10, False, None, None, claim_idle=0)
+    idle = broker.claim_committed([b"q"], b"w3", 10, False, claim_idle=0)
     assert plain(idle) and [task[3:] for task in idle[b"q"]][1:] == [(0, 0)]  # the new task: idle 0, 0 deliveries
     looked = broker.look([(b"q", (b"q", False), (0, 0))], 10).wait()
     assert plain(looked) and len(looked[b"q"]) == 2
@@ -160,11 +160,11 @@ def test_the_moves_of_the_counts_are_the_drawing():
 
 
 def test_a_move_not_drawn_is_refused_and_counts_nothing():
-    from ezra.broker.core import QueueState
+    from ezra.broker.queues import Queues
     from ezra.errors import StateGuardFailed
     from ezra.lifecycle import AVAILABLE, DONE, GONE
 
-    queue = QueueState(b"q")
+    queue = Queues(None).new(b"q")
     queue.move(GONE, AVAILABLE, 3)
     with pytest.raises(StateGuardFailed, match="done -> available"):
         queue.move(DONE, AVAILABLE)
@@ -179,13 +179,13 @@ def test_counts_change_only_through_queue_state_move():
     by_hand = [f"{path.name}:{n}" for path in sorted(broker.glob("*.py"))
                for n, line in enumerate(path.read_text().splitlines(), 1)
                if re.search(r"counts\[[^\]]+\]\s*[-+]=", line) and "def move" not in line]
-    assert by_hand == ["core.py:%d" % n for n in core_move_lines()]
+    assert by_hand == ["queues.py:%d" % n for n in core_move_lines()]
 
 
 def core_move_lines() -> list[int]:
     from pathlib import Path
 
-    core = (Path(__file__).resolve().parent.parent / "ezra" / "broker" / "core.py").read_text().splitlines()
+    core = (Path(__file__).resolve().parent.parent / "ezra" / "broker" / "queues.py").read_text().splitlines()
     start = next(n for n, line in enumerate(core, 1) if "def move(" in line)
     return [n for n, line in enumerate(core, 1) if n > start and re.search(r"counts\[[^\]]+\]\s*[-+]=", line)][:2]
 

@@ -86,7 +86,7 @@ def push(broker, fields=(b"a", b"1"), delay_ms=0, ttl_ms=None) -> bytes:
 
 
 def claim(broker, queue=b"q", worker=b"w"):
-    result = broker.claim([queue], worker, 10, False, block_ms=None, wait=None)
+    result = broker.claim_committed([queue], worker, 10, False)
     return [stream_ids.format_id(row[:2]) for row in result[queue]] if result else []  # plain rows (issue 25)
 
 

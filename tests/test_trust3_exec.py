@@ -280,7 +280,7 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
         def an_exec():
             with broker.writer.atomic() as atomic:
                 pushed = broker.push(b"results", b"*", [b"r", b"1"])
-                claimed = broker.claim([b"jobs"], b"w1", 1, False, None, None)
+                claimed = broker.claim_committed([b"jobs"], b"w1", 1, False)
             return atomic.wait(), pushed, claimed
 
         def big_push():
@@ -290,7 +290,7 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
                 return exc
 
         greenlets = [gevent.spawn(an_exec), *(gevent.spawn(big_push) for _ in range(7)),
-                     gevent.spawn(broker.claim, [b"jobs"], b"w2", 1, False, None, None)]
+                     gevent.spawn(broker.claim_committed, [b"jobs"], b"w2", 1, False)]
         gevent.joinall(greenlets, raise_error=True)
         undone, _, _ = greenlets[0].value
         assert "disk full" in str(undone), undone

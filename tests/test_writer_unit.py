@@ -80,12 +80,11 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
     broker = open_broker(tmp_path, durability="normal")
     try:
         broker.push(b"jobs", b"*", [b"f", b"v"]).wait()
-        claimed = broker.claim([b"jobs"], b"w1", 1, False, None, None)
+        claimed = broker.claim_committed([b"jobs"], b"w1", 1, False)
         assert claimed and broker.queue_counts()[b"jobs"]["in_flight"] == 1
 
         def blocked_read():
-            return broker.claim([b"jobs"], b"w2", 1, False, 0, lambda event, timeout: event.wait(timeout),
-                               claim_idle=60_000)
+            return broker.claim([b"jobs"], b"w2", 1, False, claim_idle=60_000)
 
         reader = gevent.spawn(blocked_read)
         gevent.sleep(0)  # the reader's batch is open and it waits for the commit

@@ -1,11 +1,12 @@
 """The broker: EZRA's queue state machine. `from ezra.broker import Broker`.
 
-The Broker's verbs (the public methods the command handlers call; each runs in
-a connection greenlet and submits a `_tx_*` script to the writer):
+The Broker's verbs (the public methods the command handlers call; each runs in a connection
+greenlet and submits one part's `tx_*` transaction to the writer):
 
     verb                 command                  what it does
     push                 XADD                     add a task (delayed, TTL, idempotent, dead)
-    claim                XREADGROUP >             claim tasks, or block until one comes
+    claim_now            XREADGROUP >             claim tasks (pipelined: answered with the read's others)
+    claim, unblock       XREADGROUP > BLOCK       claim, or a Waiter in line for the front to wait on
     claim_own            XREADGROUP <id>          claim the worker's own tasks in flight again
     ack                  XACK                     a task is done
     fail                 XNACK / XDEL             a delivery failed: back (with backoff) or dead
@@ -23,10 +24,10 @@ a connection greenlet and submits a `_tx_*` script to the writer):
     configure            XCFGSET                  a queue's settings (pause, lease, backoff...)
     requeue              XREQUEUE                 dead letters back to the queue
     ack_delete           XACKDEL                  ack and remove
-    stream_info, tasks   XINFO                    a queue's figures and tasks
+    stream_info, tasks_in XINFO                   a queue's figures and tasks
     figures              INFO, /metrics, dashboard  one snapshot of the figures (a Figures)
     backup               BGSAVE / SAVE            hot backup of the database
-    look, observe        XREAD                    read without claiming; block for new entries
+    look; watch, unwatch XREAD [BLOCK]            read without claiming; an Observer to wait on
     existing             EXISTS, TYPE             which names are queues
     names_after          XINFO QUEUES, INFO       a page of the queue names, in byte order
     queue_counts         (tests)                  every queue's counts by state
@@ -38,25 +39,38 @@ What they return are plain values, never a reply type: task rows as storage read
 (id_ms, id_seq, fields JSON, ...), ids as (ms, seq), tuples, and the broker's own dataclasses
 (Figures, StreamInfo). The commands build Redis's shapes from them (commands/replies.py).
 
-The parts (mixins of Broker, in its bases' order; each is a class over BrokerCore):
+The parts are plain objects, each given what it uses when the Broker builds them; none calls
+back into the Broker but workers.py's release timer, which is handed the one function it
+calls. From the bottom up (a part imports only those below it):
 
-    base.py       BrokerCore: the attributes and helpers the parts share through `self`
-    core.py       Broker: push, ack, fail; per-queue state (QueueState), the settings in force
-    claims.py     XREADGROUP's claims; the workers blocked waiting for one (Waiter), woken per batch
-    leases.py     XCLAIM / XAUTOCLAIM / XREADGROUP CLAIM; release on disconnect
-    upkeep.py     the reaper: expiry, delayed tasks coming due, retention, TTL, vacuum
-    admin.py      XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, figures(), hot backup
-    observers.py  XREAD: a read-only look at a queue, woken by pushes without taking them
+    queues.py       QueueState: one queue's counts (changed only by `move`), settings, and the
+                    policy they make with the server's defaults; Queues: the table of them, the
+                    names in order, the totals since start
+    waiters.py      XREADGROUP's blocked workers (Waiter), a line per queue, woken after a batch
+    observers.py    XREAD's blocked readers (Observer), per view, woken after a batch that grew it
+    schedule.py     the reaper's schedule: the earliest time each kind of upkeep can be due
+    workers.py      worker names: connections, queues where each was leased tasks, release timers
+    transitions.py  the state changes verbs share, in a batch: a queue made, an event counted,
+                    tasks claimed, failures decided, deletions, purges, waiters served
+    tasks.py        push, ack, nack, delete, create, and the reads of a queue's tasks
+    leases.py       XCLAIM, XAUTOCLAIM, XREADGROUP CLAIM; a gone worker's tasks released
+    claims.py       XREADGROUP's claims, a waiter put in line
+    upkeep.py       the reaper: expiry, delayed tasks coming due, retention, TTL, trimming, vacuum
+    admin.py        XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, figures(), hot backup
+    views.py        XREAD's looks at a view after an id
+    core.py         Broker: builds them, the verbs, the writer's hooks (after a batch, a reload)
 
 Beside them, not a part: schedules.py's Scheduler (XSCHEDULE), a plain object over the Broker
-that fires periodic pushes through `_tx_push` in its own writer scripts.
+that fires periodic pushes through `Tasks.tx_push` in its own writer transactions.
+
+A blocking read is the front's to wait for (commands/table.py): `claim` answers what it claimed
+or a registered Waiter; `watch` registers an Observer; `unblock` and `unwatch` end the wait.
 
 What the parts may import: the layers below (storage, writer, lifecycle, stream_ids,
 errors, queue_settings, trimming), gevent and loguru; never resp or commands (the broker
 returns plain values: rows, tuples, its own dataclasses; commands/ build Redis's shapes),
-server, web, tools or app, which call the broker, not the other way round. A part
-reaches another only through `self`, by names BrokerCore declares
-(scripts/broker_xrefs.py counts the undeclared ones: keep it at 0).
+server, web, tools or app, which call the broker, not the other way round.
+tests/test_layout.py finds no import circle, with the type checkers' imports counted too.
 """
 
 from .admin import ALL_QUEUES, Figures

@@ -1,4 +1,4 @@
-"""Operators' side of the Broker (a mixin): settings, redrive, XACKDEL, figures, backup.
+"""Operators' side of the broker: settings, redrive, XACKDEL, figures, backup.
 
     configure      XCFGSET and the config file's queue lines: stored in `queues`, applied at once
                    (PAUSED 0 hands the queue's available tasks to its blocked workers in that batch)
@@ -29,7 +29,6 @@ from ..queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, name_bytes, reads
 from ..storage.database import task_by_id
 from ..stream_ids import MAX_ID_PART
-from .base import BrokerCore
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
 TOP = (MAX_ID_PART, MAX_ID_PART)
@@ -70,8 +69,7 @@ class StreamInfo:
 # Counters, one word per idea:
 #   counts   tasks in each state now (QueueState.counts: available, delayed, in_flight, done, dead)
 #   totals   how many times each event happened since start: QueueState.totals per queue, and
-#            Figures.totals in all (core.TALLIES names the events; Broker.stats and _tally, which
-#            add to both, keep their names until the broker's rework: they are totals too)
+#            Figures.totals in all (Queues.totals; queues.TALLIES names the events)
 #   figures  a snapshot of counts, totals and the writer's numbers (Figures): INFO, /metrics, dashboard
 # "stats" is only what users see: INFO's Stats section (Redis's name) and `ezra stats`.
 @dataclass(slots=True)
@@ -82,7 +80,7 @@ class Figures:
     queues: dict                # {name: {"counts", "totals", "paused", "head_since"}}: the queues asked for
     rest: dict | None           # with busiest: {"counts", "totals", "paused"} summed over the other queues
     queue_count: int            # queues in all
-    totals: dict[str, int]      # events since start (core.TALLIES), all queues (Broker.stats)
+    totals: dict[str, int]      # events since start (queues.TALLIES), all queues (Queues.totals)
     blocked: int                # blocked XREADGROUPs and XREADs
     database_bytes: int         # ezra.db and its WAL
     batches: int                # the writer's committed batches (transactions)
@@ -94,22 +92,20 @@ class Figures:
     fsync_seconds: tuple | None  # seconds per fsync (None: --durability normal does not fsync per commit)
 
 
-class QueueAdmin(BrokerCore):
-    """Operator commands (mixed into Broker)."""
+class Admin:
+    """The operators' transactions and the figures, over the file, the queues and the writer."""
+
+    def __init__(self, db, queues, transitions, waiters, observers, writer, settings, clock):
+        self.db = db
+        self.queues = queues
+        self.transitions = transitions
+        self.waiters = waiters
+        self.observers = observers
+        self.writer = writer
+        self.settings = settings
+        self.clock = clock
 
     # ------------------------------------------------------------ greenlet API
-
-    def configure(self, queue: bytes, changes: dict):
-        """XCFGSET: apply and store settings ({column: value}); creates the queue if needed."""
-        return self.writer.submit(self._tx_configure, queue, changes, grows=True)
-
-    def requeue(self, queue: bytes, ids: list[tuple] | None):
-        """XREQUEUE: dead tasks (these ids, or all with None) back to available; how many moved."""
-        return self.writer.submit(self._tx_requeue, queue, ids)
-
-    def ack_delete(self, queue: bytes, ids: list[tuple]):
-        """XACKDEL: per id, True (acked and deleted) or False (not in flight nor done)."""
-        return self.writer.submit(self._tx_ack_delete, queue, ids)
 
     def stream_info(self, queue: bytes, full_count: int | None = None, apart: bool = True):
         """The figures of XINFO STREAM / GROUPS / CONSUMERS (a StreamInfo); ERR no such key if none.
@@ -119,18 +115,18 @@ class QueueAdmin(BrokerCore):
         on a native thread) unless `apart` is False (inside EXEC, which cannot wait)."""
         counted = None
         if apart and queue in self.queues:
-            counted = self._read_apart(reads.stream_counts, queue, self.clock())
-        return self.writer.submit(self._tx_stream_info, queue, full_count, counted, durable=False)
+            counted = self.read_apart(reads.stream_counts, queue, self.clock())
+        return self.writer.submit(self.tx_stream_info, queue, full_count, counted, durable=False)
 
     def tasks(self, queue: bytes, state: str, count: int, after: tuple = (0, 0)):
         """Up to `count` tasks of one state (storage.INSPECT_COLUMNS rows): XINFO TASKS, the dashboard.
         "unfinished": available, delayed and in-flight ones in id order, each row ending with its state."""
-        return self.writer.submit(self._tx_tasks, queue, state, count, after, durable=False)
+        return self.writer.submit(self.tx_tasks, queue, state, count, after, durable=False)
 
     def task(self, queue: bytes, task_id: tuple) -> tuple | None:
         """One task by id (storage.INSPECT_COLUMNS + state), or None: the dashboard's task page.
         Read apart, on a native thread: a page load never waits in the writer's queue nor holds it."""
-        return self._read_apart(task_by_id, queue, task_id)
+        return self.read_apart(task_by_id, queue, task_id)
 
     def figures(self, queues=(), head_since: bool = True, busiest: int | None = None) -> Figures:
         """The broker's figures in one snapshot, taken on the event loop in one go (INFO, /metrics,
@@ -145,8 +141,8 @@ class QueueAdmin(BrokerCore):
 
         head_since=False skips the one index lookup per queue shown that it costs (INFO)."""
         if not queues and busiest is None:
-            return self._tx_figures(queues, head_since, busiest)
-        return self.writer.call(self._tx_figures, queues, head_since, busiest, durable=False)
+            return self.tx_figures(queues, head_since, busiest)
+        return self.writer.call(self.tx_figures, queues, head_since, busiest, durable=False)
 
     def backup(self, dest_path: str) -> dict:
         """BACKUP: copy the live database (SQLite online backup) to a new file in the backup
@@ -161,7 +157,7 @@ class QueueAdmin(BrokerCore):
             raise error
         return counts
 
-    def _read_apart(self, query, *args):
+    def read_apart(self, query, *args):
         """`query(conn, *args)` (storage.reads) on a native thread with a connection of its own, once
         every write this greenlet submitted has committed: the event loop serves others meanwhile."""
         self.writer.barrier()
@@ -173,23 +169,23 @@ class QueueAdmin(BrokerCore):
 
     # ------------------------------------------------------------ writer's batch
 
-    def _tx_configure(self, name: bytes, changes: dict) -> bool:
+    def tx_configure(self, name: bytes, changes: dict) -> bool:
         now = self.clock()
-        queue = self._queue(name, now)
-        idmp_before, paused_before = self._idmp_limits(queue), self._paused(queue)
+        queue = self.transitions.queue(name, now)
+        idmp_before, paused_before = queue.idmp_limits(), queue.is_paused()
         for column, value in changes.items():
             setattr(queue, column, value)
-        if self._idmp_limits(queue) != idmp_before:
+        if queue.idmp_limits() != idmp_before:
             self.db.producers.forget(name)  # as Redis: other IDMP limits start from an empty map
         self.db.save_settings(name, changes)
         queue.next_purge = 0  # retention may have changed: the reaper looks again
-        if self._paused(queue) != paused_before:
+        if queue.is_paused() != paused_before:
             logger.info("queue {!r} {}", name.decode("utf-8", "replace"),
-                        "paused: pushes land, nothing is handed out" if self._paused(queue) else "resumed")
-            self._serve_waiters(queue, now)  # resumed: blocked workers get its tasks now
+                        "paused: pushes land, nothing is handed out" if queue.is_paused() else "resumed")
+            self.transitions.serve_waiters(queue, now)  # resumed: blocked workers get its tasks now
         return True
 
-    def _tx_requeue(self, name: bytes, ids: list[tuple] | None) -> int:
+    def tx_requeue(self, name: bytes, ids: list[tuple] | None) -> int:
         queue = self.queues.get(name)
         if queue is None or not queue.counts[DEAD]:
             return 0
@@ -197,8 +193,8 @@ class QueueAdmin(BrokerCore):
         self._release_held_keys(name, ids)
         moved = self.db.requeue(name, ids, now)
         queue.move(DEAD, AVAILABLE, moved)
-        self._tally(queue, "requeued", moved)
-        self._serve_waiters(queue, now)
+        self.transitions.tally(queue, "requeued", moved)
+        self.transitions.serve_waiters(queue, now)
         return moved
 
     def _release_held_keys(self, name: bytes, ids: list[tuple] | None) -> None:
@@ -212,21 +208,21 @@ class QueueAdmin(BrokerCore):
                            "unfinished task holds (the first: {})", name.decode("utf-8", "replace"),
                            len(released), stream_ids.format_id(min(released)).decode())
 
-    def _tx_tasks(self, name: bytes, state: str, count: int, after: tuple) -> list[tuple]:
+    def tx_tasks(self, name: bytes, state: str, count: int, after: tuple) -> list[tuple]:
         if name not in self.queues:
             raise errors.NO_SUCH_KEY
         if state == "unfinished":  # ezra export's one pass in id order: rows carry their state
             return self.db.tasks_by_id(name, lifecycle.WAITING, count, after)
         return self.db.tasks_in_state(name, state, count, after)
 
-    def _tx_figures(self, queues, head_since: bool, busiest: int | None) -> Figures:
+    def tx_figures(self, queues, head_since: bool, busiest: int | None) -> Figures:
         rest = None
         if busiest is not None:
             queues, rest = self._busiest(busiest)
         writer = self.writer
         return Figures(
             now=self.clock(), queues=self._queue_figures(queues, head_since), rest=rest,
-            queue_count=len(self.queues), totals=dict(self.stats), blocked=self.blocked_clients(),
+            queue_count=len(self.queues), totals=dict(self.queues.totals), blocked=self.waiters.count() + self.observers.count(),
             database_bytes=self.db.bytes_on_disk(), batches=writer.batches,
             committed_requests=writer.committed_requests, fsyncs=writer.fsyncs, disk_full=writer.disk_full,
             batch_sizes=_copy(writer.batch_sizes), commit_seconds=_copy(writer.commit_seconds),
@@ -235,7 +231,7 @@ class QueueAdmin(BrokerCore):
     def _queue_figures(self, names, head_since: bool) -> dict:
         queues = self.queues.items() if names == ALL_QUEUES else \
             [(name, self.queues[name]) for name in names if name in self.queues]
-        return {name: {"counts": dict(queue.counts), "totals": dict(queue.totals), "paused": self._paused(queue),
+        return {name: {"counts": dict(queue.counts), "totals": dict(queue.totals), "paused": queue.is_paused(),
                        # when the next task to deliver became available (ms): how long it waits
                        "head_since": self.db.head_available_since(name)
                        if head_since and queue.counts[AVAILABLE] else None}
@@ -256,9 +252,9 @@ class QueueAdmin(BrokerCore):
         return shown, None if not rest else {
             "counts": {state: sum(map(itemgetter(state), counts)) for state in lifecycle.STATES},
             "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]},
-            "paused": sum(1 for queue in rest if self._paused(queue))}
+            "paused": sum(1 for queue in rest if queue.is_paused())}
 
-    def _tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[bool]:
+    def tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[bool]:
         queue = self.queues.get(name)
         if queue is None:
             return [False] * len(ids)
@@ -270,13 +266,13 @@ class QueueAdmin(BrokerCore):
                 continue
             queue.move(state, GONE)
             if state == IN_FLIGHT:
-                self._tally(queue, "acked")
+                self.transitions.tally(queue, "acked")
             deleted.append(task_id)
             replies.append(True)
-        self._note_deleted(queue, deleted)
+        self.transitions.note_deleted(queue, deleted)
         return replies
 
-    def _tx_stream_info(self, name: bytes, full_count: int | None, counted: tuple | None) -> StreamInfo:
+    def tx_stream_info(self, name: bytes, full_count: int | None, counted: tuple | None) -> StreamInfo:
         queue = self.queues.get(name)
         if queue is None:
             raise errors.NO_SUCH_KEY
@@ -324,7 +320,7 @@ class QueueAdmin(BrokerCore):
         """Redis 8.6's idempotency figures, EZRA's counts by state and the settings in force."""
         pids, iids = idmp
         return {
-            "idmp": self._idmp_limits(queue), "pids_tracked": pids, "iids_tracked": iids,
+            "idmp": queue.idmp_limits(), "pids_tracked": pids, "iids_tracked": iids,
             "iids_added": queue.iids_added, "iids_duplicates": queue.iids_duplicates,
             "counts": dict(queue.counts), "settings": self._settings_shown(queue),
         }
@@ -332,12 +328,12 @@ class QueueAdmin(BrokerCore):
     def _settings_shown(self, queue) -> dict:
         """Every setting as it applies now, in the text XCFGSET takes (XINFO STREAM)."""
         return {
-            "visibility-timeout": number(self._visibility_timeout(queue)),
-            "max-attempts": str(self._max_attempts(queue)),
-            "retention": optional_seconds(self._retention(queue), "forever"),
-            "backoff": backoff_text(self._backoff(queue)),
-            "release-on-disconnect": optional_seconds(self._release_grace(queue), "off"),
-            "paused": "1" if self._paused(queue) else "0",
+            "visibility-timeout": number(queue.lease_seconds()),
+            "max-attempts": str(queue.attempts_allowed()),
+            "retention": optional_seconds(queue.retention(), "forever"),
+            "backoff": backoff_text(queue.backoff_policy()),
+            "release-on-disconnect": optional_seconds(queue.release_grace(), "off"),
+            "paused": "1" if queue.is_paused() else "0",
         }
 
 

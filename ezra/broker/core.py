@@ -1,52 +1,39 @@
-"""The Broker: push, ack, fail; queue state and the settings in force. The rest is in five mixins.
+"""The Broker: the verbs the command handlers call, over parts that each own their state.
 
-The public methods run in connection greenlets. Each submits a transaction
-script (the `_tx_*` methods) to the writer, which runs it in a batch; only
-those scripts touch `self.queues` (per-queue caches: last id, settings, counts),
-so no locks are needed. The mixins follow the same rule:
+The verbs run in connection greenlets. Each submits a transaction (a part's `tx_*` method) to
+the writer, which runs it in a batch; only batches change the queues' states, so no locks are
+needed. The parts are plain objects, each given what it uses (broker/__init__.py draws them).
 
-    claims.py       XREADGROUP's claims and the workers blocked waiting for one
-    leases.py       XCLAIM / XAUTOCLAIM / XREADGROUP CLAIM; release on disconnect
-    upkeep.py       the reaper: expiry, delayed tasks coming due, retention, TTL, vacuum
-    admin.py        XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, hot backup
-    observers.py    XREAD: a read-only look at a queue, woken by pushes without taking them
-
-Whatever makes a task available (push, nack, expiry...) calls `_serve_waiters`
-(claims.py) in its transaction, so a blocked worker gets it in the same batch.
+A blocking read is the front's to wait for (commands/table.py): `claim` answers what it
+claimed or a registered Waiter, `watch` registers an Observer; `unblock` and `unwatch` end it.
 """
 from __future__ import annotations
 
 import bisect
 import time
 
-from .. import errors, lifecycle, queue_settings, stream_ids
+from .. import errors, lifecycle
+from ..lifecycle import IN_FLIGHT
+from ..storage import SETTING_COLUMNS, Database, name_bytes, reads
+from ..writer import Writer
+from .admin import Admin
 from .claims import Claims
 from .leases import Leases
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
-from .observers import Observers
-from .admin import QueueAdmin
-from ..storage import SETTING_COLUMNS, Database, name_bytes, reads
-from .upkeep import Upkeep
-from ..writer import Writer
+from .observers import Observer, Observers
+from .queues import Defaults, Queues
+from .schedule import ReaperSchedule
+from .tasks import Tasks
+from .transitions import Transitions
+from .upkeep import Reaper
+from .views import Views
+from .waiters import Waiter, Waiters
+from .workers import WorkerNames
 
-# A queue's name is in every row of its tasks, every INFO line, /metrics series and dashboard row:
-# 10 queues with 1 MB names made each scrape 162 MB. A new queue's name is at most this long;
-# queues an older EZRA created with longer names keep working (drain, settings, XINFO), and
-# /metrics and the dashboard show their names cut (web/).
-MAX_QUEUE_NAME = 256  # bytes
 # Past this many tasks in flight, XPENDING's summary is counted apart (on a native thread): up to
 # it, counting in the transaction costs well under a millisecond and answers without a thread hop.
 READ_APART_IN_FLIGHT = 2000
 DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA caps it
 MAX_READ_COUNT = 10000
-INF = float("inf")
-# Events counted since start, per queue and in all (INFO stats, /metrics, the dashboard):
-# pushed, delivered (of which redelivered: a task delivered before), acked, failed (XNACK,
-# XDEL), expired (lease ran out), released (worker gone), dead, requeued (from dead), purged.
-TALLIES = ("pushed", "delivered", "redelivered", "acked", "failed", "expired", "released", "dead",
-           "requeued", "purged")
-# The events that add entries to what XREAD sees: to the live queue, or to its dead view (True).
-VIEW_GROWS = {"pushed": False, "requeued": False, "dead": True}
 
 
 def now_ms() -> int:
@@ -65,72 +52,59 @@ class Answered:
         return self.value
 
 
-class QueueState:
-    """What the broker remembers about one queue (settings as stored: None = the server's)."""
-
-    __slots__ = ("name", "last_id", "counts", "group", "last_delivered", "next_purge", "trim_floor",
-                 "deleted", "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates",
-                 "totals", *SETTING_COLUMNS)
-
-    def __init__(self, name: bytes, last_id=(0, 0)):
-        self.name = name
-        self.last_id = last_id
-        self.counts = dict.fromkeys(lifecycle.STATES, 0)
-        self.group = None           # the name XGROUP CREATE gave
-        self.last_delivered = None  # newest id delivered; None: not known since start
-        self.next_purge = 0         # no done task is due for purging before this (ms)
-        self.trim_floor = (0, 0)    # no done task has a lower id (trimming scans from here)
-        self.deleted = 0            # tasks removed for good, and the newest of them
-        self.max_deleted = (0, 0)
-        self.deleted_dirty = False
-        self.iids_added = self.iids_duplicates = 0
-        self.totals = dict.fromkeys(TALLIES, 0)  # events since start (metrics, dashboard)
-        for column in SETTING_COLUMNS:
-            setattr(self, column, None)
-
-    def move(self, from_state: str | None, to_state: str | None, n: int = 1) -> None:
-        """The one place state counts change: n tasks moved (lifecycle.MOVES; GONE, None, is
-        outside the queue: a push comes from it, a delete or purge goes to it)."""
-        if (from_state, to_state) not in lifecycle.MOVES:
-            raise errors.move_not_drawn(from_state, to_state)
-        counts = self.counts
-        if from_state is not GONE:
-            counts[from_state] -= n
-        if to_state is not GONE:
-            counts[to_state] += n
-
-
-class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
+class Broker:
     """The queue operations, as greenlets call them."""
 
     def __init__(self, db: Database, settings, clock=now_ms):
         self.db = db
         self.settings = settings
-        self.default_backoff = queue_settings.backoff_policy(settings.backoff)
         self.clock = clock
-        self.queues: dict[bytes, QueueState] = {}
-        self.stats = dict.fromkeys(TALLIES, 0)
-        Claims.__init__(self)
-        Leases.__init__(self)
-        Upkeep.__init__(self)
-        Observers.__init__(self)
+        self.queues = Queues(Defaults(settings))
+        self.waiters = Waiters()
+        self.observers = Observers()
+        self.schedule = ReaperSchedule(clock)
+        self.workers = WorkerNames(self.queues, clock, self._release_gone_worker)
+        self.transitions = Transitions(db, self.queues, self.waiters, self.observers, self.schedule, self.workers)
         self._reload()
         self.writer = Writer(db, fsync_durable=settings.durability == "full",
                              on_rollback=self._reload, after_batch=self._after_batch)
+        self.reaper = Reaper(db, self.queues, self.transitions, self.schedule, self.writer, clock)
+        self.leases = Leases(db, self.queues, self.transitions, self.schedule, self.workers, clock)
+        self.claims = Claims(db, self.queues, self.transitions, self.leases, self.waiters, self.schedule, clock)
+        self.tasks = Tasks(db, self.queues, self.transitions, self.waiters, self.observers, self.schedule,
+                           self.reaper, clock)
+        self.admin = Admin(db, self.queues, self.transitions, self.waiters, self.observers, self.writer,
+                           settings, clock)
+        self.views = Views(db, self.queues)
 
     # ------------------------------------------------------------ life
 
+    def start_reaper(self) -> None:
+        self.reaper.start()
+
+    def maintain(self) -> bool:
+        """One reaper pass now (tests): True when a batch was full."""
+        return self.reaper.maintain()
+
     def stop(self) -> None:
         """Stop the reaper and release timers, then commit and answer whatever is queued."""
-        self.stop_reaper()
-        self.stop_release_timers()
+        self.reaper.stop()
+        self.workers.stop_timers()
         try:
-            self.writer.call(self._tx_flush_deleted, durable=False)
+            self.writer.call(self.transitions.flush_deleted, durable=False)
         except errors.CommandError:
             pass  # the writer is stopping already
         self.writer.stop()
 
-    # ------------------------------------------------------------ greenlet API
+    def cancel_waiters(self) -> None:
+        """Shutdown: every blocked worker (XREADGROUP) and observer (XREAD) gets a null reply now."""
+        self.writer.call(self._tx_cancel_waiters, durable=False)
+
+    def _tx_cancel_waiters(self) -> None:
+        self.observers.cancel_all()
+        self.waiters.serve_all_null()
+
+    # ------------------------------------------------------------ tasks
 
     def push(self, queue: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool = False,
              delay_ms: int = 0, ttl_ms: int | None = None, idmp: tuple | None = None,
@@ -145,123 +119,238 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
         `trim` (trimming.Trim): done tasks removed after the push, in its transaction.
         `unique` (XADD UNIQUE): while an unfinished task of the queue holds that key, its id is the
         result and nothing is stored."""
-        return self.writer.submit(self._tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
+        return self.writer.submit(self.tasks.tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
                                   attempts, dead, trim, unique, failure, grows=True)
 
     def trim(self, queue: bytes, trim):
         """XTRIM ~: remove done tasks as `trim` (trimming.Trim) says; how many went."""
-        return self.writer.submit(self._tx_trim, queue, trim)
+        return self.writer.submit(self.tasks.tx_trim, queue, trim)
 
     def destroy_group(self, queue: bytes, group: bytes):
         """XGROUP DESTROY: 1 if XGROUP CREATE named that group (forgotten now), else 0. Tasks stay."""
-        return self.writer.submit(self._tx_destroy_group, queue, group)
+        return self.writer.submit(self.tasks.tx_destroy_group, queue, group)
 
     def delete_worker(self, queue: bytes, worker: bytes):
         """XGROUP DELCONSUMER: the worker's in-flight tasks in `queue` go back; how many."""
-        return self.writer.submit(self._tx_delete_worker, queue, worker)
+        return self.writer.submit(self.tasks.tx_delete_worker, queue, worker)
 
     def ack(self, queue: bytes, ids: list[tuple]):
-        return self.writer.submit(self._tx_ack, queue, ids)
+        return self.writer.submit(self.tasks.tx_ack, queue, ids)
 
     def fail(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
              retry_count: int | None = None, force: bool = False, reason: bytes | None = None,
              cause: str = lifecycle.NACKED):
         """XNACK (and XDEL on a live queue, cause XDEL_REPORT): report failed attempts, and why."""
-        return self.writer.submit(self._tx_fail, queue, ids, mode, retry_count, force, reason, cause)
+        return self.writer.submit(self.tasks.tx_fail, queue, ids, mode, retry_count, force, reason, cause)
 
     def delete_dead(self, queue: bytes, ids: list[tuple]):
-        return self.writer.submit(self._tx_delete_dead, queue, ids)
+        return self.writer.submit(self.tasks.tx_delete_dead, queue, ids)
 
     def create_queue(self, queue: bytes, must_exist: bool, group: bytes | None = None):
-        return self.writer.submit(self._tx_create_queue, queue, must_exist, group, grows=True)
+        return self.writer.submit(self.tasks.tx_create_queue, queue, must_exist, group, grows=True)
 
     def length(self, queue: bytes, dead: bool):
-        return self.writer.submit(self._tx_length, queue, dead, durable=False)
+        return self.writer.submit(self.tasks.tx_length, queue, dead, durable=False)
 
     def range(self, queue: bytes, dead: bool, start, end, count, reverse: bool):
         """XRANGE / XREVRANGE: task rows (id_ms, id_seq, fields JSON, ...); None for COUNT 0 on a queue."""
-        return self.writer.submit(self._tx_range, queue, dead, start, end, count, reverse, durable=False)
+        return self.writer.submit(self.tasks.tx_range, queue, dead, start, end, count, reverse, durable=False)
 
     def pending_summary(self, queue: bytes, apart: bool = True):
         """XPENDING summary: (first id, last id, [(worker, count)]) of in-flight tasks.
 
         It counts them row by row (400,000 in flight: 28 ms), so above READ_APART_IN_FLIGHT it
         is read apart, on a native thread, unless `apart` is False (inside EXEC, which cannot wait)."""
-        state = self.queues.get(queue)  # a plain read between batches, as _nothing_to_claim's
+        state = self.queues.get(queue)  # a plain read between batches, as nothing_to_claim's
         if apart and state is not None and state.counts[IN_FLIGHT] > READ_APART_IN_FLIGHT:
-            first, last, workers = self._read_apart(reads.pending_summary, queue)
+            first, last, workers = self.admin.read_apart(reads.pending_summary, queue)
             return Answered((first, last, [(name_bytes(worker), n) for worker, n in workers]))
-        return self.writer.submit(self._tx_pending_summary, queue, durable=False)
+        return self.writer.submit(self.tasks.tx_pending_summary, queue, durable=False)
 
     def pending_entries(self, queue: bytes, start, end, count, worker, min_idle_ms):
         """XPENDING's extended form: [(id, worker, idle ms, deliveries)] of tasks in flight."""
-        return self.writer.submit(self._tx_pending_entries, queue, start, end, count, worker, min_idle_ms,
+        return self.writer.submit(self.tasks.tx_pending_entries, queue, start, end, count, worker, min_idle_ms,
                                   durable=False)
 
     def names_after(self, after: bytes | None, count: int) -> list[bytes]:
         """Up to `count` queue names in byte order, after `after` (None: from the first): a page of
         the queue list (XINFO QUEUES, INFO, the dashboard) without sorting every name each time."""
-        names = self.queue_names  # a plain read between batches, as _nothing_to_claim's
+        names = self.queues.names  # a plain read between batches, as nothing_to_claim's
         start = 0 if after is None else bisect.bisect_right(names, after)
         return names[start:start + count]
 
     def queue_counts(self) -> dict[bytes, dict[str, int]]:
         """A snapshot of every queue's counts by state."""
-        return self.writer.call(self._tx_counts, durable=False)
+        return self.writer.call(self.tasks.tx_counts, durable=False)
 
     def existing(self, names: list[bytes]) -> set[bytes]:
         """Which of these names are queues (EXISTS, TYPE), once what was submitted before is in:
         a lookup per name, not a copy of every queue's counts (50,000 queues: ~50 ms a call)."""
-        return self.writer.call(self._tx_existing, names, durable=False)
+        return self.writer.call(self.tasks.tx_existing, names, durable=False)
 
-    # ------------------------------------------------------------ settings, as they apply now
+    # ------------------------------------------------------------ claims (XREADGROUP)
 
-    def _visibility_timeout(self, queue: QueueState) -> float:
-        vt = queue.visibility_timeout
-        return self.settings.visibility_timeout if vt is None else vt
+    def claim(self, queues: list[bytes], worker: bytes, count: int, noack: bool, claim_idle: int | None = None):
+        """XREADGROUP '>' that may block: what it claimed ({queue: task rows}; with CLAIM the rows are
+        (id_ms, id_seq, fields JSON, idle ms, deliveries)), or a Waiter in line, for the front to
+        wait on (then `unblock` it if it was not woken). commands/replies.py shapes the rows."""
+        waiter = Waiter(queues, worker, count, noack, claim_idle)
+        if self.claims.nothing_to_claim(queues, claim_idle):
+            self.waiters.register(waiter)  # no batch needed: see Claims.nothing_to_claim
+            return waiter
+        try:
+            result = self.writer.call(self.claims.tx_claim, queues, worker, count, noack, waiter, claim_idle,
+                                      durable=False)
+        except errors.CommandError:
+            self._forget(waiter)  # its batch rolled back: the client gets the error, nobody waits
+            raise
+        return waiter if result is None else result
 
-    def _max_attempts(self, queue: QueueState) -> int:
-        attempts = queue.max_attempts
-        return self.settings.max_attempts if attempts is None else attempts
+    def claim_now(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
+                  claim_idle: int | None = None):
+        """XREADGROUP with '>', without waiting: the request holding what it claimed, or None if it
+        claimed nothing. Its reply waits for the commit like any other (Deferred), so the claims of
+        one pipelined read share a commit and a send."""
+        if self.claims.nothing_to_claim(queues, claim_idle):
+            return None
+        request = self.writer.submit(self.claims.tx_claim, queues, worker, count, noack, None, claim_idle,
+                                     durable=False)
+        return None if request.result is None else request
 
-    def _retention(self, queue: QueueState) -> float | None:
-        """Seconds done tasks are kept; None: forever."""
-        retention = queue.retention_seconds
-        if retention is None:
-            return self.settings.retention_seconds
-        return None if retention < 0 else retention
+    def claim_committed(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
+                        claim_idle: int | None = None) -> dict | None:
+        """XREADGROUP with '>' that does not block, answered alone (XREADGROUP with ids): what it
+        claimed once committed, or None."""
+        request = self.claim_now(queues, worker, count, noack, claim_idle)
+        return None if request is None else request.wait()
 
-    def _backoff(self, queue: QueueState):
-        text = queue.backoff
-        return self.default_backoff if text is None else queue_settings.backoff_policy(text)
+    def unblock(self, waiter: Waiter, hung_up: bool = False):
+        """The front stops waiting (timed out; `hung_up`: the client is gone): what a batch that
+        committed just now claimed for it, or None. A gone client's tasks go back unspent."""
+        result = self.writer.call(self.claims.tx_unblock, waiter, durable=False)
+        if hung_up and result:
+            self._release_unsent(result)
+            return None
+        return result
 
-    def _release_grace(self, queue: QueueState) -> float | None:
-        """Seconds before a gone worker's tasks go back; None: never (off)."""
-        grace = queue.release_on_disconnect
-        if grace is None:
-            return self.settings.release_on_disconnect
-        return None if grace < 0 else grace
+    def claim_own(self, queue: bytes, worker: bytes, after: tuple, count: int | None):
+        """XREADGROUP with an id: this worker's own in-flight tasks after `after`."""
+        return self.writer.submit(self.claims.tx_claim_own, queue, worker, after, count, durable=False)
 
-    @staticmethod
-    def _paused(queue: QueueState) -> bool:
-        """XCFGSET PAUSED 1: nothing is handed out from this queue (stored 1; 0 or None: running)."""
-        return bool(queue.paused)
+    def blocked_clients(self) -> int:
+        """Blocked XREADGROUPs and XREADs (INFO's blocked_clients)."""
+        return self.waiters.count() + self.observers.count()
 
-    def _idmp_limits(self, queue: QueueState) -> tuple[int, int]:
-        """(IDMP-DURATION seconds, IDMP-MAXSIZE)."""
-        return (queue.idmp_duration or queue_settings.IDMP_DURATION_DEFAULT,
-                queue.idmp_maxsize or queue_settings.IDMP_MAXSIZE_DEFAULT)
+    def _forget(self, waiter: Waiter) -> None:
+        """Its worker will not wait after all: out of line, and what a later batch may have claimed
+        for it already given back."""
+        if waiter.registered:
+            self.waiters.unregister(waiter)
+        elif waiter.result:
+            self._release_unsent(waiter.result)
+            waiter.result = None
 
-    # ------------------------------------------------------------ writer's batch
+    def _release_unsent(self, result: dict) -> None:
+        """The worker hung up after tasks were claimed for it: give them back unspent."""
+        for name, rows in result.items():
+            ids = [row[:2] for row in rows]
+            self.writer.submit(self.tasks.tx_fail, name, ids, lifecycle.SILENT, None, False)
+
+    # ------------------------------------------------------------ leases
+
+    def take_over(self, queue: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms=None,
+                  time_ms=None, retry_count=None, force=False, justid=False):
+        """XCLAIM: the tasks now leased to `worker`, (id_ms, id_seq, fields JSON) rows, or (id_ms, id_seq)
+        with JUSTID."""
+        return self.writer.submit(self.leases.tx_take_over, queue, worker, min_idle, ids, idle_ms, time_ms,
+                                  retry_count, force, justid, durable=False)
+
+    def autoclaim(self, queue: bytes, worker: bytes, min_idle: int, start: tuple, count: int, justid: bool):
+        """XAUTOCLAIM: (next cursor, the tasks as XCLAIM's); the cursor (0, 0) when the scan is over.
+        (Redis's third part, the deleted ids, is always empty in EZRA: commands/ops.py adds it.)"""
+        return self.writer.submit(self.leases.tx_autoclaim, queue, worker, min_idle, start, count, justid,
+                                  durable=False)
+
+    def worker_seen(self, worker: bytes) -> None:
+        """A connection started using this worker name."""
+        self.workers.seen(worker)
+
+    def worker_gone(self, worker: bytes) -> None:
+        """A connection that used this worker name closed: its tasks may go back after a grace."""
+        self.workers.gone(worker)
+
+    def _release_gone_worker(self, worker: bytes, gone_at: int) -> float | None:
+        """WorkerNames' timer: the gone worker's tasks go back where the grace is over."""
+        return self.writer.call(self.leases.tx_release, worker, gone_at)
+
+    # ------------------------------------------------------------ XREAD
+
+    def look(self, reads: list[tuple], count: int):
+        """XREAD without BLOCK: a request whose result is {stream: task rows} (only those with some).
+
+        `reads`: (stream name as given, (queue, dead), after) with after an id, SINCE_NOW or LAST_ONE."""
+        return self.writer.submit(self.views.tx_look, reads, count, durable=False)
+
+    def watch(self, reads: list[tuple], count: int) -> tuple[Observer, list[tuple], dict]:
+        """XREAD BLOCK's start: an Observer of the views, watching before the first look (a push
+        committed after it wakes it), the reads with '$' and '+' fixed to now, and what that look
+        found. The front waits on the observer, `look`s again when woken, and `unwatch`es it."""
+        observer = Observer({view for _, view, _ in reads})
+        self.observers.watch(observer)
+        try:
+            reads, found = self.writer.call(self.views.tx_first_look, reads, count, durable=False)
+        except BaseException:
+            self.observers.unwatch(observer)
+            raise
+        return observer, reads, found
+
+    def unwatch(self, observer: Observer) -> None:
+        self.observers.unwatch(observer)
+
+    # ------------------------------------------------------------ operators (admin.py)
+
+    def configure(self, queue: bytes, changes: dict):
+        """XCFGSET: apply and store settings ({column: value}); creates the queue if needed."""
+        return self.writer.submit(self.admin.tx_configure, queue, changes, grows=True)
+
+    def requeue(self, queue: bytes, ids: list[tuple] | None):
+        """XREQUEUE: dead tasks (these ids, or all with None) back to available; how many moved."""
+        return self.writer.submit(self.admin.tx_requeue, queue, ids)
+
+    def ack_delete(self, queue: bytes, ids: list[tuple]):
+        """XACKDEL: per id, True (acked and deleted) or False (not in flight nor done)."""
+        return self.writer.submit(self.admin.tx_ack_delete, queue, ids)
+
+    def stream_info(self, queue: bytes, full_count: int | None = None, apart: bool = True):
+        """The figures of XINFO STREAM / GROUPS / CONSUMERS (admin.StreamInfo)."""
+        return self.admin.stream_info(queue, full_count, apart)
+
+    def tasks_in(self, queue: bytes, state: str, count: int, after: tuple = (0, 0)):
+        """Up to `count` tasks of one state: XINFO TASKS, the dashboard, ezra export."""
+        return self.admin.tasks(queue, state, count, after)
+
+    def task(self, queue: bytes, task_id: tuple) -> tuple | None:
+        """One task by id, or None: the dashboard's task page."""
+        return self.admin.task(queue, task_id)
+
+    def figures(self, queues=(), head_since: bool = True, busiest: int | None = None):
+        """One snapshot of the figures (admin.Figures): INFO, /metrics, the dashboard."""
+        return self.admin.figures(queues, head_since, busiest)
+
+    def backup(self, dest_path: str) -> dict:
+        """BACKUP: a copy of the live database in the backup directory; the copy's counts by state."""
+        return self.admin.backup(dest_path)
+
+    # ------------------------------------------------------------ the writer's hooks
 
     def _reload(self) -> None:
         """Rebuild the caches from the database (start-up, and after a rollback)."""
-        queues, before = {}, getattr(self, "queues", {})
+        queues, before = {}, dict(self.queues)
         for row in self.db.load_queues():
             key = name_bytes(row["name"])
             newest = None if row["newest_ms"] is None else (row["newest_ms"], row["newest_seq"])
             # Pushes do not save the last id (a page write saved per push): see _note_deleted.
-            queue = QueueState(key, max((row["last_id_ms"], row["last_id_seq"]), newest or (0, 0)))
+            queue = self.queues.new(key, max((row["last_id_ms"], row["last_id_seq"]), newest or (0, 0)))
             if key in before:  # counters since start survive a rollback (they never go down)
                 queue.totals = before[key].totals
                 queue.iids_added, queue.iids_duplicates = before[key].iids_added, before[key].iids_duplicates
@@ -275,237 +364,12 @@ class Broker(Claims, Leases, Upkeep, QueueAdmin, Observers):
             queue = queues.get(name_bytes(name))
             if queue is not None:
                 queue.counts[state] = count
-        self.queues = queues
-        self.queue_names = sorted(queues)  # kept in order as queues are made (_queue)
-        self.reset_schedule()  # the reaper looks again at everything it keeps a time for
+        self.queues.replace(queues)
+        self.schedule.reset()  # the reaper looks again at everything it keeps a time for
 
-    def _tally(self, queue: QueueState, event: str, n: int = 1) -> None:
-        self.stats[event] += n
-        queue.totals[event] += n
-        if self.observers and n and event in VIEW_GROWS:  # XREAD's blocked readers: seldom any
-            self._view_grew(queue.name, VIEW_GROWS[event])
+    def _after_batch(self, committed: bool) -> None:
+        """In the event loop, after a batch: wake the waiters it served, then the observers
+        (XREAD) of the views it added entries to."""
+        self.waiters.after_batch(committed)
+        self.observers.after_batch(committed)
 
-    def _queue(self, name: bytes, now: int, create: bool = True) -> QueueState | None:
-        queue = self.queues.get(name)
-        if queue is None and create:
-            if len(name) > MAX_QUEUE_NAME:  # raised before the batch writes anything for it
-                raise errors.queue_name_too_long(len(name), MAX_QUEUE_NAME)
-            self.db.insert_queue(name, now)
-            queue = self.queues[name] = QueueState(name)
-            bisect.insort(self.queue_names, name)
-        return queue
-
-    def _tx_trim(self, name: bytes, trim) -> int:
-        queue = self.queues.get(name)
-        return 0 if queue is None else self._trim_done(queue, trim)
-
-    def _tx_delete_worker(self, name: bytes, worker: bytes) -> int:
-        """Redis drops a deleted consumer's pending entries; EZRA fails them as a lost lease would
-        (the attempt counts: back to available, or dead without attempts left)."""
-        queue = self.queues.get(name)
-        if queue is None:
-            raise errors.XGROUP_NEEDS_KEY
-        rows = self.db.held_by(name, worker) if queue.counts[IN_FLIGHT] else []
-        if rows:
-            self._apply_failures(queue, rows, lifecycle.FAIL, None, self.clock(), lifecycle.CONSUMER_DELETED,
-                                 lambda held_by: f"XGROUP DELCONSUMER removed worker {held_by}")
-            self._tally(queue, "released", len(rows))
-        return len(rows)
-
-    def _tx_destroy_group(self, name: bytes, group: bytes) -> int:
-        queue = self.queues.get(name)
-        if queue is None:
-            raise errors.XGROUP_NEEDS_KEY
-        if queue.group is None or group != queue.group:
-            return 0
-        self.db.save_group_name(name, None)
-        queue.group = None
-        return 1
-
-    def _tx_create_queue(self, name: bytes, must_exist: bool, group: bytes | None) -> bool:
-        if must_exist and name not in self.queues:
-            raise errors.XGROUP_NEEDS_KEY
-        queue = self._queue(name, self.clock())
-        if group is not None and group != queue.group:
-            self.db.save_group_name(name, group)
-            queue.group = group
-        return True
-
-    def _tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool,
-                 delay_ms: int, ttl_ms: int | None, idmp: tuple | None, attempts: int = 0, dead: bool = False,
-                 trim=None, unique: bytes | None = None,
-                 failure: dict | None = None):
-        now = self.clock()
-        queue = self.queues.get(name) or self._queue(name, now, create=not nomkstream)
-        if queue is None:
-            return None
-        if idmp is not None:
-            first = self.db.producers.lookup(name, idmp[0], idmp[1], now)
-            if first is not None:
-                queue.iids_duplicates += 1
-                return stream_ids.format_id(first)
-        if unique is not None:
-            holder = self.db.unique_keys.holder(name, unique)
-            if holder is not None:  # the key's task is unfinished: it is the answer, nothing is stored
-                if idmp is not None:
-                    self._remember_push(queue, idmp, holder, now)  # a retry answers the same id
-                return stream_ids.format_id(holder)
-        task_id = stream_ids.new_id(id_arg, queue.last_id, now)
-        state, available_at = (DELAYED, now + delay_ms) if delay_ms > 0 else (AVAILABLE, now)
-        if dead:
-            state = DEAD
-        if unique is None:
-            self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts, failure)
-        else:
-            self.db.unique_keys.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts,
-                                            unique, failure)
-        if idmp is not None:
-            self._remember_push(queue, idmp, task_id, now)
-        queue.last_id = task_id
-        queue.move(GONE, state)
-        # _tally's work, inlined: this runs once per task (the call was ~0.2 µs of it).
-        self.stats["pushed"] += 1
-        queue.totals["pushed"] += 1
-        if self.observers:  # XREAD's blocked readers: seldom any
-            self._view_grew(name, False)
-            if dead:
-                self._view_grew(name, True)  # XREAD's observers of q::dead look again
-        if trim is not None:
-            self._trim_done(queue, trim)  # as Redis: after the add, the new task counted
-        if state == AVAILABLE:
-            if name in self.blocked:  # a blocked worker gets it in this batch (none blocked: nothing to do)
-                self._serve_waiters(queue, now)
-        elif state == DELAYED:
-            self.due_at(available_at)
-        return stream_ids.format_id(task_id)
-
-    def _remember_push(self, queue: QueueState, idmp: tuple, task_id: tuple, now: int) -> None:
-        duration, maxsize = self._idmp_limits(queue)
-        expires_at = now + duration * 1000
-        self.db.producers.record(queue.name, idmp[0], idmp[1], task_id, expires_at, maxsize)
-        queue.iids_added += 1
-        self.idmp_expires_at(expires_at)
-
-    def _tx_ack(self, name: bytes, ids: list[tuple]) -> int:
-        queue = self.queues.get(name)
-        if queue is None:
-            return 0
-        deleted = []
-        if self._retention(queue) == 0:  # retention 0: the record goes with the ack
-            deleted = [task_id for task_id in dict.fromkeys(ids) if self.db.ack_delete(name, [task_id])]
-            queue.move(IN_FLIGHT, GONE, len(deleted))
-            self._note_deleted(queue, deleted)
-        acked = self.db.ack(name, ids, self.clock())
-        if acked:
-            queue.trim_floor = min(queue.trim_floor, *ids)  # some of them are done now
-            queue.move(IN_FLIGHT, DONE, acked)
-        n = acked + len(deleted)
-        self.stats["acked"] += n  # "acked" grows no XREAD view: no observers to tell
-        queue.totals["acked"] += n
-        return n
-
-    def _tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None,
-                 force: bool, reason: bytes | None = None, cause: str = lifecycle.NACKED) -> int:
-        queue = self.queues.get(name)
-        if queue is None:
-            return 0
-        states = (IN_FLIGHT, AVAILABLE, DELAYED) if force else (IN_FLIGHT,)
-        rows = self.db.in_flight_attempts(name, ids, states)
-        if cause == lifecycle.XDEL_REPORT:
-            why = "XDEL reported the failure"
-        else:
-            why = None if reason is None else lifecycle.bound_reason(reason)
-        self._apply_failures(queue, rows, mode, retry_count, self.clock(), cause, why)
-        if mode != lifecycle.SILENT:  # SILENT: given back unsent, not a failure report
-            self._tally(queue, "failed", len(rows))
-        return len(rows)
-
-    def _apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int,
-                        cause: str, reason=None):
-        """The one place failed attempts are decided: nack, XDEL, expiry and release all come here.
-
-        Rows are (rowid, attempts, state, worker, ...). Each task records this failure: `cause`
-        (lifecycle.NACKED...) and `reason`, a text or a function of the worker that held it
-        (None: no reason given; a SILENT nack then keeps the record the task has)."""
-        max_attempts, backoff = self._max_attempts(queue), self._backoff(queue)
-        keep_record = mode == lifecycle.SILENT and reason is None
-        for rowid, attempts, state, worker, *_ in rows:
-            if retry_count is not None:
-                attempts = retry_count
-            new_state, attempts = lifecycle.after_failure(attempts, max_attempts, mode)
-            new_state, available_at = lifecycle.retry_state(new_state, attempts, mode, backoff, now)
-            failure = None
-            if not keep_record:
-                held_by = None if worker is None else name_bytes(worker).decode("utf-8", "replace")
-                why = reason(held_by) if callable(reason) else reason
-                failure = lifecycle.failure_record(cause, why, held_by, now)
-            if not self.db.set_outcome(rowid, new_state, attempts, now, available_at, failure):
-                raise errors.guard_failed("failure", rowid, state)  # the SELECT above said it was unfinished
-            queue.move(state, new_state)
-            if new_state == DELAYED:
-                self.due_at(available_at)
-            elif new_state == DEAD:
-                self._tally(queue, "dead")
-        if queue.name in self.blocked:  # a blocked worker gets what went back (none blocked: nothing to do)
-            self._serve_waiters(queue, now)
-
-    def _note_deleted(self, queue: QueueState, ids: list[tuple]) -> None:
-        """Tasks were removed for good: count them (XINFO) and keep ids from ever repeating."""
-        if not ids:
-            return
-        newest = max(ids)
-        if newest >= queue.last_id:
-            # A push does not write the last id (a page write saved per push): the newest
-            # task holds it. When that task goes, the queue row must.
-            self.db.save_last_id(queue.name, queue.last_id)
-        queue.deleted += len(ids)
-        queue.max_deleted = max(queue.max_deleted, newest)
-        queue.deleted_dirty = True
-        self.deleted_rows(len(ids))
-
-    def _tx_flush_deleted(self) -> None:
-        """Save the removed-task counters (XINFO's entries-added); the reaper calls it each second."""
-        for queue in self.queues.values():
-            if queue.deleted_dirty:
-                self.db.save_deleted(queue.name, queue.deleted, queue.max_deleted)
-                queue.deleted_dirty = False
-
-    def _tx_delete_dead(self, name: bytes, ids: list[tuple]) -> int:
-        queue = self.queues.get(name)
-        if queue is None:
-            return 0
-        deleted = self.db.delete_dead(name, ids)
-        queue.move(DEAD, GONE, len(deleted))
-        self._note_deleted(queue, deleted)
-        return len(deleted)
-
-    def _tx_length(self, name: bytes, dead: bool) -> int:
-        queue = self.queues.get(name)
-        if queue is None:
-            return 0
-        if dead:
-            return queue.counts[DEAD]
-        return sum(queue.counts[state] for state in lifecycle.WAITING)
-
-    def _tx_range(self, name: bytes, dead: bool, start, end, count, reverse):
-        if count <= 0:  # XRANGE ... COUNT 0: None if the queue exists (Redis answers a null array)
-            return None if name in self.queues else []
-        states = (DEAD,) if dead else (AVAILABLE, DELAYED, IN_FLIGHT, DONE)
-        return self.db.range(name, states, start, end, count, reverse)
-
-    def _tx_pending_summary(self, name: bytes):
-        first, last, workers = self.db.pending_summary(name)
-        return first, last, [(name_bytes(worker), n) for worker, n in workers]
-
-    def _tx_pending_entries(self, name, start, end, count, worker, min_idle_ms):
-        now = self.clock()
-        before = None if min_idle_ms is None else now - min_idle_ms
-        rows = self.db.pending_entries(name, start, end, count, worker, before)
-        return [((ms, seq), name_bytes(owner), max(now - delivered, 0), attempts)
-                for ms, seq, owner, delivered, attempts in rows]
-
-    def _tx_existing(self, names: list[bytes]) -> set[bytes]:
-        return {name for name in names if name in self.queues}
-
-    def _tx_counts(self) -> dict:
-        return {name: dict(queue.counts) for name, queue in self.queues.items()}

@@ -1,4 +1,4 @@
-"""Leases: part of the Broker (a mixin). Taking tasks over, heartbeats, release on disconnect.
+"""Leases: taking tasks over, heartbeats, and a gone worker's tasks released.
 
     XCLAIM q g w <min-idle> id...     by the owner: renews the lease (a heartbeat, no attempt
                                       counted); by another worker: takes over a task idle that
@@ -10,29 +10,17 @@ On a paused queue no task changes hands: XCLAIM and XAUTOCLAIM only renew the
 caller's own leases (the heartbeat goes on, so a task being worked on is not
 lost to its timeout), and XREADGROUP CLAIM takes nothing over.
 
-Release on disconnect (beanstalkd's rule, per queue, off by default): connections
-report the worker names they use; when the last connection that used a name
-closes, its tasks in queues with RELEASE-ON-DISCONNECT go back after the grace
-period, through the failure rule (as a timeout would), unless the name comes back.
-Acks carry no worker name, so a pooled client may ack on any connection.
-
-What a close costs is what the name holds: per name, the broker keeps the queues
-where tasks were leased to it (`held_in`, a superset of where it holds some: a
-task acked since is looked for and not found). A name that was never given a task
-costs a dict lookup when its connection closes, however many queues there are
-(30,000 names x 3,000 queues took 3.4-5.9 s of the event loop when every name was
-checked against every queue).
+Release on disconnect: workers.py keeps the names and their timers; `tx_release` here
+gives a gone worker's tasks back, through the failure rule, where the grace is over.
 """
 
 from __future__ import annotations
 
-import gevent
 from loguru import logger
 
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, IN_FLIGHT
 from ..storage import name_bytes
-from .base import BrokerCore
 
 SCAN_OVER = (0, 0)  # XAUTOCLAIM's cursor once every in-flight task was looked at
 AUTOCLAIM_SCAN_FACTOR = 10  # XAUTOCLAIM looks at up to COUNT x 10 in-flight tasks, as Redis does
@@ -52,99 +40,24 @@ def delivery_time(now: int, idle_ms: int | None, time_ms: int | None) -> int | N
     return delivered if 0 <= delivered <= now else now
 
 
-class Leases(BrokerCore):
-    """Lease operations and the worker-name registry (mixed into Broker)."""
+class Leases:
+    """XCLAIM's, XAUTOCLAIM's and XREADGROUP CLAIM's transactions, and a gone worker's release."""
 
-    def __init__(self):
-        self.worker_connections: dict[bytes, int] = {}  # worker name -> open connections that used it
-        self.held_in: dict[bytes, set[bytes]] = {}  # worker name -> queues where tasks were leased to it
-        self._release_timers: dict[bytes, gevent.Greenlet] = {}
+    def __init__(self, db, queues, transitions, schedule, workers, clock):
+        self.db = db
+        self.queues = queues
+        self.transitions = transitions
+        self.schedule = schedule
+        self.workers = workers
+        self.clock = clock
 
-    # ------------------------------------------------------------ greenlet API
-
-    def take_over(self, queue: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms=None,
-                   time_ms=None, retry_count=None, force=False, justid=False):
-        """XCLAIM: the tasks now leased to `worker`, (id_ms, id_seq, fields JSON) rows, or (id_ms, id_seq)
-        with JUSTID."""
-        return self.writer.submit(self._tx_take_over, queue, worker, min_idle, ids, idle_ms, time_ms,
-                                  retry_count, force, justid, durable=False)
-
-    def autoclaim(self, queue: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
-                  justid: bool):
-        """XAUTOCLAIM: (next cursor, the tasks as XCLAIM's); the cursor (0, 0) when the scan is over.
-        (Redis's third part, the deleted ids, is always empty in EZRA: commands/ops.py adds it.)"""
-        return self.writer.submit(self._tx_autoclaim, queue, worker, min_idle, start, count, justid,
-                                  durable=False)
-
-    def worker_seen(self, worker: bytes) -> None:
-        """A connection started using this worker name."""
-        self.worker_connections[worker] = self.worker_connections.get(worker, 0) + 1
-        timer = self._release_timers.pop(worker, None)
-        if timer is not None:
-            timer.kill(block=False)  # the name came back within the grace period
-
-    def worker_gone(self, worker: bytes) -> None:
-        """A connection that used this worker name closed."""
-        left = self.worker_connections.get(worker, 0) - 1
-        if left > 0:
-            self.worker_connections[worker] = left
-            return
-        self.worker_connections.pop(worker, None)
-        self._release_soon(worker)
-
-    def _release_soon(self, worker: bytes) -> None:
-        """The name has no connection left: its tasks go back after the shortest grace of the queues
-        where it holds some; a name that holds nothing where a grace applies is forgotten."""
-        graces = [grace for grace in map(self._release_grace, self._queues_held(worker)) if grace is not None]
-        if graces:
-            self._release_after(worker, min(graces), self.clock())
-        else:
-            self.held_in.pop(worker, None)
-
-    def _queues_held(self, worker: bytes) -> list:
-        """The queues (QueueState) where the worker may hold tasks in flight."""
-        queues = (self.queues.get(name) for name in self.held_in.get(worker, ()))
-        return [queue for queue in queues if queue is not None and queue.counts[IN_FLIGHT]]
-
-    def _leased(self, worker: bytes, queue) -> None:
-        """In a batch: tasks of `queue` were leased to `worker` (claims and take-overs call this)."""
-        held = self.held_in.get(worker)
-        if held is None:
-            held = self.held_in[worker] = set()
-        if queue.name not in held:
-            held.add(queue.name)
-            if worker not in self.worker_connections and worker not in self._release_timers:
-                self._release_soon(worker)  # leased by a request that ran after its connection closed
-
-    def stop_release_timers(self) -> None:
-        for timer in list(self._release_timers.values()):
-            timer.kill(block=False)
-        self._release_timers.clear()
-
-    def _release_after(self, worker: bytes, seconds: float, gone_at: int) -> None:
-        self._release_timers[worker] = gevent.spawn_later(seconds, self._release, worker, gone_at)
-
-    def _release(self, worker: bytes, gone_at: int) -> None:
-        self._release_timers.pop(worker, None)
-        if worker in self.worker_connections:
-            return
-        try:
-            later = self.writer.call(self._tx_release, worker, gone_at)
-        except Exception as exc:
-            logger.opt(exception=exc).error("releasing the tasks of worker {!r} failed: {}", worker, exc)
-            return
-        if later is not None:  # queues with a longer grace period
-            self._release_after(worker, later, gone_at)
-
-    # ------------------------------------------------------------ writer's batch
-
-    def _tx_release(self, worker: bytes, gone_at: int) -> float | None:
+    def tx_release(self, worker: bytes, gone_at: int) -> float | None:
         """Release the gone worker's tasks where the grace is over; seconds until the next, or None."""
-        if worker in self.worker_connections:
+        if self.workers.connected(worker):
             return None
         now, wait = self.clock(), None
-        for queue in self._queues_held(worker):
-            grace = self._release_grace(queue)
+        for queue in self.workers.queues_held(worker):
+            grace = queue.release_grace()
             if grace is None:
                 continue
             due = gone_at + lifecycle.to_ms(grace)
@@ -153,18 +66,18 @@ class Leases(BrokerCore):
                 continue
             rows = self.db.held_by(queue.name, worker)
             if rows:
-                self._apply_failures(queue, rows, lifecycle.FAIL, None, now, lifecycle.WORKER_GONE,
-                                     f"worker {name_bytes(worker).decode('utf-8', 'replace')} gone: its last "
-                                     f"connection closed and it did not return within {grace:g} s "
-                                     "(RELEASE-ON-DISCONNECT)")
-                self._tally(queue, "released", len(rows))
+                self.transitions.apply_failures(
+                    queue, rows, lifecycle.FAIL, None, now, lifecycle.WORKER_GONE,
+                    f"worker {name_bytes(worker).decode('utf-8', 'replace')} gone: its last connection closed "
+                    f"and it did not return within {grace:g} s (RELEASE-ON-DISCONNECT)")
+                self.transitions.tally(queue, "released", len(rows))
                 logger.debug("released {} tasks of gone worker {!r} in {!r}", len(rows), worker, queue.name)
         if wait is None:
-            self.held_in.pop(worker, None)  # released wherever a grace applies: nothing left to watch
+            self.workers.forget(worker)
         return wait
 
-    def _tx_take_over(self, name: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms,
-                       time_ms, retry_count, force: bool, justid: bool) -> list:
+    def tx_take_over(self, name: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms,
+                     time_ms, retry_count, force: bool, justid: bool) -> list:
         queue = self.queues.get(name)
         if queue is None:
             return []
@@ -179,8 +92,8 @@ class Leases(BrokerCore):
             claimed.append(self._take_over_or_renew(queue, row, worker, now, justid, retry_count, delivered_at))
         return claimed
 
-    def _tx_autoclaim(self, name: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
-                      justid: bool) -> tuple:
+    def tx_autoclaim(self, name: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
+                     justid: bool) -> tuple:
         queue = self.queues.get(name)
         if queue is None:
             return SCAN_OVER, []
@@ -197,11 +110,7 @@ class Leases(BrokerCore):
         cursor = rows[examined][1:3] if examined < len(rows) else SCAN_OVER
         return cursor, claimed
 
-    def _may_claim(self, queue, row, worker: bytes) -> bool:
-        """While the queue is paused, a claim may only renew the owner's own lease (LEASE_COLUMNS row)."""
-        return not self._paused(queue) or (row[3] == IN_FLIGHT and name_bytes(row[4]) == worker)
-
-    def _claim_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
+    def claim_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
         """XREADGROUP CLAIM: claim tasks in flight idle >= min_idle; rows (id_ms, id_seq, fields JSON,
         idle ms, deliveries so far)."""
         claimed = []
@@ -210,6 +119,11 @@ class Leases(BrokerCore):
             # Redis counts a CLAIM as a delivery, even of the worker's own task.
             claimed.append((*self._take_over_or_renew(queue, row, worker, now, count_attempt=True), idle, attempts))
         return claimed
+
+    @staticmethod
+    def _may_claim(queue, row, worker: bytes) -> bool:
+        """While the queue is paused, a claim may only renew the owner's own lease (LEASE_COLUMNS row)."""
+        return not queue.is_paused() or (row[3] == IN_FLIGHT and name_bytes(row[4]) == worker)
 
     def _take_over_or_renew(self, queue, row, worker: bytes, now: int, justid: bool = False, retry_count=None,
                             delivered_at=None, count_attempt: bool = False) -> tuple:
@@ -221,16 +135,16 @@ class Leases(BrokerCore):
             attempts = retry_count
         elif not (justid or renewal):
             attempts += 1  # a delivery to another worker counts, as Redis counts XCLAIM
-        deadline = lifecycle.lease_deadline(now, self._visibility_timeout(queue))
+        deadline = lifecycle.lease_deadline(now, queue.lease_seconds())
         if not self.db.set_lease(rowid, worker, now if delivered_at is None else delivered_at, deadline, attempts):
             raise errors.guard_failed("lease", rowid, state)  # the SELECT above said in flight or available
-        self.lease_until(deadline)
+        self.schedule.lease_until(deadline)
         if state == AVAILABLE:  # XCLAIM FORCE of a task nobody held
             queue.move(AVAILABLE, IN_FLIGHT)
             queue.last_delivered = max(queue.last_delivered or (0, 0), (ms, seq))
-        self._leased(worker, queue)
+        self.workers.leased(worker, queue)
         if not renewal:
-            self._tally(queue, "delivered")
+            self.transitions.tally(queue, "delivered")
             if attempts > 1 or state == IN_FLIGHT:  # delivered before, or taken from another worker
-                self._tally(queue, "redelivered")
+                self.transitions.tally(queue, "redelivered")
         return (ms, seq) if justid else (ms, seq, fields)

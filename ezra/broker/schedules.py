@@ -14,7 +14,7 @@ The schedules live in their table only (storage/schedules.py): nothing is cached
 time the greenlet sleeps until, the earliest next slot, so a rolled-back batch leaves
 nothing to rebuild. The greenlet keeps one timer, for that slot; a SET or DEL wakes it.
 
-A firing pushes as XADD does (Broker._tx_push: the queue made, counts, waiters woken) and
+A firing pushes as XADD does (Tasks.tx_push: the queue made, counts, waiters woken) and
 records the slot in the same transaction, so a crash leaves both or neither: a slot never
 fires twice. It then moves the schedule's next slot past the later of the slot and now:
 after downtime the one slot that came first is fired, once, not one per slot missed.
@@ -30,7 +30,7 @@ from .. import errors, stream_ids
 from ..cron import Cron, CronError
 from ..schedule_settings import Definition
 from ..storage.schedules import NEVER
-from .core import MAX_QUEUE_NAME
+from .queues import MAX_QUEUE_NAME
 
 MAX_SCHEDULES = 1000   # LIST, /metrics and the dashboard show every one
 FIRE_BATCH = 100       # schedules fired per transaction
@@ -181,7 +181,7 @@ class Scheduler:
         if not (row.skip_unfinished and row.last_task and self.db.schedules.unfinished(row.queue, row.last_task)):
             fields = row.fields if row.slot_field is None else [*row.fields, row.slot_field, cron.local(slot).encode()]
             try:
-                pushed = self.broker._tx_push(row.queue, b"*", fields, False, 0, None, None)
+                pushed = self.broker.tasks.tx_push(row.queue, b"*", fields, False, 0, None, None)
             except errors.CommandError as exc:  # refused before it wrote anything: the slot passes
                 logger.error("schedule {!r}: the push to {!r} was refused, slot {} passed over: {}", text(row.name),
                              text(row.queue), cron.local(slot), exc)

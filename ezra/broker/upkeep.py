@@ -1,7 +1,7 @@
-"""The reaper: part of the Broker (a mixin), run every REAPER_INTERVAL in the writer's batch.
+"""The reaper: a greenlet that runs a pass every REAPER_INTERVAL in the writer's batch.
 
 Each pass, in order:
-    expire   in-flight tasks whose lease ran out fail, through Broker._apply_failures
+    expire   in-flight tasks whose lease ran out fail, through Transitions.apply_failures
     promote  delayed tasks whose time came (DELAY, backoff) become available; blocked
              workers are served in the same transaction
     purge    done tasks older than their queue's retention, and finished tasks whose
@@ -12,12 +12,11 @@ Each pass, in order:
              the disk is full, after a second of quiet, as many as pushes need to resume
 
 Trimming (XADD/XTRIM MAXLEN|MINID ~, trimming.py) removes done tasks too, in the
-push's or XTRIM's own transaction, and counts them as purges do (`_purged`).
+push's or XTRIM's own transaction (`trim_done`), and counts them as purges do.
 
-Idle cost is near zero: for each kind of work the reaper keeps the earliest time
-anything can be due (a lower bound, lowered by whoever creates the work) and
-runs no query before it. A pass that filled a batch reports more work, and the
-next pass runs at once instead of after the interval.
+Idle cost is near zero: the reaper's schedule (schedule.py) keeps the earliest time
+anything can be due and no query runs before it. A pass that filled a batch reports
+more work, and the next pass runs at once instead of after the interval.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
 from ..stream_ids import MAX_ID_PART
 from ..trimming import MAXLEN, MINID
-from .base import BrokerCore
+from .schedule import INF
 
 REAPER_INTERVAL = 0.1  # seconds between passes when there is nothing to catch up on
 EXPIRE_BATCH = 1000
@@ -46,53 +45,30 @@ VACUUM_QUIET_MS = 5000     # ... once deletions have stopped this long (pages ar
 DISK_FULL_QUIET_MS = 1000  # ... or this long while the disk is full: pushes wait for it
 VACUUM_MIN_FREE_PAGES = 2048
 VACUUM_STEP_PAGES = 256    # pages given back per pass (1 MB at 4 KB pages)
-INF = float("inf")
 TOP = (MAX_ID_PART, MAX_ID_PART)
 
 
-class Upkeep(BrokerCore):
-    """The reaper's schedule and passes (mixed into Broker)."""
+class Reaper:
+    """The reaper's greenlet and passes, over the file, the queues and the reaper's schedule."""
 
-    def __init__(self):
-        self._reaper = None
-        self._rows_since_vacuum = 0
-        self._last_delete_at = 0
-        self._can_vacuum = self.db.incremental_vacuum_enabled()
-        self.reset_schedule()
-
-    def reset_schedule(self) -> None:
-        """Look at everything on the next pass (start-up, and after a rollback)."""
-        self._earliest_deadline = 0    # no lease expires before this
-        self._earliest_due = 0         # no delayed task is due before this
-        self._next_ttl_purge = 0
-        self._next_idmp_purge = 0
-        self._next_flush = 0
-        for queue in self.queues.values():
-            queue.next_purge = 0
-
-    # -- lowered by whoever creates work
-
-    def lease_until(self, deadline: int) -> None:
-        self._earliest_deadline = min(self._earliest_deadline, deadline)
-
-    def due_at(self, available_at: int) -> None:
-        self._earliest_due = min(self._earliest_due, available_at)
-
-    def idmp_expires_at(self, expires_at: int) -> None:
-        self._next_idmp_purge = min(self._next_idmp_purge, expires_at)
-
-    def deleted_rows(self, n: int) -> None:
-        self._rows_since_vacuum += n
-        self._last_delete_at = self.clock()
+    def __init__(self, db, queues, transitions, schedule, writer, clock):
+        self.db = db
+        self.queues = queues
+        self.transitions = transitions
+        self.schedule = schedule
+        self.writer = writer
+        self.clock = clock
+        self._greenlet = None
+        self._can_vacuum = db.incremental_vacuum_enabled()
 
     # -- the loop
 
-    def start_reaper(self) -> None:
-        self._reaper = gevent.spawn(self._reap_forever)
+    def start(self) -> None:
+        self._greenlet = gevent.spawn(self._reap_forever)
 
-    def stop_reaper(self) -> None:
-        if self._reaper is not None:
-            self._reaper.kill()
+    def stop(self) -> None:
+        if self._greenlet is not None:
+            self._greenlet.kill()
 
     def _reap_forever(self) -> None:
         more = False
@@ -109,32 +85,32 @@ class Upkeep(BrokerCore):
         True when a batch was full and the next pass should come at once."""
         if self.db.integrity.corrupt:  # nothing is written to a corrupt file: no expiry, no purge
             return False
-        return self.writer.call(self._tx_maintain, durable=False)
+        return self.writer.call(self.tx_maintain, durable=False)
 
-    def _tx_maintain(self) -> bool:
+    def tx_maintain(self) -> bool:
         """One pass; True when a batch was full and the next pass should come at once."""
         now = self.clock()
         more = False
-        if now >= self._earliest_deadline:
+        if now >= self.schedule.earliest_deadline:
             more |= self._expire(now)
-        if now >= self._earliest_due:
+        if now >= self.schedule.earliest_due:
             more |= self._promote(now)
         for queue in list(self.queues.values()):
             if queue.counts[DONE] and now >= queue.next_purge:
                 more |= self._purge_done(queue, now)
-        if now >= self._next_ttl_purge:
+        if now >= self.schedule.next_ttl_purge:
             more |= self._purge_ttl(now)
-        if now >= self._next_idmp_purge:
+        if now >= self.schedule.next_idmp_purge:
             more |= self._forget_idmp(now)
         if self._can_vacuum and self.writer.disk.full:
-            if now - self._last_delete_at >= DISK_FULL_QUIET_MS:
+            if now - self.schedule.last_delete_at >= DISK_FULL_QUIET_MS:
                 self._give_back_free_pages()
-        elif (self._can_vacuum and self._rows_since_vacuum >= VACUUM_AFTER_ROWS
-                and now - self._last_delete_at >= VACUUM_QUIET_MS):
+        elif (self._can_vacuum and self.schedule.rows_since_vacuum >= VACUUM_AFTER_ROWS
+                and now - self.schedule.last_delete_at >= VACUUM_QUIET_MS):
             self._vacuum()
-        if now >= self._next_flush:
-            self._tx_flush_deleted()
-            self._next_flush = now + FLUSH_MS
+        if now >= self.schedule.next_flush:
+            self.transitions.flush_deleted()
+            self.schedule.next_flush = now + FLUSH_MS
         return more
 
     # -- the passes
@@ -148,14 +124,14 @@ class Upkeep(BrokerCore):
         for name, rows in by_queue.items():
             queue = self.queues.get(name)
             if queue is not None:
-                lease = f"{self._visibility_timeout(queue):g} s"
-                self._apply_failures(queue, rows, lifecycle.FAIL, None, now, lifecycle.LEASE_EXPIRED,
+                lease = f"{queue.lease_seconds():g} s"
+                self.transitions.apply_failures(queue, rows, lifecycle.FAIL, None, now, lifecycle.LEASE_EXPIRED,
                                      lambda held_by: f"lease expired after {lease} held by {held_by}")
-                self._tally(queue, "expired", len(rows))
+                self.transitions.tally(queue, "expired", len(rows))
         if len(expired) == EXPIRE_BATCH:
             return True
         next_deadline = self.db.next_deadline()
-        self._earliest_deadline = INF if next_deadline is None else next_deadline
+        self.schedule.earliest_deadline = INF if next_deadline is None else next_deadline
         return False
 
     def _promote(self, now: int) -> bool:
@@ -165,22 +141,22 @@ class Upkeep(BrokerCore):
             queue = self.queues.get(name)
             if queue is not None:
                 queue.move(DELAYED, AVAILABLE, n)
-                self._serve_waiters(queue, now)
+                self.transitions.serve_waiters(queue, now)
         if sum(promoted.values()) == PROMOTE_BATCH:
             return True
         next_due = self.db.next_due()
-        self._earliest_due = INF if next_due is None else next_due
+        self.schedule.earliest_due = INF if next_due is None else next_due
         return False
 
     def _purge_done(self, queue, now: int) -> bool:
         """Done tasks past the queue's retention go, oldest first, a batch at a time."""
-        retention = self._retention(queue)
+        retention = queue.retention()
         if retention is None:
             queue.next_purge = INF  # forever; XCFGSET RETENTION resets it
             return False
         keep_ms = lifecycle.to_ms(retention)
         ids = self.db.purge_done(queue.name, now - keep_ms, PURGE_BATCH)
-        self._purged(queue, ids)
+        self.transitions.purged(queue, ids)
         if len(ids) == PURGE_BATCH:
             return True
         oldest = self.db.oldest_done(queue.name)
@@ -188,7 +164,7 @@ class Upkeep(BrokerCore):
         queue.next_purge = (now if oldest is None else oldest) + keep_ms + 1
         return False
 
-    def _trim_done(self, queue, trim) -> int:
+    def trim_done(self, queue, trim) -> int:
         """XADD/XTRIM MAXLEN|MINID ~: done tasks go, lowest ids first, at most `trim.limit`;
         never an available, delayed, in-flight or dead one. How many went."""
         if trim.strategy == MAXLEN:  # the entries XRANGE shows: dead tasks are in q::dead
@@ -210,14 +186,8 @@ class Upkeep(BrokerCore):
             # Fewer done tasks above the floor than counted: the floor was too high (it is only
             # kept up by acks and NOACK claims); the next trim looks from the start.
             queue.trim_floor = (0, 0)
-        self._purged(queue, ids)
+        self.transitions.purged(queue, ids)
         return len(ids)
-
-    def _purged(self, queue, ids: list[tuple]) -> None:
-        """Done tasks were deleted (retention, trimming): count them and keep ids from repeating."""
-        queue.move(DONE, GONE, len(ids))
-        self._tally(queue, "purged", len(ids))
-        self._note_deleted(queue, ids)
 
     def _purge_ttl(self, now: int) -> bool:
         """Finished tasks pushed with TTL go when it runs out (done or dead)."""
@@ -230,20 +200,20 @@ class Upkeep(BrokerCore):
             if queue is not None:
                 for state, _ in items:
                     queue.move(state, GONE)
-                self._note_deleted(queue, [task_id for _, task_id in items])
-                self._tally(queue, "purged", len(items))
+                self.transitions.note_deleted(queue, [task_id for _, task_id in items])
+                self.transitions.tally(queue, "purged", len(items))
         if len(rows) == PURGE_BATCH:
             return True
         # An ack does not tell the reaper about TTLs: look again within TTL_RECHECK_MS.
         expiry = self.db.next_ttl_expiry()
-        self._next_ttl_purge = now + TTL_RECHECK_MS if expiry is None else min(expiry, now + TTL_RECHECK_MS)
+        self.schedule.next_ttl_purge = now + TTL_RECHECK_MS if expiry is None else min(expiry, now + TTL_RECHECK_MS)
         return False
 
     def _forget_idmp(self, now: int) -> bool:
         if self.db.producers.purge(now, PURGE_BATCH) == PURGE_BATCH:
             return True
         expiry = self.db.producers.next_expiry()
-        self._next_idmp_purge = INF if expiry is None else expiry
+        self.schedule.next_idmp_purge = INF if expiry is None else expiry
         return False
 
     def _give_back_free_pages(self) -> None:
@@ -266,4 +236,4 @@ class Upkeep(BrokerCore):
         if free > max(VACUUM_MIN_FREE_PAGES, total // 4):
             self.db.vacuum_some(VACUUM_STEP_PAGES)
         else:
-            self._rows_since_vacuum = 0
+            self.schedule.rows_since_vacuum = 0

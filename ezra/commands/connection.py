@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from loguru import logger
 
 from .. import __version__, errors, lifecycle
-from ..broker.core import MAX_QUEUE_NAME
+from ..broker.queues import MAX_QUEUE_NAME
 from ..integers import to_int
 from ..options import Custom, Options, Value, parse_options
 from ..resp import OK, ErrorReply, SimpleString, Verbatim

@@ -213,7 +213,7 @@ def xinfo_tasks(session, args):
     if state is None:
         raise errors.TASK_STATE_UNKNOWN
     (count, after), _ = parse_options(args, 4, TASKS_OPTIONS)
-    return Deferred(broker_of(session).tasks(queue, state, count, after),
+    return Deferred(broker_of(session).tasks_in(queue, state, count, after),
                     lambda rows: [task_reply(row, state) for row in rows])
 
 

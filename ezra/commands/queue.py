@@ -8,6 +8,7 @@ from __future__ import annotations
 from .. import errors, lifecycle, queue_settings, stream_ids
 from ..errors import CommandError
 from ..broker.core import DEFAULT_READ_COUNT, MAX_READ_COUNT
+from ..broker.waiters import Waiter
 from ..integers import to_int
 from ..lifecycle import split_queue
 from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
@@ -16,7 +17,7 @@ from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
 from .replies import claim_reply, entries, read_reply
-from .table import Deferred, command
+from .table import Block, Deferred, command
 
 
 # ---------------------------------------------------------------- XADD's options
@@ -192,7 +193,7 @@ XREAD_OPTIONS = Options(COUNT=Value(to_int), BLOCK=Value(block_timeout), STREAMS
                         GROUP=Refuse(errors.GROUP_IN_XREAD, need=2), NOACK=Refuse(errors.NOACK_IN_XREAD))
 
 
-@command("XREADGROUP", -7)
+@command("XREADGROUP", -7, blocks=True)
 def xreadgroup(session, args):
     """XREADGROUP GROUP group worker [COUNT n] [BLOCK ms] [CLAIM min-idle-ms] [NOACK] STREAMS q... id..."""
     if args[1].upper() != b"GROUP":
@@ -218,8 +219,6 @@ def xreadgroup(session, args):
     queues, ids = list(reads), list(reads.values())
     count = read_count(count)
     session.use_worker(worker)  # not before: a malformed command must not touch the name's release timer
-    if session.in_exec:
-        block_ms = None  # as Redis: inside MULTI/EXEC a blocking read does not block
     if all(stream_id is NEW_TASKS for stream_id in ids):
         broker = broker_of(session)
         claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
@@ -228,13 +227,41 @@ def xreadgroup(session, args):
             return Deferred(claimed, read_reply if claim_idle is None else idle_claim_reply)
         if block_ms is None:
             return NULL_ARRAY
-        session.flush()  # a blocked client has its earlier pipelined replies already
-        result = broker.claim(queues, worker, count, noack, block_ms, session.wait, claim_idle)
-        return NULL_ARRAY if result is None else claim_reply(result, claim_idle)
+        return ClaimWait(broker, queues, worker, count, noack, claim_idle, block_ms)
     return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
 
 
-@command("XREAD", -4)
+class ClaimWait(Block):
+    """XREADGROUP BLOCK that found nothing: in line (a Waiter) until a task is claimed for it."""
+
+    def __init__(self, broker, queues, worker, count, noack, claim_idle, block_ms):
+        super().__init__(block_ms)
+        self.broker, self.queues, self.worker = broker, queues, worker
+        self.count, self.noack, self.claim_idle = count, noack, claim_idle
+        self.waiter = None
+
+    def without_waiting(self):
+        return NULL_ARRAY  # the handler's claim found nothing
+
+    def start(self):
+        found = self.broker.claim(self.queues, self.worker, self.count, self.noack, self.claim_idle)
+        if type(found) is not Waiter:
+            return claim_reply(found, self.claim_idle)
+        self.waiter, self.event = found, found.event
+        return None
+
+    def woken(self, outcome):
+        waiter = self.waiter
+        if outcome:
+            if waiter.error is not None:
+                raise waiter.error
+            result = waiter.result  # None: the server is stopping
+        else:  # timed out or hung up: a batch that committed just now may have served it
+            result = self.broker.unblock(waiter, hung_up=outcome is None)
+        return claim_reply(result, self.claim_idle) if result else NULL_ARRAY
+
+
+@command("XREAD", -4, blocks=True)
 def xread(session, args):
     """XREAD [COUNT n] [BLOCK ms] STREAMS q... id...: entries after each id, nothing claimed (an observer)."""
     (count, block_ms), i = parse_options(args, 1, XREAD_OPTIONS)
@@ -249,10 +276,38 @@ def xread(session, args):
     for stream, after in zip(streams[:half], map(xread_id, streams[half:])):
         reads.setdefault(stream, (stream, split_queue(stream), after))
     count = read_count(count)
-    if block_ms is None or session.in_exec:  # as Redis: inside MULTI/EXEC nothing blocks
+    if block_ms is None:
         return Deferred(broker_of(session).look(list(reads.values()), count), found_or_null)
-    session.flush()  # a blocked client has its earlier pipelined replies already
-    return found_or_null(broker_of(session).observe(list(reads.values()), count, block_ms, session.wait))
+    return ObserveWait(broker_of(session), list(reads.values()), count, block_ms)
+
+
+class ObserveWait(Block):
+    """XREAD BLOCK: an observer of the views, reading again whenever a batch adds entries to one."""
+
+    def __init__(self, broker, reads, count, block_ms):
+        super().__init__(block_ms)
+        self.broker, self.reads, self.count = broker, reads, count
+        self.observer = None
+
+    def without_waiting(self):
+        return Deferred(self.broker.look(self.reads, self.count), found_or_null)
+
+    def start(self):
+        # Later looks read after the same ids: '$' means the time of the call.
+        self.observer, self.reads, found = self.broker.watch(self.reads, self.count)
+        self.event = self.observer.event
+        return read_reply(found) if found else None
+
+    def woken(self, outcome):
+        if not outcome or self.observer.cancelled:
+            return NULL_ARRAY  # timed out, hung up, or the server is stopping
+        self.event.clear()  # before the look: a commit after this sets it again
+        found = self.broker.look(self.reads, self.count).wait()
+        return read_reply(found) if found else None
+
+    def end(self):
+        if self.observer is not None:
+            self.broker.unwatch(self.observer)
 
 
 def found_or_null(found: dict | None):
@@ -274,7 +329,7 @@ def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
     result = PairsMap()
     for queue, after in zip(queues, ids):
         if after is NEW_TASKS:
-            claimed = broker_of(session).claim([queue], worker, count, noack, None, session.wait, claim_idle)
+            claimed = broker_of(session).claim_committed([queue], worker, count, noack, claim_idle)
             if claimed:
                 result.update(claim_reply(claimed, claim_idle))
         else:

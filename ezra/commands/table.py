@@ -7,12 +7,19 @@ calls the handler. A handler returns a reply value (see resp.py), or a `Deferred
 when the answer comes from the writer: the connection waits for it after reading
 the rest of a pipeline, so pipelined XADDs share one commit.
 
+A command registered with `blocks=True` may return a `Block` when it found nothing yet: the
+table waits for it (`wait_out`), the same way for every such command: nothing blocks inside
+EXEC (as Redis), the replies before it are sent first, then it waits until the Block answers,
+its time is up or the client hangs up. Handlers never wait or flush themselves.
+
 The session a handler gets is the connection's (ezra/session.py); this module reads
 only its `authenticated`, `queued`, `queued_bytes`, `queue_failed` and
 `server.total_commands`, and imports nothing of the server.
 """
 
 from __future__ import annotations
+
+import time
 
 from loguru import logger
 
@@ -34,6 +41,60 @@ class Deferred:
         return result if self.transform is None else self.transform(result)
 
 
+class Block:
+    """What a blocking command waits for, as its handler describes it to the front (`wait_out`).
+
+    `timeout` is in seconds (None: for ever). `start()` begins the wait once the replies before
+    it are sent: a reply now, or None to wait on `event`. `woken(outcome)` follows each wait
+    (True: the event was set; False: the time is up; None: the client hung up): a reply, or
+    None to wait again. `end()` runs whatever the outcome. `without_waiting()` is the reply
+    inside EXEC, where nothing blocks."""
+
+    event = None
+
+    def __init__(self, block_ms: int):
+        self.timeout = None if block_ms == 0 else block_ms / 1000
+
+    def without_waiting(self):
+        raise NotImplementedError
+
+    def start(self):
+        raise NotImplementedError
+
+    def woken(self, outcome: bool | None):
+        raise NotImplementedError
+
+    def end(self) -> None:
+        """Nothing to undo, unless the command says so."""
+
+
+def wait_out(session, block: Block):
+    """A blocking command's wait: the front's, for every command registered with blocks=True."""
+    if session.in_exec:
+        return block.without_waiting()  # as Redis: inside MULTI/EXEC nothing blocks
+    session.flush()  # a blocked client has its earlier pipelined replies already
+    deadline = None if block.timeout is None else time.monotonic() + block.timeout
+    try:
+        reply = block.start()
+        while reply is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            outcome = False if left is not None and left <= 0 else session.wait(block.event, left)
+            reply = block.woken(outcome)
+        return reply
+    finally:
+        block.end()
+
+
+def blocking(fn):
+    """The handler of a command that may block: its Block is waited out here."""
+    def run_blocking(session, args):
+        reply = fn(session, args)
+        return wait_out(session, reply) if isinstance(reply, Block) else reply
+    run_blocking.__name__ = run_blocking.__qualname__ = fn.__name__
+    run_blocking.__doc__, run_blocking.__wrapped__ = fn.__doc__, fn
+    return run_blocking
+
+
 COMMANDS: dict[bytes, tuple] = {}  # NAME -> (handler, arity, name in lower case)
 NO_AUTH_NEEDED = {b"AUTH", b"HELLO", b"QUIT"}
 RUN_INSIDE_MULTI = {b"EXEC", b"DISCARD", b"MULTI", b"QUIT"}  # the rest is queued until EXEC
@@ -50,10 +111,11 @@ MAX_QUEUED_COMMANDS = 1000
 MAX_QUEUED_BYTES = 8 * 1024 * 1024
 
 
-def command(name: str, arity: int):
-    """Register the decorated handler as command `name` (arity: exact if positive, at least -arity if not)."""
+def command(name: str, arity: int, blocks: bool = False):
+    """Register the decorated handler as command `name` (arity: exact if positive, at least -arity
+    if not). `blocks`: it may return a Block, which the table waits out (wait_out)."""
     def register(fn):
-        COMMANDS[name.encode()] = (fn, arity, name.lower())
+        COMMANDS[name.encode()] = (blocking(fn) if blocks else fn, arity, name.lower())
         return fn
     return register
 

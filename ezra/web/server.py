@@ -221,7 +221,7 @@ class WebApp:
             raise errors.HTTP_PAGE_NOT_A_NUMBER from None
         if number < 1:
             raise errors.HTTP_PAGES_START_AT_1
-        names = self.broker.queue_names  # kept sorted by the broker: no sort of every name per load
+        names = self.broker.queues.names  # kept sorted by the broker: no sort of every name per load
         per_page = dashboard.QUEUES_PER_PAGE
         number = min(number, max(1, -(-len(names) // per_page)))
         shown = names[(number - 1) * per_page:number * per_page]
@@ -236,7 +236,7 @@ class WebApp:
         figures = self.broker.figures([name])
         if name not in figures.queues:
             raise errors.HTTP_NO_SUCH_QUEUE
-        lists = {state: self.broker.tasks(name, state, dashboard.ROWS_SHOWN).wait()
+        lists = {state: self.broker.tasks_in(name, state, dashboard.ROWS_SHOWN).wait()
                  for state in dashboard.LISTED_STATES}
         page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token,
                                     params.get("done", [b""])[0].decode("utf-8", "replace"))

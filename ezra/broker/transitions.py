@@ -1,0 +1,143 @@
+"""The state changes several verbs share, inside a writer's batch: a queue made, an event
+counted, tasks claimed, failed deliveries decided, tasks deleted or purged, and the blocked
+workers served whatever makes a task available.
+
+Whatever makes a task available (push, nack, expiry, a delayed task coming due, requeue,
+resuming a paused queue) calls `serve_waiters` in its transaction, so a blocked worker gets
+it in the same batch. A paused queue (XCFGSET PAUSED 1) hands out nothing: its waiters wait
+for the resume, which serves them.
+"""
+
+from __future__ import annotations
+
+from .. import errors, lifecycle
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
+from ..storage import name_bytes
+from .observers import VIEW_GROWS
+from .queues import MAX_QUEUE_NAME, QueueState
+
+
+def new_as_idle(rows: list) -> list:
+    """XREADGROUP CLAIM: new tasks in the idle claims' shape, idle 0 ms and delivered 0 times before."""
+    return [(*row[:3], 0, 0) for row in rows]
+
+
+class Transitions:
+    """The shared state changes, over the file, the queues and the registries they touch."""
+
+    def __init__(self, db, queues, waiters, observers, schedule, workers):
+        self.db = db
+        self.queues = queues
+        self.waiters = waiters
+        self.observers = observers
+        self.schedule = schedule
+        self.workers = workers
+
+    def queue(self, name: bytes, now: int, create: bool = True) -> QueueState | None:
+        """The queue's state, made (in the batch) when `create`."""
+        queue = self.queues.get(name)
+        if queue is None and create:
+            if len(name) > MAX_QUEUE_NAME:  # raised before the batch writes anything for it
+                raise errors.queue_name_too_long(len(name), MAX_QUEUE_NAME)
+            self.db.insert_queue(name, now)
+            queue = self.queues.new(name)
+            self.queues.add(queue)
+        return queue
+
+    def tally(self, queue: QueueState, event: str, n: int = 1) -> None:
+        """Count an event (queues.TALLIES) for the queue and in all; XREAD's observers look again
+        where it added entries to a view."""
+        self.queues.totals[event] += n
+        queue.totals[event] += n
+        if self.observers.watching and n and event in VIEW_GROWS:  # blocked XREADs: seldom any
+            self.observers.grew(queue.name, VIEW_GROWS[event])
+
+    def claim_rows(self, queue: QueueState, worker: bytes, count: int, noack: bool, now: int) -> list:
+        """Up to `count` available tasks of the queue leased to `worker` (done at once with NOACK)."""
+        state = DONE if noack else IN_FLIGHT
+        deadline = None if noack else lifecycle.lease_deadline(now, queue.lease_seconds())
+        rows = self.db.claim(queue.name, worker, count, now, deadline, state)
+        if rows:
+            if deadline is not None:
+                self.schedule.lease_until(deadline)
+                self.workers.leased(worker, queue)
+            else:  # NOACK: done at once
+                queue.trim_floor = min(queue.trim_floor, rows[0][:2])
+            queue.last_delivered = max(queue.last_delivered or (0, 0), rows[-1][:2])
+            queue.move(AVAILABLE, state, len(rows))
+            self.tally(queue, "delivered", len(rows))
+            redelivered = sum(1 for row in rows if row[3] > 1)  # row[3]: attempts, this one included
+            if redelivered:
+                self.tally(queue, "redelivered", redelivered)
+        return rows
+
+    def serve_waiters(self, queue: QueueState, now: int) -> None:
+        """Hand newly available tasks of `queue` to its blocked workers, first come first served
+        (none while it is paused: they wait for the resume, which calls this again)."""
+        if queue.is_paused():
+            return
+        waiters = self.waiters
+        while queue.counts[AVAILABLE]:
+            waiter = waiters.first(queue.name)
+            if waiter is None:
+                return
+            rows = self.claim_rows(queue, waiter.worker, waiter.count, waiter.noack, now)
+            if not rows:
+                return
+            waiters.served(waiter, {queue.name: rows if waiter.claim_idle is None else new_as_idle(rows)})
+
+    def apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int,
+                       cause: str, reason=None) -> None:
+        """The one place failed attempts are decided: nack, XDEL, expiry and release all come here.
+
+        Rows are (rowid, attempts, state, worker, ...). Each task records this failure: `cause`
+        (lifecycle.NACKED...) and `reason`, a text or a function of the worker that held it
+        (None: no reason given; a SILENT nack then keeps the record the task has)."""
+        max_attempts, backoff = queue.attempts_allowed(), queue.backoff_policy()
+        keep_record = mode == lifecycle.SILENT and reason is None
+        for rowid, attempts, state, worker, *_ in rows:
+            if retry_count is not None:
+                attempts = retry_count
+            new_state, attempts = lifecycle.after_failure(attempts, max_attempts, mode)
+            new_state, available_at = lifecycle.retry_state(new_state, attempts, mode, backoff, now)
+            failure = None
+            if not keep_record:
+                held_by = None if worker is None else name_bytes(worker).decode("utf-8", "replace")
+                why = reason(held_by) if callable(reason) else reason
+                failure = lifecycle.failure_record(cause, why, held_by, now)
+            if not self.db.set_outcome(rowid, new_state, attempts, now, available_at, failure):
+                raise errors.guard_failed("failure", rowid, state)  # the SELECT above said it was unfinished
+            queue.move(state, new_state)
+            if new_state == DELAYED:
+                self.schedule.due_at(available_at)
+            elif new_state == DEAD:
+                self.tally(queue, "dead")
+        if queue.name in self.waiters.blocked:  # a blocked worker gets what went back
+            self.serve_waiters(queue, now)
+
+    def note_deleted(self, queue: QueueState, ids: list[tuple]) -> None:
+        """Tasks were removed for good: count them (XINFO) and keep ids from ever repeating."""
+        if not ids:
+            return
+        newest = max(ids)
+        if newest >= queue.last_id:
+            # A push does not write the last id (a page write saved per push): the newest
+            # task holds it. When that task goes, the queue row must.
+            self.db.save_last_id(queue.name, queue.last_id)
+        queue.deleted += len(ids)
+        queue.max_deleted = max(queue.max_deleted, newest)
+        queue.deleted_dirty = True
+        self.schedule.deleted_rows(len(ids))
+
+    def purged(self, queue: QueueState, ids: list[tuple]) -> None:
+        """Done tasks were deleted (retention, trimming): count them and keep ids from repeating."""
+        queue.move(DONE, GONE, len(ids))
+        self.tally(queue, "purged", len(ids))
+        self.note_deleted(queue, ids)
+
+    def flush_deleted(self) -> None:
+        """Save the removed-task counters (XINFO's entries-added); the reaper calls it each second."""
+        for queue in self.queues.values():
+            if queue.deleted_dirty:
+                self.db.save_deleted(queue.name, queue.deleted, queue.max_deleted)
+                queue.deleted_dirty = False
