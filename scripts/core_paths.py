@@ -1,9 +1,10 @@
-"""The Python between XADD's, XACK's and XNACK's handlers and their SQL, timed alone.
+"""The Python between XADD's, XREADGROUP's, XACK's and XNACK's handlers and their SQL, timed alone.
 
-    python scripts/core_paths.py                          # this tree: ns per push and per ack
+    python scripts/core_paths.py                          # this tree: µs per push, claim, ack, nack
     python scripts/core_paths.py --trees /tmp/old,. --rounds 7   # two trees in alternation, medians
 
-Calls `Broker.push`, `Broker.ack` and `Broker.fail` as the handlers do, TURN to a loop turn, on a fresh
+Calls `Broker.push`, `Broker.claim_now`, `Broker.ack` and `Broker.fail` as the handlers do, TURN to
+a loop turn, on a fresh
 data dir (durability full), and times only those calls with the thread's CPU clock: the
 writer's submit, the broker's transaction script, storage's parameter building and the
 statement itself (the same SQL in every tree), not the commit or the fsync, which run after
@@ -47,9 +48,15 @@ def measure(tasks: int) -> dict:
             push_ns.append(clock() - started)
             requests[-1].wait()  # the turn's commit and fsync, untimed
             ids += [tuple(map(int, request.result.split(b"-"))) for request in requests]
-        # Every task in flight, as claims would leave them (claims are not what is timed here).
-        broker.writer.call(lambda: broker.db.conn.execute("UPDATE tasks SET state = 'in_flight'"))
-        broker.queues[b"q"].counts["in_flight"] += len(ids)
+        # XREADGROUP ... COUNT 1 ... > of each, as a worker's pipelined claims (claim_now).
+        claim_ns = []
+        for _ in range(0, len(ids), TURN):
+            started = clock()
+            requests = [broker.claim_now([b"q"], b"worker-1", 1, False) for _ in range(TURN)]
+            claim_ns.append(clock() - started)
+            requests[-1].wait()
+            if not all(request is not None and len(request.result[b"q"]) == 1 for request in requests):
+                raise SystemExit("a claim found no task available")
         for start in range(0, len(ids), TURN):
             started = clock()
             requests = [broker.ack(b"q", [task_id]) for task_id in ids[start:start + TURN]]
@@ -71,8 +78,8 @@ def measure(tasks: int) -> dict:
             requests[-1].wait()
             if not all(request.result == 1 for request in requests):
                 raise SystemExit("a nack found no task in flight")
-        figures.update(push=statistics.median(push_ns) / TURN, ack=statistics.median(ack_ns) / TURN,
-                       nack=statistics.median(nack_ns) / TURN)
+        figures.update(push=statistics.median(push_ns) / TURN, claim=statistics.median(claim_ns) / TURN,
+                       ack=statistics.median(ack_ns) / TURN, nack=statistics.median(nack_ns) / TURN)
 
     gevent.spawn(run).join()
     broker.stop()
@@ -82,7 +89,7 @@ def measure(tasks: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", type=int, default=5000, help="pushes, then acks, per round")
+    ap.add_argument("--tasks", type=int, default=5000, help="pushes, then claims, acks and nacks, per round")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--trees", help="comma list of trees to alternate (each round runs each tree once)")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a round, as JSON
@@ -91,7 +98,7 @@ def main() -> None:
         print(json.dumps(measure(a.tasks)))
         return
     trees = (a.trees or os.getcwd()).split(",")
-    runs = {tree: {"push": [], "ack": [], "nack": []} for tree in trees}
+    runs = {tree: {"push": [], "claim": [], "ack": [], "nack": []} for tree in trees}
     for _ in range(a.rounds):
         for tree in trees:
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", "--tasks", str(a.tasks)],

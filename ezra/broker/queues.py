@@ -123,6 +123,8 @@ class Queues(dict):
     One table for the broker's life: a reload after a rollback refills it in place, so every
     part that holds it sees the new states."""
 
+    __slots__ = ("defaults", "names", "totals")  # no instance dict: `queues.get` stays a plain dict's
+
     def __init__(self, defaults: Defaults):
         super().__init__()
         self.defaults = defaults

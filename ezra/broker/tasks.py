@@ -19,11 +19,15 @@ class Tasks:
         self.db = db
         self.queues = queues
         self.transitions = transitions
-        self.waiters = waiters
         self.observers = observers
         self.schedule = schedule
         self.reaper = reaper
         self.clock = clock
+        # What a push reads on every call, held directly (the same dicts, owned by the others):
+        # two attribute hops less per push, ~0.3 µs of 8.5 measured (scripts/core_paths.py).
+        self.totals = queues.totals
+        self.blocked = waiters.blocked
+        self.watching = observers.watching
 
     def tx_trim(self, name: bytes, trim) -> int:
         queue = self.queues.get(name)
@@ -94,16 +98,16 @@ class Tasks:
         queue.last_id = task_id
         queue.move(GONE, state)
         # _tally's work, inlined: this runs once per task (the call was ~0.2 µs of it).
-        self.queues.totals["pushed"] += 1
+        self.totals["pushed"] += 1
         queue.totals["pushed"] += 1
-        if self.observers.watching:  # XREAD's blocked readers: seldom any
+        if self.watching:  # XREAD's blocked readers: seldom any
             self.observers.grew(name, False)
             if dead:
                 self.observers.grew(name, True)  # XREAD's observers of q::dead look again
         if trim is not None:
             self.reaper.trim_done(queue, trim)  # as Redis: after the add, the new task counted
         if state == AVAILABLE:
-            if name in self.waiters.blocked:  # a blocked worker gets it in this batch (none blocked: nothing to do)
+            if name in self.blocked:  # a blocked worker gets it in this batch (none blocked: nothing to do)
                 self.transitions.serve_waiters(queue, now)
         elif state == DELAYED:
             self.schedule.due_at(available_at)
@@ -130,7 +134,7 @@ class Tasks:
             queue.trim_floor = min(queue.trim_floor, *ids)  # some of them are done now
             queue.move(IN_FLIGHT, DONE, acked)
         n = acked + len(deleted)
-        self.queues.totals["acked"] += n  # "acked" grows no XREAD view: no observers to tell
+        self.totals["acked"] += n  # "acked" grows no XREAD view: no observers to tell
         queue.totals["acked"] += n
         return n
 

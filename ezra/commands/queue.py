@@ -234,6 +234,8 @@ def xreadgroup(session, args):
 class ClaimWait(Block):
     """XREADGROUP BLOCK that found nothing: in line (a Waiter) until a task is claimed for it."""
 
+    __slots__ = ("broker", "queues", "worker", "count", "noack", "claim_idle", "waiter", "event")
+
     def __init__(self, broker, queues, worker, count, noack, claim_idle, block_ms):
         super().__init__(block_ms)
         self.broker, self.queues, self.worker = broker, queues, worker
@@ -283,6 +285,8 @@ def xread(session, args):
 
 class ObserveWait(Block):
     """XREAD BLOCK: an observer of the views, reading again whenever a batch adds entries to one."""
+
+    __slots__ = ("broker", "reads", "count", "observer", "event")
 
     def __init__(self, broker, reads, count, block_ms):
         super().__init__(block_ms)

@@ -50,7 +50,7 @@ class Block:
     None to wait again. `end()` runs whatever the outcome. `without_waiting()` is the reply
     inside EXEC, where nothing blocks."""
 
-    event = None
+    __slots__ = ("timeout",)  # and, in each kind, `event`: what start() gave to wait on
 
     def __init__(self, block_ms: int):
         self.timeout = None if block_ms == 0 else block_ms / 1000
@@ -73,13 +73,15 @@ def wait_out(session, block: Block):
     if session.in_exec:
         return block.without_waiting()  # as Redis: inside MULTI/EXEC nothing blocks
     session.flush()  # a blocked client has its earlier pipelined replies already
-    deadline = None if block.timeout is None else time.monotonic() + block.timeout
+    left = block.timeout
+    deadline = None if left is None else time.monotonic() + left
     try:
         reply = block.start()
         while reply is None:
-            left = None if deadline is None else deadline - time.monotonic()
             outcome = False if left is not None and left <= 0 else session.wait(block.event, left)
             reply = block.woken(outcome)
+            if deadline is not None:  # woken with nothing to answer (XREAD): wait what is left
+                left = deadline - time.monotonic()
         return reply
     finally:
         block.end()
