@@ -41,9 +41,10 @@ def put_task(db, state: str, ttl_ms: int | None = None) -> None:
     queue = queue_of(state)
     db.insert_queue(queue, NOW)
     pushed = state if state in (DELAYED, DEAD) else AVAILABLE
-    db.insert_task(queue, ID, FIELDS, NOW, DUE if state == DELAYED else NOW, state=pushed, ttl_ms=ttl_ms)
+    pushed_row = db.insert_task(queue, ID, FIELDS, NOW, DUE if state == DELAYED else NOW, state=pushed,
+                                ttl_ms=ttl_ms)
     if state in (IN_FLIGHT, DONE):
-        assert len(db.claim(queue, OWNER, 1, NOW, DEADLINE)) == 1
+        assert len(db.claim(queue, [pushed_row], OWNER, NOW, DEADLINE)) == 1
     if state == DONE:
         assert db.ack(queue, [ID], NOW) == 1
 
@@ -114,9 +115,16 @@ FAILURE = lifecycle.failure_record(lifecycle.NACKED, "boom", "w1", LATER)
 UNFINISHED = (IN_FLIGHT, AVAILABLE, DELAYED)  # nack's from-states: in flight, or any not done with FORCE
 
 MOVES = [
-    Move("claim COUNT 1", (AVAILABLE,), IN_FLIGHT, lambda db, q, r: db.claim(q, OTHER, 1, LATER, DEADLINE)),
-    Move("claim COUNT 10", (AVAILABLE,), IN_FLIGHT, lambda db, q, r: db.claim(q, OTHER, 10, LATER, DEADLINE)),
-    Move("claim NOACK", (AVAILABLE,), DONE, lambda db, q, r: db.claim(q, OTHER, 1, LATER, None, state=DONE)),
+    # Claims name their tasks by row id (the queue's available order, kept in memory): a stale entry
+    # of the order (a task taken by FORCE since, a row id reused in another queue) moves nothing.
+    Move("claim COUNT 1", (AVAILABLE,), IN_FLIGHT, lambda db, q, r: db.claim(q, [r], OTHER, LATER, DEADLINE)),
+    Move("claim COUNT 10", (AVAILABLE,), IN_FLIGHT,
+         lambda db, q, r: db.claim(q, [r, 10**9, 10**9 + 1], OTHER, LATER, DEADLINE)),
+    Move("claim NOACK", (AVAILABLE,), DONE, lambda db, q, r: db.claim(q, [r], OTHER, LATER, None, state=DONE)),
+    Move("claim by a row id of another queue", (), None,
+         lambda db, q, r: db.claim(b"another", [r], OTHER, LATER, DEADLINE)),
+    Move("claim COUNT 10 by row ids of another queue", (), None,
+         lambda db, q, r: db.claim(b"another", [r, 10**9], OTHER, LATER, DEADLINE)),
     Move("claim own (XREADGROUP id 0)", (IN_FLIGHT,), IN_FLIGHT,
          lambda db, q, r: db.claim_own(q, OWNER, (0, 0), None, LATER, DEADLINE + 1)),
     Move("claim own by another worker", (), None,
@@ -189,7 +197,7 @@ def test_a_delayed_task_becomes_available_only_when_due(db):
     before = rows(db)
     assert db.promote_due(DUE - 1, 100) == []
     assert rows(db) == before
-    assert db.promote_due(DUE, 100) == [queue_of(DELAYED).decode()]
+    assert db.promote_due(DUE, 100) == [(queue_of(DELAYED).decode(), rowid(db, DELAYED))]
     after = rows(db)
     assert changed(before, after) == {DELAYED} and after[DELAYED][-1] == AVAILABLE
 

@@ -191,8 +191,11 @@ class Admin:
             return 0
         now = self.clock()
         self._release_held_keys(name, ids)
-        moved = self.db.requeue(name, ids, now)
+        rowids = self.db.requeue(name, ids, now)
+        moved = len(rowids)
         queue.move(DEAD, AVAILABLE, moved)
+        for rowid in rowids:
+            self.transitions.became_available(queue, rowid)
         self.transitions.tally(queue, "requeued", moved)
         self.transitions.serve_waiters(queue, now)
         return moved
@@ -233,9 +236,16 @@ class Admin:
             [(name, self.queues[name]) for name in names if name in self.queues]
         return {name: {"counts": dict(queue.counts), "totals": dict(queue.totals), "paused": queue.is_paused(),
                        # when the next task to deliver became available (ms): how long it waits
-                       "head_since": self.db.head_available_since(name)
-                       if head_since and queue.counts[AVAILABLE] else None}
+                       "head_since": self._head_since(queue) if head_since and queue.counts[AVAILABLE] else None}
                 for name, queue in queues}
+
+    def _head_since(self, queue) -> int | None:
+        """When the queue's next task to deliver became available (ms). Its order is built for it
+        if no claim built it yet, except on a corrupt file, which the build could meet: the
+        figures go on without it there."""
+        if queue.order is None and self.db.integrity.corrupt:
+            return None
+        return self.db.head_available_since(self.transitions.order(queue).head())
 
     def _busiest(self, count: int) -> tuple[list[bytes], dict | None]:
         """The names of the `count` busiest queues, and the others' figures summed (None: no others)."""

@@ -45,8 +45,8 @@ class Defaults:
 class QueueState:
     """What the broker remembers about one queue (settings as stored: None = the server's)."""
 
-    __slots__ = ("name", "defaults", "last_id", "counts", "group", "last_delivered", "next_purge", "trim_floor",
-                 "deleted", "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates",
+    __slots__ = ("name", "defaults", "last_id", "counts", "order", "group", "last_delivered", "next_purge",
+                 "trim_floor", "deleted", "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates",
                  "totals", *SETTING_COLUMNS)
 
     def __init__(self, name: bytes, defaults: Defaults, last_id=(0, 0)):
@@ -54,6 +54,7 @@ class QueueState:
         self.defaults = defaults
         self.last_id = last_id
         self.counts = dict.fromkeys(lifecycle.STATES, 0)
+        self.order = None           # its available tasks' AvailableOrder; None: not built yet
         self.group = None           # the name XGROUP CREATE gave
         self.last_delivered = None  # newest id delivered; None: not known since start
         self.next_purge = 0         # no done task is due for purging before this (ms)

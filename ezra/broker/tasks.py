@@ -89,10 +89,10 @@ class Tasks:
         if dead:
             state = DEAD
         if unique is None:
-            self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts, failure)
+            rowid = self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts, failure)
         else:
-            self.db.unique_keys.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts,
-                                            unique, failure)
+            rowid = self.db.unique_keys.insert_task(name, task_id, fields, now, available_at, state, ttl_ms,
+                                                    attempts, unique, failure)
         if idmp is not None:
             self.remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id
@@ -107,6 +107,8 @@ class Tasks:
         if trim is not None:
             self.reaper.trim_done(queue, trim)  # as Redis: after the add, the new task counted
         if state == AVAILABLE:
+            if queue.order is not None:  # Transitions.became_available, inlined: once per task
+                queue.order.add(rowid)
             if name in self.blocked:  # a blocked worker gets it in this batch (none blocked: nothing to do)
                 self.transitions.serve_waiters(queue, now)
         elif state == DELAYED:

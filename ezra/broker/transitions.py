@@ -10,9 +10,12 @@ for the resume, which serves them.
 
 from __future__ import annotations
 
+from loguru import logger
+
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
+from .available import AvailableOrder
 from .observers import VIEW_GROWS
 from .queues import MAX_QUEUE_NAME, QueueState
 
@@ -52,12 +55,36 @@ class Transitions:
         if self.observers.watching and n and event in VIEW_GROWS:  # blocked XREADs: seldom any
             self.observers.grew(queue.name, VIEW_GROWS[event])
 
+    def order(self, queue: QueueState) -> AvailableOrder:
+        """The queue's available order, built from the file the first time after a start or a
+        rollback (a million available tasks: about a second, once)."""
+        order = queue.order
+        if order is None:
+            order = queue.order = AvailableOrder(self.db.available_rowids(queue.name))
+        return order
+
+    def became_available(self, queue: QueueState, rowid: int) -> None:
+        """In a batch: a task of the queue became available (a push, or one coming back)."""
+        if queue.order is not None:  # not built yet: the build will read it from the file
+            queue.order.add(rowid)
+
     def claim_rows(self, queue: QueueState, worker: bytes, count: int, noack: bool, now: int) -> list:
         """Up to `count` available tasks of the queue leased to `worker` (done at once with NOACK)."""
         state = DONE if noack else IN_FLIGHT
         deadline = None if noack else lifecycle.lease_deadline(now, queue.lease_seconds())
-        rows = self.db.claim(queue.name, worker, count, now, deadline, state)
+        order, want = self.order(queue), min(count, queue.counts[AVAILABLE])
+        rows, rebuilt = [], False
+        while len(rows) < want:  # more than one pass only past stale entries (XCLAIM/XNACK FORCE)
+            rowids = order.take(want - len(rows))
+            if rowids:
+                rows += self.db.claim(queue.name, rowids, worker, now, deadline, state)
+            elif rebuilt:
+                break
+            else:
+                order, rebuilt = self._order_lost(queue, len(rows)), True
         if rows:
+            if len(rows) > 1:
+                rows.sort()
             if deadline is not None:
                 self.schedule.lease_until(deadline)
                 self.workers.leased(worker, queue)
@@ -70,6 +97,15 @@ class Transitions:
             if redelivered:
                 self.tally(queue, "redelivered", redelivered)
         return rows
+
+    def _order_lost(self, queue: QueueState, got: int) -> AvailableOrder:
+        """The counts say more tasks are available than the order held: a bug (a way into
+        available that did not tell the order). Logged, and the order is built again from the
+        file, so no task is left unclaimable."""
+        logger.error("queue {!r}: {} available tasks counted, the order ran out after {}; building it "
+                     "again from the file", queue.name, queue.counts[AVAILABLE], got)
+        order = queue.order = AvailableOrder(self.db.available_rowids(queue.name))
+        return order
 
     def serve_waiters(self, queue: QueueState, now: int) -> None:
         """Hand newly available tasks of `queue` to its blocked workers, first come first served
@@ -108,7 +144,9 @@ class Transitions:
             if not self.db.set_outcome(rowid, new_state, attempts, now, available_at, failure):
                 raise errors.guard_failed("failure", rowid, state)  # the SELECT above said it was unfinished
             queue.move(state, new_state)
-            if new_state == DELAYED:
+            if new_state == AVAILABLE:
+                self.became_available(queue, rowid)
+            elif new_state == DELAYED:
                 self.schedule.due_at(available_at)
             elif new_state == DEAD:
                 self.tally(queue, "dead")

@@ -21,8 +21,6 @@ more work, and the next pass runs at once instead of after the interval.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import gevent
 from loguru import logger
 
@@ -136,13 +134,18 @@ class Reaper:
 
     def _promote(self, now: int) -> bool:
         """Delayed tasks whose time came become available, and blocked workers get them."""
-        promoted = Counter(name_bytes(q) for q in self.db.promote_due(now, PROMOTE_BATCH))
-        for name, n in promoted.items():
+        rows = self.db.promote_due(now, PROMOTE_BATCH)
+        by_queue: dict[bytes, list[int]] = {}
+        for name, rowid in rows:
+            by_queue.setdefault(name_bytes(name), []).append(rowid)
+        for name, rowids in by_queue.items():
             queue = self.queues.get(name)
             if queue is not None:
-                queue.move(DELAYED, AVAILABLE, n)
+                queue.move(DELAYED, AVAILABLE, len(rowids))
+                for rowid in rowids:
+                    self.transitions.became_available(queue, rowid)
                 self.transitions.serve_waiters(queue, now)
-        if sum(promoted.values()) == PROMOTE_BATCH:
+        if len(rows) == PROMOTE_BATCH:
             return True
         next_due = self.db.next_due()
         self.schedule.earliest_due = INF if next_due is None else next_due

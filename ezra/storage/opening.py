@@ -198,6 +198,8 @@ def _migrate(conn, version: int, path: str) -> None:
             _migrate_to_v6(conn)
         if version < 7:  # after 5 and 6 (other tables' changes); the same rows, a new CHECK text
             _state_check_as_comparisons(conn)
+        if version < 8:  # the available order is kept in memory: its index goes (broker/available.py)
+            conn.execute("DROP INDEX IF EXISTS tasks_available")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:

@@ -48,9 +48,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     PRIMARY KEY (queue, id_ms, id_seq)
 );
 
--- Few indexes on purpose: every index costs a page write per state change.
--- Claims take the oldest available task of a queue: FIFO.
-CREATE INDEX IF NOT EXISTS tasks_available ON tasks (queue, id_ms, id_seq) WHERE state = 'available';
+-- Few indexes on purpose: every index costs a page write per state change. Available tasks
+-- have none: the broker keeps each queue's available order in memory (claims take the oldest)
+-- and builds it from the primary key after a start; schema 8 dropped tasks_available.
 -- XREADGROUP 0, XPENDING and the reaper look at in-flight tasks (few: leased ones).
 CREATE INDEX IF NOT EXISTS tasks_in_flight ON tasks (queue, worker, id_ms, id_seq) WHERE state = 'in_flight';
 -- Retention purges a queue's done tasks, oldest first.

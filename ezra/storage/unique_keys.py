@@ -32,14 +32,14 @@ class UniqueKeys:
             f"AND unique_key IS NOT NULL AND {UNFINISHED}", (queue, key)).fetchone()
 
     def insert_task(self, queue: bytes, task_id: tuple, fields: list[bytes], now: int, available_at: int,
-                    state: str, ttl_ms: int | None, attempts: int, key: bytes, failure: dict | None = None) -> None:
-        """A pushed task holding `key` (Database.insert_task's, with the key: plain pushes never come here);
-        `failure` as Database.insert_task takes it (ezra import)."""
-        self.conn.execute(
+                    state: str, ttl_ms: int | None, attempts: int, key: bytes, failure: dict | None = None) -> int:
+        """A pushed task holding `key`, its row id (Database.insert_task's, with the key: plain pushes
+        never come here); `failure` as Database.insert_task takes it (ezra import)."""
+        return self.conn.execute(
             "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
             "ttl_ms, unique_key, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (name_value(queue), task_id[0], task_id[1], state, encode_fields(fields), attempts, now,
-             available_at, ttl_ms, name_value(key), encode_failure(failure)))
+             available_at, ttl_ms, name_value(key), encode_failure(failure))).lastrowid
 
     def release_all_dead(self, queue: bytes) -> list[tuple]:
         """Before XREQUEUE ALL: the dead tasks whose key another task would hold once they are all
