@@ -59,6 +59,52 @@ def test_a_claim_finds_its_tasks_by_row_id_not_by_walking_the_queue(tmp_path):
     db.close()
 
 
+def test_an_order_read_in_slices_leaves_later_tasks_to_the_next_slice():
+    order = AvailableOrder(complete=False)
+    order.add(7)  # nothing read yet: the file will give it
+    order.read([(2, 1, 0), (4, 2, 0)], complete=False)
+    order.add(3)  # back, below what was read: in the order
+    order.add(9)  # past what was read: left for the next slice
+    assert order.take(5) == [2, 3, 4] and order.take_one() is None and not order.complete
+    order.read([(7, 5, 0), (9, 6, 0)], complete=True)
+    order.add(11)
+    assert [order.take_one(), order.take_one(), order.take_one(), order.take_one()] == [7, 9, 11, None]
+
+
+def test_after_a_restart_the_order_is_read_a_slice_at_a_time_and_loses_nothing(tmp_path, monkeypatch):
+    """In process, with slices of 3: tasks pushed and nacked while the order is half read are all
+    claimed, once each, in id order."""
+    from ezra import lifecycle, storage
+    from ezra.broker import Broker, transitions
+    from ezra.config import Settings
+
+    monkeypatch.setattr(transitions, "ORDER_SLICE", 3)
+    data = str(tmp_path / "data")
+    settings = Settings(data_dir=data, durability="normal")
+    broker = Broker(storage.open_database(data), settings)
+    ids = [broker.push(b"q", b"*", [b"n", b"%d" % i]).wait() for i in range(10)]
+    broker.stop()
+    broker.db.close()
+    broker = Broker(storage.open_database(data), settings)  # a restart: the order is not read yet
+    try:
+        def claim(n):
+            found = broker.claim_committed([b"q"], b"w", n, False)
+            return [b"%d-%d" % row[:2] for row in found[b"q"]] if found else []
+
+        got = claim(2)
+        assert got == ids[:2] and broker.queues[b"q"].order.read_to is not None
+        assert not broker.queues[b"q"].order.complete
+        later = broker.push(b"q", b"*", [b"n", b"later"]).wait()  # past the slice read
+        back = [tuple(map(int, task_id.split(b"-"))) for task_id in got[:1]]
+        assert broker.fail(b"q", back, lifecycle.SILENT).wait() == 1  # back, older than the rest
+        rest = claim(100)
+        assert rest == [ids[0], *ids[2:], later]
+        assert claim(1) == [] and broker.queues[b"q"].order.complete
+    finally:
+        broker.stop()
+        broker.db.close()
+
+
 # ---------------------------------------------------------------- the real server
 
 def entries(reply, protocol) -> list[tuple[str, bytes]]:

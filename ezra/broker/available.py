@@ -12,9 +12,11 @@ heap; `take` merges the two heads. Ways out of available other than a claim (XCL
 XNACK FORCE) leave their entry behind: the claim's UPDATE is guarded by the state (and the
 queue: a row id can be reused once its row is deleted), so a stale entry is stepped over.
 
-An order is built from the file when first needed (Transitions.order), after start-up
-and after a rollback (the broker's reload makes new queue states), so neither reads every
-queue at once. 8 bytes per task waiting in order: a million queued tasks take 8 MB.
+An order is read from the file after start-up and after a rollback (the broker's reload makes
+new queue states), a slice at a time as claims need it (Transitions.order): the first claim
+after a restart with a million queued reads 10,000, not a million. Until the last slice is in
+(`complete`), a task that becomes available past the slices read is left for a later slice,
+which will find it in the file. 8 bytes per task waiting in order: a million take 8 MB.
 """
 
 from __future__ import annotations
@@ -28,23 +30,46 @@ COMPACT_AFTER = 4096  # taken entries at the tail's start before it is cut (a co
 class AvailableOrder:
     """Row ids of a queue's available tasks (and stale entries the claims will skip), oldest first."""
 
-    __slots__ = ("_tail", "_head", "_returns")
+    __slots__ = ("_tail", "_head", "_returns", "read_to", "complete")
 
-    def __init__(self, rowids=()):
-        self._tail = array("q", rowids)  # ascending: pushes, and the build from the file
+    def __init__(self, rowids=(), complete: bool = True):
+        self._tail = array("q", rowids)  # ascending: pushes, and the slices read from the file
         self._head = 0                   # entries before it were taken
         self._returns: list[int] = []    # a heap: tasks back with older ids
+        self.read_to = None              # (id_ms, id_seq, rowid) of the last task a slice read
+        self.complete = complete         # every available task is here (no slice left to read)
 
     def __len__(self) -> int:
         return len(self._tail) - self._head + len(self._returns)
 
     def add(self, rowid: int) -> None:
         """A task became available (a push, or one coming back)."""
+        if not self.complete and (self.read_to is None or rowid > self.read_to[2]):
+            return  # past the slices read: a later slice finds it in the file
         tail = self._tail
         if self._head == len(tail) or rowid > tail[-1]:
             tail.append(rowid)
         else:
             heapq.heappush(self._returns, rowid)
+
+    def read(self, rows: list[tuple], complete: bool) -> None:
+        """A slice from the file: (rowid, id_ms, id_seq) of available tasks after `read_to`, in order."""
+        if rows:
+            self._tail.extend(row[0] for row in rows)
+            rowid, ms, seq = rows[-1]
+            self.read_to = (ms, seq, rowid)
+        self.complete = complete
+
+    def take_one(self) -> int | None:
+        """The oldest row id, out of the order (None: none here)."""
+        tail, returns, head = self._tail, self._returns, self._head
+        if head < len(tail) and not (returns and returns[0] < tail[head]):
+            self._head = head + 1
+            if head >= COMPACT_AFTER and head * 2 >= len(tail):
+                del tail[:head + 1]
+                self._head = 0
+            return tail[head]
+        return heapq.heappop(returns) if returns else None
 
     def take(self, n: int) -> list[int]:
         """Up to `n` row ids, oldest first, out of the order."""

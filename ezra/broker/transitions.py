@@ -20,6 +20,9 @@ from .observers import VIEW_GROWS
 from .queues import MAX_QUEUE_NAME, QueueState
 
 
+ORDER_SLICE = 10_000  # available tasks read from the file at a time into a queue's order
+
+
 def new_as_idle(rows: list) -> list:
     """XREADGROUP CLAIM: new tasks in the idle claims' shape, idle 0 ms and delivered 0 times before."""
     return [(*row[:3], 0, 0) for row in rows]
@@ -55,12 +58,16 @@ class Transitions:
         if self.observers.watching and n and event in VIEW_GROWS:  # blocked XREADs: seldom any
             self.observers.grew(queue.name, VIEW_GROWS[event])
 
-    def order(self, queue: QueueState) -> AvailableOrder:
-        """The queue's available order, built from the file the first time after a start or a
-        rollback (a million available tasks: about a second, once)."""
+    def order(self, queue: QueueState, wanted: int = 1) -> AvailableOrder:
+        """The queue's available order, with at least `wanted` entries if the file has them: after
+        a start or a rollback it is read a slice at a time (AvailableOrder says why)."""
         order = queue.order
         if order is None:
-            order = queue.order = AvailableOrder(self.db.available_rowids(queue.name))
+            order = queue.order = AvailableOrder(complete=False)
+        while not order.complete and len(order) < wanted:
+            after = None if order.read_to is None else order.read_to[:2]
+            rows = self.db.available_after(queue.name, after, ORDER_SLICE)
+            order.read(rows, complete=len(rows) < ORDER_SLICE)
         return order
 
     def became_available(self, queue: QueueState, rowid: int) -> None:
@@ -72,12 +79,20 @@ class Transitions:
         """Up to `count` available tasks of the queue leased to `worker` (done at once with NOACK)."""
         state = DONE if noack else IN_FLIGHT
         deadline = None if noack else lifecycle.lease_deadline(now, queue.lease_seconds())
-        order, want = self.order(queue), min(count, queue.counts[AVAILABLE])
+        want = min(count, queue.counts[AVAILABLE])
+        order = queue.order if queue.order is not None and queue.order.complete else self.order(queue, want)
         rows, rebuilt = [], False
         while len(rows) < want:  # more than one pass only past stale entries (XCLAIM/XNACK FORCE)
-            rowids = order.take(want - len(rows))
+            missing = want - len(rows)
+            if missing == 1:  # a worker's COUNT 1, or a waiter's
+                rowid = order.take_one()
+                rowids = () if rowid is None else (rowid,)
+            else:
+                rowids = order.take(missing)
             if rowids:
                 rows += self.db.claim(queue.name, rowids, worker, now, deadline, state)
+            elif not order.complete:
+                order = self.order(queue, missing)
             elif rebuilt:
                 break
             else:
@@ -104,8 +119,8 @@ class Transitions:
         file, so no task is left unclaimable."""
         logger.error("queue {!r}: {} available tasks counted, the order ran out after {}; building it "
                      "again from the file", queue.name, queue.counts[AVAILABLE], got)
-        order = queue.order = AvailableOrder(self.db.available_rowids(queue.name))
-        return order
+        queue.order = None
+        return self.order(queue, queue.counts[AVAILABLE])
 
     def serve_waiters(self, queue: QueueState, now: int) -> None:
         """Hand newly available tasks of `queue` to its blocked workers, first come first served

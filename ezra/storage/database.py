@@ -298,13 +298,16 @@ class Database:
         rows.sort()
         return rows
 
-    def available_rowids(self, queue: bytes):
-        """The row ids of the queue's available tasks in id order (its order, built after a start
-        or a rollback): the primary key's range of the queue, in order, no sort. An iterator, read
-        into an array('q') as it comes: no list of a million ints in between."""
-        return (row[0] for row in self.conn.execute(
-            "SELECT rowid FROM tasks WHERE queue = ? AND state = 'available' ORDER BY id_ms, id_seq",
-            (name_value(queue),)))
+    def available_after(self, queue: bytes, after: tuple | None, limit: int) -> list[tuple]:
+        """A slice of the queue's available order: (rowid, id_ms, id_seq) of up to `limit` available
+        tasks after the id `after` (None: from the start), in id order: the primary key's range of
+        the queue, no sort."""
+        sql = "SELECT rowid, id_ms, id_seq FROM tasks WHERE queue = ? AND state = 'available'"
+        params = (name_value(queue),)
+        if after is not None:
+            sql += " AND (id_ms, id_seq) > (?, ?)"
+            params += (after[0], after[1])
+        return self.conn.execute(sql + " ORDER BY id_ms, id_seq LIMIT ?", (*params, limit)).fetchall()
 
     def claim_own(self, queue: bytes, worker: bytes, after: tuple, count: int | None, now: int,
                deadline: int) -> list[tuple]:
