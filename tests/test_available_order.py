@@ -59,6 +59,14 @@ def test_a_claim_finds_its_tasks_by_row_id_not_by_walking_the_queue(tmp_path):
     db.close()
 
 
+def test_taking_one_at_a_time_past_the_cut_gives_every_id_once_in_order():
+    """Found by bench.py's backlog drain: take_one read the tail after cutting it (IndexError)."""
+    order = AvailableOrder(range(COMPACT_AFTER * 3))
+    order.add(COMPACT_AFTER * 3 + 5)
+    taken = [order.take_one() for _ in range(COMPACT_AFTER * 3 + 1)]
+    assert taken == [*range(COMPACT_AFTER * 3), COMPACT_AFTER * 3 + 5] and order.take_one() is None
+
+
 def test_an_order_read_in_slices_leaves_later_tasks_to_the_next_slice():
     order = AvailableOrder(complete=False)
     order.add(7)  # nothing read yet: the file will give it

@@ -64,11 +64,12 @@ class AvailableOrder:
         """The oldest row id, out of the order (None: none here)."""
         tail, returns, head = self._tail, self._returns, self._head
         if head < len(tail) and not (returns and returns[0] < tail[head]):
+            rowid = tail[head]
             self._head = head + 1
             if head >= COMPACT_AFTER and head * 2 >= len(tail):
                 del tail[:head + 1]
                 self._head = 0
-            return tail[head]
+            return rowid
         return heapq.heappop(returns) if returns else None
 
     def take(self, n: int) -> list[int]:
