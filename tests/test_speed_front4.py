@@ -1,0 +1,79 @@
+"""The front's cheaper steps (issue 22, round three, third pass): each fast path gives what the
+general path gives.
+
+Counts and ids are read by a digits-only shortcut before Redis's rules (integers.py,
+stream_ids.parse_id). These tests run both on the same texts and compare. Speed itself is
+measured by scripts/stages.py, never here.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ezra import errors
+from ezra.integers import string2ll, string2ull, to_int, to_int64, to_uint64
+from ezra.stream_ids import MAX_ID_PART, parse_id, parse_id_parts
+
+
+def outcome(read, text):
+    """What `read(text)` gives: ('value', n), or the kind of error it raised."""
+    try:
+        return "value", read(text)
+    except ValueError:
+        return "ValueError", None
+    except errors.CommandError as exc:
+        return "error", str(exc)
+
+
+def integer_texts() -> list[bytes]:
+    """Texts on every side of the shortcut's edges: lengths 0-21, leading zeros, signs, spaces, NUL."""
+    texts = {b"", b"0", b"00", b"-0", b"+0", b"01", b" 1", b"1 ", b"1\0", b"\x001", b"1_0", b"-", b"+",
+             b"\xd9\xa3", b"\xc2\xb2", b"0x1", b"1e3", b"-1", b"-01", b"\t7", b"+7"}
+    for size in range(1, 22):
+        for first, rest in ((b"1", b"0"), (b"9", b"9"), (b"0", b"1"), (b"5", b"7")):
+            digits = first + rest * (size - 1)
+            texts.update({digits, b"-" + digits, b"+" + digits, b" " + digits})
+    for value in (2 ** 63 - 1, 2 ** 63, 2 ** 64 - 1, 2 ** 64, 10 ** 18 - 1, 10 ** 18, 10 ** 19 - 1, 10 ** 19):
+        texts.update({b"%d" % value, b"-%d" % value, b"0%d" % value})
+    return sorted(texts)
+
+
+@pytest.mark.parametrize("text", integer_texts())
+def test_counts_read_by_the_shortcut_as_by_string2ll(text):
+    assert outcome(to_int64, text) == outcome(string2ll, text)
+    general = outcome(string2ll, text)
+    expected = general if general[0] == "value" else ("error", str(errors.NOT_INTEGER()))
+    assert outcome(to_int, text) == expected
+
+
+@pytest.mark.parametrize("text", integer_texts())
+def test_id_parts_read_by_the_shortcut_as_by_string2ull(text):
+    assert outcome(to_uint64, text) == outcome(string2ull, text)
+
+
+def general_parse_id(arg: bytes, missing_seq: int = 0):
+    """parse_id without its shortcut: Redis's reading, then EZRA's storable range."""
+    stream_id = parse_id_parts(arg, missing_seq)
+    if stream_id[0] > MAX_ID_PART or stream_id[1] > MAX_ID_PART:
+        raise errors.INVALID_ID
+    return stream_id
+
+
+def id_texts() -> list[bytes]:
+    parts = [b"", b"0", b"00", b"7", b"1764612345678", b"+5", b" 5", b"-", b"*", b"5\0",
+             b"9" * 18, b"9" * 19, b"1" + b"0" * 18, b"%d" % MAX_ID_PART, b"%d" % (MAX_ID_PART + 1),
+             b"%d" % (2 ** 64 - 1), b"%d" % 2 ** 64, b"0" * 25 + b"1"]
+    texts = set(parts)
+    for ms, seq in itertools.product(parts, repeat=2):
+        texts.add(ms + b"-" + seq)
+    texts.update({b"1-2-3", b"1--2", b"-1-2", b"1-" + b"0" * 130, b"x-1", b"1-x"})
+    return sorted(texts)
+
+
+@pytest.mark.parametrize("missing_seq", [0, 2 ** 63 - 1])
+def test_ids_read_by_the_shortcut_as_by_redis_rules(missing_seq):
+    for text in id_texts():
+        assert outcome(lambda t: parse_id(t, missing_seq), text) == \
+            outcome(lambda t: general_parse_id(t, missing_seq), text), text
