@@ -208,18 +208,21 @@ def xreadgroup(session, args):
     streams = args[i + 1:]
     if i >= len(args) or not streams:
         raise errors.wrong_arity("xreadgroup")
-    if len(streams) % 2:
-        raise errors.UNBALANCED_STREAMS
-    half = len(streams) // 2
-    # The reply is keyed by queue: a queue named twice is read once (with its first id), else the
-    # tasks claimed for its first mention would be dropped from the reply, leased and never shown.
-    reads = {}
-    for queue, stream_id in zip(map(live_queue, streams[:half]), map(xreadgroup_id, streams[half:])):
-        reads.setdefault(queue, stream_id)
-    queues, ids = list(reads), list(reads.values())
+    if len(streams) == 2:  # one queue, as workers read: nothing to merge (the loop below cost 0.5 µs)
+        queues, ids = [live_queue(streams[0])], [xreadgroup_id(streams[1])]
+    else:
+        if len(streams) % 2:
+            raise errors.UNBALANCED_STREAMS
+        half = len(streams) // 2
+        # The reply is keyed by queue: a queue named twice is read once (with its first id), else the
+        # tasks claimed for its first mention would be dropped from the reply, leased and never shown.
+        reads = {}
+        for queue, stream_id in zip(map(live_queue, streams[:half]), map(xreadgroup_id, streams[half:])):
+            reads.setdefault(queue, stream_id)
+        queues, ids = list(reads), list(reads.values())
     count = read_count(count)
     session.use_worker(worker)  # not before: a malformed command must not touch the name's release timer
-    if all(stream_id is NEW_TASKS for stream_id in ids):
+    if ids[0] is NEW_TASKS if len(ids) == 1 else all(stream_id is NEW_TASKS for stream_id in ids):
         broker = broker_of(session)
         claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
         if claimed is not None:
