@@ -77,3 +77,59 @@ def test_ids_read_by_the_shortcut_as_by_redis_rules(missing_seq):
     for text in id_texts():
         assert outcome(lambda t: parse_id(t, missing_seq), text) == \
             outcome(lambda t: general_parse_id(t, missing_seq), text), text
+
+
+# ---------------------------------------------------------------- XREADGROUP's claims written from the rows
+
+def test_claims_written_from_the_rows_are_read_replys_bytes():
+    """claimed_reply (the claim's hot path) against read_reply then encode (the general path): queue
+    names, ids, fields and counts on both sides of the 1,024-long prefix tables, RESP2 and RESP3, alone
+    and inside a list (an EXEC's replies)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from ezra.commands.replies import claimed_reply, read_reply
+    from ezra.resp import encode
+    from ezra.storage.schema import encode_fields
+
+    sizes = st.sampled_from([0, 1, 5, 1023, 1024, 1500])
+    field = st.one_of(sizes.map(lambda n: b"v" * n), st.binary(max_size=8), st.text(max_size=4).map(str.encode))
+    row = st.tuples(st.integers(0, 2 ** 63 - 1), st.integers(0, 2 ** 63 - 1),
+                    st.lists(field, max_size=6).map(encode_fields), st.integers(0, 9))
+    found = st.dictionaries(sizes.map(lambda n: b"q" * max(n, 1)), st.lists(row, max_size=4), max_size=3)
+
+    @settings(max_examples=300, deadline=None)
+    @given(found, st.sampled_from([2, 3]))
+    def check(found, proto):
+        assert encode(claimed_reply(found), proto) == encode(read_reply(found), proto)
+        assert encode([claimed_reply(found), 1], proto) == encode([read_reply(found), 1], proto)
+
+    check()
+    many = {b"q": [(1, n, encode_fields([b"f"] * 1030), 0) for n in range(1030)]}
+    for proto in (2, 3):
+        assert encode(claimed_reply(many), proto) == encode(read_reply(many), proto)
+
+
+@pytest.mark.parametrize("resp3", [False, True])
+def test_a_claim_on_the_wire_alone_and_inside_exec(ezra_factory, resp3):
+    """The real server: XREADGROUP's claim, as workers send it, and the same inside MULTI/EXEC."""
+    from support import RespConnection
+
+    server = ezra_factory()
+    conn = RespConnection(server.port)
+    if resp3:
+        conn.call(["HELLO", "3"])
+    for n in (1, 2):
+        assert conn.call(["XADD", "q", f"5-{n}", "f", f"v{n}", "payload", "x" * 1100]) == b"$3\r\n5-%d\r\n" % n
+    header = b"%1\r\n" if resp3 else b"*1\r\n*2\r\n"
+
+    def claimed(n: int) -> bytes:
+        return header + b"$1\r\nq\r\n*1\r\n*2\r\n$3\r\n5-%d\r\n*4\r\n$1\r\nf\r\n$2\r\nv%d\r\n$7\r\npayload\r\n" \
+            b"$1100\r\n%s\r\n" % (n, n, b"x" * 1100)
+
+    claim = ["XREADGROUP", "GROUP", "g", "w", "COUNT", "1", "BLOCK", "1000", "STREAMS", "q", ">"]
+    assert conn.call(claim) == claimed(1)
+    assert conn.call(["MULTI"]) == b"+OK\r\n"
+    assert conn.call(claim) == b"+QUEUED\r\n"
+    assert conn.call(["EXEC"]) == b"*1\r\n" + claimed(2)
+    assert conn.call(claim[:6] + claim[8:]) == (b"_\r\n" if resp3 else b"*-1\r\n"), "nothing left, no BLOCK"

@@ -16,7 +16,7 @@ from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
 from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
-from .replies import claim_reply, entries, read_reply
+from .replies import claim_reply, claimed_reply, entries, read_reply
 from .table import Block, Deferred, command
 
 
@@ -227,7 +227,7 @@ def xreadgroup(session, args):
         claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
         if claimed is not None:
             # answered with the read's other replies: one commit for them all
-            return Deferred(claimed, read_reply if claim_idle is None else idle_claim_reply)
+            return Deferred(claimed, claimed_reply if claim_idle is None else idle_claim_reply)
         if block_ms is None:
             return NULL_ARRAY
         return ClaimWait(broker, queues, worker, count, noack, claim_idle, block_ms)
@@ -251,7 +251,7 @@ class ClaimWait(Block):
     def start(self):
         found = self.broker.claim(self.queues, self.worker, self.count, self.noack, self.claim_idle)
         if type(found) is not Waiter:
-            return claim_reply(found, self.claim_idle)
+            return self.reply(found)
         self.waiter, self.event = found, found.event
         return None
 
@@ -263,7 +263,10 @@ class ClaimWait(Block):
             result = waiter.result  # None: the server is stopping
         else:  # timed out or hung up: a batch that committed just now may have served it
             result = self.broker.unblock(waiter, hung_up=outcome is None)
-        return claim_reply(result, self.claim_idle) if result else NULL_ARRAY
+        return self.reply(result) if result else NULL_ARRAY
+
+    def reply(self, found: dict):
+        return claimed_reply(found) if self.claim_idle is None else claim_reply(found, self.claim_idle)
 
 
 @command("XREAD", -4, blocks=True)
