@@ -128,7 +128,7 @@ def xadd(session, args):
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
     (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure), i = parse_options(
         args, 2, PUSH_OPTIONS)
-    if i < len(args):
+    if i < len(args) and args[i] != b"*":  # '*', nearly always: nothing to check, no call
         stream_ids.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
     if trimming is not None:
         trimming.check()
@@ -149,8 +149,8 @@ def xadd(session, args):
         raise errors.task_too_large(size, limit)
     if idmp is not None:
         idmp = idempotency(idmp, args[i], fields)
-    return Deferred(broker_of(session).push(queue, args[i], fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                            attempts, dead, trim, unique, failure))
+    return Deferred(session.state.broker.push(queue, args[i], fields, nomkstream, delay_ms, ttl_ms, idmp,
+                                              attempts, dead, trim, unique, failure))
 
 
 def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
@@ -223,7 +223,7 @@ def xreadgroup(session, args):
     count = read_count(count)
     session.use_worker(worker)  # not before: a malformed command must not touch the name's release timer
     if ids[0] is NEW_TASKS if len(ids) == 1 else all(stream_id is NEW_TASKS for stream_id in ids):
-        broker = broker_of(session)
+        broker = session.state.broker
         claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
         if claimed is not None:
             # answered with the read's other replies: one commit for them all
@@ -350,11 +350,11 @@ def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
 @command("XACK", -4)
 def xack(session, args):
     """XACK queue group id [id ...]: integer, how many were in flight and are now done."""
-    ids = ids_of(args[3:])
+    ids = [stream_ids.parse_id(args[3])] if len(args) == 4 else ids_of(args[3:])  # one id, as workers ack
     queue, dead = split_queue(args[1])
     if dead:
         return 0
-    return Deferred(broker_of(session).ack(queue, ids))
+    return Deferred(session.state.broker.ack(queue, ids))
 
 
 def nack_retry_count(arg: bytes) -> int:
