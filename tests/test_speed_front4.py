@@ -133,3 +133,55 @@ def test_a_claim_on_the_wire_alone_and_inside_exec(ezra_factory, resp3):
     assert conn.call(claim) == b"+QUEUED\r\n"
     assert conn.call(["EXEC"]) == b"*1\r\n" + claimed(2)
     assert conn.call(claim[:6] + claim[8:]) == (b"_\r\n" if resp3 else b"*-1\r\n"), "nothing left, no BLOCK"
+
+
+# ---------------------------------------------------------------- pipelined claims, counted by their bytes
+
+def pipelined_claims(client, count: int, protocol: int) -> tuple[list, int]:
+    """`count` XREADGROUPs '>' in one pipeline (as workers send them): the tasks claimed, commits made."""
+    before = client.info("persistence")["commit_batches"]
+    pipe = client.pipeline(transaction=False)
+    for _ in range(count):
+        pipe.xreadgroup("g", "w1", {"q": ">"}, count=1, block=1000)
+    replies = pipe.execute()
+    commits = client.info("persistence")["commit_batches"] - before - 1  # INFO's own read commits nothing
+    claimed = []
+    for reply in replies:
+        claimed += reply[b"q"][0] if protocol == 3 else reply[0][1]
+    return claimed, commits + 1
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_pipelined_claims_of_small_tasks_share_one_commit(ezra_factory, protocol):
+    """50 pipelined claims of small tasks: one commit, one send. They counted as a large read each
+    (READS_PER_FLUSH = 8), so 50 made 7 commits (20: 3, on 244e3b2)."""
+    server = ezra_factory()
+    client = server.client(protocol)
+    used = []
+    for _ in range(3):  # the reaper commits a pass of its own every 0.1 s: the least of three counts
+        pipe = client.pipeline(transaction=False)
+        for i in range(20):
+            pipe.xadd("q", {"n": str(i)})
+        pushed = pipe.execute()
+        claimed, commits = pipelined_claims(client, 20, protocol)
+        used.append(commits)
+        assert [task_id for task_id, _ in claimed] == pushed
+        assert [fields[b"n"] for _, fields in claimed] == [str(i).encode() for i in range(20)]
+        assert client.xack("q", "g", *pushed) == 20
+    assert min(used) == 1, f"20 pipelined claims took {used} commits"
+
+
+def test_pipelined_claims_of_large_tasks_are_still_sent_in_parts(ezra_factory):
+    """What a connection holds before it sends stays bounded: claims of 800 KB tasks count as 0.8 of
+    a read each, so 20 of them are sent (and committed) in 2 parts at least."""
+    server = ezra_factory()
+    client = server.client(2)
+    payload = "x" * 800_000
+    pipe = client.pipeline(transaction=False)
+    for i in range(20):
+        pipe.xadd("q", {"n": str(i), "payload": payload})
+    pushed = pipe.execute()
+    claimed, commits = pipelined_claims(client, 20, 2)
+    assert [task_id for task_id, _ in claimed] == pushed
+    assert all(fields[b"payload"] == payload.encode() for _, fields in claimed)
+    assert commits >= 2, "READS_PER_FLUSH bounds claims by their bytes"

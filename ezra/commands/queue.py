@@ -16,7 +16,7 @@ from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
 from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
-from .replies import claim_reply, claimed_reply, entries, read_reply
+from .replies import claim_reply, claimed_reply, claimed_size, entries, read_reply
 from .table import Block, Deferred, command
 
 
@@ -226,8 +226,9 @@ def xreadgroup(session, args):
         broker = session.state.broker
         claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
         if claimed is not None:
-            # answered with the read's other replies: one commit for them all
-            return Deferred(claimed, claimed_reply if claim_idle is None else idle_claim_reply)
+            # answered with the read's other replies: one commit for them all (its size: see Connection)
+            return Deferred(claimed, claimed_reply if claim_idle is None else idle_claim_reply,
+                            claimed_size(claimed.result))
         if block_ms is None:
             return NULL_ARRAY
         return ClaimWait(broker, queues, worker, count, noack, claim_idle, block_ms)

@@ -45,6 +45,15 @@ def claimed_reply(found: dict) -> WrittenMap:
                       for name, rows in found.items())
 
 
+def claimed_size(found: dict) -> int:
+    """The bytes a claim's tasks hold (their fields' text): what its reply will hold, about."""
+    size = 0
+    for rows in found.values():
+        for row in rows:
+            size += len(row[2])
+    return size
+
+
 def written_entries(rows) -> bytes:
     """entries(rows) as RESP bytes (an array of [id, [field, value, ...]], the same in RESP2 and RESP3)."""
     out = [ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)]
