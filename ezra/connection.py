@@ -33,7 +33,7 @@ from loguru import logger
 from . import errors
 from .commands import Deferred, dispatch
 from .gate import Gate
-from .resp import BulkTooLarge, ErrorReply, ProtocolError, RequestReader, encode
+from .resp import BulkTooLarge, ErrorReply, ProtocolError, RequestReader, WrittenMap, encode
 from .session import ServerState, Session
 
 READ_SIZE = 64 * 1024
@@ -419,4 +419,4 @@ class Connection:
 
 # A read's reply (megabytes, perhaps), not a push's or an ack's small durable answer: a list or a
 # dict, or a Deferred whose request is not durable (EXEC's are all-replies: counted).
-LARGE = (list, dict)
+LARGE = (list, dict, WrittenMap)  # (a blocked XREADGROUP's claims come written: counted as before)

@@ -185,3 +185,15 @@ def test_pipelined_claims_of_large_tasks_are_still_sent_in_parts(ezra_factory):
     assert [task_id for task_id, _ in claimed] == pushed
     assert all(fields[b"payload"] == payload.encode() for _, fields in claimed)
     assert commits >= 2, "READS_PER_FLUSH bounds claims by their bytes"
+
+
+def test_a_blocked_claims_written_reply_counts_among_the_large_replies():
+    """A blocked XREADGROUP answers with its claims written (not a Deferred): the connection counts
+    it among the replies that may be large, as it counted the PairsMap before (READS_PER_FLUSH)."""
+    from ezra.commands.replies import claimed_reply, read_reply
+    from ezra.connection import LARGE
+    from ezra.storage.schema import encode_fields
+
+    found = {b"q": [(1, 2, encode_fields([b"f", b"v"]), 0)]}
+    assert isinstance(read_reply(found), LARGE)
+    assert isinstance(claimed_reply(found), LARGE)
