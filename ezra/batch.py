@@ -88,11 +88,13 @@ class Request:
             if batch.error is not None or self.error is not None:
                 raise batch.error or self.error
             return self.result
+        # A pipeline's replies but the first find their batch's flag set: no call to wait then.
         if self.durable:
-            batch.synced.wait()
+            if not batch.synced.done:
+                batch.synced.wait()
             if batch.sync_error is not None:
                 raise batch.sync_error
-        else:
+        elif not batch.committed.done:
             batch.committed.wait()
         if batch.error is not None:
             raise batch.error

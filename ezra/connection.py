@@ -33,7 +33,7 @@ from loguru import logger
 from . import errors
 from .commands import Deferred, dispatch
 from .gate import Gate
-from .resp import BulkTooLarge, ErrorReply, ProtocolError, RequestReader, encode
+from .resp import BulkTooLarge, ErrorReply, ProtocolError, RequestReader, WrittenMap, encode
 from .session import ServerState, Session
 
 READ_SIZE = 64 * 1024
@@ -42,6 +42,10 @@ MAX_PIPELINE = 1024  # replies held before they are sent, even if more commands 
 # they are sent, and a flush sends its encoded replies in pieces of about SEND_CHUNK bytes. Without
 # these, 200 pipelined XRANGEs of a 10 MB queue (an 8 KB request) held 6 GB at once.
 READS_PER_FLUSH = 8
+# A claim's reply is as large as its tasks, known when it is made (Deferred.size): it counts as that
+# share of READ_BYTES, so pipelined claims of small tasks share one commit and one send (they flushed
+# every 8, each flush a commit: 7 commits for 50 claims), and claims of megabyte tasks still every 8.
+READ_BYTES = 1024 * 1024
 SEND_CHUNK = 1024 * 1024
 BULK_SLACK = 64 * 1024  # a bulk may exceed the task limit a little (names, options)
 # A larger argument is read past without keeping its bytes and refused with the task limit's error,
@@ -104,7 +108,7 @@ class Connection:
         self.limited = not self.session.authenticated
         self.reader = self._new_reader()
         self.replies: list[tuple[int, object]] = []
-        self.reads = 0  # replies in self.replies that may be large (see READS_PER_FLUSH)
+        self.reads = 0  # replies in self.replies that may be large (see READS_PER_FLUSH, READ_BYTES)
         self.busy = False  # between reading a request and sending its replies
         self.greenlet = None  # the greenlet serving it; None while parked
         self.awaiting_command = False  # blocked in recv with no command begun: it may be parked
@@ -271,7 +275,7 @@ class Connection:
                 replies.append((session.proto, reply))
                 # A read's reply may be megabytes (see LARGE): at most READS_PER_FLUSH are held
                 if (not getattr(reply.request, "durable", False)) if kind is Deferred else isinstance(reply, LARGE):
-                    self.reads += 1
+                    self.reads += 1 if kind is not Deferred or reply.size is None else reply.size / READ_BYTES
                     if self.reads >= READS_PER_FLUSH:
                         self.flush()
                         continue
@@ -415,4 +419,4 @@ class Connection:
 
 # A read's reply (megabytes, perhaps), not a push's or an ack's small durable answer: a list or a
 # dict, or a Deferred whose request is not durable (EXEC's are all-replies: counted).
-LARGE = (list, dict)
+LARGE = (list, dict, WrittenMap)  # (a blocked XREADGROUP's claims come written: counted as before)

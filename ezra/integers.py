@@ -33,6 +33,13 @@ _STRTOULL = re.compile(rb"[ \t\n\v\f\r]*([+-]?)([0-9]+)").fullmatch
 
 def to_int64(text: bytes) -> int:
     """A signed 64-bit integer by Redis's string2ll rules, else ValueError."""
+    if text.isdigit() and len(text) < 19 and (text[0] != 48 or len(text) == 1):  # 48: '0'
+        return int(text)  # the common case: up to 18 digits, no leading zero (bytes' isdigit is ASCII)
+    return string2ll(text)
+
+
+def string2ll(text: bytes) -> int:
+    """to_int64 by the rules themselves, for any text (the fast paths above give the same)."""
     if _STRING2LL(text) is None:
         raise ValueError(text)
     value = int(text)
@@ -47,6 +54,8 @@ def to_int(arg: bytes, error: Callable[[], errors.CommandError] = errors.NOT_INT
 
     `error`: what builds the error (a class of errors.py, or a function calling one), only when
     the argument is bad."""
+    if arg.isdigit() and len(arg) < 19 and (arg[0] != 48 or len(arg) == 1):
+        return int(arg)  # to_int64's common case, inlined: one call less per count (COUNT 1, BLOCK 1000)
     try:
         return to_int64(arg)
     except ValueError:
@@ -55,9 +64,16 @@ def to_int(arg: bytes, error: Callable[[], errors.CommandError] = errors.NOT_INT
 
 def to_uint64(text: bytes) -> int:
     """An unsigned 64-bit integer by Redis's string2ull rules (a stream id's part), else ValueError."""
+    if text.isdigit() and len(text) < 20:
+        return int(text)  # digits alone, under 2**64 (strtoull reads leading zeros as int() does)
+    return string2ull(text)
+
+
+def string2ull(text: bytes) -> int:
+    """to_uint64 by the rules themselves, for any text (the fast path above gives the same)."""
     text = text.split(b"\0", 1)[0]  # Redis reads the part as a C string: it ends at a NUL
     try:
-        value = to_int64(text)
+        value = string2ll(text)
     except ValueError:
         value = None
     if value is not None:

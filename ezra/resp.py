@@ -16,6 +16,7 @@ RESP3 bytes, or RESP2 where the two differ:
     list / tuple            * array                   same
     dict                    % map                     flat * array
     PairsMap                % map                     * array of [key, value] pairs
+    WrittenMap              the same, its pairs' bytes written by the command
     SimpleString            + simple string           same
     Verbatim                = verbatim "txt:"         $ bulk string
     ErrorReply              - error                   same
@@ -34,21 +35,16 @@ class ProtocolError(Exception):
 class BulkTooLarge(Exception):
     """An argument of `size` bytes, over the reader's cap (`limit`).
 
-    Up to its `discard_limit` the reader reads past it, keeping none of its bytes, and
-    raises this once the whole command has been read (`fatal` False: the connection goes
-    on with the next command); above, it raises it at the argument's header (`fatal`: the
-    stream cannot be followed further than the client is trusted to send)."""
+    Up to its `discard_limit` the reader reads past it, keeping none of its bytes, and raises this once the
+    whole command has been read (`fatal` False: the connection goes on with the next command); above, at
+    the argument's header (`fatal`: the stream cannot be followed further than the client is trusted to send)."""
 
     def __init__(self, size: int, limit: int, fatal: bool):
         super().__init__(size, limit, fatal)
         self.size, self.limit, self.fatal = size, limit, fatal
 
 
-class _Skipped:
-    """In place of an argument whose bytes were discarded."""
-
-
-SKIPPED = _Skipped()
+SKIPPED = object()  # in place of an argument whose bytes were discarded
 
 
 class SimpleString(str):
@@ -63,6 +59,10 @@ class PairsMap(dict):
     """A map that RESP2 sends as an array of [key, value] pairs (XREAD/XREADGROUP)."""
 
 
+class WrittenMap(tuple):
+    """A PairsMap written already: ((a key's RESP bytes, its value's), ...) (XREADGROUP's claims)."""
+
+
 class ErrorReply(Exception):
     """An error reply. `message` starts with the Redis prefix (ERR, NOAUTH...)."""
 
@@ -71,9 +71,9 @@ class ErrorReply(Exception):
         self.message = message
 
     def as_reply(self) -> "ErrorReply":
-        """Caught to be sent: only the message is needed. Its traceback held every frame it
-        was raised through, with their arguments (a refused 1 MB XADD's fields), and the
-        connection's frame holding the reply closed a cycle that only the collector frees."""
+        """Caught to be sent: only the message is needed. Its traceback held every frame it was raised through,
+        with their arguments (a refused 1 MB XADD's fields); the connection's frame holding the reply closed a
+        cycle that only the collector frees."""
         self.__traceback__ = None
         return self
 
@@ -226,12 +226,12 @@ class RequestReader:
     def _batch(self) -> list[list[bytes]] | None:
         """Fastest path: every whole frame within the next BATCH_WINDOW bytes, split in one C call.
 
-        A pipeline brings dozens of commands of a few short arguments in one read: the window
-        is split at CRLF once, and the frames' headers checked against their arguments' lengths
-        by table lookups (no Python step per argument). The check is exact (`*N` and `$<len>` as
-        Redis writes them): an argument that holds a CRLF, a bad header or anything over a cap
-        ends the batch there, and `_whole_frame` or the step-by-step reader decides on that
-        frame (caps lifted by an AUTH before it apply: the frames before it run first).
+        A pipeline brings dozens of commands of a few short arguments in one read: the window is split
+        at CRLF once, and the frames' headers checked against their arguments' lengths by table lookups
+        (no Python step per argument). The check is exact (`*N` and `$<len>` as Redis writes them): an
+        argument that holds a CRLF, a bad header or anything over a cap ends the batch there, and
+        `_whole_frame` or the step-by-step reader decides on that frame (caps lifted by an AUTH before
+        it apply: the frames before it run first).
         """
         buf, pos = self._buf, self._pos
         if pos >= len(buf) or buf[pos] != 0x2A:  # not '*'
@@ -304,12 +304,10 @@ class RequestReader:
         return frames, i, False
 
     def _whole_frame(self) -> list[bytes] | None:
-        """Fast path: a complete, well-formed multibulk frame in one go, else None.
-
-        Anything unusual (incomplete, malformed, over a cap) returns None and the step-by-step
-        reader below handles it, errors included. The headers are matched by compiled patterns
-        (one C call each instead of a find, a slice and a strict int check).
-        """
+        """Fast path: a complete, well-formed multibulk frame in one go, else None. Anything unusual
+        (incomplete, malformed, over a cap) returns None and the step-by-step reader below handles it,
+        errors included. Headers are matched by compiled patterns (a C call each, not a find, a slice
+        and a strict int check)."""
         match = MULTIBULK_HEADER(self._buf, self._pos)  # a well-formed `*N` within the caps
         if match is None or int(match.group(1)) > self.max_args:
             return None
@@ -530,7 +528,7 @@ def _encode(value, resp3: bool, out: list) -> None:
     if kind is bytes:
         size = len(value)
         out += (BULK_PREFIXES[size] if size < PREFIXED else b"$%d\r\n" % size, value, CRLF)
-    elif kind is int:
+    elif kind is int or kind is bool:  # True is written 1
         out.append(b":%d\r\n" % value)
     elif kind is list or kind is tuple:
         size = len(value)
@@ -550,6 +548,10 @@ def _encode(value, resp3: bool, out: list) -> None:
                 _encode(item, resp3, out)
     elif kind is PairsMap:  # XREADGROUP's and XREAD's reply, before the isinstance checks
         _encode_map(value, resp3, out)
+    elif kind is WrittenMap:  # as a PairsMap
+        out.append(b"%%%d\r\n" % len(value) if resp3 else b"*%d\r\n" % len(value))
+        for key, item in value:
+            out += (key, item) if resp3 else (b"*2\r\n", key, item)
     elif kind is str:
         data = value.encode()
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))
@@ -567,8 +569,6 @@ def _encode(value, resp3: bool, out: list) -> None:
             out.append(b"=%d\r\ntxt:%s\r\n" % (len(data) + 4, data))
         else:
             out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    elif kind is bool:
-        _encode(int(value), resp3, out)
     else:
         raise TypeError(f"cannot encode reply of type {kind.__name__}")
 

@@ -61,6 +61,11 @@ def format_id(stream_id: StreamId) -> bytes:
 def parse_id(arg: bytes, missing_seq: int = 0) -> StreamId:
     """'5-3' -> (5, 3); '5' -> (5, missing_seq). Raises the Redis id error, also for parts
     Redis accepts but EZRA cannot store (above 2**63-1: SQLite's integers are signed)."""
+    ms, sep, seq = arg.partition(b"-")
+    # The ids clients send back (XACK's): digits, each part under 19 of them, so below 2**63 and
+    # read by strtoull as int() reads them; anything else takes Redis's rules below.
+    if ms.isdigit() and len(ms) < 19 and (not sep or (seq.isdigit() and len(seq) < 19)):
+        return int(ms), int(seq) if sep else missing_seq
     stream_id = parse_id_parts(arg, missing_seq)
     if stream_id[0] > MAX_ID_PART or stream_id[1] > MAX_ID_PART:
         raise errors.INVALID_ID

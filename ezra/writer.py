@@ -70,6 +70,7 @@ class Writer:
 
     def __init__(self, db: Database, fsync_durable: bool = True, on_rollback=None, after_batch=None):
         self.db = db
+        self._integrity = db.integrity  # the database's, for ever: one attribute less per submit
         # Hooks for the broker: rebuild its caches after a rollback; wake the
         # blocked readers a batch served.
         self._on_rollback = on_rollback or (lambda: None)
@@ -120,7 +121,7 @@ class Writer:
         if grows and self.disk.full:
             self.disk.check_growth()
         request = Request(batch, fn, args, durable, grows, atomic)
-        if self.db.integrity.corrupt:
+        if self._integrity.corrupt:
             return self._submit_read_only(request)
         try:
             request.result = fn(*args)

@@ -250,6 +250,7 @@ def instrument_ezra(meter: Meter, broker) -> None:
         meter.wrap(claims_mod.Claims, name, "broker")
     for name in ("insert_task", "claim", "ack", "begin", "commit", "sync_wal"):
         meter.wrap(database_mod.Database, name, "storage (Python)")
+    meter.wrap(queue_cmds, "claimed_reply", "encode")  # XREADGROUP's claims, written from the rows
     meter.wrap(queue_cmds, "read_reply", "encode")  # the claims' entries, built in the command (issue 25)
     meter.wrap(database_mod, "encode_fields", "fields JSON")
     meter.wrap(schema_mod, "decode_fields", "fields JSON")

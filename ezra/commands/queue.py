@@ -16,7 +16,7 @@ from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
 from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
-from .replies import claim_reply, entries, read_reply
+from .replies import claim_reply, claimed_reply, claimed_size, entries, read_reply
 from .table import Block, Deferred, command
 
 
@@ -128,7 +128,7 @@ def xadd(session, args):
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
     (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure), i = parse_options(
         args, 2, PUSH_OPTIONS)
-    if i < len(args):
+    if i < len(args) and args[i] != b"*":  # '*', nearly always: nothing to check, no call
         stream_ids.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
     if trimming is not None:
         trimming.check()
@@ -149,8 +149,8 @@ def xadd(session, args):
         raise errors.task_too_large(size, limit)
     if idmp is not None:
         idmp = idempotency(idmp, args[i], fields)
-    return Deferred(broker_of(session).push(queue, args[i], fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                            attempts, dead, trim, unique, failure))
+    return Deferred(session.state.broker.push(queue, args[i], fields, nomkstream, delay_ms, ttl_ms, idmp,
+                                              attempts, dead, trim, unique, failure))
 
 
 def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
@@ -208,23 +208,27 @@ def xreadgroup(session, args):
     streams = args[i + 1:]
     if i >= len(args) or not streams:
         raise errors.wrong_arity("xreadgroup")
-    if len(streams) % 2:
-        raise errors.UNBALANCED_STREAMS
-    half = len(streams) // 2
-    # The reply is keyed by queue: a queue named twice is read once (with its first id), else the
-    # tasks claimed for its first mention would be dropped from the reply, leased and never shown.
-    reads = {}
-    for queue, stream_id in zip(map(live_queue, streams[:half]), map(xreadgroup_id, streams[half:])):
-        reads.setdefault(queue, stream_id)
-    queues, ids = list(reads), list(reads.values())
+    if len(streams) == 2:  # one queue, as workers read: nothing to merge (the loop below cost 0.5 µs)
+        queues, ids = [live_queue(streams[0])], [xreadgroup_id(streams[1])]
+    else:
+        if len(streams) % 2:
+            raise errors.UNBALANCED_STREAMS
+        half = len(streams) // 2
+        # The reply is keyed by queue: a queue named twice is read once (with its first id), else the
+        # tasks claimed for its first mention would be dropped from the reply, leased and never shown.
+        reads = {}
+        for queue, stream_id in zip(map(live_queue, streams[:half]), map(xreadgroup_id, streams[half:])):
+            reads.setdefault(queue, stream_id)
+        queues, ids = list(reads), list(reads.values())
     count = read_count(count)
     session.use_worker(worker)  # not before: a malformed command must not touch the name's release timer
-    if all(stream_id is NEW_TASKS for stream_id in ids):
-        broker = broker_of(session)
+    if ids[0] is NEW_TASKS if len(ids) == 1 else all(stream_id is NEW_TASKS for stream_id in ids):
+        broker = session.state.broker
         claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
         if claimed is not None:
-            # answered with the read's other replies: one commit for them all
-            return Deferred(claimed, read_reply if claim_idle is None else idle_claim_reply)
+            # answered with the read's other replies: one commit for them all (its size: see Connection)
+            return Deferred(claimed, claimed_reply if claim_idle is None else idle_claim_reply,
+                            claimed_size(claimed.result))
         if block_ms is None:
             return NULL_ARRAY
         return ClaimWait(broker, queues, worker, count, noack, claim_idle, block_ms)
@@ -248,7 +252,7 @@ class ClaimWait(Block):
     def start(self):
         found = self.broker.claim(self.queues, self.worker, self.count, self.noack, self.claim_idle)
         if type(found) is not Waiter:
-            return claim_reply(found, self.claim_idle)
+            return self.reply(found)
         self.waiter, self.event = found, found.event
         return None
 
@@ -260,7 +264,10 @@ class ClaimWait(Block):
             result = waiter.result  # None: the server is stopping
         else:  # timed out or hung up: a batch that committed just now may have served it
             result = self.broker.unblock(waiter, hung_up=outcome is None)
-        return claim_reply(result, self.claim_idle) if result else NULL_ARRAY
+        return self.reply(result) if result else NULL_ARRAY
+
+    def reply(self, found: dict):
+        return claimed_reply(found) if self.claim_idle is None else claim_reply(found, self.claim_idle)
 
 
 @command("XREAD", -4, blocks=True)
@@ -344,11 +351,11 @@ def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
 @command("XACK", -4)
 def xack(session, args):
     """XACK queue group id [id ...]: integer, how many were in flight and are now done."""
-    ids = ids_of(args[3:])
+    ids = [stream_ids.parse_id(args[3])] if len(args) == 4 else ids_of(args[3:])  # one id, as workers ack
     queue, dead = split_queue(args[1])
     if dead:
         return 0
-    return Deferred(broker_of(session).ack(queue, ids))
+    return Deferred(session.state.broker.ack(queue, ids))
 
 
 def nack_retry_count(arg: bytes) -> int:

@@ -9,7 +9,7 @@ no pass converts the broker's shape into another one.
 
 from __future__ import annotations
 
-from ..resp import PairsMap
+from ..resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, PairsMap, WrittenMap
 from ..storage import decode_fields
 from ..stream_ids import format_id
 
@@ -35,6 +35,37 @@ def idle_entries(rows) -> list:
 def read_reply(found: dict) -> PairsMap:
     """{queue or stream: task rows} as XREAD's and XREADGROUP's map (RESP2: [[key, entries]...])."""
     return PairsMap({name: entries(rows) for name, rows in found.items()})
+
+
+def claimed_reply(found: dict) -> WrittenMap:
+    """read_reply's bytes, written from the rows at once: XREADGROUP's claims, the hot path. Building
+    the entries' lists and walking them to encode took 2.9 µs for one task of two fields, this 1.7."""
+    return WrittenMap((BULK_PREFIXES[len(name)] + name + CRLF if len(name) < PREFIXED
+                       else b"$%d\r\n%s\r\n" % (len(name), name), written_entries(rows))
+                      for name, rows in found.items())
+
+
+def claimed_size(found: dict) -> int:
+    """The bytes a claim's tasks hold (their fields' text): what its reply will hold, about."""
+    size = 0
+    for rows in found.values():
+        for row in rows:
+            size += len(row[2])
+    return size
+
+
+def written_entries(rows) -> bytes:
+    """entries(rows) as RESP bytes (an array of [id, [field, value, ...]], the same in RESP2 and RESP3)."""
+    out = [ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)]
+    for row in rows:
+        task_id = format_id(row[:2])
+        fields = decode_fields(row[2])
+        out += (b"*2\r\n", BULK_PREFIXES[len(task_id)], task_id, CRLF,
+                ARRAY_PREFIXES[len(fields)] if len(fields) < PREFIXED else b"*%d\r\n" % len(fields))
+        for field in fields:
+            size = len(field)
+            out += (BULK_PREFIXES[size] if size < PREFIXED else b"$%d\r\n" % size, field, CRLF)
+    return b"".join(out)
 
 
 def claim_reply(found: dict, claim_idle: int | None) -> PairsMap:

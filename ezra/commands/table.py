@@ -28,13 +28,17 @@ from ..resp import ErrorReply, SimpleString
 
 
 class Deferred:
-    """A reply that the writer will produce: `transform(result)` once it commits."""
+    """A reply that the writer will produce: `transform(result)` once it commits.
 
-    __slots__ = ("request", "transform")
+    `size`: the bytes its result holds, where the handler knows them (a claim's tasks): the
+    connection then counts it by them among the large replies it holds before sending."""
 
-    def __init__(self, request, transform=None):
+    __slots__ = ("request", "transform", "size")
+
+    def __init__(self, request, transform=None, size: int | None = None):
         self.request = request
         self.transform = transform
+        self.size = size
 
     def resolve(self):
         result = self.request.wait()
