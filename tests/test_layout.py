@@ -95,18 +95,18 @@ def test_the_finder_sees_a_circle():
     assert find_cycle({"p": {"p.x"}, "p.x": {"p"}}) == ["p", "p.x", "p"]
 
 
-def test_the_package_has_no_import_circle():
-    graph = import_graph()
+def test_the_package_has_no_import_circle_with_the_type_checkers_imports_counted():
+    """No exemption for `if TYPE_CHECKING:` (issue 25): a circle hidden there is still a circle of
+    the design (the broker's parts imported each other so, through base.py, before they became
+    plain objects: on 2092288 this finds ezra.broker.admin -> base -> core -> admin)."""
+    graph = import_graph(type_checking=True)
     assert "ezra.broker" in graph and graph["ezra.app"], "the graph was read"
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
-def test_no_import_circle_even_with_the_type_checkers_imports():
-    """Issue 25: a circle hidden under `if TYPE_CHECKING:` is still a circle of the design (the
-    broker's parts imported each other so, through base.py, before they became plain objects)."""
-    graph = import_graph(type_checking=True)
-    assert "ezra.syncer" in graph["ezra.writer"] or graph["ezra.syncer"], "the graph was read"
-    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+def test_the_type_checkers_imports_are_read():
+    """The imports under TYPE_CHECKING are in the graph above (commands/connection.py has some)."""
+    assert import_graph(type_checking=True)["ezra.commands.connection"] > import_graph()["ezra.commands.connection"]
 
 
 def test_no_module_is_over_600_lines():
