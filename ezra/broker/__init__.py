@@ -46,6 +46,8 @@ calls. From the bottom up (a part imports only those below it):
     queues.py       QueueState: one queue's counts (changed only by `move`), settings, and the
                     policy they make with the server's defaults; Queues: the table of them, the
                     names in order, the totals since start
+    available.py    AvailableOrder: a queue's available tasks by row id, oldest first (schema 8
+                    keeps no index of them), read from the file a slice at a time after a start
     waiters.py      XREADGROUP's blocked workers (Waiter), a line per queue, woken after a batch
     observers.py    XREAD's blocked readers (Observer), per view, woken after a batch that grew it
     schedule.py     the reaper's schedule: the earliest time each kind of upkeep can be due
