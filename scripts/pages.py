@@ -30,7 +30,6 @@ import argparse
 from array import array
 import json
 import os
-import re
 import shutil
 import sqlite3
 import statistics

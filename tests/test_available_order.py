@@ -122,6 +122,14 @@ def entries(reply, protocol) -> list[tuple[str, bytes]]:
     return [(task_id.decode(), fields[b"n"]) for task_id, fields in rows]
 
 
+def started(ezra_factory, protocol):
+    """A server, a client of it in `protocol`, and the queue q with its group g made."""
+    server = ezra_factory()
+    client = server.client(protocol)
+    client.xgroup_create("q", "g", id="0", mkstream=True)
+    return server, client
+
+
 def claim_all(client, protocol, worker="w", count=1) -> list[tuple[str, bytes]]:
     got = []
     while True:
@@ -131,12 +139,9 @@ def claim_all(client, protocol, worker="w", count=1) -> list[tuple[str, bytes]]:
         got += found
 
 
-@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
 @pytest.mark.parametrize("count", [1, 4])
 def test_tasks_back_from_a_nack_and_a_requeue_are_claimed_in_id_order(ezra_factory, protocol, count):
-    server = ezra_factory()
-    client = server.client(protocol)
-    client.xgroup_create("q", "g", id="0", mkstream=True)
+    server, client = started(ezra_factory, protocol)
     ids = [client.xadd("q", {"n": str(i)}).decode() for i in range(8)]
     assert [task_id for task_id, _ in claim_all(client, protocol, count=count)] == ids
     assert client.execute_command("XNACK", "q", "g", "FATAL", "IDS", 1, ids[2]) == 1  # dead
@@ -146,11 +151,8 @@ def test_tasks_back_from_a_nack_and_a_requeue_are_claimed_in_id_order(ezra_facto
     assert [task_id for task_id, _ in claim_all(client, protocol, count=count)] == [ids[2], ids[5], ids[6], late]
 
 
-@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
 def test_a_delayed_task_coming_due_is_claimed_before_newer_ones(ezra_factory, protocol):
-    server = ezra_factory()
-    client = server.client(protocol)
-    client.xgroup_create("q", "g", id="0", mkstream=True)
+    server, client = started(ezra_factory, protocol)
     soon = client.execute_command("XADD", "q", "DELAY", "1", "*", "n", "soon").decode()
     newer = [client.xadd("q", {"n": str(i)}).decode() for i in range(3)]
     assert [task_id for task_id, _ in claim_all(client, protocol)] == newer
@@ -167,11 +169,8 @@ def available(server) -> int:
         conn.close()
 
 
-@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
 def test_a_task_taken_by_xclaim_force_is_stepped_over_not_delivered_twice(ezra_factory, protocol):
-    server = ezra_factory()
-    client = server.client(protocol)
-    client.xgroup_create("q", "g", id="0", mkstream=True)
+    server, client = started(ezra_factory, protocol)
     ids = [client.xadd("q", {"n": str(i)}).decode() for i in range(5)]
     taken = client.xclaim("q", "g", "other", 0, [ids[0], ids[3]], force=True, justid=True)
     assert [t.decode() for t in taken] == [ids[0], ids[3]]
@@ -181,11 +180,8 @@ def test_a_task_taken_by_xclaim_force_is_stepped_over_not_delivered_twice(ezra_f
     assert [task_id for task_id, _ in claim_all(client, protocol)] == [ids[3]]
 
 
-@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
 def test_after_a_restart_the_order_is_read_from_the_file(ezra_factory, protocol):
-    server = ezra_factory()
-    client = server.client(protocol)
-    client.xgroup_create("q", "g", id="0", mkstream=True)
+    server, client = started(ezra_factory, protocol)
     ids = [client.xadd("q", {"n": str(i)}).decode() for i in range(6)]
     assert [task_id for task_id, _ in entries(client.xreadgroup("g", "w", {"q": ">"}, count=2), protocol)] == ids[:2]
     client.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from .. import lifecycle, stream_ids
+from .. import stream_ids
 from ..lifecycle import DEAD, MAX_REASON_BYTES
 from ..storage import decode_failure, decode_fields
 from . import shown_name
