@@ -221,7 +221,8 @@ SELECTIONS = [
     ("another worker's tasks", (), lambda db, q: db.held_by(q, OTHER)),
     ("XCLAIM's tasks", (IN_FLIGHT,), lambda db, q: db.lease_rows(q, [ID], (IN_FLIGHT,))),
     ("XCLAIM FORCE's tasks", (IN_FLIGHT, AVAILABLE), lambda db, q: db.lease_rows(q, [ID], (IN_FLIGHT, AVAILABLE))),
-    ("XAUTOCLAIM's scan", (IN_FLIGHT,), lambda db, q: db.in_flight_from(q, (0, 0), 100)),
+    ("XAUTOCLAIM's scan", (IN_FLIGHT,), lambda db, q: db.in_flight_from(q, (0, 0), 100, False)),
+    ("XAUTOCLAIM's scan, from the in-flight index", (IN_FLIGHT,), lambda db, q: db.in_flight_from(q, (0, 0), 100, True)),
     ("XREADGROUP CLAIM's idle tasks", (IN_FLIGHT,), lambda db, q: db.idle_in_flight(q, NOW, 100)),
     ("XREADGROUP CLAIM, not idle long enough", (), lambda db, q: db.idle_in_flight(q, NOW - 1, 100)),
 ]

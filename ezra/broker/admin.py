@@ -296,7 +296,8 @@ class Admin:
             limit = full_count or None
             info.entries = self.db.range(name, LIVE_STATES, (0, 0), TOP, limit, False)
             info.pel = [((ms, seq), name_bytes(owner), min(delivered, now), attempts) for ms, seq, owner, delivered, attempts
-                        in self.db.pending_entries(name, (0, 0), TOP, limit or -1, None, None)]
+                        in self.db.pending_entries(name, (0, 0), TOP, limit or -1, None, None,
+                                                   queue.in_flight_are_fewer())]
         return info
 
     def _stream_figures(self, queue) -> dict:

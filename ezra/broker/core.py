@@ -163,7 +163,7 @@ class Broker:
         is read apart, on a native thread, unless `apart` is False (inside EXEC, which cannot wait)."""
         state = self.queues.get(queue)  # a plain read between batches, as nothing_to_claim's
         if apart and state is not None and state.counts[IN_FLIGHT] > READ_APART_IN_FLIGHT:
-            first, last, workers = self.admin.read_apart(reads.pending_summary, queue)
+            first, last, workers = self.admin.read_apart(reads.pending_summary, queue, state.in_flight_are_fewer())
             return Answered((first, last, [(name_bytes(worker), n) for worker, n in workers]))
         return self.writer.submit(self.tasks.tx_pending_summary, queue, durable=False)
 

@@ -99,7 +99,7 @@ class Leases:
             return SCAN_OVER, []
         now = self.clock()
         limit = count * AUTOCLAIM_SCAN_FACTOR
-        rows = self.db.in_flight_from(name, start, limit + 1)
+        rows = self.db.in_flight_from(name, start, limit + 1, queue.in_flight_are_fewer())
         claimed, examined = [], 0
         for row in rows[:limit]:
             if len(claimed) == count:

@@ -180,13 +180,16 @@ class Tasks:
         return self.db.range(name, states, start, end, count, reverse)
 
     def tx_pending_summary(self, name: bytes):
-        first, last, workers = self.db.pending_summary(name)
+        queue = self.queues.get(name)
+        first, last, workers = self.db.pending_summary(name, queue is not None and queue.in_flight_are_fewer())
         return first, last, [(name_bytes(worker), n) for worker, n in workers]
 
     def tx_pending_entries(self, name, start, end, count, worker, min_idle_ms):
         now = self.clock()
         before = None if min_idle_ms is None else now - min_idle_ms
-        rows = self.db.pending_entries(name, start, end, count, worker, before)
+        queue = self.queues.get(name)
+        rows = self.db.pending_entries(name, start, end, count, worker, before,
+                                       queue is not None and queue.in_flight_are_fewer())
         return [((ms, seq), name_bytes(owner), max(now - delivered, 0), attempts)
                 for ms, seq, owner, delivered, attempts in rows]
 

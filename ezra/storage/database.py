@@ -18,6 +18,7 @@ import sqlite3
 
 from .. import lifecycle
 from . import reads
+from .reads import in_flight_source
 from .integrity import Integrity
 from .producers import IdempotentProducers
 from .schedules import Schedules
@@ -466,11 +467,12 @@ class Database:
         """The given tasks in one of `states`, in the order given (LEASE_COLUMNS)."""
         return self._tasks_by_id(self.LEASE_COLUMNS, queue, ids, states)
 
-    def in_flight_from(self, queue: bytes, start: tuple, limit: int) -> list[tuple]:
-        """In-flight tasks from `start` on, in id order (XAUTOCLAIM's scan)."""
+    def in_flight_from(self, queue: bytes, start: tuple, limit: int, by_lease_index: bool) -> list[tuple]:
+        """In-flight tasks from `start` on, in id order (XAUTOCLAIM's scan). `by_lease_index`:
+        read them from the in-flight index and sort them (see in_flight_source)."""
         return self.conn.execute(
-            f"SELECT {self.LEASE_COLUMNS} FROM tasks WHERE queue = ? AND state = 'in_flight' "
-            "AND (id_ms, id_seq) >= (?, ?) ORDER BY id_ms, id_seq LIMIT ?",
+            f"SELECT {self.LEASE_COLUMNS} FROM tasks{in_flight_source(by_lease_index)} WHERE queue = ? "
+            "AND state = 'in_flight' AND (id_ms, id_seq) >= (?, ?) ORDER BY id_ms, id_seq LIMIT ?",
             (name_value(queue), start[0], start[1], limit)).fetchall()
 
     def idle_in_flight(self, queue: bytes, delivered_before: int, limit: int) -> list[tuple]:
@@ -511,14 +513,15 @@ class Database:
             f"ORDER BY id_ms, id_seq LIMIT ?",
             (name_value(queue), after[0], after[1], *params, count)).fetchall()
 
-    def pending_summary(self, queue: bytes) -> tuple:
+    def pending_summary(self, queue: bytes, by_lease_index: bool) -> tuple:
         """(first id, last id, [(worker, count)]) of a queue's in-flight tasks."""
-        return reads.pending_summary(self.conn, queue)
+        return reads.pending_summary(self.conn, queue, by_lease_index)
 
-    def pending_entries(self, queue: bytes, start: tuple, end: tuple, count: int,
-                        worker: bytes | None, min_delivered_before: int | None) -> list[tuple]:
-        """(id_ms, id_seq, worker, delivered_at, attempts) of in-flight tasks in a range."""
-        sql = ("SELECT id_ms, id_seq, worker, delivered_at, attempts FROM tasks "
+    def pending_entries(self, queue: bytes, start: tuple, end: tuple, count: int, worker: bytes | None,
+                        min_delivered_before: int | None, by_lease_index: bool) -> list[tuple]:
+        """(id_ms, id_seq, worker, delivered_at, attempts) of in-flight tasks in a range
+        (`by_lease_index`: see in_flight_source)."""
+        sql = (f"SELECT id_ms, id_seq, worker, delivered_at, attempts FROM tasks{in_flight_source(by_lease_index)} "
                "WHERE queue = ? AND state = 'in_flight' AND (id_ms, id_seq) >= (?, ?) "
                "AND (id_ms, id_seq) <= (?, ?)")
         params: list = [name_value(queue), start[0], start[1], end[0], end[1]]
