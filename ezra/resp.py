@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 from itertools import chain
 
+from .inline import UnbalancedQuotes, split_inline
+
 
 class ProtocolError(Exception):
     """A frame the server cannot parse; the connection is closed after the reply."""
@@ -425,7 +427,10 @@ class RequestReader:
             return None
         line = bytes(self._buf[self._pos:end]).rstrip(b"\r")
         self._pos = end + 1
-        return split_inline(line)
+        try:
+            return split_inline(line)
+        except UnbalancedQuotes:
+            raise ProtocolError("Protocol error: unbalanced quotes in request") from None
 
 
 ALL_ARGUMENTS = chain.from_iterable  # the frames' arguments as one run, for one check
@@ -458,49 +463,6 @@ def strict_int(text) -> int:
     return value
 
 
-INLINE_ESCAPES = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("b"): 8, ord("a"): 7}
-HEX_DIGITS = b"0123456789abcdefABCDEF"
-
-
-def split_inline(line: bytes) -> list[bytes]:
-    """Split an inline command like Redis: spaces separate, quotes group."""
-    args: list[bytes] = []
-    i, n = 0, len(line)
-    while True:
-        while i < n and line[i] in b" \t":
-            i += 1
-        if i >= n:
-            return args
-        if line[i] in b"\"'":
-            quote, i, arg = line[i], i + 1, bytearray()
-            while True:
-                if i >= n:
-                    raise ProtocolError("Protocol error: unbalanced quotes in request")
-                c = line[i]
-                if c == quote:
-                    i += 1
-                    break
-                if c == 0x5C and quote == 0x27 and line[i + 1:i + 2] == b"'":  # \' in '...'
-                    c, i = 0x27, i + 1
-                elif c == 0x5C and quote == 0x22 and i + 1 < n:  # backslash escape in "..."
-                    i += 1
-                    hex_digits = line[i + 1:i + 3]
-                    if line[i] == 0x78 and len(hex_digits) == 2 and all(d in HEX_DIGITS for d in hex_digits):
-                        c, i = int(hex_digits, 16), i + 2  # \xHH
-                    else:
-                        c = INLINE_ESCAPES.get(line[i], line[i])
-                arg.append(c)
-                i += 1
-            if i < n and line[i] not in b" \t":
-                raise ProtocolError("Protocol error: unbalanced quotes in request")
-            args.append(bytes(arg))
-        else:
-            start = i
-            while i < n and line[i] not in b" \t":
-                i += 1
-            args.append(line[start:i])
-
-
 # ---------------------------------------------------------------- writing
 
 # Reply headers by length, built once: `out += (prefix, value, CRLF)` is a third of the cost of a
@@ -509,6 +471,38 @@ PREFIXED = 1024
 BULK_PREFIXES = [b"$%d\r\n" % size for size in range(PREFIXED)]
 ARRAY_PREFIXES = [b"*%d\r\n" % size for size in range(PREFIXED)]
 CRLF = b"\r\n"
+
+
+def bulk_array(items: list[bytes]) -> bytes:
+    """The RESP array of bulk strings `items`. A task's fields are stored in this form
+    (tasks.fields), so that every reply sends them on as they are: an entry's field list is
+    these bytes in RESP2 and RESP3 alike (see task_fields.py)."""
+    out = [ARRAY_PREFIXES[len(items)] if len(items) < PREFIXED else b"*%d\r\n" % len(items)]
+    for item in items:
+        size = len(item)
+        out += (BULK_PREFIXES[size] if size < PREFIXED else b"$%d\r\n" % size, item, CRLF)
+    return b"".join(out)
+
+
+def read_bulk_array(data: bytes) -> list[bytes]:
+    """bulk_array's items back; ValueError unless `data` is exactly one array of bulk strings."""
+    header = MULTIBULK_HEADER(data)
+    if header is None:
+        raise ValueError("not a RESP array of bulk strings")
+    items, pos = [], header.end()
+    for _ in range(int(header.group(1))):
+        bulk = BULK_HEADER(data, pos)
+        if bulk is None:
+            raise ValueError(f"no bulk string header at byte {pos}")
+        start = bulk.end()
+        pos = start + int(bulk.group(1))
+        if data[pos:pos + 2] != CRLF:
+            raise ValueError(f"bulk string not ended by CRLF at byte {pos}")
+        items.append(data[start:pos])
+        pos += 2
+    if pos != len(data):
+        raise ValueError(f"{len(data) - pos} bytes after the array")
+    return items
 
 
 def encode(value, proto: int) -> bytes:

@@ -59,9 +59,9 @@ from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
 from ezra.broker import claims as claims_mod, core as core_mod, tasks as tasks_mod  # noqa: E402
 from ezra.broker import transitions as transitions_mod  # noqa: E402
-from ezra.commands import queue as queue_cmds  # noqa: E402
+from ezra.commands import queue as queue_cmds, replies as replies_mod  # noqa: E402
 from ezra.config import Settings  # noqa: E402
-from ezra.storage import database as database_mod, schema as schema_mod  # noqa: E402
+from ezra.storage import database as database_mod  # noqa: E402
 from ezra import writer as writer_mod  # noqa: E402
 from ezra.writer import Writer  # noqa: E402
 
@@ -69,7 +69,7 @@ KINDS = ("XADD", "XREADGROUP", "XACK")
 PAYLOAD = b"x" * 200
 WAITS = "waits for the commit/fsync"
 ROW_ORDER = ("connection loop", "parse", "dispatch", "handler", "options", "worker name", "id",
-             "writer", "broker", "storage (Python)", "fields JSON", "SQL", "commit", "fsync", "encode",
+             "writer", "broker", "storage (Python)", "fields", "SQL", "commit", "fsync", "encode",
              WAITS, "event loop, switches (rest)", "instrumentation")
 
 
@@ -252,8 +252,8 @@ def instrument_ezra(meter: Meter, broker) -> None:
         meter.wrap(database_mod.Database, name, "storage (Python)")
     meter.wrap(queue_cmds, "claimed_reply", "encode")  # XREADGROUP's claims, written from the rows
     meter.wrap(queue_cmds, "read_reply", "encode")  # the claims' entries, built in the command (issue 25)
-    meter.wrap(database_mod, "encode_fields", "fields JSON")
-    meter.wrap(schema_mod, "decode_fields", "fields JSON")
+    meter.wrap(queue_cmds, "stored", "fields")  # XADD's fields in their stored form (task_fields.py)
+    meter.wrap(replies_mod, "as_resp", "fields")  # a claim of a task stored as JSON (older rows)
     meter.patched.append((broker.db, "conn", broker.db.conn))
     broker.db.conn = TimedConnection(broker.db.conn, meter)
 

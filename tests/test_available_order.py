@@ -14,6 +14,7 @@ import pytest
 
 from ezra.broker.available import COMPACT_AFTER, AvailableOrder
 from ezra.storage import SCHEMA_VERSION
+from ezra.task_fields import stored
 
 from support_servers import wait_until
 
@@ -49,7 +50,7 @@ def test_a_claim_finds_its_tasks_by_row_id_not_by_walking_the_queue(tmp_path):
     db.conn.set_trace_callback(statements.append)
     db.begin()
     db.insert_queue(b"q", 0)
-    rowids = [db.insert_task(b"q", (1, n), [b"f", b"v"], 0, 0) for n in range(3)]
+    rowids = [db.insert_task(b"q", (1, n), stored([b"f", b"v"]), 0, 0) for n in range(3)]
     assert len(db.claim(b"q", rowids[:1], b"w", 1, 2)) == 1 and len(db.claim(b"q", rowids[1:], b"w", 1, 2)) == 2
     claims = [sql for sql in statements if "state = 'available'" in sql and "rowid" in sql]
     assert len(claims) == 3, statements  # COUNT 1: its SELECT and UPDATE; COUNT 2: one UPDATE
@@ -90,7 +91,7 @@ def test_after_a_restart_the_order_is_read_a_slice_at_a_time_and_loses_nothing(t
     data = str(tmp_path / "data")
     settings = Settings(data_dir=data, durability="normal")
     broker = Broker(storage.open_database(data), settings)
-    ids = [broker.push(b"q", b"*", [b"n", b"%d" % i]).wait() for i in range(10)]
+    ids = [broker.push(b"q", b"*", stored([b"n", b"%d" % i])).wait() for i in range(10)]
     broker.stop()
     broker.db.close()
     broker = Broker(storage.open_database(data), settings)  # a restart: the order is not read yet
@@ -102,7 +103,7 @@ def test_after_a_restart_the_order_is_read_a_slice_at_a_time_and_loses_nothing(t
         got = claim(2)
         assert got == ids[:2] and broker.queues[b"q"].order.read_to is not None
         assert not broker.queues[b"q"].order.complete
-        later = broker.push(b"q", b"*", [b"n", b"later"]).wait()  # past the slice read
+        later = broker.push(b"q", b"*", stored([b"n", b"later"])).wait()  # past the slice read
         back = [tuple(map(int, task_id.split(b"-"))) for task_id in got[:1]]
         assert broker.fail(b"q", back, lifecycle.SILENT).wait() == 1  # back, older than the rest
         rest = claim(100)
@@ -227,7 +228,7 @@ def test_an_order_that_lost_a_task_is_built_again_and_the_task_is_claimed(tmp_pa
     messages = []
     sink = logger.add(lambda message: messages.append(str(message)), level="ERROR")
     try:
-        ids = [broker.push(b"q", b"*", [b"n", b"%d" % i]).wait() for i in range(3)]
+        ids = [broker.push(b"q", b"*", stored([b"n", b"%d" % i])).wait() for i in range(3)]
         assert len(broker.claim_committed([b"q"], b"w", 1, False)[b"q"]) == 1
         broker.queues[b"q"].order = AvailableOrder()  # as if a way into available forgot to tell it
         claimed = broker.claim_committed([b"q"], b"w", 5, False)[b"q"]

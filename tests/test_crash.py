@@ -105,7 +105,7 @@ def test_kill9_loop_loses_nothing(ezra_factory):
         thread.join(30)
 
     db = sqlite3.connect(server.data_dir / "ezra.db")
-    rows = db.execute("SELECT id, fields, state, attempts FROM tasks WHERE queue = 'crash'").fetchall()
+    rows = db.execute("SELECT id, fields, state, attempts FROM tasks_readable WHERE queue = 'crash'").fetchall()
     db.close()
     done_payloads = {json.loads(fields)[1].encode() for _, fields, state, _ in rows if state == "done"}
     # An XACK whose reply was cut by the kill may have been applied: the database says.

@@ -8,6 +8,7 @@ import pytest
 from ezra.broker import ALL_QUEUES, Broker
 from ezra.config import Settings
 from ezra.storage import open_database
+from ezra.task_fields import stored
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def fill(broker: Broker) -> None:
     """q1: 3 tasks, one claimed; q2: 1 task; q3: empty."""
     for name, n in ((b"q1", 3), (b"q2", 1)):
         for i in range(n):
-            broker.push(name, b"*", [b"n", b"%d" % i]).wait()
+            broker.push(name, b"*", stored([b"n", b"%d" % i])).wait()
     broker.create_queue(b"q3", must_exist=False).wait()
     broker.claim_committed([b"q1"], b"w", 1, False)
 

@@ -13,6 +13,7 @@ from ezra.broker import Broker
 from ezra.config import Settings
 from ezra.resp import PairsMap
 from ezra.storage import open_database
+from ezra.task_fields import stored
 from support_resp import RespConnection
 
 
@@ -36,12 +37,12 @@ def plain(value) -> bool:
 
 
 def test_the_broker_answers_plain_rows(broker):
-    first = broker.push(b"q", b"*", [b"f", b"v"]).wait()
-    broker.push(b"q", b"*", [b"f", b"w"]).wait()
+    first = broker.push(b"q", b"*", stored([b"f", b"v"])).wait()
+    broker.push(b"q", b"*", stored([b"f", b"w"])).wait()
     claimed = broker.claim_committed([b"q"], b"w1", 1, False)
     assert plain(claimed) and list(claimed) == [b"q"]
     (row,) = claimed[b"q"]
-    assert b"%d-%d" % row[:2] == first and row[2] == '["f", "v"]'  # the task row as storage reads it
+    assert b"%d-%d" % row[:2] == first and row[2] == stored([b"f", b"v"])  # the task row as storage reads it
     cursor, taken = broker.autoclaim(b"q", b"w2", 0, (0, 0), 10, False).wait()
     assert cursor == (0, 0) and [task[:2] for task in taken] == [row[:2]] and plain(taken)
     assert broker.take_over(b"q", b"w2", 0, [row[:2]], justid=True).wait() == [row[:2]]

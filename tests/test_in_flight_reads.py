@@ -16,6 +16,7 @@ from ezra.config import Settings
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
 from ezra.storage import open_database
 from ezra.storage import reads
+from ezra.task_fields import stored
 
 NOW = 1_000_000
 DONE_TASKS = 300
@@ -32,7 +33,7 @@ def db_with_done_tasks(tmp_path):
     db = open_database(str(tmp_path / "data"))
     db.begin()
     db.insert_queue(b"q", NOW)
-    rowids = [db.insert_task(b"q", (ms, 0), [b"n", b"%d" % ms], NOW, NOW) for ms in range(1, DONE_TASKS + 4)]
+    rowids = [db.insert_task(b"q", (ms, 0), stored([b"n", b"%d" % ms]), NOW, NOW) for ms in range(1, DONE_TASKS + 4)]
     assert len(db.claim(b"q", rowids[:DONE_TASKS], b"w0", NOW, NOW + 1000)) == DONE_TASKS
     assert db.ack(b"q", [(ms, 0) for ms in range(1, DONE_TASKS + 1)], NOW) == DONE_TASKS
     for rowid, worker in zip(rowids[DONE_TASKS:], (b"w2", b"w1", b"w2")):

@@ -14,6 +14,7 @@ from ezra.config import Settings
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, EXPONENTIAL, FAIL, FIXED, SILENT
 from ezra.storage import open_database
+from ezra.task_fields import stored
 from support_queue import submit_broken_request
 
 # ---------------------------------------------------------------- pure rules
@@ -82,7 +83,7 @@ def broker(tmp_path):
 
 
 def push(broker, fields=(b"a", b"1"), delay_ms=0, ttl_ms=None) -> bytes:
-    return broker.push(b"q", b"*", list(fields), delay_ms=delay_ms, ttl_ms=ttl_ms).wait()
+    return broker.push(b"q", b"*", stored(list(fields)), delay_ms=delay_ms, ttl_ms=ttl_ms).wait()
 
 
 def claim(broker, queue=b"q", worker=b"w"):
@@ -158,7 +159,7 @@ def test_counters_since_start_survive_a_rollback(broker):
     counters (metrics, INFO) are not in the file and must not drop to zero."""
     push(broker)
     claim(broker)
-    rolled_back = broker.push(b"q", b"*", [b"a", b"2"])  # runs now, commits at the turn's end...
+    rolled_back = broker.push(b"q", b"*", stored([b"a", b"2"]))  # runs now, commits at the turn's end...
     submit_broken_request(broker)  # ...but a broken request in the same turn rolls the batch back
     with pytest.raises(CommandError, match="storage error"):
         rolled_back.wait()

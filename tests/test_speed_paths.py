@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from ezra.connection import READS_PER_FLUSH
 from ezra.storage.schema import decode_fields, encode_fields
+from ezra.task_fields import stored
 
 PIPELINED = 20
 
@@ -136,11 +137,11 @@ def test_a_plain_push_stores_the_row_the_full_insert_stores(tmp_path):
     db = storage.open_database(str(tmp_path))
     try:
         db.begin()
-        db.insert_task(b"q", (5, 1), [b"f", b"v"], 100, 100)
+        db.insert_task(b"q", (5, 1), stored([b"f", b"v"]), 100, 100)
         db.conn.execute(
             "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
             "finished_at, ttl_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            ("q", 5, 2, "available", encode_fields([b"f", b"v"]), 0, 100, 100, None, None))
+            ("q", 5, 2, "available", stored([b"f", b"v"]), 0, 100, 100, None, None))
         db.commit()
         short, full = db.conn.execute("SELECT * FROM tasks WHERE queue = 'q' ORDER BY id_seq").fetchall()
     finally:

@@ -19,6 +19,7 @@ from ezra import lifecycle, stream_ids
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, STATES
 from ezra.storage import open_database
 from ezra.storage.database import task_by_id
+from ezra.task_fields import stored
 
 NOW = 1_000_000
 LEASE = 30_000
@@ -26,7 +27,7 @@ DEADLINE = NOW + LEASE
 DUE = NOW + 60_000  # when the delayed task comes due
 LATER = NOW + 1
 ID = (5, 0)
-FIELDS = [b"n", b"1"]
+FIELDS = stored([b"n", b"1"])
 OWNER, OTHER = b"w1", b"w2"  # the in-flight and done tasks were claimed by OWNER
 EVERY_ID = ((0, 0), (stream_ids.MAX_ID_PART, 0))
 

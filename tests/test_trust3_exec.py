@@ -20,6 +20,8 @@ import time
 import pytest
 import redis
 
+from ezra.task_fields import stored
+
 from reliability import report
 from support_queue import entries_of
 from support_servers import wait_until
@@ -178,7 +180,7 @@ def exec_outcomes(path) -> tuple[set[bytes], dict]:
     try:
         done = {row[0] for row in db.execute("SELECT id FROM tasks WHERE queue = 'jobs' AND state = 'done'")}
         counts: dict[str, int] = {}
-        for (fields,) in db.execute("SELECT fields FROM tasks WHERE queue = 'results'"):
+        for (fields,) in db.execute("SELECT fields FROM tasks_readable WHERE queue = 'results'"):
             job = json.loads(fields)[1]
             counts[job] = counts.get(job, 0) + 1
     finally:
@@ -243,14 +245,14 @@ def test_a_storage_failure_inside_an_exec_undoes_all_of_it(tmp_path):
     broker = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path), durability="normal"))
     try:
         with broker.writer.atomic() as atomic:
-            before = broker.push(b"jobs", b"*", [b"n", b"1"])
+            before = broker.push(b"jobs", b"*", stored([b"n", b"1"]))
             assert before.wait().endswith(b"-0")  # answered at once, inside the open transaction
             submit_broken_request(broker)
             with pytest.raises(CommandError, match="storage error"):
-                broker.push(b"jobs", b"*", [b"n", b"2"])
+                broker.push(b"jobs", b"*", stored([b"n", b"2"]))
         assert "storage error" in str(atomic.wait())
         assert broker.length(b"jobs", False).wait() == 0
-        assert broker.push(b"jobs", b"*", [b"n", b"3"]).wait()  # the next turn starts afresh
+        assert broker.push(b"jobs", b"*", stored([b"n", b"3"])).wait()  # the next turn starts afresh
         assert broker.length(b"jobs", False).wait() == 1
     finally:
         broker.stop()
@@ -274,18 +276,18 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
                     Settings(data_dir=str(small_fs / "data"), durability="normal", disk_reserve=2 * 1024 * 1024))
     try:
         for n in range(50):
-            broker.push(b"jobs", b"*", [b"n", b"%d" % n]).wait()
+            broker.push(b"jobs", b"*", stored([b"n", b"%d" % n])).wait()
         leave_free(small_fs, 4 * 1024 * 1024)
 
         def an_exec():
             with broker.writer.atomic() as atomic:
-                pushed = broker.push(b"results", b"*", [b"r", b"1"])
+                pushed = broker.push(b"results", b"*", stored([b"r", b"1"]))
                 claimed = broker.claim_committed([b"jobs"], b"w1", 1, False)
             return atomic.wait(), pushed, claimed
 
         def big_push():
             try:
-                return broker.push(b"filler", b"*", [b"pad", b"x" * (1024 * 1024 - 100)]).wait()
+                return broker.push(b"filler", b"*", stored([b"pad", b"x" * (1024 * 1024 - 100)])).wait()
             except CommandError as exc:
                 return exc
 
@@ -376,7 +378,7 @@ def test_two_execs_that_begin_during_a_checkpoint_pause_both_run(tmp_path):
 
     def an_exec(n: int):
         with writer.atomic() as atomic:
-            broker.push(b"jobs", b"*", [b"n", b"%d" % n])
+            broker.push(b"jobs", b"*", stored([b"n", b"%d" % n]))
             broker.length(b"jobs", False).wait()
         return atomic.wait()
 

@@ -8,6 +8,7 @@ import gevent
 from ezra.broker import Broker
 from ezra.config import Settings
 from ezra.storage import open_database
+from ezra.task_fields import stored
 from support_queue import submit_broken_request
 
 
@@ -21,7 +22,7 @@ def test_pushes_of_one_loop_turn_commit_together(tmp_path):
     producers, pushes_each = 20, 30
 
     def producer(n: int) -> list[bytes]:
-        return [broker.push(b"jobs", b"*", [b"n", b"%d-%d" % (n, i)]).wait() for i in range(pushes_each)]
+        return [broker.push(b"jobs", b"*", stored([b"n", b"%d-%d" % (n, i)])).wait() for i in range(pushes_each)]
 
     try:
         batches_before = writer.batches
@@ -42,7 +43,7 @@ def test_a_durable_reply_waits_for_its_fsync_a_read_does_not_need_one(tmp_path):
     broker = open_broker(tmp_path)
     writer = broker.writer
     try:
-        request = broker.push(b"jobs", b"*", [b"f", b"v"])
+        request = broker.push(b"jobs", b"*", stored([b"f", b"v"]))
         assert writer.pending() == 1 and writer.fsyncs == 0  # runs at once; commits at the turn's end
         assert request.wait().endswith(b"-0")
         assert writer.fsyncs == 1
@@ -56,7 +57,7 @@ def test_a_durable_reply_waits_for_its_fsync_a_read_does_not_need_one(tmp_path):
 def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
     broker = open_broker(tmp_path, durability="normal")
     try:
-        first = broker.push(b"jobs", b"*", [b"f", b"v"])
+        first = broker.push(b"jobs", b"*", stored([b"f", b"v"]))
         submit_broken_request(broker)
         try:
             first.wait()
@@ -65,7 +66,7 @@ def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
         else:
             raise AssertionError("a request of the rolled-back batch was answered")
         assert broker.length(b"jobs", False).wait() == 0
-        assert broker.push(b"jobs", b"*", [b"f", b"v"]).wait()  # the next turn starts afresh
+        assert broker.push(b"jobs", b"*", stored([b"f", b"v"])).wait()  # the next turn starts afresh
         assert broker.length(b"jobs", False).wait() == 1
     finally:
         broker.stop()
@@ -79,7 +80,7 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
     # no reply ever reached (the task came back only after the visibility timeout).
     broker = open_broker(tmp_path, durability="normal")
     try:
-        broker.push(b"jobs", b"*", [b"f", b"v"]).wait()
+        broker.push(b"jobs", b"*", stored([b"f", b"v"])).wait()
         claimed = broker.claim_committed([b"jobs"], b"w1", 1, False)
         assert claimed and broker.queue_counts()[b"jobs"]["in_flight"] == 1
 
@@ -91,7 +92,7 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
         submit_broken_request(broker)
         reader.join(5)
         assert reader.ready() and "storage error" in str(reader.exception)
-        broker.push(b"jobs", b"*", [b"f", b"v2"]).wait()
+        broker.push(b"jobs", b"*", stored([b"f", b"v2"])).wait()
         assert broker.queue_counts()[b"jobs"] == dict(broker.queue_counts()[b"jobs"], available=1, in_flight=1)
     finally:
         broker.stop()

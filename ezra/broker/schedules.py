@@ -29,6 +29,7 @@ from loguru import logger
 from .. import errors, stream_ids
 from ..cron import Cron, CronError
 from ..schedule_settings import Definition
+from ..storage import encode_fields
 from ..storage.schedules import NEVER
 from .queues import MAX_QUEUE_NAME
 
@@ -180,8 +181,8 @@ class Scheduler:
         task_id = None
         if not (row.skip_unfinished and row.last_task and self.db.schedules.unfinished(row.queue, row.last_task)):
             fields = row.fields if row.slot_field is None else [*row.fields, row.slot_field, cron.local(slot).encode()]
-            try:
-                pushed = self.broker.tasks.tx_push(row.queue, b"*", fields, False, 0, None, None)
+            try:  # stored as JSON, the schedules table's form (task_fields.py reads both forms)
+                pushed = self.broker.tasks.tx_push(row.queue, b"*", encode_fields(fields), False, 0, None, None)
             except errors.CommandError as exc:  # refused before it wrote anything: the slot passes
                 logger.error("schedule {!r}: the push to {!r} was refused, slot {} passed over: {}", text(row.name),
                              text(row.queue), cron.local(slot), exc)

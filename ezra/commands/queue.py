@@ -14,6 +14,7 @@ from ..lifecycle import split_queue
 from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
 from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
 from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
+from ..task_fields import stored
 from ..trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
 from .replies import claim_reply, claimed_reply, claimed_size, entries, read_reply
@@ -149,7 +150,7 @@ def xadd(session, args):
         raise errors.task_too_large(size, limit)
     if idmp is not None:
         idmp = idempotency(idmp, args[i], fields)
-    return Deferred(session.state.broker.push(queue, args[i], fields, nomkstream, delay_ms, ttl_ms, idmp,
+    return Deferred(session.state.broker.push(queue, args[i], stored(fields), nomkstream, delay_ms, ttl_ms, idmp,
                                               attempts, dead, trim, unique, failure))
 
 

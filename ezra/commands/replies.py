@@ -2,25 +2,25 @@
 know no protocol). Each is built once, in the command's reply, from the rows the broker returns:
 no pass converts the broker's shape into another one.
 
-    task row     (id_ms, id_seq, fields JSON, ...)     as storage reads it
-    entry        [id, [field, value, ...]]             XRANGE, XREAD, XREADGROUP, XCLAIM
-    idle claim   (id_ms, id_seq, fields JSON, idle ms, deliveries)   XREADGROUP CLAIM's rows
+    task row     (id_ms, id_seq, fields as stored, ...)   as storage reads it (task_fields.py)
+    entry        [id, [field, value, ...]]                XRANGE, XREAD, XREADGROUP, XCLAIM
+    idle claim   (id_ms, id_seq, fields as stored, idle ms, deliveries)   XREADGROUP CLAIM's rows
 """
 
 from __future__ import annotations
 
 from ..resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, PairsMap, WrittenMap
-from ..storage import decode_fields
+from ..task_fields import as_resp, listed
 from ..stream_ids import format_id
 
 
 def entry(row) -> list:
     """A task row as a Redis stream entry [id, [f, v, ...]]."""
-    return [format_id(row[:2]), decode_fields(row[2])]
+    return [format_id(row[:2]), listed(row[2])]
 
 
 def entries(rows) -> list:
-    return [[format_id(row[:2]), decode_fields(row[2])] for row in rows]
+    return [[format_id(row[:2]), listed(row[2])] for row in rows]
 
 
 def entry_or_none(row):
@@ -29,7 +29,7 @@ def entry_or_none(row):
 
 def idle_entries(rows) -> list:
     """XREADGROUP CLAIM's entries: [id, fields, idle ms, deliveries before this one]."""
-    return [[format_id(row[:2]), decode_fields(row[2]), row[3], row[4]] for row in rows]
+    return [[format_id(row[:2]), listed(row[2]), row[3], row[4]] for row in rows]
 
 
 def read_reply(found: dict) -> PairsMap:
@@ -46,7 +46,7 @@ def claimed_reply(found: dict) -> WrittenMap:
 
 
 def claimed_size(found: dict) -> int:
-    """The bytes a claim's tasks hold (their fields' text): what its reply will hold, about."""
+    """The bytes a claim's tasks hold (their stored fields): what its reply will hold, about."""
     size = 0
     for rows in found.values():
         for row in rows:
@@ -59,12 +59,9 @@ def written_entries(rows) -> bytes:
     out = [ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)]
     for row in rows:
         task_id = format_id(row[:2])
-        fields = decode_fields(row[2])
+        fields = row[2]  # a push's stored RESP, sent on as it is (task_fields.py)
         out += (b"*2\r\n", BULK_PREFIXES[len(task_id)], task_id, CRLF,
-                ARRAY_PREFIXES[len(fields)] if len(fields) < PREFIXED else b"*%d\r\n" % len(fields))
-        for field in fields:
-            size = len(field)
-            out += (BULK_PREFIXES[size] if size < PREFIXED else b"$%d\r\n" % size, field, CRLF)
+                fields if type(fields) is bytes else as_resp(fields))
     return b"".join(out)
 
 

@@ -24,7 +24,7 @@ from .producers import IdempotentProducers
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
 from .wal_file import WalFile
-from .schema import SETTING_COLUMNS, encode_failure, encode_fields, name_value
+from .schema import SETTING_COLUMNS, encode_failure, name_value
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
 # Litestream) made each RESTART wait this out and fail, with every write paused meanwhile.
@@ -244,16 +244,17 @@ class Database:
 
     # -- tasks
 
-    def insert_task(self, queue: bytes, task_id: tuple, fields: list[bytes], now: int,
+    def insert_task(self, queue: bytes, task_id: tuple, fields: bytes | str, now: int,
                     available_at: int, state: str = lifecycle.AVAILABLE, ttl_ms: int | None = None,
                     attempts: int = 0, failure: dict | None = None) -> int:
-        """A pushed task, its row id; `attempts`, `failure` and a dead `state` come from imports
-        (XADD ATTEMPTS, FAILURE, XADD q::dead)."""
+        """A pushed task, its row id; `fields` as stored (task_fields.py: a push's RESP bytes, or a
+        schedule's JSON text), written as given; `attempts`, `failure` and a dead `state` come
+        from imports (XADD ATTEMPTS, FAILURE, XADD q::dead)."""
         if failure is not None:
             return self.conn.execute(
                 "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
                 "finished_at, ttl_ms, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (name_value(queue), task_id[0], task_id[1], state, encode_fields(fields), attempts, now,
+                (name_value(queue), task_id[0], task_id[1], state, fields, attempts, now,
                  available_at, now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure))).lastrowid
         if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None:
             # Nearly every push: the other columns' defaults are the schema's, so 6 values are
@@ -261,11 +262,11 @@ class Database:
             return self.conn.execute(
                 "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
                 "VALUES (?, ?, ?, 'available', ?, ?, ?)",
-                (name_value(queue), task_id[0], task_id[1], encode_fields(fields), now, available_at)).lastrowid
+                (name_value(queue), task_id[0], task_id[1], fields, now, available_at)).lastrowid
         return self.conn.execute(
             "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
             "finished_at, ttl_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (name_value(queue), task_id[0], task_id[1], state, encode_fields(fields), attempts, now,
+            (name_value(queue), task_id[0], task_id[1], state, fields, attempts, now,
              available_at, now if state == lifecycle.DEAD else None, ttl_ms)).lastrowid
 
     def claim(self, queue: bytes, rowids: list[int], worker: bytes, now: int, deadline: int | None,

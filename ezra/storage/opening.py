@@ -200,6 +200,8 @@ def _migrate(conn, version: int, path: str) -> None:
             _state_check_as_comparisons(conn)
         if version < 8:  # the available order is kept in memory: its index goes (broker/available.py)
             conn.execute("DROP INDEX IF EXISTS tasks_available")
+        if version < 9:  # pushes store their fields as RESP (task_fields.py): the view reads both forms
+            conn.execute(SCHEMA_STATEMENTS["tasks_readable"])
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:

@@ -1,6 +1,6 @@
 -- EZRA's schema, read by ezra/storage/schema.py. A new file runs all of it; a migration picks
 -- statements by the name of what they create (schema.SCHEMA_STATEMENTS["tasks"]), so every
--- statement here is a CREATE TABLE or CREATE [UNIQUE] INDEX IF NOT EXISTS, ended by ';'.
+-- statement here is a CREATE TABLE, VIEW or [UNIQUE] INDEX IF NOT EXISTS, ended by ';'.
 -- Bump schema.SCHEMA_VERSION and add a migration step (storage/opening.py) when a table changes.
 
 CREATE TABLE IF NOT EXISTS queues (
@@ -33,7 +33,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     id            TEXT    GENERATED ALWAYS AS (id_ms || '-' || id_seq) VIRTUAL,
     state         TEXT    NOT NULL
                   CHECK (state = 'available' OR state = 'delayed' OR state = 'in_flight' OR state = 'done' OR state = 'dead'),
-    fields        TEXT    NOT NULL,  -- JSON array: [name, value, name, value, ...]
+    fields        TEXT    NOT NULL,  -- BLOB: the RESP array of the names and values (*2 $1 n $1 v),
+                                     -- replies send it as it is; TEXT: a JSON array [name, value, ...]
+                                     -- (before schema 9, a schedule's push, by hand). tasks_readable: JSON
     attempts      INTEGER NOT NULL DEFAULT 0,  -- deliveries so far
     worker        TEXT,              -- the consumer holding it while in_flight
     created_at    INTEGER NOT NULL,  -- ms since the epoch
@@ -67,6 +69,25 @@ CREATE INDEX IF NOT EXISTS tasks_ttl ON tasks (finished_at + ttl_ms)
 -- tasks pushed without a key are never in it.
 CREATE UNIQUE INDEX IF NOT EXISTS tasks_unique ON tasks (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('available', 'delayed', 'in_flight');
+
+-- The tasks for people (the sqlite3 shell, a SQLite browser): each column of tasks, with the fields
+-- as a JSON array of text whichever form they are stored in, e.g.
+--   SELECT id, state, json_extract(fields, '$[1]') FROM tasks_readable WHERE queue = 'emails';
+-- The RESP array is read value by value: `*N\r\n`, then `$len\r\n<len bytes>\r\n` N times.
+CREATE VIEW IF NOT EXISTS tasks_readable AS
+SELECT queue, id, id_ms, id_seq, state,
+       CASE WHEN typeof(fields) = 'blob' THEN (
+         WITH RECURSIVE part(n, rest, value) AS (
+           SELECT 0, substr(fields, instr(fields, x'0d0a') + 2), NULL
+           UNION ALL
+           SELECT n + 1,
+                  substr(rest, instr(rest, x'0d0a') + 4 + CAST(CAST(substr(rest, 2, instr(rest, x'0d0a') - 2) AS TEXT) AS INTEGER)),
+                  substr(rest, instr(rest, x'0d0a') + 2, CAST(CAST(substr(rest, 2, instr(rest, x'0d0a') - 2) AS TEXT) AS INTEGER))
+           FROM part WHERE length(rest) > 0)
+         SELECT json_group_array(CAST(value AS TEXT)) FROM (SELECT value FROM part WHERE n > 0 ORDER BY n))
+       ELSE fields END AS fields,
+       attempts, worker, created_at, available_at, deadline, delivered_at, finished_at, ttl_ms, unique_key, failure
+FROM tasks;
 
 -- Idempotent producers (XADD IDMP / IDMPAUTO): a retried push returns the first id.
 CREATE TABLE IF NOT EXISTS idempotency (

@@ -43,7 +43,8 @@ import configargparse
 from ..client import Client, ClientError, ReplyError, from_url
 from .inspector import REPLY_SHAPE_ERRORS, connect, connection_parser, table, unexpected_reply
 from .progress import Progress
-from ..storage import StorageError, decode_fields, name_bytes
+from ..storage import StorageError, name_bytes
+from ..task_fields import listed
 from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, format_id, next_id, pairs, parse_id,
                           report_verified, shown, stream_entries, stream_facts, verify)
 
@@ -138,7 +139,7 @@ class FileSource:
         states, after = (("dead",) if dead else UNFINISHED), ZERO
         while True:
             rows = self.snapshot.tasks_by_id(queue, states, PAGE, after)
-            yield [Task((row[0], row[1]), row[-1], row[3], decode_fields(row[2]),
+            yield [Task((row[0], row[1]), row[-1], row[3], listed(row[2]),
                         None if row[10] is None else name_bytes(row[10]),
                         None if row[11] is None else row[11].encode()) for row in rows]
             if len(rows) < PAGE:

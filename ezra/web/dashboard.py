@@ -20,7 +20,8 @@ from .. import __version__, humanize, lifecycle, stream_ids
 from ..storage.schedules import NEVER
 from ..cron import local_time
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
-from ..storage import decode_failure, decode_fields
+from ..storage import decode_failure
+from ..task_fields import listed
 from . import NAME_SHOWN, shown_name
 
 SAMPLE_SECONDS = 5.0
@@ -130,9 +131,9 @@ def timestamp(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + "Z"
 
 
-def fields_text(fields_json: str, limit: int = FIELDS_SHOWN) -> str:
+def fields_text(stored_fields: bytes | str, limit: int = FIELDS_SHOWN) -> str:
     """A task's fields as 'name=value  name=value', cut at `limit` characters, escaped."""
-    values = [value.decode("utf-8", "replace") for value in decode_fields(fields_json)]
+    values = [value.decode("utf-8", "replace") for value in listed(stored_fields)]
     shown = "  ".join(f"{values[i]}={values[i + 1]}" for i in range(0, len(values) - 1, 2))
     if len(shown) > limit:
         shown = shown[:limit] + "…"

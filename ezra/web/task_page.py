@@ -12,7 +12,8 @@ import time
 
 from .. import stream_ids
 from ..lifecycle import DEAD, MAX_REASON_BYTES
-from ..storage import decode_failure, decode_fields
+from ..storage import decode_failure
+from ..task_fields import listed
 from . import shown_name
 from .dashboard import FAILURE, STATE_TITLES, UNIQUE_KEY, duration, form, header, page, queue_link, text
 
@@ -95,8 +96,8 @@ def failure_section(failure_json: str | None, now: int) -> str:
     return f'{head}<table class="facts failure">{cells}</table>'
 
 
-def fields_section(fields_json: str) -> str:
-    values = decode_fields(fields_json)
+def fields_section(stored_fields: bytes | str) -> str:
+    values = listed(stored_fields)
     pairs = [(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
     shown = pairs[:FIELDS_LISTED]
     note = (f' <span class="muted">(first {len(shown)} of {len(pairs)}: XRANGE shows them all)</span>'
