@@ -79,8 +79,8 @@ class QueueState:
             counts[to_state] += n
 
     def in_flight_are_fewer(self) -> bool:
-        """Fewer tasks in flight than in all other states: reads of them in id order take them
-        from the in-flight index (storage.reads.in_flight_source)."""
+        """No more tasks in flight than in all other states together: reads of them in id order
+        take them from the in-flight index (storage.reads.in_flight_source)."""
         counts = self.counts
         in_flight = counts[lifecycle.IN_FLIGHT]
         return 2 * in_flight <= sum(counts.values())
