@@ -14,6 +14,7 @@ import pytest
 
 from support_compat import python_venv
 from support_disk import tmpfs
+from support_queue import broker_on_clock
 from support_servers import ROOT, EzraProcess, make_certificates, start_redis_server
 from support_worker_libs import VENV_REQUIREMENTS
 
@@ -47,6 +48,15 @@ def ezra_factory(tmp_path):
     yield make
     for server in started:
         server.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def clocked_broker(tmp_path):
+    """A Broker in process on a real ezra.db, on a clock the test moves (`broker.clock_`)."""
+    broker = broker_on_clock(tmp_path)
+    yield broker
+    broker.stop()
+    broker.db.close()
 
 
 @pytest.fixture(scope="session")

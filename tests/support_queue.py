@@ -1,5 +1,5 @@
 """Driving a queue in tests: through redis-py (claim, configure, the queue's figures), or the
-broker in process (a request that fails inside its batch)."""
+broker in process (on a clock the test moves; a request that fails inside its batch)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,28 @@ def pending(r, queue) -> list[dict]:
 
 def text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Clock:
+    """The broker's clock in process tests: ms since the epoch, moved by the test."""
+
+    def __init__(self, now: int = 1_000_000):
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def broker_on_clock(tmp_path):
+    """A Broker on a real ezra.db in tmp_path, with a Clock the test moves as `broker.clock_`."""
+    from ezra.broker import Broker  # here: the tests that drive servers only never import the broker
+    from ezra.config import Settings
+    from ezra.storage import open_database
+
+    clock = Clock()
+    broker = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path)), clock=clock)
+    broker.clock_ = clock
+    return broker
 
 
 def submit_broken_request(broker) -> None:

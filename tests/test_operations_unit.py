@@ -9,11 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ezra import lifecycle, queue_settings, stream_ids
-from ezra.broker import Broker
-from ezra.config import Settings
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, EXPONENTIAL, FAIL, FIXED, SILENT
-from ezra.storage import open_database
 from ezra.task_fields import stored
 from support_queue import submit_broken_request
 
@@ -64,22 +61,9 @@ def test_settings_parse_to_stored_values():
 
 # ---------------------------------------------------------------- the broker, moved through time
 
-class Clock:
-    def __init__(self, now: int = 1_000_000):
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
-def broker(tmp_path):
-    clock = Clock()
-    b = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path)), clock=clock)
-    b.clock_ = clock
-    yield b
-    b.stop()
-    b.db.close()
+def broker(clocked_broker):
+    return clocked_broker
 
 
 def push(broker, fields=(b"a", b"1"), delay_ms=0, ttl_ms=None) -> bytes:
@@ -115,8 +99,10 @@ def test_the_reaper_runs_no_query_before_anything_is_due(broker, monkeypatch):
     push(broker, delay_ms=60_000)
     reaper_pass(broker)  # the first pass looks at everything once
     broker.clock_.now += 100
-    for name in ("expired", "promote_due", "purge_done", "next_due", "next_deadline"):
+    for name in ("expired", "promote_due", "next_due", "next_deadline"):
         monkeypatch.setattr(broker.db, name, lambda *a, name=name: pytest.fail(f"{name} queried"))
+    for name in ("purge_done", "mark_retained", "purge_expired_ttl"):
+        monkeypatch.setattr(broker.db.retention, name, lambda *a, name=name: pytest.fail(f"{name} queried"))
     reaper_pass(broker)
 
 

@@ -13,7 +13,7 @@ import bisect
 import time
 
 from .. import errors, lifecycle
-from ..lifecycle import IN_FLIGHT
+from ..lifecycle import DONE, IN_FLIGHT
 from ..storage import SETTING_COLUMNS, Database, name_bytes, reads
 from ..writer import Writer
 from .admin import Admin
@@ -67,7 +67,7 @@ class Broker:
         self.transitions = Transitions(db, self.queues, self.waiters, self.observers, self.schedule, self.workers)
         self._reload()
         self.writer = Writer(db, fsync_durable=settings.durability == "full",
-                             on_rollback=self._reload, after_batch=self._after_batch)
+                             on_rollback=self._reload_after_rollback, after_batch=self._after_batch)
         self.reaper = Reaper(db, self.queues, self.transitions, self.schedule, self.writer, clock)
         self.leases = Leases(db, self.queues, self.transitions, self.schedule, self.workers, clock)
         self.claims = Claims(db, self.queues, self.transitions, self.leases, self.waiters, self.schedule, clock)
@@ -95,6 +95,8 @@ class Broker:
         except errors.CommandError:
             pass  # the writer is stopping already
         self.writer.stop()
+        # Every batch has ended: these are the file's counts, saved beside it once it is closed.
+        self.db.done_to_save = {name: queue.counts[DONE] for name, queue in self.queues.items()}
 
     def cancel_waiters(self) -> None:
         """Shutdown: every blocked worker (XREADGROUP) and observer (XREAD) gets a null reply now."""
@@ -343,9 +345,12 @@ class Broker:
 
     # ------------------------------------------------------------ the writer's hooks
 
-    def _reload(self) -> None:
-        """Rebuild the caches from the database (start-up, and after a rollback)."""
+    def _reload(self, done: dict[bytes, int] | None = None) -> None:
+        """Rebuild the caches from the database (start-up, and after a rollback). `done`: each
+        queue's done tasks when known (they are in no index: without it every row is read)."""
         queues, before = {}, dict(self.queues)
+        if done is None and self.db.done_at_close is not None:  # the start after a clean stop
+            done, self.db.done_at_close = self.db.done_at_close, None
         for row in self.db.load_queues():
             key = name_bytes(row["name"])
             newest = None if row["newest_ms"] is None else (row["newest_ms"], row["newest_seq"])
@@ -358,18 +363,24 @@ class Broker:
                 setattr(queue, column, row[column])
             queue.group = None if row["group_name"] is None else name_bytes(row["group_name"])
             queue.deleted = row["deleted_count"]
+            queue.unmarked_done = bool(row["unmarked_done"])
             queue.max_deleted = (row["max_deleted_ms"], row["max_deleted_seq"])
             queues[key] = queue
-        for name, state, count in self.db.count_states():
+        for name, state, count in self.db.count_states(done):
             queue = queues.get(name_bytes(name))
             if queue is not None:
                 queue.counts[state] = count
         self.queues.replace(queues)
         self.schedule.reset()  # the reaper looks again at everything it keeps a time for
 
+    def _reload_after_rollback(self) -> None:
+        """The batch was rolled back: the file is as before it, and so are its done counts."""
+        self._reload(self.queues.done_before_batch())
+
     def _after_batch(self, committed: bool) -> None:
-        """In the event loop, after a batch: wake the waiters it served, then the observers
-        (XREAD) of the views it added entries to."""
+        """In the event loop, after a batch: its done moves are settled, then wake the waiters it
+        served, then the observers (XREAD) of the views it added entries to."""
+        self.queues.batch_ended()
         self.waiters.after_batch(committed)
         self.observers.after_batch(committed)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 
 from .. import errors, lifecycle, queue_settings
-from ..lifecycle import GONE
+from ..lifecycle import DONE, GONE
 from ..storage import SETTING_COLUMNS
 
 # A queue's name is in every row of its tasks, every INFO line, /metrics series and dashboard row:
@@ -46,10 +46,10 @@ class QueueState:
     """What the broker remembers about one queue (settings as stored: None = the server's)."""
 
     __slots__ = ("name", "defaults", "last_id", "counts", "order", "group", "last_delivered", "next_purge",
-                 "trim_floor", "deleted", "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates",
-                 "totals", *SETTING_COLUMNS)
+                 "trim_floor", "unmarked_done", "mark_from", "done_moved", "journal", "deleted", "max_deleted",
+                 "deleted_dirty", "iids_added", "iids_duplicates", "totals", *SETTING_COLUMNS)
 
-    def __init__(self, name: bytes, defaults: Defaults, last_id=(0, 0)):
+    def __init__(self, name: bytes, defaults: Defaults, last_id=(0, 0), journal: set | None = None):
         self.name = name
         self.defaults = defaults
         self.last_id = last_id
@@ -59,6 +59,13 @@ class QueueState:
         self.last_delivered = None  # newest id delivered; None: not known since start
         self.next_purge = 0         # no done task is due for purging before this (ms)
         self.trim_floor = (0, 0)    # no done task has a lower id (trimming scans from here)
+        self.unmarked_done = True   # done tasks may lack `retained` (queues.unmarked_done; a new queue's: 1)
+        self.mark_from = (0, 0)     # where the marking walk goes on (Reaper._mark_retained)
+        # Done tasks counted in by the writer's batch under way, and the queues with some (`journal`,
+        # Queues.done_moved): a rollback takes them back out rather than read every row to count
+        # them (done tasks are in no index); the batch's end clears both.
+        self.done_moved = 0
+        self.journal = set() if journal is None else journal
         self.deleted = 0            # tasks removed for good, and the newest of them
         self.max_deleted = (0, 0)
         self.deleted_dirty = False
@@ -77,6 +84,12 @@ class QueueState:
             counts[from_state] -= n
         if to_state is not GONE:
             counts[to_state] += n
+        if to_state == DONE:
+            self.done_moved += n
+            self.journal.add(self)
+        elif from_state == DONE:
+            self.done_moved -= n
+            self.journal.add(self)
 
     def in_flight_are_fewer(self) -> bool:
         """No more tasks in flight than in all other states together: reads of them in id order
@@ -131,16 +144,28 @@ class Queues(dict):
     One table for the broker's life: a reload after a rollback refills it in place, so every
     part that holds it sees the new states."""
 
-    __slots__ = ("defaults", "names", "totals")  # no instance dict: `queues.get` stays a plain dict's
+    # No instance dict: `queues.get` stays a plain dict's.
+    __slots__ = ("defaults", "names", "totals", "done_moved")
 
     def __init__(self, defaults: Defaults):
         super().__init__()
         self.defaults = defaults
         self.names: list[bytes] = []
         self.totals = dict.fromkeys(TALLIES, 0)
+        self.done_moved: set[QueueState] = set()  # queues whose done count the batch under way moved
 
     def new(self, name: bytes, last_id=(0, 0)) -> QueueState:
-        return QueueState(name, self.defaults, last_id)
+        return QueueState(name, self.defaults, last_id, self.done_moved)
+
+    def done_before_batch(self) -> dict[bytes, int]:
+        """Each queue's done tasks before the batch under way (a rollback's reload counts from it)."""
+        return {name: queue.counts[DONE] - queue.done_moved for name, queue in self.items()}
+
+    def batch_ended(self) -> None:
+        """The batch committed or was rolled back: its done moves are the file's now, or undone."""
+        for queue in self.done_moved:
+            queue.done_moved = 0
+        self.done_moved.clear()
 
     def add(self, queue: QueueState) -> None:
         """A queue made in a batch: in the table, its name in order."""

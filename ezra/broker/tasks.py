@@ -127,11 +127,12 @@ class Tasks:
         if queue is None:
             return 0
         deleted = []
-        if queue.retention() == 0:  # retention 0: the record goes with the ack
+        retention = queue.retention()
+        if retention == 0:  # retention 0: the record goes with the ack
             deleted = [task_id for task_id in dict.fromkeys(ids) if self.db.ack_delete(name, [task_id])]
             queue.move(IN_FLIGHT, GONE, len(deleted))
             self.transitions.note_deleted(queue, deleted)
-        acked = self.db.ack(name, ids, self.clock())
+        acked = self.db.ack(name, ids, self.clock(), self.transitions.retained_mark(queue))
         if acked:
             queue.trim_floor = min(queue.trim_floor, *ids)  # some of them are done now
             queue.move(IN_FLIGHT, DONE, acked)

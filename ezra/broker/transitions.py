@@ -80,6 +80,7 @@ class Transitions:
         state = DONE if noack else IN_FLIGHT
         deadline = None if noack else lifecycle.lease_deadline(now, queue.lease_seconds())
         want = min(count, queue.counts[AVAILABLE])
+        retained = self.retained_mark(queue) if noack and want > 0 else None
         order = queue.order if queue.order is not None and queue.order.complete else self.order(queue, want)
         rows, rebuilt = [], False
         while len(rows) < want:  # more than one pass only past stale entries (XCLAIM/XNACK FORCE)
@@ -90,7 +91,7 @@ class Transitions:
             else:
                 rowids = order.take(missing)
             if rowids:
-                rows += self.db.claim(queue.name, rowids, worker, now, deadline, state)
+                rows += self.db.claim(queue.name, rowids, worker, now, deadline, state, retained)
             elif not order.complete:
                 order = self.order(queue, missing)
             elif rebuilt:
@@ -181,6 +182,21 @@ class Transitions:
         queue.max_deleted = max(queue.max_deleted, newest)
         queue.deleted_dirty = True
         self.schedule.deleted_rows(len(ids))
+
+    def retained_mark(self, queue: QueueState) -> int | None:
+        """The `retained` value of tasks the queue finishes now (an ack, a NOACK claim): 1 under a
+        retention limit, so the purge finds them in tasks_retained; None while it keeps done tasks
+        for ever, the default, whose acks then write no index. The first done task left unmarked
+        is noted in the file in the same transaction (queues.unmarked_done), so that a limit set
+        later, even after a restart, marks them before it purges (Reaper._mark_retained); a
+        marking walk under way starts over, since it may have passed this task."""
+        if queue.retention() is not None:
+            return 1
+        if not queue.unmarked_done:
+            queue.unmarked_done = True
+            self.db.retention.save_unmarked_done(queue.name, True)
+        queue.mark_from = (0, 0)
+        return None
 
     def purged(self, queue: QueueState, ids: list[tuple]) -> None:
         """Done tasks were deleted (retention, trimming): count them and keep ids from repeating."""

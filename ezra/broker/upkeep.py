@@ -4,6 +4,8 @@ Each pass, in order:
     expire   in-flight tasks whose lease ran out fail, through Transitions.apply_failures
     promote  delayed tasks whose time came (DELAY, backoff) become available; blocked
              workers are served in the same transaction
+    mark     a queue given a retention limit marks its done tasks finished while it kept
+             them for ever (only marked ones are in the purge's index), a batch a pass
     purge    done tasks older than their queue's retention, and finished tasks whose
              own TTL ran out, are deleted in small batches
     forget   idempotent-producer ids past IDMP-DURATION
@@ -35,6 +37,7 @@ REAPER_INTERVAL = 0.1  # seconds between passes when there is nothing to catch u
 EXPIRE_BATCH = 1000
 PROMOTE_BATCH = 1000
 PURGE_BATCH = 1000
+MARK_BATCH = 1000  # tasks looked at per pass when a retention limit marks the done ones (_mark_retained)
 TTL_RECHECK_MS = 1000  # a task with TTL that finishes is purged at most this late
 FLUSH_MS = 1000        # removed-task counters are saved this often
 VACUUM_AFTER_ROWS = 1000   # look at the free pages after this many deletions ...
@@ -94,6 +97,8 @@ class Reaper:
         if now >= self.schedule.earliest_due:
             more |= self._promote(now)
         for queue in list(self.queues.values()):
+            if queue.unmarked_done and queue.retention() is not None:
+                more |= self._mark_retained(queue)
             if queue.counts[DONE] and now >= queue.next_purge:
                 more |= self._purge_done(queue, now)
         if now >= self.schedule.next_ttl_purge:
@@ -151,6 +156,21 @@ class Reaper:
         self.schedule.earliest_due = INF if next_due is None else next_due
         return False
 
+    def _mark_retained(self, queue) -> bool:
+        """The queue has a retention limit now, and some done tasks may lack `retained` (finished
+        while it kept them for ever: Transitions.retained_mark): walk its tasks in id order,
+        MARK_BATCH a pass, marking the done ones, so the purge sees them. At the walk's end the
+        file says they are all marked. True while the walk goes on."""
+        if queue.counts[DONE]:
+            end = self.db.retention.mark_retained(queue.name, queue.mark_from, MARK_BATCH)
+            if end is not None:
+                queue.mark_from = end
+                return True
+        queue.unmarked_done, queue.mark_from = False, (0, 0)
+        self.db.retention.save_unmarked_done(queue.name, False)
+        queue.next_purge = 0  # the tasks just marked may be due already
+        return False
+
     def _purge_done(self, queue, now: int) -> bool:
         """Done tasks past the queue's retention go, oldest first, a batch at a time."""
         retention = queue.retention()
@@ -158,11 +178,11 @@ class Reaper:
             queue.next_purge = INF  # forever; XCFGSET RETENTION resets it
             return False
         keep_ms = lifecycle.to_ms(retention)
-        ids = self.db.purge_done(queue.name, now - keep_ms, PURGE_BATCH)
+        ids = self.db.retention.purge_done(queue.name, now - keep_ms, PURGE_BATCH)
         self.transitions.purged(queue, ids)
         if len(ids) == PURGE_BATCH:
             return True
-        oldest = self.db.oldest_done(queue.name)
+        oldest = self.db.retention.oldest_done(queue.name)
         # Later acks finish later: nothing of this queue is due before the oldest's time.
         queue.next_purge = (now if oldest is None else oldest) + keep_ms + 1
         return False
@@ -180,7 +200,7 @@ class Reaper:
             wanted, below = min(queue.counts[DONE], trim.limit), trim.threshold
         if wanted <= 0 or below <= queue.trim_floor:
             return 0
-        ids = self.db.trim_done(queue.name, queue.trim_floor, below, wanted)
+        ids = self.db.retention.trim_done(queue.name, queue.trim_floor, below, wanted)
         if len(ids) == wanted:
             queue.trim_floor = ids[-1]  # every done task below the last one removed is gone
         elif trim.strategy == MINID:
@@ -194,7 +214,7 @@ class Reaper:
 
     def _purge_ttl(self, now: int) -> bool:
         """Finished tasks pushed with TTL go when it runs out (done or dead)."""
-        rows = self.db.purge_expired_ttl(now, PURGE_BATCH)
+        rows = self.db.retention.purge_expired_ttl(now, PURGE_BATCH)
         by_queue: dict[bytes, list] = {}
         for name, state, ms, seq in rows:
             by_queue.setdefault(name_bytes(name), []).append((state, (ms, seq)))
@@ -208,7 +228,7 @@ class Reaper:
         if len(rows) == PURGE_BATCH:
             return True
         # An ack does not tell the reaper about TTLs: look again within TTL_RECHECK_MS.
-        expiry = self.db.next_ttl_expiry()
+        expiry = self.db.retention.next_ttl_expiry()
         self.schedule.next_ttl_purge = now + TTL_RECHECK_MS if expiry is None else min(expiry, now + TTL_RECHECK_MS)
         return False
 

@@ -21,6 +21,7 @@ import stat
 
 from loguru import logger
 
+from . import done_counts
 from .database import DEFAULT_RESERVE_BYTES, RESERVE_FILENAME, Database
 from .dirlock import LOCK_FILENAME
 from .schema import APPLICATION_ID, SCHEMA, SCHEMA_STATEMENTS, SCHEMA_VERSION, StorageError
@@ -31,6 +32,7 @@ BUSY_TIMEOUT_MS = 5000
 # EZRA's own files in the data directory: never reached through a symbolic link (a link
 # planted there would make a server, often root, write wherever it points).
 OWN_FILES = (DB_FILENAME, DB_FILENAME + "-wal", DB_FILENAME + "-shm", RESERVE_FILENAME, LOCK_FILENAME,
+             done_counts.COUNTS_FILENAME, done_counts.COUNTS_FILENAME + ".new",
              NEW_DB_FILENAME, NEW_DB_FILENAME + "-journal")
 
 # Version 1's tasks table lacked 'delayed' in its CHECK and the ttl_ms column: it is
@@ -42,6 +44,7 @@ QUEUE_COLUMNS_V2 = {
     "max_deleted_seq": "INTEGER NOT NULL DEFAULT 0",
 }
 QUEUE_COLUMNS_V3 = {"paused": "INTEGER"}  # version 3 only adds columns
+QUEUE_COLUMNS_V10 = {"unmarked_done": "INTEGER NOT NULL DEFAULT 1"}  # every done task is unmarked
 TASK_COLUMNS_V1 = ("queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, "
                    "deadline, delivered_at, finished_at")
 
@@ -58,6 +61,7 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
                            "interrupted copy or restore, not a database; put the backup you meant to restore in "
                            "its place, or, if this is a new install, delete it and start EZRA again (it creates "
                            "the database)")
+    done_at_close = done_counts.take(data_dir, path)  # before anything writes to the file
     conn = connect(path)
     try:
         version = _check_owner(conn, path)
@@ -75,7 +79,9 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
         conn.close()
         raise
     fsync_directory(data_dir)  # the new files' names are durable too
-    return Database(conn, path, reserve_bytes)
+    db = Database(conn, path, reserve_bytes)
+    db.done_at_close = done_at_close
+    return db
 
 
 def _create_database(data_dir: str, path: str) -> None:
@@ -113,7 +119,8 @@ def _check_own_files(data_dir: str) -> None:
         except OSError as exc:
             raise StorageError(f"cannot inspect {path}: {exc}") from exc
         if stat.S_ISLNK(mode):
-            fix = ("remove the link: EZRA makes this file itself" if name in (RESERVE_FILENAME, LOCK_FILENAME) else
+            fix = ("remove the link: EZRA makes this file itself"
+                   if name in (RESERVE_FILENAME, LOCK_FILENAME, done_counts.COUNTS_FILENAME) else
                    "put the file itself in its place, or point --data-dir at the directory that holds it")
             raise StorageError(f"{path} is a symbolic link (to {os.readlink(path)}); EZRA does not follow "
                                f"links for its own files: {fix}")
@@ -202,6 +209,8 @@ def _migrate(conn, version: int, path: str) -> None:
             conn.execute("DROP INDEX IF EXISTS tasks_available")
         if version < 9:  # pushes store their fields as RESP (task_fields.py): the view reads both forms
             conn.execute(SCHEMA_STATEMENTS["tasks_readable"])
+        if version < 10:
+            _migrate_to_v10(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -231,6 +240,18 @@ def _migrate_to_v6(conn) -> None:
     if "unique_key" not in have:  # a schema 1 file's tasks table is rebuilt with it already
         conn.execute("ALTER TABLE tasks ADD COLUMN unique_key TEXT")
     conn.execute(SCHEMA_STATEMENTS["tasks_unique"])
+
+
+def _migrate_to_v10(conn) -> None:
+    """Done tasks leave the index every ack wrote (tasks_done); those of a queue with a retention
+    limit are marked (tasks.retained, NULL in every existing row: no row is rewritten) and indexed
+    in tasks_retained. Every queue starts unmarked: a queue with a limit marks its done tasks in
+    the reaper's passes (Reaper._mark_retained), a batch at a time, not here in one transaction."""
+    conn.execute("DROP INDEX IF EXISTS tasks_done")
+    if "retained" not in {row[1] for row in conn.execute("PRAGMA table_info(tasks)")}:
+        conn.execute("ALTER TABLE tasks ADD COLUMN retained INTEGER")  # a schema 1 file's rebuilt table has it
+    _add_queue_columns(conn, QUEUE_COLUMNS_V10)
+    conn.execute(SCHEMA_STATEMENTS["tasks_retained"])
 
 
 def _migrate_to_v2(conn) -> None:
