@@ -21,6 +21,7 @@ import pytest
 from ezra import stream_ids
 from ezra.broker import upkeep
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
+from ezra.storage import reads
 from ezra.task_fields import stored
 from support_queue import submit_broken_request
 from support_servers import wait_until
@@ -215,6 +216,16 @@ def test_a_limit_given_at_a_restart_purges_the_tasks_done_for_ever_before_it(ezr
     wait_until(lambda: counts_of(r)["done"] == 0, timeout=30, message="the done tasks purged")
     assert counts_of(r)["available"] == 2
     r.close()
+
+
+def test_the_done_listing_finds_the_tasks_done_last_below_a_backlog(broker, monkeypatch):
+    monkeypatch.setattr(reads, "DONE_LOOK_BACK", 2)  # each walk looks at 2 tasks
+    ids = push(broker, 6)
+    broker.claim_committed([b"q"], b"w", 3, False)
+    ack(broker, ids[:3])
+    listed = [row[:2] for row in broker.tasks_in(b"q", DONE, 10).wait()]
+    # the newest 2 are available (the backlog): the walk goes on below the oldest available task
+    assert listed == [ids[2], ids[1]]
 
 
 def test_done_tasks_are_listed_newest_id_first(ezra_factory):

@@ -216,7 +216,9 @@ class Admin:
             raise errors.NO_SUCH_KEY
         if state == "unfinished":  # ezra export's one pass in id order: rows carry their state
             return self.db.tasks_by_id(name, lifecycle.WAITING, count, after)
-        return self.db.tasks_in_state(name, state, count, after)
+        # Done tasks are in no index: their listing also walks down from the oldest available task.
+        head = self.transitions.order(self.queues[name]).head() if state == DONE else None
+        return self.db.tasks_in_state(name, state, count, after, head)
 
     def tx_figures(self, queues, head_since: bool, busiest: int | None) -> Figures:
         rest = None

@@ -97,10 +97,11 @@ class Reaper:
         if now >= self.schedule.earliest_due:
             more |= self._promote(now)
         for queue in list(self.queues.values()):
-            if queue.unmarked_done and queue.retention() is not None:
-                more |= self._mark_retained(queue)
-            if queue.counts[DONE] and now >= queue.next_purge:
-                more |= self._purge_done(queue, now)
+            if queue.counts[DONE] and now >= queue.next_purge:  # a queue kept for ever: INF
+                if queue.unmarked_done and queue.retention() is not None:
+                    more |= self._mark_retained(queue)  # first: the purge sees marked tasks only
+                else:
+                    more |= self._purge_done(queue, now)
         if now >= self.schedule.next_ttl_purge:
             more |= self._purge_ttl(now)
         if now >= self.schedule.next_idmp_purge:
@@ -160,16 +161,15 @@ class Reaper:
         """The queue has a retention limit now, and some done tasks may lack `retained` (finished
         while it kept them for ever: Transitions.retained_mark): walk its tasks in id order,
         MARK_BATCH a pass, marking the done ones, so the purge sees them. At the walk's end the
-        file says they are all marked. True while the walk goes on."""
-        if queue.counts[DONE]:
-            end = self.db.retention.mark_retained(queue.name, queue.mark_from, MARK_BATCH)
-            if end is not None:
-                queue.mark_from = end
-                return True
+        file says they are all marked, and the purge runs next. True: the next pass at once."""
+        end = self.db.retention.mark_retained(queue.name, queue.mark_from, MARK_BATCH)
+        if end is not None:
+            queue.mark_from = end
+            return True
         queue.unmarked_done, queue.mark_from = False, (0, 0)
         self.db.retention.save_unmarked_done(queue.name, False)
         queue.next_purge = 0  # the tasks just marked may be due already
-        return False
+        return True
 
     def _purge_done(self, queue, now: int) -> bool:
         """Done tasks past the queue's retention go, oldest first, a batch at a time."""

@@ -20,7 +20,7 @@ from loguru import logger
 
 from .. import lifecycle
 from . import done_counts, reads
-from .reads import in_flight_source
+from .reads import INSPECT_COLUMNS, in_flight_source
 from .integrity import Integrity
 from .producers import IdempotentProducers
 from .retention import Retention
@@ -36,14 +36,9 @@ RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still co
 DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--disk-reserve), which servers use
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
-# What the dashboard and XINFO TASKS show of a task.
-INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, available_at, deadline, "
-                   "delivered_at, finished_at, unique_key, failure")
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.IN_FLIGHT: "id_ms, id_seq",
                  lifecycle.DEAD: "id_ms, id_seq", lifecycle.DELAYED: "available_at, id_ms, id_seq",
                  lifecycle.DONE: "id_ms DESC, id_seq DESC"}
-# Done tasks have no index (schema 10): their listing looks at this many of the queue's newest tasks.
-DONE_LOOK_BACK = 10_000
 
 
 def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
@@ -547,18 +542,16 @@ class Database:
 
     # -- inspection (the dashboard, /metrics, XINFO TASKS)
 
-    def tasks_in_state(self, queue: bytes, state: str, count: int, after: tuple = (0, 0)) -> list[tuple]:
+    def tasks_in_state(self, queue: bytes, state: str, count: int, after: tuple = (0, 0),
+                       head: int | None = None) -> list[tuple]:
         """Up to `count` tasks of one state (INSPECT_COLUMNS rows), each state in an order that
         costs no sort of a million rows: available, in flight and dead in id order after `after`
-        (delivery order); delayed by when they come due; done newest first, the done among the
-        queue's DONE_LOOK_BACK newest tasks (`after` is not used for those two).
+        (delivery order); delayed by when they come due; done newest id first (`after` is not
+        used for those two; `head`: see reads.newest_done).
         """
         order = INSPECT_ORDER[state]  # KeyError for anything but a known state: never user text
-        if state == lifecycle.DONE:  # the primary key's newest ids (index only), then each row's state
-            return self.conn.execute(
-                f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid IN (SELECT rowid FROM tasks WHERE queue = ? "
-                f"ORDER BY id_ms DESC, id_seq DESC LIMIT ?) AND state = 'done' ORDER BY {order} LIMIT ?",
-                (name_value(queue), DONE_LOOK_BACK, count)).fetchall()
+        if state == lifecycle.DONE:
+            return reads.newest_done(self.conn, queue, count, head)
         # Available tasks have no index of their own (schema 8): the primary key's range of the queue.
         index = "" if state == lifecycle.AVAILABLE else f" INDEXED BY tasks_{state}"
         sql = f"SELECT {INSPECT_COLUMNS} FROM tasks{index} WHERE queue = ? AND state = '{state}'"

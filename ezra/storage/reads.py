@@ -1,5 +1,5 @@
 """Reads whose cost grows with the data (XPENDING's summary, XINFO's consumers and idempotency
-figures): each a function of a connection. The Database runs them in the writer's transaction
+figures, the done listing): each a function of a connection. The Database runs them in the writer's transaction
 when they are small; the broker runs them through `read_apart`, on a native thread with a
 read-only connection of its own, when they are not, so that counting 400,000 in-flight tasks
 (28 ms) does not hold the event loop.
@@ -38,6 +38,41 @@ def pending_summary(conn, queue: bytes, by_lease_index: bool) -> tuple:
         "SELECT worker, count(*) FROM tasks WHERE queue = ? AND state = 'in_flight' "
         "GROUP BY worker ORDER BY worker", (q,)).fetchall()
     return first, last, workers
+
+
+# Done tasks have no index (schema 10): a walk of their listing looks at this many tasks at most.
+DONE_LOOK_BACK = 10_000
+# What the dashboard and XINFO TASKS show of a task.
+INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, available_at, deadline, "
+                   "delivered_at, finished_at, unique_key, failure")
+
+
+def newest_done(conn, queue: bytes, count: int, head: int | None) -> list[tuple]:
+    """Up to `count` done tasks (INSPECT_COLUMNS rows), newest id first: the done among the
+    queue's DONE_LOOK_BACK newest tasks, then, if that is not enough, among as many below `head`
+    (the row id of its oldest available task): a backlog sits above the tasks done last."""
+    q = name_value(queue)
+    rows, floor = _done_down_from(conn, q, None, count)
+    if len(rows) < count and floor is not None and head is not None:
+        start = conn.execute("SELECT id_ms, id_seq FROM tasks WHERE rowid = ?", (head,)).fetchone()
+        if start is not None:
+            rows += _done_down_from(conn, q, min(floor, tuple(start)), count - len(rows))[0]
+    return rows
+
+
+def _done_down_from(conn, q, top: tuple | None, count: int) -> tuple[list[tuple], tuple | None]:
+    """The done tasks among the DONE_LOOK_BACK tasks below `top` (None: from the newest), newest
+    first, and the lowest id looked at (None: the walk reached the queue's first task). Down the
+    primary key, each row's state read, until `count` are found."""
+    below, params = ("", (q,)) if top is None else (" AND (id_ms, id_seq) < (?, ?)", (q, *top))
+    floor = conn.execute(  # the id DONE_LOOK_BACK tasks down: found on the index alone
+        f"SELECT id_ms, id_seq FROM tasks WHERE queue = ?{below} ORDER BY id_ms DESC, id_seq DESC "
+        "LIMIT 1 OFFSET ?", (*params, DONE_LOOK_BACK - 1)).fetchone()
+    rows = conn.execute(
+        f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE queue = ?{below} AND (id_ms, id_seq) >= (?, ?) "
+        "AND state = 'done' ORDER BY id_ms DESC, id_seq DESC LIMIT ?",
+        (*params, *(floor or (0, 0)), count)).fetchall()
+    return rows, None if floor is None else tuple(floor)
 
 
 def consumers(conn, queue: bytes) -> list[tuple]:
