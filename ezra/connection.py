@@ -3,7 +3,8 @@
 Each connection reads what the client sent, runs every complete command in
 it, then sends all the replies in one write. Replies that wait for the writer
 (Deferred) are resolved in order at that point, so a pipeline of XADDs costs
-one commit, not one per command. Large reads are sent in pieces; a client
+one commit, not one per command; a run of plain XADDs to one queue is one
+request too, its replies written together (commands/runs.py). Large reads are sent in pieces; a client
 that reads none of its replies, or stalls half-way through a command, is
 closed; the answer to a wrong password is held back (gate.GuessThrottle); a
 command that looks like HTTP closes the connection (cross-protocol scripting).
@@ -32,8 +33,9 @@ from loguru import logger
 
 from . import errors
 from .commands import Deferred, dispatch
+from .commands.runs import RUN_NAMES, push_run
 from .gate import Gate
-from .resp import BulkTooLarge, ErrorReply, ProtocolError, RequestReader, WrittenMap, encode
+from .resp import BulkTooLarge, ErrorReply, ProtocolError, Replies, RequestReader, WrittenMap, encode
 from .session import ServerState, Session
 
 READ_SIZE = 64 * 1024
@@ -258,14 +260,23 @@ class Connection:
                 continue
             if not commands:
                 return
-            for args in commands:
+            i, count = 0, len(commands)
+            while i < count:
+                args = commands[i]
+                i += 1
                 if session.closing:
                     return  # QUIT, too many failed AUTHs, shutdown: nothing after it runs
                 if args[0] in HTTP_NAMES:
                     log_cross_protocol_attack(session.addr)
                     session.closing = True  # no reply, nothing after it runs
                     return
-                reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
+                run = None
+                if args[0] in RUN_NAMES and i < count and commands[i][0] in RUN_NAMES:
+                    run = push_run(session, commands, i - 1)  # pipelined pushes: one request for them all
+                if run is not None:
+                    reply, i = run
+                else:
+                    reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
                 kind = type(reply)
                 if kind is WRONGPASS:
                     self._failed_auth()
@@ -336,7 +347,7 @@ class Connection:
                     if transform is not None:
                         reply = transform(reply)
                 except ErrorReply as exc:
-                    reply = exc.as_reply()
+                    reply = exc.as_reply() if reply.replies == 1 else Replies((exc.as_reply(),) * reply.replies)
             kind = type(reply)
             # A push's id and an ack's count, the most common replies, as encode writes them: no call
             data = b"$%d\r\n%s\r\n" % (len(reply), reply) if kind is bytes else (

@@ -17,6 +17,7 @@ RESP3 bytes, or RESP2 where the two differ:
     dict                    % map                     flat * array
     PairsMap                % map                     * array of [key, value] pairs
     WrittenMap              the same, its pairs' bytes written by the command
+    Replies                 each item as a reply of its own, one after another
     SimpleString            + simple string           same
     Verbatim                = verbatim "txt:"         $ bulk string
     ErrorReply              - error                   same
@@ -63,6 +64,10 @@ class PairsMap(dict):
 
 class WrittenMap(tuple):
     """A PairsMap written already: ((a key's RESP bytes, its value's), ...) (XREADGROUP's claims)."""
+
+
+class Replies(tuple):
+    """Several replies, one after another: the commands of a pipeline worked as one (commands/runs.py)."""
 
 
 class ErrorReply(Exception):
@@ -512,6 +517,9 @@ def encode(value, proto: int) -> bytes:
         return b"$%d\r\n%s\r\n" % (len(value), value)
     if kind is int:
         return b":%d\r\n" % value
+    if kind is Replies:  # a run of pushes: their ids, an error seldom
+        return b"".join([b"$%d\r\n%s\r\n" % (len(item), item) if type(item) is bytes else encode(item, proto)
+                         for item in value])
     out: list[bytes] = []
     _encode(value, proto == 3, out)
     return b"".join(out)
@@ -547,8 +555,7 @@ def _encode(value, resp3: bool, out: list) -> None:
         for key, item in value:
             out += (key, item) if resp3 else (b"*2\r\n", key, item)
     elif kind is str:
-        data = value.encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        out.append(b"$%d\r\n%s\r\n" % (len(data := value.encode()), data))
     elif value is None or value is NULL_ARRAY:
         out.append(b"_\r\n" if resp3 else (b"$-1\r\n" if value is None else b"*-1\r\n"))
     elif kind is SimpleString:
@@ -559,10 +566,7 @@ def _encode(value, resp3: bool, out: list) -> None:
         _encode_map(value, resp3, out)
     elif kind is Verbatim:
         data = value.encode()
-        if resp3:
-            out.append(b"=%d\r\ntxt:%s\r\n" % (len(data) + 4, data))
-        else:
-            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        out.append(b"=%d\r\ntxt:%s\r\n" % (len(data) + 4, data) if resp3 else b"$%d\r\n%s\r\n" % (len(data), data))
     else:
         raise TypeError(f"cannot encode reply of type {kind.__name__}")
 

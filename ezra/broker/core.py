@@ -124,6 +124,11 @@ class Broker:
         return self.writer.submit(self.tasks.tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
                                   attempts, dead, trim, unique, failure, grows=True)
 
+    def push_run(self, queue: bytes, pushes: list[bytes]):
+        """Submit a pipeline's plain XADDs to one queue (their fields as stored) as one request:
+        its result is each push's id, or its error (Tasks.tx_push_run)."""
+        return self.writer.submit(self.tasks.tx_push_run, queue, pushes, grows=True)
+
     def trim(self, queue: bytes, trim):
         """XTRIM ~: remove done tasks as `trim` (trimming.Trim) says; how many went."""
         return self.writer.submit(self.tasks.tx_trim, queue, trim)

@@ -115,6 +115,38 @@ class Tasks:
             self.schedule.due_at(available_at)
         return stream_ids.format_id(task_id)
 
+    def tx_push_run(self, name: bytes, pushes: list[bytes]) -> list:
+        """A pipeline's plain XADDs to one queue (`XADD q * field value...` each, their fields as
+        stored): tx_push's work once for them all. Each push's id, in order; an id that cannot be
+        made (the last id at its largest) is that push's error, and the others are stored."""
+        now = self.clock()
+        queue = self.queues.get(name) or self.transitions.queue(name, now, create=True)
+        results, tasks, last = [], [], queue.last_id
+        for fields in pushes:
+            try:
+                last = stream_ids.new_id(b"*", last, now)
+            except errors.CommandError as exc:
+                results.append(exc)
+                continue
+            tasks.append((last[0], last[1], fields))
+            results.append(stream_ids.format_id(last))
+        if not tasks:
+            return results
+        rowids = self.db.insert_available(name, tasks, now)
+        queue.last_id = last
+        queue.move(GONE, AVAILABLE, len(tasks))
+        self.totals["pushed"] += len(tasks)
+        queue.totals["pushed"] += len(tasks)
+        if self.watching:
+            self.observers.grew(name, False)
+        if queue.order is not None:
+            add = queue.order.add
+            for rowid in rowids:
+                add(rowid)
+        if name in self.blocked:
+            self.transitions.serve_waiters(queue, now)
+        return results
+
     def remember_push(self, queue: QueueState, idmp: tuple, task_id: tuple, now: int) -> None:
         duration, maxsize = queue.idmp_limits()
         expires_at = now + duration * 1000

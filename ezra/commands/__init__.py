@@ -7,7 +7,8 @@ its commands in the table and may import only table.py, args.py and the layers b
 lifecycle, stream_ids, errors, resp, options, queue_settings, trimming, storage's decoders), never another
 family: queue.py (XADD, XREADGROUP, XACK, XNACK, XRANGE, XPENDING...), ops.py (XCFGSET, XCLAIM,
 XINFO, XREQUEUE, BACKUP...), connection.py (PING, HELLO, AUTH, CLIENT, MULTI/EXEC, INFO...) and
-keys.py (EXISTS, TYPE) and schedule.py (XSCHEDULE). Importing this package imports the families, so every command is
+keys.py (EXISTS, TYPE) and schedule.py (XSCHEDULE); runs.py works a pipeline's run of plain XADDs
+to one queue as one request (the connection calls it; it registers nothing). Importing this package imports the families, so every command is
 registered before the first dispatch. Nothing here imports the front (ezra/server.py,
 ezra/connection.py, ezra/session.py): a handler gets the connection's Session as an argument.
 """

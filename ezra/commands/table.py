@@ -31,14 +31,17 @@ class Deferred:
     """A reply that the writer will produce: `transform(result)` once it commits.
 
     `size`: the bytes its result holds, where the handler knows them (a claim's tasks): the
-    connection then counts it by them among the large replies it holds before sending."""
+    connection then counts it by them among the large replies it holds before sending.
+    `replies`: how many commands it answers (a run of pushes, runs.py): an error that fails its
+    request is each one's reply."""
 
-    __slots__ = ("request", "transform", "size")
+    __slots__ = ("request", "transform", "size", "replies")
 
-    def __init__(self, request, transform=None, size: int | None = None):
+    def __init__(self, request, transform=None, size: int | None = None, replies: int = 1):
         self.request = request
         self.transform = transform
         self.size = size
+        self.replies = replies
 
     def resolve(self):
         result = self.request.wait()

@@ -1,0 +1,181 @@
+"""A pipeline's run of plain XADDs to one queue is worked as one request (commands/runs.py):
+each command still gets the reply XADD gives it alone, in order, errors included.
+
+The real server is driven with raw RESP (the replies compared byte for byte, ids aside) and
+with redis-py; the storage's row ids and the error that fails a whole run are checked in
+process. Speed itself is measured by scripts/bench.py, never here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from support import wait_until
+from support_resp import RespConnection, blocked_clients, encode_command
+
+LIMIT = 1024  # --max-task-size of these servers: a task over it is refused inside a run
+
+# Runs (plain XADDs to q), broken by everything that is not one: an odd field count, a task over
+# the limit, another queue, an option, another spelling, the dead view, another command.
+MIXED = [
+    ["XADD", "q", "*", "n", "0"], ["XADD", "q", "*", "n", "1"], ["xadd", "q", "*", "n", "2"],
+    ["XADD", "q", "*", "n"],
+    ["XADD", "q", "*", "n", "3", "big", "x" * (LIMIT + 1)],
+    ["XADD", "q", "*", "n", "4"], ["XADD", "q", "*", "n", "5", "m", "6"],
+    ["XADD", "other", "*", "n", "7"], ["XADD", "other", "*", "n", "8"],
+    ["XADD", "q", "NOMKSTREAM", "*", "n", "9"], ["XADD", "q", "*", "n", "10"],
+    ["Xadd", "q", "*", "n", "11"], ["XADD", "q", "*", "n", "12"],
+    ["XADD", "q::dead", "*", "n", "13"], ["XADD", "q::dead", "*", "n", "14"],
+    ["XADD", "q", "*", "n", "15"], ["XADD", "q", "*", "n", "16"], ["XLEN", "q"],
+    ["XADD", "q", "*", "n", "17"], ["XADD", "q", "*", "n", "18"],
+]
+ID_REPLY = re.compile(rb"^\$\d+\r\n(\d+)-(\d+)\r\n$")
+
+
+def replies_of(conn: RespConnection, commands: list[list[str]], pipelined: bool) -> list[bytes]:
+    if pipelined:
+        conn.send(b"".join(map(encode_command, commands)))
+        return [conn.read_reply() for _ in commands]
+    return [conn.call(command) for command in commands]
+
+
+def shapes(replies: list[bytes]) -> list[bytes]:
+    """The replies with each id as ID (ids are times): the rest byte for byte."""
+    return [b"ID" if ID_REPLY.match(reply) else reply for reply in replies]
+
+
+def stored(conn: RespConnection) -> list[bytes]:
+    """What each queue holds, ids aside."""
+    return [re.sub(rb"\$\d+\r\n\d+-\d+\r\n", b"ID", conn.call(["XRANGE", name, "-", "+"]))
+            for name in ("q", "other", "q::dead")]
+
+
+@pytest.mark.parametrize("resp3", [False, True], ids=["resp2", "resp3"])
+def test_a_pipeline_of_pushes_answers_as_the_same_commands_one_at_a_time(ezra_factory, resp3):
+    answers, contents = [], []
+    for pipelined in (False, True):
+        conn = RespConnection(ezra_factory("--max-task-size", str(LIMIT)).port)
+        if resp3:
+            conn.call(["HELLO", "3"])
+        replies = replies_of(conn, MIXED, pipelined)
+        ids = [tuple(map(int, ID_REPLY.match(reply).groups()))
+               for command, reply in zip(MIXED, replies) if command[1] == "q" and ID_REPLY.match(reply)]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids) == 13, "q's ids in the order its pushes were sent"
+        answers.append(shapes(replies))
+        contents.append(stored(conn))
+    assert answers[1] == answers[0]
+    assert contents[1] == contents[0]
+    assert answers[0].count(b"ID") == 17
+    assert answers[0][17] == b":11\r\n"
+
+
+def test_pushes_to_one_queue_in_one_pipeline_are_one_request(ezra_factory):
+    """20 pipelined XADDs: one writer request (20 before: a Request, a Deferred and an INSERT each)."""
+    client = ezra_factory().client(2)
+    client.xgroup_create("q", "g", "0", mkstream=True)
+    used = []
+    for _ in range(3):  # the reaper commits a pass of its own now and then: the least of three counts
+        before = client.info("persistence")["committed_requests"]
+        pipe = client.pipeline(transaction=False)
+        for i in range(20):
+            pipe.xadd("q", {"n": str(i)})
+        pushed = pipe.execute()
+        used.append(client.info("persistence")["committed_requests"] - before)
+        claimed = client.xreadgroup("g", "w", {"q": ">"}, count=100)[0][1]
+        assert [(task_id, fields[b"n"]) for task_id, fields in claimed] == \
+            [(task_id, str(i).encode()) for i, task_id in enumerate(pushed)]
+        assert client.xack("q", "g", *pushed) == 20
+    assert min(used) == 1, f"20 pipelined pushes took {used} requests"
+
+
+def test_a_blocked_worker_gets_the_first_task_of_a_run(ezra_factory):
+    server = ezra_factory()
+    client = server.client(2)
+    client.xgroup_create("q", "g", "$", mkstream=True)
+    worker = RespConnection(server.port)
+    worker.send(encode_command(["XREADGROUP", "GROUP", "g", "w1", "COUNT", "1", "BLOCK", "4000", "STREAMS", "q", ">"]))
+    admin = RespConnection(server.port)
+    wait_until(lambda: blocked_clients(admin) == 1, message="the worker to block")
+    pipe = client.pipeline(transaction=False)
+    for i in range(3):
+        pipe.xadd("q", {"n": str(i)})
+    pushed = pipe.execute()
+    assert pushed[0] in worker.read_reply()
+    rest = client.xreadgroup("g", "w2", {"q": ">"}, count=10)[0][1]
+    assert [task_id for task_id, _ in rest] == pushed[1:]
+
+
+def test_pushes_inside_multi_are_queued_and_before_auth_refused(ezra_factory):
+    server = ezra_factory("--password", "s3cret")
+    conn = RespConnection(server.port)
+    before_auth = [["XADD", "q", "*", "a", "1"], ["XADD", "q", "*", "a", "2"], ["AUTH", "s3cret"],
+                   ["MULTI"], ["XADD", "q", "*", "a", "3"], ["XADD", "q", "*", "a", "4"], ["EXEC"],
+                   ["XADD", "q", "*", "a", "5"], ["XADD", "q", "*", "a", "6"], ["XLEN", "q"]]
+    replies = shapes(replies_of(conn, before_auth, pipelined=True))
+    assert [reply[:7] for reply in replies[:2]] == [b"-NOAUTH"] * 2
+    assert replies[2:6] == [b"+OK\r\n", b"+OK\r\n", b"+QUEUED\r\n", b"+QUEUED\r\n"]
+    assert re.match(rb"^\*2\r\n(\$\d+\r\n\d+-\d+\r\n){2}$", replies[6])
+    assert replies[7:] == [b"ID", b"ID", b":4\r\n"]
+
+
+def test_a_run_on_a_queue_whose_ids_are_exhausted_answers_each_push_the_error(ezra_factory):
+    conn = RespConnection(ezra_factory().port)
+    top = "%d-%d" % (2 ** 63 - 1, 2 ** 63 - 1)
+    assert conn.call(["XADD", "q", top, "a", "0"]) == b"$%d\r\n%s\r\n" % (len(top), top.encode())
+    alone = conn.call(["XADD", "q", "*", "a", "1"])
+    assert alone.startswith(b"-ERR The stream has exhausted the last possible ID")
+    replies = replies_of(conn, [["XADD", "q", "*", "a", "2"], ["XADD", "q", "*", "a", "3"], ["XLEN", "q"]], True)
+    assert replies == [alone, alone, b":1\r\n"]
+
+
+# ---------------------------------------------------------------- in process: rows and a failed run
+
+def test_the_row_ids_a_run_gets_are_the_rows_it_wrote(tmp_path):
+    """insert_available's ids are the rows' own: after deletions at the top (row ids used again),
+    and after a hand edit put a row at the largest row id (SQLite then picks ids at random)."""
+    from ezra.storage import open_database
+
+    db = open_database(str(tmp_path / "data"))
+    try:
+        def rows_of(ids: list[tuple]) -> list[int]:
+            return [db.conn.execute("SELECT rowid FROM tasks WHERE queue = 'q' AND id_ms = ? AND id_seq = ?",
+                                    task_id).fetchone()[0] for task_id in ids]
+
+        def push(ms: int) -> None:
+            tasks = [(ms, seq, b"*2\r\n$1\r\nn\r\n$1\r\nv\r\n") for seq in range(5)]
+            db.begin()
+            rowids = list(db.insert_available(b"q", tasks, 1))
+            db.commit()
+            assert rowids == rows_of([task[:2] for task in tasks])
+
+        push(1)
+        db.conn.execute("DELETE FROM tasks WHERE id_seq >= 3")  # the top rows go: their ids come back
+        push(2)
+        db.conn.execute("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                        "VALUES (?, 'hand', 1, 1, 'done', x'', 0, 0)", (2 ** 63 - 1,))
+        push(3)
+    finally:
+        db.close()
+
+
+def test_a_run_whose_batch_rolls_back_answers_each_push_the_error(clocked_broker):
+    """A run is one request: when its batch fails, the error is the reply of every push in it."""
+    from support_queue import submit_broken_request
+
+    from ezra.commands import Deferred
+    from ezra.connection import Connection
+    from ezra.resp import Replies
+
+    request = clocked_broker.push_run(b"q", [b"*2\r\n$1\r\nn\r\n$1\r\nv\r\n"] * 3)
+    submit_broken_request(clocked_broker)  # the same batch: it rolls back whole
+    sent = []
+    conn = Connection.__new__(Connection)  # its flush alone: the replies go to `sent`, not a socket
+    conn.replies, conn.reads = [(2, Deferred(request, Replies, replies=3)), (2, 7)], 0
+    conn._send_now = lambda data: sent.append(data) or len(data)
+    conn.flush()
+    error = re.escape(b"-ERR storage error")
+    assert re.match(rb"^(%s[^\r\n]*\r\n){3}:7\r\n$" % error, b"".join(sent)), sent
+    assert clocked_broker.db.conn.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0
+
