@@ -71,6 +71,16 @@ def test_a_pipeline_of_pushes_answers_as_the_same_commands_one_at_a_time(ezra_fa
     assert answers[0][17] == b":11\r\n"
 
 
+def test_short_pushes_in_a_run_get_xadds_arity_error(ezra_factory):
+    """XADD with too few arguments, pipelined beside plain ones: XADD's own error, the connection kept."""
+    conn = RespConnection(ezra_factory().port)
+    commands = [["XADD"], ["XADD", "q"], ["XADD", "q", "*"], ["XADD", "q", "*", "n"], ["XADD", "q", "*", "n", "0"],
+                ["XADD"], ["XADD", "q", "*", "n", "1"], ["XADD", "q", "*", "n", "2"], ["XLEN", "q"]]
+    replies = shapes(replies_of(conn, commands, pipelined=True))
+    arity = b"-ERR wrong number of arguments for 'xadd' command\r\n"
+    assert replies == [arity] * 4 + [b"ID", arity, b"ID", b"ID", b":3\r\n"]
+
+
 def test_pushes_to_one_queue_in_one_pipeline_are_one_request(ezra_factory):
     """20 pipelined XADDs: one writer request (20 before: a Request, a Deferred and an INSERT each)."""
     client = ezra_factory().client(2)

@@ -26,14 +26,13 @@ def push_run(session, commands: list[list[bytes]], start: int):
     """(the reply of the run of plain XADDs from commands[start], the index after it), or None:
     commands[start] is to be dispatched alone."""
     first = commands[start]
-    queue = first[1]
     if (len(first) < 5 or first[2] != b"*" or session.queued is not None or not session.authenticated
-            or split_queue(queue)[1]):
+            or split_queue(first[1])[1]):
         return None
-    limit = session.state.settings.max_task_size
+    queue, limit = first[1], session.state.settings.max_task_size
     pushes = []
-    for args in commands[start:]:
-        if args[0] not in RUN_NAMES or args[1] != queue or args[2] != b"*" or len(args) < 5 or not len(args) & 1:
+    for args in commands[start:]:  # the length first: `XADD` alone is XADD's arity error, not ours
+        if len(args) < 5 or not len(args) & 1 or args[0] not in RUN_NAMES or args[1] != queue or args[2] != b"*":
             break
         fields = args[3:]
         if sum(map(len, fields)) > limit:
