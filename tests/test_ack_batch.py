@@ -1,0 +1,81 @@
+"""Issue 22: an XACK of many ids is one UPDATE (database.ACK_IN_ONE_STATEMENT), the ids passed as
+one JSON text and each found by the primary key; fewer ids take one statement each. Both forms
+must count and change the same tasks: each in-flight task of the queue once, whatever the
+duplicates, stale ids, ids of another queue's tasks or the largest id EZRA stores."""
+
+from __future__ import annotations
+
+import pytest
+from support_queue import claim
+
+from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
+from ezra.storage import open_database
+from ezra.storage.database import ACK_IN_ONE_STATEMENT
+from ezra.stream_ids import MAX_ID_PART
+from ezra.task_fields import stored
+
+NOW = 1_000_000
+TOP = (MAX_ID_PART, MAX_ID_PART)
+
+
+@pytest.fixture
+def db(tmp_path):
+    """Queues q and other with the same ids 1-0..60-0 and TOP; q's 1..50 and TOP in flight,
+    51..60 available; other's all in flight."""
+    db = open_database(str(tmp_path / "data"))
+    db.begin()
+    for name in (b"q", b"other"):
+        db.insert_queue(name, NOW)
+        ids = [(ms, 0) for ms in range(1, 61)] + [TOP]
+        rowids = [db.insert_task(name, task_id, stored([b"n", b"%d" % task_id[0]]), NOW, NOW) for task_id in ids]
+        held = rowids if name == b"other" else rowids[:50] + rowids[-1:]
+        assert len(db.claim(name, held, b"w", NOW, NOW + 1000)) == len(held)
+    yield db
+    db.rollback()
+    db.close()
+
+
+def states(db, queue: str) -> dict[tuple, str]:
+    return {(ms, seq): state for ms, seq, state in db.conn.execute(
+        "SELECT id_ms, id_seq, state FROM tasks WHERE queue = ?", (queue,))}
+
+
+@pytest.mark.parametrize("size", [1, ACK_IN_ONE_STATEMENT - 1, ACK_IN_ONE_STATEMENT, 50])
+def test_an_ack_counts_and_finishes_each_in_flight_task_of_its_queue_once(db, size):
+    assert db.ack(b"q", [(5, 0)], NOW) == 1  # done before: a stale id from here on
+    wanted = [(ms, 0) for ms in range(1, 61)][:size - 1] + [TOP]
+    ids = wanted + [(5, 0), (55, 0), (99, 0), TOP, wanted[0]]  # done, available, never pushed, twice
+    expected = len({task_id for task_id in wanted if task_id != (5, 0) and task_id[0] <= 50 or task_id == TOP})
+    assert db.ack(b"q", ids, NOW + 1) == expected
+    after = states(db, "q")
+    for task_id, state in after.items():
+        if task_id in wanted and (task_id[0] <= 50 or task_id == TOP) or task_id == (5, 0):
+            assert state == DONE, task_id
+        else:
+            assert state == (AVAILABLE if 50 < task_id[0] <= 60 else IN_FLIGHT), task_id
+    assert set(states(db, "other").values()) == {IN_FLIGHT}  # the same ids in another queue: untouched
+    finished = db.conn.execute("SELECT count(*) FROM tasks WHERE queue = 'q' AND state = 'done' "
+                               "AND finished_at = ? AND deadline IS NULL", (NOW + 1,)).fetchone()[0]
+    assert finished == expected
+
+
+def test_an_ack_of_many_ids_is_one_statement_that_finds_each_task_by_its_key(db):
+    statements = []
+    db.conn.set_trace_callback(statements.append)
+    assert db.ack(b"q", [(ms, 0) for ms in range(1, 51)], NOW) == 50
+    db.conn.set_trace_callback(None)
+    assert len(statements) == 1, statements[:3]
+    plan = " ".join(row[3] for row in db.conn.execute("EXPLAIN QUERY PLAN " + statements[0]))
+    assert "SCAN t" not in plan and "sqlite_autoindex_tasks_1" in plan, plan
+
+
+def test_xack_of_many_ids_through_the_server(r, queue):
+    ids = [r.xadd(queue, {"n": i}) for i in range(60)]
+    r.xgroup_create(queue, "g", id="0")
+    assert len(claim(r, queue, count=40)) == 40
+    # 40 delivered, 20 never delivered, one of them twice: only the delivered ones count.
+    assert r.xack(queue, "g", *ids, ids[0]) == 40
+    assert r.xpending(queue, "g")["pending"] == 0
+    assert r.xack(queue, "g", *ids[:40]) == 0  # all done now
+    rest = claim(r, queue, count=100)
+    assert len(rest) == 20 and r.xack(queue, "g", *[entry[0] for entry in rest]) == 20
