@@ -18,7 +18,7 @@ import pytest
 from ezra import lifecycle, stream_ids
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, STATES
 from ezra.storage import open_database
-from ezra.storage.database import task_by_id
+from ezra.storage.reads import task_by_id
 from ezra.task_fields import stored
 
 NOW = 1_000_000

@@ -27,7 +27,7 @@ from .. import errors, lifecycle, stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
 from ..queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, name_bytes, reads
-from ..storage.database import task_by_id
+from ..storage.reads import task_by_id
 from ..stream_ids import MAX_ID_PART
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue

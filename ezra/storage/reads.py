@@ -111,3 +111,20 @@ def read_apart(path: str, query, *args):
         return query(conn, *args)
     finally:
         conn.close()
+
+
+def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
+    """INSPECT_COLUMNS + state of a queue's tasks in `states`, in id order after `after`
+    (the primary key's order: pages of any size, no sort). Shared by the server's
+    Database and the export's Snapshot."""
+    marks = ",".join("?" * len(states))
+    return conn.execute(
+        f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE queue = ? AND state IN ({marks}) "
+        "AND (id_ms, id_seq) > (?, ?) ORDER BY id_ms, id_seq LIMIT ?",
+        (name_value(queue), *states, after[0], after[1], count)).fetchall()
+
+
+def task_by_id(conn, queue: bytes, task_id: tuple) -> tuple | None:
+    """INSPECT_COLUMNS + state of one task (the dashboard's task page), or None: a primary-key look."""
+    return conn.execute(f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ?",
+                        (name_value(queue), *task_id)).fetchone()

@@ -13,8 +13,8 @@ import sqlite3
 from loguru import logger
 
 from .. import lifecycle
-from .database import tasks_by_id
 from .opening import BUSY_TIMEOUT_MS, connect, fsync_directory, fsync_file
+from .reads import tasks_by_id
 from .schema import APPLICATION_ID, SCHEMA_VERSION, StorageError, name_bytes, name_value
 
 

@@ -17,7 +17,7 @@ from ..task_fields import listed
 from . import shown_name
 from .dashboard import FAILURE, STATE_TITLES, UNIQUE_KEY, duration, form, header, page, queue_link, text
 
-STATE = 12                     # the state column after INSPECT_COLUMNS (storage.database.task_by_id)
+STATE = 12                     # the state column after INSPECT_COLUMNS (storage.reads.task_by_id)
 FIELDS_LISTED = 100            # fields shown on a task's page; XRANGE shows the rest
 VALUE_SHOWN = 2000             # characters of a field's value (or of its name, or the key) shown
 NAME_SHOWN_CHARS = 200         # characters of a field's name shown
@@ -121,7 +121,7 @@ def actions(queue: bytes, task_id: str, csrf: str) -> str:
 
 
 def render(state, queue: bytes, row: tuple, figures, csrf: str) -> bytes:
-    """The page of one task: `row` is storage.database.task_by_id's (INSPECT_COLUMNS + state)."""
+    """The page of one task: `row` is storage.reads.task_by_id's (INSPECT_COLUMNS + state)."""
     now = figures.now
     task_id = stream_ids.format_id(row[:2])
     body = [header(state, figures),

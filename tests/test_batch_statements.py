@@ -1,4 +1,6 @@
-"""Issue 22: an XACK of many ids is one UPDATE (database.ACK_IN_ONE_STATEMENT), the ids passed as
+"""Issue 22: a pipeline's run of pushes goes in as INSERTs of many rows each (database.INSERT_ROWS),
+and the row ids the broker's available order keeps must be the ones SQLite gave. An XACK of many
+ids is one UPDATE (database.ACK_IN_ONE_STATEMENT), the ids passed as
 one JSON text and each found by the primary key; fewer ids take one statement each. Both forms
 must count and change the same tasks: each in-flight task of the queue once, whatever the
 duplicates, stale ids, ids of another queue's tasks or the largest id EZRA stores."""
@@ -10,7 +12,7 @@ from support_queue import claim
 
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
 from ezra.storage import open_database
-from ezra.storage.database import ACK_IN_ONE_STATEMENT
+from ezra.storage.database import ACK_IN_ONE_STATEMENT, INSERT_ROWS
 from ezra.stream_ids import MAX_ID_PART
 from ezra.task_fields import stored
 
@@ -79,3 +81,22 @@ def test_xack_of_many_ids_through_the_server(r, queue):
     assert r.xack(queue, "g", *ids[:40]) == 0  # all done now
     rest = claim(r, queue, count=100)
     assert len(rest) == 20 and r.xack(queue, "g", *[entry[0] for entry in rest]) == 20
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 50, INSERT_ROWS, INSERT_ROWS + 1, 3 * INSERT_ROWS - 1])
+def test_a_push_run_gets_the_row_ids_it_reports_in_its_order(db, size):
+    tasks = [(2000 + n, n % 3, stored([b"n", b"%d" % n])) for n in range(size)]
+    rowids = db.insert_available(b"q", tasks, NOW)
+    assert len(rowids) == size
+    rows = {rowid: (ms, seq, fields, state) for rowid, ms, seq, fields, state in db.conn.execute(
+        "SELECT rowid, id_ms, id_seq, fields, state FROM tasks WHERE queue = 'q' AND id_ms >= 2000")}
+    assert [rows[rowid] for rowid in rowids] == [(ms, seq, fields, AVAILABLE) for ms, seq, fields in tasks]
+    assert len(db.claim(b"q", list(rowids), b"w", NOW, NOW + 1000)) == size  # claimable by those ids
+
+
+def test_a_push_run_of_50_is_three_inserts(db):
+    statements = []
+    db.conn.set_trace_callback(statements.append)
+    db.insert_available(b"q", [(3000, n, stored([b"n", b"v"])) for n in range(50)], NOW)
+    db.conn.set_trace_callback(None)
+    assert sum(sql.startswith("INSERT") for sql in statements) == 3, statements  # 32 + 16 + 2 rows
