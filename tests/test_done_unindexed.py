@@ -21,7 +21,7 @@ import pytest
 from ezra import stream_ids
 from ezra.broker import upkeep
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
-from ezra.storage import reads
+from ezra.storage import SCHEMA_VERSION, reads
 from ezra.task_fields import stored
 from support_queue import submit_broken_request
 from support_servers import wait_until
@@ -256,7 +256,7 @@ def test_a_schema_9_file_loses_tasks_done_and_keeps_its_counts(ezra_factory, tmp
         db.execute("PRAGMA user_version = 9")
     db.close()
     server = ezra_factory("--retention", "0.001", data_dir=tmp_path / "data")
-    assert "from schema 9 to 10" in server.log()
+    assert f"from schema 9 to {SCHEMA_VERSION}" in server.log()
     r = server.client()
     wait_until(lambda: counts_of(r)["done"] == 0, timeout=30, message="the done tasks marked and purged")
     assert counts_of(r)["available"] == 2

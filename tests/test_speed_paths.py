@@ -133,6 +133,7 @@ def test_a_plain_push_stores_the_row_the_full_insert_stores(tmp_path):
     """insert_task's short statement (available, no attempts, no TTL) leaves the same row as
     the statement that binds every column."""
     from ezra import storage
+    from ezra.storage.schema import claim_room
 
     db = storage.open_database(str(tmp_path))
     try:
@@ -140,8 +141,8 @@ def test_a_plain_push_stores_the_row_the_full_insert_stores(tmp_path):
         db.insert_task(b"q", (5, 1), stored([b"f", b"v"]), 100, 100)
         db.conn.execute(
             "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-            "finished_at, ttl_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            ("q", 5, 2, "available", stored([b"f", b"v"]), 0, 100, 100, None, None))
+            "finished_at, ttl_ms, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            ("q", 5, 2, "available", stored([b"f", b"v"]), 0, 100, 100, None, None, claim_room("available")))
         db.commit()
         short, full = db.conn.execute("SELECT * FROM tasks WHERE queue = 'q' ORDER BY id_seq").fetchall()
     finally:

@@ -27,7 +27,7 @@ from .retention import Retention
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
 from .wal_file import WalFile
-from .schema import SETTING_COLUMNS, encode_failure, name_bytes, name_value
+from .schema import RESERVED_BYTES, SETTING_COLUMNS, claim_room, encode_failure, name_bytes, name_value
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
 # Litestream) made each RESTART wait this out and fail, with every write paused meanwhile.
@@ -49,15 +49,15 @@ INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.IN_FLIGHT: "id_
 # text for the statement cache, on every nack). Unfinished is spelled out, not IN: see schema.sql.
 _UNFINISHED = "(state = 'in_flight' OR state = 'available' OR state = 'delayed')"
 _SET_OUTCOME_SQL = ("UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, available_at = ?, "
-                    f"finished_at = CASE WHEN ? = 'dead' THEN ? END WHERE rowid = ? AND {_UNFINISHED}")
+                    f"reserved = NULL, finished_at = CASE WHEN ? = 'dead' THEN ? END WHERE rowid = ? AND {_UNFINISHED}")
 _SET_OUTCOME_WITH_FAILURE_SQL = (
     "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, available_at = ?, "
-    f"finished_at = CASE WHEN ? = 'dead' THEN ? END, failure = ? WHERE rowid = ? AND {_UNFINISHED}")
+    f"reserved = NULL, finished_at = CASE WHEN ? = 'dead' THEN ? END, failure = ? WHERE rowid = ? AND {_UNFINISHED}")
 # A push run's rows go in as statements of 64, 32, ... 1 rows (50 = 32 + 16 + 2): one INSERT of many
 # rows costs 1.56 µs a row against executemany's 2.65, which binds, steps and resets each (measured).
 INSERT_ROWS = 64
-_INSERT_AVAILABLE_SQL = {rows: "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-                         "VALUES " + ", ".join(["(?, ?, ?, 'available', ?, ?, ?)"] * rows)
+_INSERT_AVAILABLE_SQL = {rows: "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, "
+                         "reserved) VALUES " + ", ".join([f"(?, ?, ?, 'available', ?, ?, ?, zeroblob({RESERVED_BYTES}))"] * rows)
                          for rows in (1 << power for power in range(INSERT_ROWS.bit_length()))}
 _BY_ID_SQL: dict[tuple[str, tuple], str] = {}  # _tasks_by_id's SELECT per (columns, states)
 
@@ -270,21 +270,21 @@ class Database:
         if failure is not None:
             return self.conn.execute(
                 "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-                "finished_at, ttl_ms, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (name_value(queue), task_id[0], task_id[1], state, fields, attempts, now,
-                 available_at, now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure))).lastrowid
+                "finished_at, ttl_ms, failure, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
+                 now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure), claim_room(state))).lastrowid
         if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None:
             # Nearly every push: the other columns' defaults are the schema's, so 6 values are
             # bound instead of 10 (0.8 µs less per push, measured: 5.4 -> 4.6 µs a statement).
             return self.conn.execute(
-                "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-                "VALUES (?, ?, ?, 'available', ?, ?, ?)",
+                "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
+                f"VALUES (?, ?, ?, 'available', ?, ?, ?, zeroblob({RESERVED_BYTES}))",
                 (name_value(queue), task_id[0], task_id[1], fields, now, available_at)).lastrowid
         return self.conn.execute(
             "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-            "finished_at, ttl_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "finished_at, ttl_ms, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (name_value(queue), task_id[0], task_id[1], state, fields, attempts, now,
-             available_at, now if state == lifecycle.DEAD else None, ttl_ms)).lastrowid
+             available_at, now if state == lifecycle.DEAD else None, ttl_ms, claim_room(state))).lastrowid
 
     def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range | list[int]:
         """Pushed tasks, (id_ms, id_seq, fields as stored) each, available now: their row ids.
@@ -322,13 +322,14 @@ class Database:
                 "AND state = 'available'", (rowids[0], q)).fetchone()
             if row is None or not self.conn.execute(
                     "UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, "
-                    "attempts = attempts + 1, finished_at = ?, retained = ? WHERE rowid = ? AND state = 'available'",
+                    "attempts = attempts + 1, finished_at = ?, retained = ?, reserved = NULL "
+                    "WHERE rowid = ? AND state = 'available'",
                     (state, name_value(worker), deadline, now, finished, retained, rowids[0])).rowcount:
                 return []
             return [(row[0], row[1], row[2], row[3] + 1)]
         rows = self.conn.execute(
             "UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, "
-            "attempts = attempts + 1, finished_at = ?, retained = ? "
+            "attempts = attempts + 1, finished_at = ?, retained = ?, reserved = NULL "  # the room: schema.py
             # +queue: a check of each row found by its id, not an index to search (without the +
             # SQLite walks the queue's whole primary-key range and tests each row against the list).
             "WHERE rowid IN (SELECT value FROM json_each(?)) AND +queue = ? AND state = 'available' "
@@ -499,8 +500,8 @@ class Database:
     def set_lease(self, rowid: int, worker: bytes, delivered_at: int, deadline: int, attempts: int) -> int:
         """Take over or renew an in-flight task, or FORCE an available one: 1 if it moved, else 0."""
         return self.conn.execute(
-            "UPDATE tasks SET state = 'in_flight', worker = ?, delivered_at = ?, deadline = ?, attempts = ? "
-            "WHERE rowid = ? AND (state = 'in_flight' OR state = 'available')",
+            "UPDATE tasks SET state = 'in_flight', worker = ?, delivered_at = ?, deadline = ?, attempts = ?, "
+            "reserved = NULL WHERE rowid = ? AND (state = 'in_flight' OR state = 'available')",
             (name_value(worker), delivered_at, deadline, attempts, rowid)).rowcount
 
     # -- reads

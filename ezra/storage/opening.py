@@ -199,8 +199,8 @@ def _migrate(conn, version: int, path: str) -> None:
         if version < 4:  # a new table only
             conn.execute(SCHEMA_STATEMENTS["schedules"])
             conn.execute(SCHEMA_STATEMENTS["schedules_next"])
-        if version < 5:
-            _add_task_failure_column(conn)
+        if version < 5:  # tasks.failure: why a task last failed
+            _add_task_column(conn, "failure", "TEXT")
         if version < 6:
             _migrate_to_v6(conn)
         if version < 7:  # after 5 and 6 (other tables' changes); the same rows, a new CHECK text
@@ -211,6 +211,8 @@ def _migrate(conn, version: int, path: str) -> None:
             conn.execute(SCHEMA_STATEMENTS["tasks_readable"])
         if version < 10:
             _migrate_to_v10(conn)
+        if version < 11:
+            _add_task_column(conn, "reserved", "BLOB")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -226,19 +228,17 @@ def _add_queue_columns(conn, columns: dict) -> None:
             conn.execute(f"ALTER TABLE queues ADD COLUMN {column} {kind}")
 
 
-def _add_task_failure_column(conn) -> None:
-    """Version 5: tasks.failure, NULL in every existing row (no row is rewritten). A file
-    rebuilt by _migrate_to_v2 has it already (the table comes from schema.sql)."""
-    if "failure" not in {row[1] for row in conn.execute("PRAGMA table_info(tasks)")}:
-        conn.execute("ALTER TABLE tasks ADD COLUMN failure TEXT")
+def _add_task_column(conn, column: str, kind: str) -> None:
+    """A nullable column of tasks, NULL in every existing row (SQLite adds it without rewriting the
+    table); a file rebuilt by _migrate_to_v2 has it already (the table comes from schema.sql)."""
+    if column not in {row[1] for row in conn.execute("PRAGMA table_info(tasks)")}:
+        conn.execute(f"ALTER TABLE tasks ADD COLUMN {column} {kind}")
 
 
 def _migrate_to_v6(conn) -> None:
     """XADD UNIQUE: tasks gain unique_key (NULL for every task already there: SQLite adds a
     nullable column without rewriting the table) and its partial unique index."""
-    have = {row[1] for row in conn.execute("PRAGMA table_info(tasks)")}
-    if "unique_key" not in have:  # a schema 1 file's tasks table is rebuilt with it already
-        conn.execute("ALTER TABLE tasks ADD COLUMN unique_key TEXT")
+    _add_task_column(conn, "unique_key", "TEXT")
     conn.execute(SCHEMA_STATEMENTS["tasks_unique"])
 
 
@@ -248,8 +248,7 @@ def _migrate_to_v10(conn) -> None:
     in tasks_retained. Every queue starts unmarked: a queue with a limit marks its done tasks in
     the reaper's passes (Reaper._mark_retained), a batch at a time, not here in one transaction."""
     conn.execute("DROP INDEX IF EXISTS tasks_done")
-    if "retained" not in {row[1] for row in conn.execute("PRAGMA table_info(tasks)")}:
-        conn.execute("ALTER TABLE tasks ADD COLUMN retained INTEGER")  # a schema 1 file's rebuilt table has it
+    _add_task_column(conn, "retained", "INTEGER")
     _add_queue_columns(conn, QUEUE_COLUMNS_V10)
     conn.execute(SCHEMA_STATEMENTS["tasks_retained"])
 

@@ -20,8 +20,8 @@ APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
 # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused;
 # 4: schedules (XSCHEDULE); 5: tasks.failure (why a task last failed, XNACK REASON);
 # 6: unique tasks (XADD UNIQUE: tasks.unique_key, index tasks_unique)
-SCHEMA_VERSION = 10  # 10: no tasks_done index (tasks.retained, tasks_retained, queues.unmarked_done);
-# 9: fields stored as RESP (the tasks_readable view); 8: no tasks_available index (the available
+SCHEMA_VERSION = 11  # 11: tasks.reserved (room for a claim's columns, RESERVED_BYTES); 10: no
+# tasks_done index (tasks.retained, tasks_retained, queues.unmarked_done); 9: fields stored as RESP (the tasks_readable view); 8: no tasks_available index (the available
 # order is in memory); 7: the state CHECK as comparisons
 
 # The schema lives in schema.sql beside this module (package data, bundled by setup.cfg
@@ -58,6 +58,19 @@ SCHEMA_STATEMENTS = _named_statements(SCHEMA)
 # The queues table's settings columns (XCFGSET); NULL in one: the server's flag.
 SETTING_COLUMNS = ("visibility_timeout", "max_attempts", "retention_seconds", "backoff",
                    "release_on_disconnect", "idmp_duration", "idmp_maxsize", "paused")
+
+# A task waiting for its first claim keeps room in its row (tasks.reserved: zeros) for the columns
+# its claim fills (worker, deadline, delivered_at). The claim sets it NULL, so the row keeps its size
+# and is rewritten in place: a row that grows splits its page (pushes leave pages full), and then
+# a commit of 50 claims wrote 3.8 pages in 38 µs, against 2.4 pages in 13 µs (measured). Worker
+# names up to 20 bytes fit. Only waiting tasks carry it; finished ones never do.
+RESERVED_BYTES = 32
+_ROOM = bytes(RESERVED_BYTES)
+
+
+def claim_room(state: str) -> bytes | None:
+    """tasks.reserved for a task written in `state`: room if it waits for a claim."""
+    return _ROOM if state == "available" or state == "delayed" else None
 
 
 class StorageError(Exception):

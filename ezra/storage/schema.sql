@@ -52,6 +52,8 @@ CREATE TABLE IF NOT EXISTS tasks (
                                      -- NULL: never failed (only failures write it, v5)
     retained      INTEGER,           -- 1: done while its queue had a retention limit: in tasks_retained,
                                      -- which the purge reads; NULL: kept for ever (the default), in no index
+    reserved      BLOB,              -- zeros while the task waits for its first claim: room for the columns
+                                     -- the claim fills, so its row keeps its size (schema.py RESERVED_BYTES)
     PRIMARY KEY (queue, id_ms, id_seq)
 );
 

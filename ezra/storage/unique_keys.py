@@ -8,7 +8,7 @@ tasks keep their key in the row (XINFO TASKS shows it) but hold nothing.
 
 from __future__ import annotations
 
-from .schema import encode_failure, name_value
+from .schema import claim_room, encode_failure, name_value
 
 # The index's own WHERE, repeated word for word: SQLite uses a partial index only for a query
 # whose WHERE implies the index's.
@@ -37,9 +37,9 @@ class UniqueKeys:
         never come here); `failure` as Database.insert_task takes it (ezra import)."""
         return self.conn.execute(
             "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-            "ttl_ms, unique_key, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "ttl_ms, unique_key, failure, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (name_value(queue), task_id[0], task_id[1], state, fields, attempts, now,
-             available_at, ttl_ms, name_value(key), encode_failure(failure))).lastrowid
+             available_at, ttl_ms, name_value(key), encode_failure(failure), claim_room(state))).lastrowid
 
     def release_all_dead(self, queue: bytes) -> list[tuple]:
         """Before XREQUEUE ALL: the dead tasks whose key another task would hold once they are all
