@@ -53,7 +53,7 @@ def test_a_claim_finds_its_tasks_by_row_id_not_by_walking_the_queue(tmp_path):
     rowids = [db.insert_task(b"q", (1, n), stored([b"f", b"v"]), 0, 0) for n in range(3)]
     assert len(db.claim(b"q", rowids[:1], b"w", 1, 2)) == 1 and len(db.claim(b"q", rowids[1:], b"w", 1, 2)) == 2
     claims = [sql for sql in statements if "state = 'available'" in sql and "rowid" in sql]
-    assert len(claims) == 3, statements  # COUNT 1: its SELECT and UPDATE; COUNT 2: one UPDATE
+    assert len(claims) == 4, statements  # each COUNT: its SELECT and its UPDATE
     for sql in claims:  # the trace gives each statement with its values written in: planned as it ran
         plan = " ".join(row[3] for row in db.conn.execute("EXPLAIN QUERY PLAN " + sql))
         assert "INTEGER PRIMARY KEY (rowid=?)" in plan and "autoindex" not in plan, (sql, plan)

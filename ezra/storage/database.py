@@ -59,6 +59,13 @@ INSERT_ROWS = 64
 _INSERT_AVAILABLE_SQL = {rows: "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, "
                          "reserved) VALUES " + ", ".join([f"(?, ?, ?, 'available', ?, ?, ?, zeroblob({RESERVED_BYTES}))"] * rows)
                          for rows in (1 << power for power in range(INSERT_ROWS.bit_length()))}
+# A claim of many rows (Database.claim). +queue: a check of each row found by its id, not an index to
+# search (without the + SQLite walks the queue's whole primary-key range and tests each row against the
+# list). attempts + 1: this delivery counted (the broker counts redeliveries). reserved: schema.py.
+_CLAIMABLE = "rowid IN (SELECT value FROM json_each(?)) AND +queue = ? AND state = 'available'"
+_CLAIMABLE_SQL = f"SELECT {TASK_COLUMNS}, attempts + 1 FROM tasks WHERE {_CLAIMABLE}"
+_CLAIM_SQL = ("UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, attempts = attempts + 1, "
+              f"finished_at = ?, retained = ?, reserved = NULL WHERE {_CLAIMABLE}")
 _BY_ID_SQL: dict[tuple[str, tuple], str] = {}  # _tasks_by_id's SELECT per (columns, states)
 
 
@@ -314,9 +321,9 @@ class Database:
         NOACK (state done): `retained` as `ack`'s."""
         q = name_value(queue)
         finished = now if state == lifecycle.DONE else None
-        if len(rowids) == 1:
-            # Workers' usual COUNT 1: the row by its id, then the guarded update of it. One UPDATE
-            # ... RETURNING costs more than the SELECT it saves (measured: 27.6 against 14.5 µs).
+        # The rows, then the guarded update of them: UPDATE ... RETURNING costs more than the SELECT
+        # it saves (1 row: 27.6 against 14.5 µs; 50 rows: 2.5 against 2.1 µs a row, measured).
+        if len(rowids) == 1:  # workers' usual COUNT 1: the row by its id
             row = self.conn.execute(
                 "SELECT id_ms, id_seq, fields, attempts FROM tasks WHERE rowid = ? AND +queue = ? "
                 "AND state = 'available'", (rowids[0], q)).fetchone()
@@ -327,15 +334,10 @@ class Database:
                     (state, name_value(worker), deadline, now, finished, retained, rowids[0])).rowcount:
                 return []
             return [(row[0], row[1], row[2], row[3] + 1)]
-        rows = self.conn.execute(
-            "UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, "
-            "attempts = attempts + 1, finished_at = ?, retained = ?, reserved = NULL "  # the room: schema.py
-            # +queue: a check of each row found by its id, not an index to search (without the +
-            # SQLite walks the queue's whole primary-key range and tests each row against the list).
-            "WHERE rowid IN (SELECT value FROM json_each(?)) AND +queue = ? AND state = 'available' "
-            f"RETURNING {TASK_COLUMNS}, attempts",  # attempts: the broker counts redeliveries
-            (state, name_value(worker), deadline, now, finished, retained, "[%s]" % ",".join(map(str, rowids)), q),
-        ).fetchall()
+        listed = "[%s]" % ",".join(map(str, rowids))
+        rows = self.conn.execute(_CLAIMABLE_SQL, (listed, q)).fetchall()
+        if rows:
+            self.conn.execute(_CLAIM_SQL, (state, name_value(worker), deadline, now, finished, retained, listed, q))
         rows.sort()
         return rows
 
