@@ -100,3 +100,24 @@ def test_a_push_run_of_50_is_three_inserts(db):
     db.insert_available(b"q", [(3000, n, stored([b"n", b"v"])) for n in range(50)], NOW)
     db.conn.set_trace_callback(None)
     assert sum(sql.startswith("INSERT") for sql in statements) == 3, statements  # 32 + 16 + 2 rows
+
+
+EDGES = [((1 << 43) - 1, (1 << 20) - 1), (1 << 43, 0), (7, 1 << 20)]  # the largest packed, then past it
+
+
+@pytest.mark.parametrize("with_unpackable", [False, True])
+def test_an_ack_of_ids_at_the_packing_limits_finishes_each_task(db, with_unpackable):
+    """A batched ack packs each id as ms << ACK_SEQ_BITS | seq while every id fits, else it passes
+    pairs: either way each in-flight task listed is done once, and no other task is."""
+    rowids = [db.insert_task(b"q", task_id, stored([b"n", b"v"]), NOW, NOW) for task_id in EDGES]
+    assert len(db.claim(b"q", rowids, b"w", NOW, NOW + 1000)) == 3
+    ids = [(ms, 0) for ms in range(1, 9)] + (EDGES if with_unpackable else EDGES[:1])
+    statements = []
+    db.conn.set_trace_callback(statements.append)
+    assert db.ack(b"q", ids, NOW + 1) == len(ids)
+    db.conn.set_trace_callback(None)
+    assert len(statements) == 1 and ("json_extract" in statements[0]) == with_unpackable, statements
+    after = states(db, "q")
+    assert all(after[task_id] == DONE for task_id in ids)
+    assert sorted(task_id for task_id, state in after.items() if state == DONE) == sorted(ids)
+    assert set(states(db, "other").values()) == {IN_FLIGHT}

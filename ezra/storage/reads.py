@@ -40,6 +40,25 @@ def pending_summary(conn, queue: bytes, by_lease_index: bool) -> tuple:
     return first, last, workers
 
 
+def pending_entries(conn, queue: bytes, start: tuple, end: tuple, count: int, worker: bytes | None,
+                    min_delivered_before: int | None, by_lease_index: bool) -> list[tuple]:
+    """(id_ms, id_seq, worker, delivered_at, attempts) of in-flight tasks in a range (XPENDING's
+    extended form; `by_lease_index`: see in_flight_source)."""
+    sql = (f"SELECT id_ms, id_seq, worker, delivered_at, attempts FROM tasks{in_flight_source(by_lease_index)} "
+           "WHERE queue = ? AND state = 'in_flight' AND (id_ms, id_seq) >= (?, ?) "
+           "AND (id_ms, id_seq) <= (?, ?)")
+    params: list = [name_value(queue), start[0], start[1], end[0], end[1]]
+    if worker is not None:
+        sql += " AND worker = ?"
+        params.append(name_value(worker))
+    if min_delivered_before is not None:
+        sql += " AND delivered_at <= ?"
+        params.append(min_delivered_before)
+    sql += " ORDER BY id_ms, id_seq LIMIT ?"
+    params.append(count)
+    return conn.execute(sql, params).fetchall()
+
+
 # Done tasks have no index (schema 10): a walk of their listing looks at this many tasks at most.
 DONE_LOOK_BACK = 10_000
 # What the dashboard and XINFO TASKS show of a task.
