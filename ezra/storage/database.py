@@ -384,7 +384,7 @@ class Database:
         tasks for ever (no index is written)."""
         q = name_value(queue)
         if len(ids) >= ACK_IN_ONE_STATEMENT:  # a batch: one statement (ACK_SEQ_BITS)
-            if max(ids)[0] >> 63 - ACK_SEQ_BITS or max(map(itemgetter(1), ids)) >> ACK_SEQ_BITS:
+            if max(ids)[0] >> (63 - ACK_SEQ_BITS) or max(map(itemgetter(1), ids)) >> ACK_SEQ_BITS:
                 sql, listed = _ACK_PAIRS_SQL, ",".join([f"[{ms},{seq}]" for ms, seq in ids])
             else:
                 sql, listed = _ACK_PACKED_SQL, ",".join([str(ms << ACK_SEQ_BITS | seq) for ms, seq in ids])
