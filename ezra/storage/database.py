@@ -28,7 +28,7 @@ from .retention import Retention
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
 from .wal_file import WalFile
-from .schema import RESERVED_BYTES, SETTING_COLUMNS, claim_room, encode_failure, name_bytes, name_value
+from .schema import ROOM_SQL, SETTING_COLUMNS, claim_room, encode_failure, name_bytes, name_value
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
 # Litestream) made each RESTART wait this out and fail, with every write paused meanwhile.
@@ -69,7 +69,7 @@ _SET_OUTCOME_WITH_FAILURE_SQL = (
 # rows costs 1.56 µs a row against executemany's 2.65, which binds, steps and resets each (measured).
 INSERT_ROWS = 64
 _INSERT_AVAILABLE_SQL = {rows: "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, "
-                         "reserved) VALUES " + ", ".join([f"(?, ?, ?, 'available', ?, ?, ?, zeroblob({RESERVED_BYTES}))"] * rows)
+                         "reserved) VALUES " + ", ".join([f"(?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})"] * rows)
                          for rows in (1 << power for power in range(INSERT_ROWS.bit_length()))}
 # A claim of many rows (Database.claim). +queue: a check of each row found by its id, not an index to
 # search (without the + SQLite walks the queue's whole primary-key range and tests each row against the
@@ -297,7 +297,7 @@ class Database:
             # bound instead of 10 (0.8 µs less per push, measured: 5.4 -> 4.6 µs a statement).
             return self.conn.execute(
                 "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
-                f"VALUES (?, ?, ?, 'available', ?, ?, ?, zeroblob({RESERVED_BYTES}))",
+                f"VALUES (?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})",
                 (name_value(queue), task_id[0], task_id[1], fields, now, available_at)).lastrowid
         return self.conn.execute(
             "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "

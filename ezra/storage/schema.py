@@ -67,6 +67,7 @@ SETTING_COLUMNS = ("visibility_timeout", "max_attempts", "retention_seconds", "b
 # names up to 20 bytes fit. Only waiting tasks carry it; finished ones never do.
 RESERVED_BYTES = 32
 _ROOM = bytes(RESERVED_BYTES)
+ROOM_SQL = f"zeroblob({RESERVED_BYTES})"  # the same room, written by a statement's text (no value bound)
 
 
 def claim_room(state: str) -> bytes | None:
