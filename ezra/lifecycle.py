@@ -124,7 +124,10 @@ def retry_state(state: str, attempts: int, mode: str, backoff, now: int) -> tupl
     if state != AVAILABLE or mode == SILENT:
         return state, now
     delay = retry_delay(backoff, attempts)
-    return (DELAYED, now + to_ms(delay)) if delay > 0 else (AVAILABLE, now)
+    # The clock (now_ms) rounds down, so up to 1 ms of `now` is already gone: due at
+    # now + delay, a retry could come that much before its backoff ends. One more ms
+    # makes the backoff a lower bound, as the spec's "not offered before" says.
+    return (DELAYED, now + to_ms(delay) + 1) if delay > 0 else (AVAILABLE, now)
 
 
 # Backoff policies: ('fixed', seconds, seconds) or ('exponential', base seconds, max seconds).

@@ -32,10 +32,22 @@ def test_retry_delay(policy, attempts, seconds):
 
 def test_retry_state():
     backoff = (FIXED, 0.5, 0.5)
-    assert lifecycle.retry_state(AVAILABLE, 1, FAIL, backoff, now=1000) == (DELAYED, 1500)
+    assert lifecycle.retry_state(AVAILABLE, 1, FAIL, backoff, now=1000) == (DELAYED, 1501)
     assert lifecycle.retry_state(AVAILABLE, 1, SILENT, backoff, now=1000) == (AVAILABLE, 1000)
     assert lifecycle.retry_state(DEAD, 3, FAIL, backoff, now=1000) == (DEAD, 1000)
     assert lifecycle.retry_state(AVAILABLE, 1, FAIL, lifecycle.NO_BACKOFF, now=1000) == (AVAILABLE, 1000)
+
+
+@pytest.mark.parametrize("nacked_at", [1000.0, 1000.3, 1000.999])
+def test_a_retry_never_comes_before_its_backoff(nacked_at):
+    """The server's clock reads whole ms rounded down (broker.core.now_ms): a task nacked at
+    1000.999 ms reads 1000. Whatever part of that ms was gone, the first clock reading at which
+    the retry is due must be at least the whole backoff after the nack (CI saw 0.59997 s for a
+    0.6 s backoff when the due time was now + 600)."""
+    backoff = (FIXED, 0.6, 0.6)
+    _, due = lifecycle.retry_state(AVAILABLE, 1, FAIL, backoff, now=int(nacked_at))
+    first_due_reading = float(due)  # the clock reads `due` from the instant due.000 ms
+    assert first_due_reading - nacked_at >= 600
 
 
 def test_idmp_auto_iid_ignores_field_order_only():
@@ -112,7 +124,7 @@ def test_backoff_then_dead(broker):
     for attempt, wait_ms in ((1, 1000), (2, 2000)):
         assert claim(broker) == [task_id]
         fail(broker, task_id)
-        broker.clock_.now += wait_ms - 1
+        broker.clock_.now += wait_ms  # the nack's ms may have been all but gone: 1 ms more
         reaper_pass(broker)
         assert claim(broker) == [], f"retry {attempt} came early"
         broker.clock_.now += 1
