@@ -126,7 +126,7 @@ def retry_state(state: str, attempts: int, mode: str, backoff, now: int) -> tupl
     delay = retry_delay(backoff, attempts)
     # The clock (now_ms) rounds down, so up to 1 ms of `now` is already gone: due at
     # now + delay, a retry could come that much before its backoff ends. One more ms
-    # makes the backoff a lower bound, as the spec's "not offered before" says.
+    # makes the backoff a lower bound: a retry is never offered before it has passed.
     return (DELAYED, now + to_ms(delay) + 1) if delay > 0 else (AVAILABLE, now)
 
 
