@@ -517,6 +517,8 @@ def encode(value, proto: int) -> bytes:
         return b"$%d\r\n%s\r\n" % (len(value), value)
     if kind is int:
         return b":%d\r\n" % value
+    if kind is WrittenMap and len(value) == 1:  # one queue's claims, XREADGROUP's usual reply: no list
+        return (b"%1\r\n" if proto == 3 else b"*1\r\n*2\r\n") + b"".join(value[0])  # its key, its entries
     if kind is Replies:  # a run of pushes: their ids, an error seldom
         return b"".join([b"$%d\r\n%s\r\n" % (len(item), item) if type(item) is bytes else encode(item, proto)
                          for item in value])

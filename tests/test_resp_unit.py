@@ -355,3 +355,18 @@ def test_encode(value, resp2, resp3):
 def test_encode_refuses_unknown_types():
     with pytest.raises(TypeError):
         encode(1.5, 2)
+
+
+@pytest.mark.parametrize("proto", [2, 3])
+def test_a_claim_of_one_queue_is_written_as_the_map_of_any_queues(proto):
+    """encode's shortcut for XREADGROUP's usual reply (one queue's claims, commands/replies.py)
+    writes what the general map of written pairs writes, and what a PairsMap of entries writes."""
+    from ezra.commands.replies import claimed_reply
+    from ezra.resp import _encode
+    rows = [(1764612345678, 0, b"*2\r\n$1\r\nd\r\n$2\r\nhi\r\n", 1), (1764612345678, 1, b"*0\r\n", 2)]
+    shortcut = encode(claimed_reply({b"jobs": rows}), proto)
+    general = []
+    _encode(claimed_reply({b"jobs": rows}), proto == 3, general)
+    assert shortcut == b"".join(general)
+    entries = PairsMap({b"jobs": [[b"1764612345678-0", [b"d", b"hi"]], [b"1764612345678-1", []]]})
+    assert shortcut == encode(entries, proto)

@@ -58,6 +58,8 @@ class Observers:
 
     def after_batch(self, committed: bool) -> None:
         """After a batch: wake the observers of the views it grew (none if it was rolled back)."""
+        if not self._grown:
+            return
         grown, self._grown = self._grown, set()
         if not committed:
             return

@@ -92,6 +92,8 @@ class Waiters:
         (before, it got a storage error: a worker blocked while a push filled the disk failed).
         Once only: should serving this waiter be what fails, the next rollback answers the error.
         """
+        if not self._served:
+            return
         served, self._served = self._served, []
         for waiter in served:
             if not committed and waiter.result is not None and not waiter.rolled_back:

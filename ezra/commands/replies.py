@@ -40,9 +40,17 @@ def read_reply(found: dict) -> PairsMap:
 def claimed_reply(found: dict) -> WrittenMap:
     """read_reply's bytes, written from the rows at once: XREADGROUP's claims, the hot path. Building
     the entries' lists and walking them to encode took 2.9 µs for one task of two fields, this 1.7."""
-    return WrittenMap((BULK_PREFIXES[len(name)] + name + CRLF if len(name) < PREFIXED
-                       else b"$%d\r\n%s\r\n" % (len(name), name), written_entries(rows))
-                      for name, rows in found.items())
+    if len(found) == 1:  # one queue, as workers read: no generator
+        ((name, rows),) = found.items()
+        return WrittenMap(((_bulk(name), written_entries(rows)),))
+    return WrittenMap((_bulk(name), written_entries(rows)) for name, rows in found.items())
+
+
+def _bulk(name: bytes) -> bytes:
+    """A queue's name as a RESP bulk string (the map's key)."""
+    if len(name) < PREFIXED:
+        return BULK_PREFIXES[len(name)] + name + CRLF
+    return b"$%d\r\n%s\r\n" % (len(name), name)
 
 
 def claimed_size(found: dict) -> int:

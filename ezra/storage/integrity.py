@@ -27,12 +27,9 @@ class Integrity:
     def __init__(self, conn: sqlite3.Connection):
         self._conn = conn
         self.state = UNCHECKED
+        self.corrupt = False  # state == CORRUPT, kept as a plain value: every write request reads it
         self.reason: str | None = None  # what was found, for the log, INFO and /healthz
         self.begin_sql = "BEGIN IMMEDIATE"  # a read-only connection may not take the write lock
-
-    @property
-    def corrupt(self) -> bool:
-        return self.state == CORRUPT
 
     def mark_checking(self) -> None:
         if self.state != CORRUPT:
@@ -48,6 +45,7 @@ class Integrity:
         if self.state == CORRUPT:
             return False
         self.state, self.reason = CORRUPT, " ".join(reason.split())  # one line: INFO's format
+        self.corrupt = True
         self._conn.execute("PRAGMA query_only = ON")
         self.begin_sql = "BEGIN"
         return True
