@@ -281,8 +281,7 @@ class Writer:
         return self._syncer
 
     def _maybe_checkpoint(self) -> None:
-        disk = self.disk
-        if disk.full and disk.wal_must_start_over():  # a full disk: before the next batch, not in 20
+        if self.disk.wal_must_start_over():  # a full disk: before the next batch, not in 20
             self._restart_wal = True
             self._batches_at_checkpoint = self.batches
             return

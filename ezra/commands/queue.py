@@ -127,11 +127,9 @@ def xadd(session, args):
     queue, dead = split_queue(args[1])
     if dead:
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
-    if args[2] == b"*":  # no option and a new id: what producers send, read without the parser's loop
-        (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure), i = PUSH_OPTIONS.defaults, 2
-    else:
-        (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure), i = parse_options(
-            args, 2, PUSH_OPTIONS)
+    # '*' where the options begin: none, and a new id (what producers send), without the parser's loop
+    options, i = (PUSH_OPTIONS.defaults, 2) if args[2] == b"*" else parse_options(args, 2, PUSH_OPTIONS)
+    nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure = options
     if i < len(args) and args[i] != b"*":  # '*', nearly always: nothing to check, no call
         stream_ids.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
     if trimming is not None:
