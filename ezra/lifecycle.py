@@ -124,10 +124,14 @@ def retry_state(state: str, attempts: int, mode: str, backoff, now: int) -> tupl
     if state != AVAILABLE or mode == SILENT:
         return state, now
     delay = retry_delay(backoff, attempts)
-    # The clock (now_ms) rounds down, so up to 1 ms of `now` is already gone: due at
-    # now + delay, a retry could come that much before its backoff ends. One more ms
-    # makes the backoff a lower bound: a retry is never offered before it has passed.
-    return (DELAYED, now + to_ms(delay) + 1) if delay > 0 else (AVAILABLE, now)
+    return (DELAYED, due_after(now, to_ms(delay))) if delay > 0 else (AVAILABLE, now)
+
+
+def due_after(now: int, delay_ms: int) -> int:
+    """When a task held back `delay_ms` from `now` comes due (DELAY, backoff). The clock
+    (now_ms) rounds down, so up to 1 ms of `now` is already gone: due at now + delay, the
+    task could come that much early. One more ms makes the delay a lower bound."""
+    return now + delay_ms + 1
 
 
 # Backoff policies: ('fixed', seconds, seconds) or ('exponential', base seconds, max seconds).

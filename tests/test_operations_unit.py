@@ -99,12 +99,19 @@ def reaper_pass(broker) -> None:
 def test_a_delayed_task_comes_due_on_the_reapers_pass(broker):
     task_id = push(broker, delay_ms=5000)
     assert claim(broker) == [] and broker.queues[b"q"].counts[DELAYED] == 1
-    broker.clock_.now += 4999
+    broker.clock_.now += 5000  # the push's ms may have been all but gone: 1 ms more
     reaper_pass(broker)
     assert claim(broker) == []
     broker.clock_.now += 1
     reaper_pass(broker)
     assert claim(broker) == [task_id]
+
+
+@pytest.mark.parametrize("pushed_at", [1000.0, 1000.3, 1000.999])
+def test_a_delayed_task_never_comes_before_its_delay(pushed_at):
+    """XADD DELAY, as the backoff above: the clock reads whole ms rounded down, so the first
+    reading at which the task is due must be at least the whole delay after the push."""
+    assert float(lifecycle.due_after(int(pushed_at), 600)) - pushed_at >= 600
 
 
 def test_the_reaper_runs_no_query_before_anything_is_due(broker, monkeypatch):

@@ -7,7 +7,7 @@ queues' states, so no locks are needed.
 from __future__ import annotations
 
 from .. import errors, lifecycle, stream_ids
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
 from ..storage import name_bytes
 from .queues import QueueState
 
@@ -85,7 +85,7 @@ class Tasks:
                     self.remember_push(queue, idmp, holder, now)  # a retry answers the same id
                 return stream_ids.format_id(holder)
         task_id = stream_ids.new_id(id_arg, queue.last_id, now)
-        state, available_at = (DELAYED, now + delay_ms) if delay_ms > 0 else (AVAILABLE, now)
+        state, available_at = (DELAYED, due_after(now, delay_ms)) if delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD
         if unique is None:
