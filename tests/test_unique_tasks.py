@@ -45,7 +45,8 @@ def test_a_second_push_returns_the_first_id_while_it_is_available_delayed_or_in_
     assert push(r, queue, "UNIQUE", "report-7", "DELAY", 5) == second  # delayed: its delay unchanged
     [task] = tasks(r, queue)
     assert task[b"state"] == b"delayed" and task[b"unique-key"] == b"report-7"
-    assert task[b"available-at"] - task[b"created-at"] == 3600_000
+    # DELAY 3600, not the second push's 5; one ms more: the clock reads whole ms (lifecycle.due_after)
+    assert task[b"available-at"] - task[b"created-at"] == 3600_001
 
 
 def test_a_dead_task_frees_its_key(r, queue):
