@@ -1,5 +1,5 @@
-"""A loop turn's transaction as the writer sees it: the Batch, each Request submitted to it,
-the Atomic of an EXEC in it, and the Flag its waiters sleep on (see writer.py)."""
+"""A loop turn's transaction as the writer sees it: the Batch (and the flags its waiters sleep
+on), each Request submitted to it, the Atomic of an EXEC in it (see writer.py)."""
 
 from __future__ import annotations
 
@@ -7,52 +7,18 @@ from gevent import get_hub
 from gevent.hub import Waiter
 
 
-class Flag:
-    """Set once: a batch's commit, or its fsync. `set_now` (the fsync callback, on the hub)
-    switches to each waiting greenlet at once, as the floor does; gevent's Event would schedule
-    one more callback to do it. `set` (anywhere) schedules that callback, so the order of
-    wake-ups stays the loop's."""
-
-    __slots__ = ("done", "waiters")
-
-    def __init__(self):
-        self.done = False
-        self.waiters: list[Waiter] = []
-
-    def is_set(self) -> bool:
-        return self.done
-
-    def wait(self) -> bool:
-        if not self.done:
-            waiter = Waiter()
-            self.waiters.append(waiter)
-            waiter.get()
-        return True
-
-    def set(self) -> None:
-        if not self.done:
-            self.done = True
-            waiters, self.waiters = self.waiters, []
-            if waiters:
-                get_hub().loop.run_callback(_wake, waiters)
-
-    def set_now(self) -> None:
-        """On the hub only."""
-        if not self.done:
-            self.done = True
-            waiters, self.waiters = self.waiters, []
-            _wake(waiters)
-
-
-def _wake(waiters: list) -> None:
-    for waiter in waiters:
-        waiter.switch(True)  # runs it until it waits again; a killed waiter's greenlet is gone: no switch
-
-
 class Batch:
-    """One loop turn's transaction: its requests commit, or fail, together."""
+    """One loop turn's transaction: its requests commit, or fail, together.
 
-    __slots__ = ("requests", "durable", "error", "sync_error", "committed", "synced", "held", "atomics")
+    It is also its two moments' flags, each set once: committed (claims and reads wait for it)
+    and synced (the fsync of the WAL after the commit: durable requests wait for it). Kept on
+    the batch, not as two objects of their own: one is made every loop turn that writes.
+    `set_*` (anywhere) schedules the wake-ups as a callback, so their order stays the loop's;
+    `set_synced_now` (the fsync callback, on the hub) switches to each waiter at once, as the
+    floor does."""
+
+    __slots__ = ("requests", "durable", "error", "sync_error", "held", "atomics",
+                 "is_committed", "is_synced", "commit_waiters", "sync_waiters")
 
     def __init__(self):
         self.requests: list[Request] = []  # kept to run again should the commit meet a full disk
@@ -61,8 +27,48 @@ class Batch:
         self.atomics: list[Atomic] = []  # the EXECs in it: all or nothing, even on a full disk
         self.error: BaseException | None = None       # rolled back: every request fails
         self.sync_error: BaseException | None = None  # committed, but the fsync failed: durable ones fail
-        self.committed = Flag()  # set() wakes after the readers the batch served (callbacks' order)
-        self.synced = Flag()  # set with (or after) committed; durable requests wait for it
+        self.is_committed = False  # set after the readers the batch served are woken (callbacks' order)
+        self.is_synced = False  # set with (or after) is_committed
+        self.commit_waiters: list[Waiter] = []
+        self.sync_waiters: list[Waiter] = []
+
+    def wait_committed(self) -> None:
+        if not self.is_committed:
+            sleep_on(self.commit_waiters)
+
+    def wait_synced(self) -> None:
+        if not self.is_synced:
+            sleep_on(self.sync_waiters)
+
+    def set_committed(self) -> None:
+        if not self.is_committed:
+            self.is_committed = True
+            if self.commit_waiters:
+                get_hub().loop.run_callback(_wake, self.commit_waiters)
+
+    def set_synced(self) -> None:
+        if not self.is_synced:
+            self.is_synced = True
+            if self.sync_waiters:
+                get_hub().loop.run_callback(_wake, self.sync_waiters)
+
+    def set_synced_now(self) -> None:
+        """On the hub only."""
+        if not self.is_synced:
+            self.is_synced = True
+            _wake(self.sync_waiters)
+
+
+def sleep_on(waiters: list) -> None:
+    """Wait (this greenlet) until `_wake(waiters)`: a flag's wait, once it is known to be unset."""
+    waiter = Waiter()
+    waiters.append(waiter)
+    waiter.get()
+
+
+def _wake(waiters: list) -> None:
+    for waiter in waiters:
+        waiter.switch(True)  # runs it until it waits again; a killed waiter's greenlet is gone: no switch
 
 
 class Request:
@@ -90,12 +96,16 @@ class Request:
             return self.result
         # A pipeline's replies but the first find their batch's flag set: no call to wait then.
         if self.durable:
-            if not batch.synced.done:
-                batch.synced.wait()
+            if not batch.is_synced:
+                waiter = Waiter()  # sleep_on, inlined: once per command
+                batch.sync_waiters.append(waiter)
+                waiter.get()
             if batch.sync_error is not None:
                 raise batch.sync_error
-        elif not batch.committed.done:
-            batch.committed.wait()
+        elif not batch.is_committed:
+            waiter = Waiter()
+            batch.commit_waiters.append(waiter)
+            waiter.get()
         if batch.error is not None:
             raise batch.error
         if self.error is not None:
@@ -118,9 +128,9 @@ class Atomic:
         """After the EXEC ran: wait for its batch; the error that undid it all, or None."""
         batch = self.batch
         if self.durable:
-            batch.synced.wait()
+            batch.wait_synced()
             if batch.sync_error is not None:
                 return batch.sync_error
         else:
-            batch.committed.wait()
+            batch.wait_committed()
         return self.error or batch.error

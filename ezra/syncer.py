@@ -36,7 +36,7 @@ class Syncer:
         self._thread.start()
 
     def after_sync(self, batch: Batch) -> None:
-        """Set `batch.synced` once the WAL is on disk."""
+        """Set the batch synced once the WAL is on disk."""
         with self._cond:
             self._waiting.append(batch)
             self._cond.notify()
@@ -78,4 +78,4 @@ class Syncer:
             for batch in batches:
                 if error is not None:
                     batch.sync_error = errors.storage_failed(f"fsync failed: {error}")
-                batch.synced.set()
+                batch.set_synced()

@@ -97,33 +97,37 @@ def test_fields_written_by_hand_still_read_and_bad_text_is_an_error():
 
 # ---------------------------------------------------------------- the writer's fsync flag
 
-def test_fsync_flag_wakes_every_waiter_once_and_skips_killed_ones():
-    """Batch.synced (batch.Flag): set() from a greenlet wakes the waiters in a later callback,
-    set_now() (the fsync callback, on the hub) switches to them at once; a waiter killed while
-    waiting is skipped, and waiting on a set flag returns at once."""
+@pytest.mark.parametrize("flag", ["committed", "synced"])
+def test_a_batch_flag_wakes_every_waiter_once_and_skips_killed_ones(flag):
+    """A batch's flags (committed, synced): set_*() from a greenlet wakes the waiters in a later
+    callback, set_synced_now() (the fsync callback, on the hub) switches to them at once; a
+    waiter killed while waiting is skipped, and waiting on a set flag returns at once."""
     import gevent
     from gevent import get_hub
 
-    from ezra.batch import Flag
+    from ezra.batch import Batch
 
-    for how in ("set", "set_now"):
-        flag, woken = Flag(), []
+    for how in ("set", "set_now") if flag == "synced" else ("set",):
+        batch, woken = Batch(), []
+        wait, is_set = getattr(batch, f"wait_{flag}"), lambda: getattr(batch, f"is_{flag}")
 
-        def wait(name):
-            flag.wait()
+        def waiting_one(name):
+            wait()
             woken.append(name)
-        waiting = [gevent.spawn(wait, i) for i in range(3)]
+        waiting = [gevent.spawn(waiting_one, i) for i in range(3)]
         gevent.sleep(0)  # all three wait now
         waiting[1].kill()
         if how == "set":
-            flag.set()
+            getattr(batch, f"set_{flag}")()
             assert woken == []  # the wake-up is a callback of its own
         else:
-            get_hub().loop.run_callback(flag.set_now)
+            get_hub().loop.run_callback(batch.set_synced_now)
         gevent.joinall(waiting, timeout=5)
         assert woken == [0, 2], how
-        assert flag.is_set() and flag.wait() is True
-        flag.set()  # a second set does nothing
+        assert is_set()
+        wait()  # returns at once
+        getattr(batch, f"set_{flag}")()  # a second set does nothing
+        gevent.sleep(0)
         assert woken == [0, 2]
 
 

@@ -382,10 +382,19 @@ class Broker:
         """The batch was rolled back: the file is as before it, and so are its done counts."""
         self._reload(self.queues.done_before_batch())
 
-    def _after_batch(self, committed: bool) -> None:
+    def _after_batch(self, committed: bool) -> bool:
         """In the event loop, after a batch: its done moves are settled, then wake the waiters it
-        served, then the observers (XREAD) of the views it added entries to."""
-        self.queues.batch_ended()
-        self.waiters.after_batch(committed)
-        self.observers.after_batch(committed)
+        served, then the observers (XREAD) of the views it added entries to. Each only when the
+        batch gave it something to do: nearly every batch gives none of them anything. True if
+        it woke anyone (their wake-ups are callbacks to come)."""
+        if self.queues.done_moved:
+            self.queues.batch_ended()
+        woke = False
+        if self.waiters.to_wake:
+            self.waiters.after_batch(committed)
+            woke = True
+        if self.observers.grown:
+            self.observers.after_batch(committed)
+            woke = True
+        return woke
 

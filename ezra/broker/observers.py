@@ -37,7 +37,7 @@ class Observers:
 
     def __init__(self):
         self.watching: dict[tuple[bytes, bool], dict[int, Observer]] = {}
-        self._grown: set[tuple[bytes, bool]] = set()
+        self.grown: set[tuple[bytes, bool]] = set()
 
     def watch(self, observer: Observer) -> None:
         for view in observer.views:
@@ -54,13 +54,13 @@ class Observers:
     def grew(self, name: bytes, dead: bool) -> None:
         """In a transaction: entries were added to a view; its observers look again once it commits."""
         if (name, dead) in self.watching:
-            self._grown.add((name, dead))
+            self.grown.add((name, dead))
 
     def after_batch(self, committed: bool) -> None:
         """After a batch: wake the observers of the views it grew (none if it was rolled back)."""
-        if not self._grown:
+        if not self.grown:
             return
-        grown, self._grown = self._grown, set()
+        grown, self.grown = self.grown, set()
         if not committed:
             return
         for view in grown:

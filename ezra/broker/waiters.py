@@ -44,7 +44,7 @@ class Waiters:
 
     def __init__(self):
         self.blocked: dict[bytes, OrderedDict] = {}  # queue -> its waiters, first come first
-        self._served: list[Waiter] = []  # waiters the open batch served: woken after it
+        self.to_wake: list[Waiter] = []  # waiters the open batch served: woken after it
 
     def register(self, waiter: Waiter, first: bool = False) -> None:
         """In line on each of its queues (`first`: at the head, a waiter a rollback took back)."""
@@ -73,7 +73,7 @@ class Waiters:
         """In a batch: the waiter got `result` (None: a null reply); out of line, woken after the batch."""
         self.unregister(waiter)
         waiter.result = result
-        self._served.append(waiter)
+        self.to_wake.append(waiter)
 
     def serve_all_null(self) -> None:
         """Shutdown: every blocked worker gets a null reply after this batch."""
@@ -92,9 +92,9 @@ class Waiters:
         (before, it got a storage error: a worker blocked while a push filled the disk failed).
         Once only: should serving this waiter be what fails, the next rollback answers the error.
         """
-        if not self._served:
+        if not self.to_wake:
             return
-        served, self._served = self._served, []
+        served, self.to_wake = self.to_wake, []
         for waiter in served:
             if not committed and waiter.result is not None and not waiter.rolled_back:
                 waiter.result, waiter.rolled_back = None, True
