@@ -32,6 +32,7 @@ from gevent import get_hub
 from loguru import logger
 
 from . import errors
+from .batch import Request
 from .commands import Deferred, dispatch
 from .commands.runs import RUN_NAMES, push_run
 from .gate import Gate
@@ -285,7 +286,9 @@ class Connection:
                 replies = self.replies  # after dispatch: a command that blocks flushes first
                 replies.append((session.proto, reply))
                 # A read's reply may be megabytes (see LARGE): at most READS_PER_FLUSH are held
-                if (not getattr(reply.request, "durable", False)) if kind is Deferred else isinstance(reply, LARGE):
+                # (a Request is a push's or an ack's: its id or count)
+                if kind is not Request and ((not getattr(reply.request, "durable", False)) if kind is Deferred
+                                            else isinstance(reply, LARGE)):
                     self.reads += 1 if kind is not Deferred or reply.size is None else reply.size / READ_BYTES
                     if self.reads >= READS_PER_FLUSH:
                         self.flush()
@@ -341,14 +344,21 @@ class Connection:
         out, size = [], 0
         append = out.append
         for proto, reply in replies:
-            if type(reply) is Deferred:
+            kind = type(reply)
+            if kind is Request:  # a push's or an ack's (commands.Deferred)
+                try:
+                    reply = reply.wait()
+                except ErrorReply as exc:
+                    reply = exc.as_reply()
+                kind = type(reply)
+            elif kind is Deferred:
                 try:  # Deferred.resolve, inlined: a call less per reply
                     transform, reply = reply.transform, reply.request.wait()
                     if transform is not None:
                         reply = transform(reply)
                 except ErrorReply as exc:
                     reply = exc.as_reply() if reply.replies == 1 else Replies((exc.as_reply(),) * reply.replies)
-            kind = type(reply)
+                kind = type(reply)
             # A push's id and an ack's count, the most common replies, as encode writes them: no call
             data = b"$%d\r\n%s\r\n" % (len(reply), reply) if kind is bytes else (
                 b":%d\r\n" % reply if kind is int else encode(reply, proto))

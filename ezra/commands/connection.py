@@ -19,6 +19,7 @@ from ..integers import to_int
 from ..options import Custom, Options, Value, parse_options
 from ..resp import OK, ErrorReply, SimpleString, Verbatim
 from ..storage.schedules import NEVER
+from ..batch import Request
 from .table import COMMANDS, Deferred, command, run
 
 if TYPE_CHECKING:  # annotations only: no command module imports the connection side
@@ -106,9 +107,10 @@ class AllReplies:
             return [error] * len(self.replies)
         resolved = []
         for reply in self.replies:
-            if type(reply) is Deferred:
+            kind = type(reply)
+            if kind is Deferred or kind is Request:
                 try:
-                    reply = reply.resolve()
+                    reply = reply.resolve() if kind is Deferred else reply.wait()
                 except ErrorReply as exc:
                     reply = exc.as_reply()
             resolved.append(reply)

@@ -151,8 +151,8 @@ def xadd(session, args):
         raise errors.task_too_large(size, limit)
     if idmp is not None:
         idmp = idempotency(idmp, args[i], fields)
-    return Deferred(session.state.broker.push(queue, args[i], stored(fields), nomkstream, delay_ms, ttl_ms, idmp,
-                                              attempts, dead, trim, unique, failure))
+    return session.state.broker.push(queue, args[i], stored(fields), nomkstream, delay_ms, ttl_ms, idmp,
+                                     attempts, dead, trim, unique, failure)  # the Request: its id is the reply
 
 
 def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
@@ -357,7 +357,7 @@ def xack(session, args):
     queue, dead = split_queue(args[1])
     if dead:
         return 0
-    return Deferred(session.state.broker.ack(queue, ids))
+    return session.state.broker.ack(queue, ids)  # the Request: its count is the reply
 
 
 def nack_retry_count(arg: bytes) -> int:

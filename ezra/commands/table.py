@@ -30,6 +30,10 @@ from ..resp import ErrorReply, SimpleString
 class Deferred:
     """A reply that the writer will produce: `transform(result)` once it commits.
 
+    A handler whose reply is its request's result as it is (XADD's id, XACK's count) returns the
+    writer's Request itself instead: the connection waits for it the same way, with one object
+    and one call less per command.
+
     `size`: the bytes its result holds, where the handler knows them (a claim's tasks): the
     connection then counts it by them among the large replies it holds before sending.
     `replies`: how many commands it answers (a run of pushes, runs.py): an error that fails its
