@@ -97,3 +97,25 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
     finally:
         broker.stop()
         broker.db.close()
+
+
+def test_the_checkpoint_look_comes_at_the_first_batch_where_one_could_start(tmp_path):
+    """The writer looks whether to checkpoint only at some batches (Writer._next_look): from any
+    point after the last checkpoint, the next look must be the first batch at which the rule
+    (every CHECKPOINT_EVERY_BATCHES, or a WAL over its limit every WAL_SIZE_EVERY batches from
+    CHECKPOINT_MIN_BATCHES) could start one, neither later (a missed checkpoint) nor earlier."""
+    from ezra.writer import CHECKPOINT_EVERY_BATCHES, CHECKPOINT_MIN_BATCHES, WAL_SIZE_EVERY
+
+    def could_start(since: int) -> bool:
+        return since >= CHECKPOINT_EVERY_BATCHES or (since >= CHECKPOINT_MIN_BATCHES and since % WAL_SIZE_EVERY == 0)
+
+    broker = open_broker(tmp_path)
+    writer = broker.writer
+    try:
+        for since in range(CHECKPOINT_EVERY_BATCHES + 3):
+            # The first batch numbered `_next_look` or more looks: how many since the last, then.
+            looked_at = max(writer._next_look(since), writer.batches + 1) - writer.batches + since
+            assert looked_at == next(later for later in range(since + 1, since + 1000) if could_start(later)), since
+    finally:
+        broker.stop()
+        broker.db.close()
