@@ -1,9 +1,8 @@
 """The Redis wire format, and nothing else.
 
-Reading: `RequestReader` turns bytes from a client into commands (lists of
-bytes), from RESP multibulk frames or inline lines as typed into `nc`. Every
-declared length is checked against a cap *before* anything is allocated for
-it, so a hostile `*2147483647` or `$999999999999` costs nothing.
+Reading: `RequestReader` turns bytes from a client into commands (lists of bytes), from RESP
+multibulk frames or inline lines as typed into `nc`. Every declared length is checked against
+a cap *before* anything is allocated for it: a hostile `*2147483647` costs nothing.
 
 Writing: command handlers return typed Python values; `encode` turns them into
 RESP3 bytes, or RESP2 where the two differ:
@@ -479,9 +478,10 @@ CRLF = b"\r\n"
 
 
 def bulk_array(items: list[bytes]) -> bytes:
-    """The RESP array of bulk strings `items`. A task's fields are stored in this form
-    (tasks.fields), so that every reply sends them on as they are: an entry's field list is
-    these bytes in RESP2 and RESP3 alike (see task_fields.py)."""
+    """The RESP array of bulk strings `items`: tasks.fields, sent on as it is in every reply
+    (RESP2 and RESP3 alike, see task_fields.py). A field and its value: one format, no list."""
+    if len(items) == 2:
+        return b"*2\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(items[0]), items[0], len(items[1]), items[1])
     out = [ARRAY_PREFIXES[len(items)] if len(items) < PREFIXED else b"*%d\r\n" % len(items)]
     for item in items:
         size = len(item)

@@ -6,6 +6,7 @@
     python scripts/stages.py --real                 # the real servers: perf stat, strace -c, bytes written
     python scripts/stages.py --front --per-turn 50  # EZRA's front alone, handlers stubbed (callgrind: see front_only)
     python scripts/stages.py --bytecodes            # Python bytecodes executed per command, by module: no noise
+    python scripts/stages.py --bytecodes --batched --per-turn 50  # cycle-batched's shape, per task
 
 In-process (the default): each server's own connection loop (EZRA's Connection.serve,
 the floor's Floor.handle) runs on a fake socket: the request path exactly, without the
@@ -87,13 +88,14 @@ def frame(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
 
 
-def command_frames(kind: str, ids: list[bytes]) -> list[bytes]:
+def command_frames(kind: str, ids: list[bytes], tasks: int = 1) -> list[bytes]:
+    """One command of `kind`; a claim or an ack of `tasks` tasks (XREADGROUP COUNT, XACK's ids)."""
     if kind == "XADD":
         return [frame(b"XADD", b"q", b"*", b"payload", PAYLOAD)]
     if kind == "XREADGROUP":
-        return [frame(b"XREADGROUP", b"GROUP", b"g", b"w1", b"COUNT", b"1", b"BLOCK", b"1000",
+        return [frame(b"XREADGROUP", b"GROUP", b"g", b"w1", b"COUNT", b"%d" % tasks, b"BLOCK", b"1000",
                       b"STREAMS", b"q", b">")]
-    return [frame(b"XACK", b"q", b"g", ids.pop())]
+    return [frame(b"XACK", b"q", b"g", *(ids.pop() for _ in range(tasks)))]
 
 
 def claimed_ids(replies: list) -> list[bytes]:
@@ -342,12 +344,17 @@ class FakeSocket:
     setsockopt = close = _wait
 
 
-def reads_for(kind: str, n: int, per_turn: int, ids: list[bytes], claimed: list[bytes]):
-    """A generator of reads: n commands of `kind`, per_turn of them in each read."""
+def reads_for(kind: str, n: int, per_turn: int, ids: list[bytes], claimed: list[bytes], batched: bool = False):
+    """A generator of reads: n tasks' commands of `kind`, per_turn of them in each read (`batched`:
+    a claim or an ack is one command for the read's per_turn tasks, as cycle-batched's workers send)."""
     replies = yield
     for start in range(0, n, per_turn):
         claimed += claimed_ids(replies)
-        replies = yield b"".join(f for _ in range(min(per_turn, n - start)) for f in command_frames(kind, ids))
+        tasks = min(per_turn, n - start)
+        if batched and kind != "XADD":
+            replies = yield b"".join(command_frames(kind, ids, tasks))
+        else:
+            replies = yield b"".join(f for _ in range(tasks) for f in command_frames(kind, ids))
     claimed += claimed_ids(replies)
     yield b""
 
@@ -381,7 +388,7 @@ def run_server(server: str, a, instrumented: bool, counter: OpcodeCounter | None
 
         def phase(kind: str, n: int, per_turn: int, ids: list[bytes]) -> tuple[int, list[bytes]]:
             claimed: list[bytes] = []
-            reads = reads_for(kind, n, per_turn, ids, claimed)
+            reads = reads_for(kind, n, per_turn, ids, claimed, a.batched)
             next(reads)
             sock = FakeSocket(reads, meter)
             started = meter.clock()
@@ -734,6 +741,9 @@ def main() -> None:
     ap.add_argument("--servers", default="ezra,floor", help="comma list of ezra,floor (default both)")
     ap.add_argument("--tasks", type=int, default=5000, help="commands per phase (default 5000)")
     ap.add_argument("--per-turn", type=int, default=1, help="commands per read: 1 one at a time, 50 pipelined")
+    ap.add_argument("--batched", action="store_true",
+                    help="cycle-batched's shape: each read's --per-turn tasks claimed by one XREADGROUP COUNT "
+                         "and acked by one XACK of their ids (figures are then per task); pushes pipelined")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported")
     ap.add_argument("--warmup", type=int, default=500, help="commands of each kind before measuring")
     ap.add_argument("--clock", default="cpu", choices=("cpu", "wall"),

@@ -52,6 +52,16 @@ class AvailableOrder:
         else:
             heapq.heappush(self._returns, rowid)
 
+    def add_pushed(self, rowids) -> None:
+        """A run of pushes became available: `add` each, in one step when they go on the tail
+        (a range of row ids: ascending; the hand-edited file's fallback lists them one by one)."""
+        tail = self._tail
+        if self.complete and type(rowids) is range and rowids and (self._head == len(tail) or rowids[0] > tail[-1]):
+            tail.extend(rowids)  # ascending, all above the tail: what `add` would do with each
+            return
+        for rowid in rowids:
+            self.add(rowid)
+
     def read(self, rows: list[tuple], complete: bool) -> None:
         """A slice from the file: (rowid, id_ms, id_seq) of available tasks after `read_to`, in order."""
         if rows:
@@ -76,6 +86,8 @@ class AvailableOrder:
         """Up to `n` row ids, oldest first, out of the order."""
         taken, tail, returns = [], self._tail, self._returns
         head, end = self._head, len(self._tail)
+        if not returns:  # nothing came back: the tail's next ones, in one slice (a claim of 50: no loop)
+            taken, head = tail[head:head + n].tolist(), min(head + n, end)
         while len(taken) < n:
             if returns and (head == end or returns[0] < tail[head]):
                 taken.append(heapq.heappop(returns))

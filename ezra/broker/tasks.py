@@ -6,6 +6,8 @@ queues' states, so no locks are needed.
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from .. import errors, lifecycle, stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
 from ..storage import name_bytes
@@ -121,17 +123,24 @@ class Tasks:
         made (the last id at its largest) is that push's error, and the others are stored."""
         now = self.clock()
         queue = self.queues.get(name) or self.transitions.queue(name, now, create=True)
-        results, tasks, last = [], [], queue.last_id
-        for fields in pushes:
-            try:
-                last = stream_ids.new_id(b"*", last, now)
-            except errors.CommandError as exc:
-                results.append(exc)
-                continue
-            tasks.append((last[0], last[1], fields))
-            results.append(stream_ids.format_id(last))
-        if not tasks:
-            return results
+        run = stream_ids.new_ids(len(pushes), queue.last_id, now)
+        if run is not None:  # nearly always: one ms, consecutive seqs, each step in C (no loop here)
+            ms, seqs = run
+            tasks = list(zip(repeat(ms), seqs, pushes))
+            results = list(map(b"%d-%d".__mod__, zip(repeat(ms), seqs)))  # stream_ids.format_id of each
+            last = (ms, seqs[-1])
+        else:
+            results, tasks, last = [], [], queue.last_id
+            for fields in pushes:
+                try:
+                    last = stream_ids.new_id(b"*", last, now)
+                except errors.CommandError as exc:
+                    results.append(exc)
+                    continue
+                tasks.append((last[0], last[1], fields))
+                results.append(stream_ids.format_id(last))
+            if not tasks:
+                return results
         rowids = self.db.insert_available(name, tasks, now)
         queue.last_id = last
         queue.move(GONE, AVAILABLE, len(tasks))
@@ -140,9 +149,7 @@ class Tasks:
         if self.watching:
             self.observers.grew(name, False)
         if queue.order is not None:
-            add = queue.order.add
-            for rowid in rowids:
-                add(rowid)
+            queue.order.add_pushed(rowids)
         if name in self.blocked:
             self.transitions.serve_waiters(queue, now)
         return results

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .. import errors
 from ..lifecycle import split_queue
-from ..stream_ids import parse_id
+from ..stream_ids import parse_ids
 
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
 # RETRYCOUNT above this means the same (above any MAX-ATTEMPTS): the deliveries counted after it stay 64-bit.
@@ -16,8 +16,7 @@ MAX_RETRY_COUNT = 2 ** 31 - 1
 MAX_WORKER_NAME = 256  # bytes
 
 
-def ids_of(args: list[bytes]) -> list[tuple]:
-    return [parse_id(arg) for arg in args]
+ids_of = parse_ids  # a command's ids (stream_ids.parse_ids: parse_id of each)
 
 
 def worker_name(name: bytes) -> bytes:

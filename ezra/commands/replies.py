@@ -9,9 +9,13 @@ no pass converts the broker's shape into another one.
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from ..resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, PairsMap, WrittenMap
 from ..task_fields import as_resp, listed
 from ..stream_ids import format_id
+
+FIELDS = itemgetter(2)  # a claimed row's stored fields
 
 
 def entry(row) -> list:
@@ -57,8 +61,7 @@ def claimed_size(found: dict) -> int:
     """The bytes a claim's tasks hold (their stored fields): what its reply will hold, about."""
     size = 0
     for rows in found.values():
-        for row in rows:
-            size += len(row[2])
+        size += sum(map(len, map(FIELDS, rows)))  # in C: no step per task
     return size
 
 
@@ -66,7 +69,7 @@ def written_entries(rows) -> bytes:
     """entries(rows) as RESP bytes (an array of [id, [field, value, ...]], the same in RESP2 and RESP3)."""
     out = [ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)]
     for row in rows:
-        task_id = format_id(row[:2])
+        task_id = b"%d-%d" % (row[0], row[1])  # format_id(row[:2]), inlined: once per task
         fields = row[2]  # a push's stored RESP, sent on as it is (task_fields.py)
         out += (b"*2\r\n", BULK_PREFIXES[len(task_id)], task_id, CRLF,
                 fields if type(fields) is bytes else as_resp(fields))

@@ -1,0 +1,120 @@
+"""The batched path's shortcuts (issue 22) give what the general code gives.
+
+Each shortcut does in one C step what a loop did per task: a run of ids, a claim's slice of the
+available order, a run of pushes put on it, an XACK's many ids, a field and its value stored.
+Each is checked here against the general code it stands in for, edge cases included.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ezra import errors, stream_ids
+from ezra.broker.available import AvailableOrder
+from ezra.resp import ErrorReply, bulk_array, read_bulk_array
+from ezra.stream_ids import MAX_ID_PART
+
+
+def one_by_one(args):
+    """parse_id of each, or the error the first bad one raises."""
+    try:
+        return [stream_ids.parse_id(arg) for arg in args]
+    except ErrorReply as exc:
+        return type(exc), exc.message
+
+
+def at_once(args):
+    try:
+        return stream_ids.parse_ids(args)
+    except ErrorReply as exc:
+        return type(exc), exc.message
+
+
+@pytest.mark.parametrize("args", [
+    [b"1-0", b"2-5", b"1796319258949-17"],
+    [b"05-3", b"1-2", b"3-4"],                        # a leading zero: parse_id takes it
+    [b"1" * 18 + b"-" + b"9" * 18, b"1-1", b"2-2"],   # the largest the match takes
+    [b"1" * 19 + b"-0", b"1-1", b"2-2"],              # 19 digits: Redis's rules, one by one
+    [b"9" * 20 + b"-0", b"1-1", b"2-2"],              # past 2**63: the id error
+    [b"1-2 3-4", b"5-6", b"7-8"],                     # a space inside one argument
+    [b"1", b"2-3", b"4-5"],                           # no seq
+    [b"1-", b"2-3", b"4-5"], [b"-1", b"2-3", b"4-5"], [b"a-b", b"1-1", b"2-2"], [b"1-1", b"", b"2-2"],
+    [b"+1-1", b"2-2", b"3-3"], [b" 1-1", b"2-2", b"3-3"],
+])
+def test_an_xack_of_many_ids_reads_each_as_parse_id(args):
+    assert at_once(args) == one_by_one(args)
+
+
+@given(st.lists(st.from_regex(rb"\A[0-9 +-]{0,22}\Z"), min_size=1, max_size=12))
+def test_parse_ids_is_parse_id_of_each(args):
+    assert at_once(args) == one_by_one(args)
+
+
+@pytest.mark.parametrize("last, now, n", [
+    ((0, 0), 5, 3), ((5, 0), 5, 3), ((5, 7), 4, 50), ((9, MAX_ID_PART - 3), 9, 3), ((9, MAX_ID_PART - 3), 9, 4),
+    ((9, MAX_ID_PART), 9, 2),
+])
+def test_a_run_of_new_ids_is_new_id_of_each(last, now, n):
+    expected, previous = [], last
+    for _ in range(n):
+        try:
+            previous = stream_ids.new_id(b"*", previous, now)
+        except errors.CommandError:
+            expected = None  # past the largest seq: the run falls back to new_id of each
+            break
+        expected.append(previous)
+    run = stream_ids.new_ids(n, last, now)
+    if run is None:  # declined only where the seqs would run past their largest in last's ms
+        assert now <= last[0] and last[1] + n > MAX_ID_PART
+    else:
+        ms, seqs = run
+        assert [(ms, seq) for seq in seqs] == expected
+
+
+def order_with(tail, returns=(), taken=0, complete=True):
+    order = AvailableOrder(tail, complete)
+    for rowid in returns:
+        order.add(rowid)
+    for _ in range(taken):
+        order.take_one()
+    return order
+
+
+def drained(order):
+    out = []
+    while (rowid := order.take_one()) is not None:
+        out.append(rowid)
+    return out
+
+
+@pytest.mark.parametrize("tail, returns, taken, pushed", [
+    ([], [], 0, range(1, 4)), ([1, 2, 3], [], 0, range(4, 9)), ([1, 2, 3], [], 3, range(4, 6)),
+    ([5, 9], [], 0, range(7, 10)),        # below the tail's last (a stale entry above): one by one
+    ([5, 9], [2], 0, range(10, 12)), ([], [], 0, range(0)), ([1, 2], [], 0, [8, 4, 6]),
+])
+def test_a_run_of_pushes_joins_the_order_as_each_push_would(tail, returns, taken, pushed):
+    bulk, each = order_with(tail, returns, taken), order_with(tail, returns, taken)
+    bulk.add_pushed(pushed)
+    for rowid in pushed:
+        each.add(rowid)
+    assert drained(bulk) == drained(each)
+
+
+@pytest.mark.parametrize("tail, returns, taken, n", [
+    ([1, 2, 3, 4], [], 0, 2), ([1, 2, 3, 4], [], 1, 10), ([5, 6, 7], [2, 6], 0, 4), ([], [], 0, 3),
+    (list(range(1, 10_000)), [], 5000, 50),  # past COMPACT_AFTER: the tail is cut after the slice
+])
+def test_a_claims_slice_takes_what_take_one_would(tail, returns, taken, n):
+    sliced, each = order_with(tail, returns, taken), order_with(tail, returns, taken)
+    expected = [rowid for rowid in (each.take_one() for _ in range(n)) if rowid is not None]
+    assert sliced.take(n) == expected
+    assert drained(sliced) == drained(each)
+
+
+@pytest.mark.parametrize("items", [[b"f", b"v"], [b"", b""], [b"job", b"x" * 5000], [b"a", b"1", b"b", b"2"], [b"x"]])
+def test_a_field_and_its_value_are_stored_as_any_fields(items):
+    assert read_bulk_array(bulk_array(items)) == items
+    general = b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(item), item) for item in items)
+    assert bulk_array(items) == general
