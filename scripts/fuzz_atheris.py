@@ -83,11 +83,10 @@ class Harness:
         if args[0].upper() in SKIPPED:
             return
         reply = commands.dispatch(session, args)
-        if type(reply) is commands.Deferred:
-            try:
-                reply = reply.resolve()
-            except ErrorReply as exc:
-                reply = exc
+        try:
+            reply = commands.resolved(reply)  # a Deferred's or a Request's result
+        except ErrorReply as exc:
+            reply = exc
         wire = encode(reply, session.proto)
         parsed, end = parse_value(wire, 0, resp3=True)
         assert end == len(wire), f"{args[:4]!r}: bytes after the reply"

@@ -313,8 +313,7 @@ def test_every_kind_of_command_in_one_exec_is_one_commit(tmp_path):
     read or claim used to commit the commands before it (the server's reaper, which commits on
     its own, is not running here)."""
     from ezra.broker import Broker
-    from ezra.batch import Request
-    from ezra.commands import Deferred, dispatch
+    from ezra.commands import dispatch, resolved
     from ezra.config import Settings
     from ezra.resp import ErrorReply
     from ezra.session import ServerState, Session
@@ -327,7 +326,7 @@ def test_every_kind_of_command_in_one_exec_is_one_commit(tmp_path):
 
     def send(*words):
         reply = dispatch(session, [word.encode() for word in words])
-        return reply.resolve() if type(reply) is Deferred else reply.wait() if type(reply) is Request else reply
+        return resolved(reply)
 
     try:
         send("XGROUP", "CREATE", "jobs", "g", "0", "MKSTREAM")

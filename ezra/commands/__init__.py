@@ -15,6 +15,6 @@ ezra/connection.py, ezra/session.py): a handler gets the connection's Session as
 
 # Each registers its commands in the table, in this order: the order COMMAND and COMMAND LIST answer in.
 from . import queue, connection, ops, keys, schedule  # noqa: F401,I001
-from .table import COMMANDS, Deferred, dispatch, run, supported_commands
+from .table import COMMANDS, Deferred, dispatch, resolved, run, supported_commands
 
-__all__ = ["COMMANDS", "Deferred", "dispatch", "run", "supported_commands"]
+__all__ = ["COMMANDS", "Deferred", "dispatch", "resolved", "run", "supported_commands"]

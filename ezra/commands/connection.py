@@ -19,8 +19,7 @@ from ..integers import to_int
 from ..options import Custom, Options, Value, parse_options
 from ..resp import OK, ErrorReply, SimpleString, Verbatim
 from ..storage.schedules import NEVER
-from ..batch import Request
-from .table import COMMANDS, Deferred, command, run
+from .table import COMMANDS, Deferred, command, resolved, run
 
 if TYPE_CHECKING:  # annotations only: no command module imports the connection side
     from ..session import ServerState, Session
@@ -105,16 +104,14 @@ class AllReplies:
         if undone is not None:
             error = undone.as_reply() if isinstance(undone, ErrorReply) else errors.storage_failed(str(undone))
             return [error] * len(self.replies)
-        resolved = []
+        answers = []
         for reply in self.replies:
-            kind = type(reply)
-            if kind is Deferred or kind is Request:
-                try:
-                    reply = reply.resolve() if kind is Deferred else reply.wait()
-                except ErrorReply as exc:
-                    reply = exc.as_reply()
-            resolved.append(reply)
-        return resolved
+            try:
+                reply = resolved(reply)
+            except ErrorReply as exc:
+                reply = exc.as_reply()
+            answers.append(reply)
+        return answers
 
 
 @command("DISCARD", 1)

@@ -24,6 +24,7 @@ import time
 from loguru import logger
 
 from .. import errors
+from ..batch import Request
 from ..resp import ErrorReply, SimpleString
 
 
@@ -50,6 +51,15 @@ class Deferred:
     def resolve(self):
         result = self.request.wait()
         return result if self.transform is None else self.transform(result)
+
+
+def resolved(reply):
+    """A handler's reply once the writer answered it: a Deferred's, or a Request's result (the
+    connection's flush does the same inline); any other reply as it is."""
+    kind = type(reply)
+    if kind is Deferred:
+        return reply.resolve()
+    return reply.wait() if kind is Request else reply
 
 
 class Block:
