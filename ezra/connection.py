@@ -147,6 +147,7 @@ class Connection:
         self.replies = None
         self._recv_now = None
         self.session.wait = self.session.flush = None  # bound methods: rebound on resume
+        self.session.last_claim = None  # a worker's last XREADGROUP, read again on its next one
         return held
 
     def restore(self) -> None:

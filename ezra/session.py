@@ -38,7 +38,7 @@ class Session:
 
     __slots__ = ("state", "id", "proto", "name", "lib_name", "lib_ver", "authenticated",
                  "closing", "addr", "created", "wait", "flush", "workers", "queued", "queued_bytes",
-                 "queue_failed", "in_exec")
+                 "queue_failed", "in_exec", "last_claim")
 
     def __init__(self, state: ServerState, addr: str, wait, flush):
         self.state = state
@@ -59,6 +59,9 @@ class Session:
         self.queued_bytes = 0            # ...and the size of their arguments
         self.queue_failed = False        # a queued command was refused: EXEC answers EXECABORT
         self.in_exec = False             # EXEC is running the queued commands: nothing blocks
+        # (arguments, what they were read as) of the last plain XREADGROUP '>': a worker sends
+        # the same one every time, read once (commands/queue.py). Let go when parked.
+        self.last_claim: tuple | None = None
 
     def use_worker(self, worker: bytes) -> bytes:
         """This connection acts for `worker` (XREADGROUP, XCLAIM...): it holds the name while open."""

@@ -118,3 +118,52 @@ def test_a_field_and_its_value_are_stored_as_any_fields(items):
     assert read_bulk_array(bulk_array(items)) == items
     general = b"*%d\r\n" % len(items) + b"".join(b"$%d\r\n%s\r\n" % (len(item), item) for item in items)
     assert bulk_array(items) == general
+
+
+def test_a_workers_repeated_claim_is_read_once_and_claims_as_the_first(tmp_path):
+    """XREADGROUP as a worker repeats it is read once per connection (Session.last_claim): each
+    repeat claims the next task as a fresh read would, a changed argument is read anew (and an
+    invalid one refused), and a claim that is not the plain shape is never remembered."""
+    from ezra.broker import Broker
+    from ezra.commands import dispatch, resolved
+    from ezra.config import Settings
+    from ezra.resp import NULL_ARRAY, ErrorReply, WrittenMap
+    from ezra.session import ServerState, Session
+    from ezra.storage import open_database
+
+    settings = Settings(data_dir=str(tmp_path), durability="normal")
+    broker = Broker(open_database(str(tmp_path / "data")), settings)
+    session = Session(ServerState(broker, settings), "test:1", lambda event, seconds: event.wait(seconds),
+                      lambda: None)
+
+    def send(*words):
+        try:
+            return resolved(dispatch(session, [word.encode() for word in words]))
+        except ErrorReply as exc:
+            return exc
+
+    def claimed(reply):
+        assert type(reply) is WrittenMap, reply
+        return reply[0][1]  # the entries, written
+
+    claim = ("XREADGROUP", "GROUP", "g", "w1", "COUNT", "1", "BLOCK", "10", "STREAMS", "jobs", ">")
+    try:
+        send("XGROUP", "CREATE", "jobs", "g", "0", "MKSTREAM")
+        ids = [send("XADD", "jobs", "*", "n", str(n)) for n in range(4)]
+        first = claimed(send(*claim))
+        assert session.last_claim is not None and session.last_claim[1][1] == b"w1"
+        second = claimed(send(*claim))  # the remembered reading
+        assert ids[0] in first and ids[1] in second and first != second
+        assert session.workers == {b"w1"}
+        other = claimed(send(*claim[:3], "w2", *claim[4:]))  # another worker: read anew
+        assert ids[2] in other and session.last_claim[1][1] == b"w2"
+        assert session.workers == {b"w1", b"w2"}
+        refused = send(*claim[:5], "-x", *claim[6:])
+        assert isinstance(refused, ErrorReply) and session.last_claim[1][1] == b"w2"
+        noack = ("XREADGROUP", "GROUP", "g", "w3", "COUNT", "1", "NOACK", "STREAMS", "jobs", ">")
+        assert ids[3] in claimed(send(*noack))
+        assert session.last_claim[1][1] == b"w2"  # NOACK is not the remembered shape
+        assert send(*claim[:3], "w2", *claim[4:6], *claim[8:]) is NULL_ARRAY  # no BLOCK, nothing left
+    finally:
+        broker.stop()
+        broker.db.close()

@@ -198,6 +198,11 @@ XREAD_OPTIONS = Options(COUNT=Value(to_int), BLOCK=Value(block_timeout), STREAMS
 @command("XREADGROUP", -7, blocks=True)
 def xreadgroup(session, args):
     """XREADGROUP GROUP group worker [COUNT n] [BLOCK ms] [CLAIM min-idle-ms] [NOACK] STREAMS q... id..."""
+    last = session.last_claim
+    if last is not None and last[0] == args:  # this worker's claim as last time: read as it was then
+        queues, worker, count, block_ms = last[1]
+        session.use_worker(worker)
+        return claim_new(session, queues, worker, count, False, None, block_ms)
     if args[1].upper() != b"GROUP":
         raise errors.SYNTAX
     worker = worker_name(args[3])  # registered (session.use_worker) once every argument checked out
@@ -225,16 +230,23 @@ def xreadgroup(session, args):
     count = read_count(count)
     session.use_worker(worker)  # not before: a malformed command must not touch the name's release timer
     if ids[0] is NEW_TASKS if len(ids) == 1 else all(stream_id is NEW_TASKS for stream_id in ids):
-        broker = session.state.broker
-        claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
-        if claimed is not None:
-            # answered with the read's other replies: one commit for them all (its size: see Connection)
-            return Deferred(claimed, claimed_reply if claim_idle is None else idle_claim_reply,
-                            claimed_size(claimed.result))
-        if block_ms is None:
-            return NULL_ARRAY
-        return ClaimWait(broker, queues, worker, count, noack, claim_idle, block_ms)
+        if i == 8 and len(ids) == 1 and not noack and claim_idle is None:  # the shape workers repeat
+            session.last_claim = (args, (queues, worker, count, block_ms))
+        return claim_new(session, queues, worker, count, noack, claim_idle, block_ms)
     return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
+
+
+def claim_new(session, queues, worker, count, noack, claim_idle, block_ms):
+    """XREADGROUP '>': what it claims now, or a wait for it (BLOCK), or null."""
+    broker = session.state.broker
+    claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
+    if claimed is not None:
+        # answered with the read's other replies: one commit for them all (its size: see Connection)
+        return Deferred(claimed, claimed_reply if claim_idle is None else idle_claim_reply,
+                        claimed_size(claimed.result))
+    if block_ms is None:
+        return NULL_ARRAY
+    return ClaimWait(broker, queues, worker, count, noack, claim_idle, block_ms)
 
 
 class ClaimWait(Block):

@@ -60,8 +60,8 @@ def _bulk(name: bytes) -> bytes:
 def claimed_size(found: dict) -> int:
     """The bytes a claim's tasks hold (their stored fields): what its reply will hold, about."""
     size = 0
-    for rows in found.values():
-        size += sum(map(len, map(FIELDS, rows)))  # in C: no step per task
+    for rows in found.values():  # one task (a worker's COUNT 1) by itself; many in C, no step per task
+        size += len(rows[0][2]) if len(rows) == 1 else sum(map(len, map(FIELDS, rows)))
     return size
 
 
