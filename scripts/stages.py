@@ -583,10 +583,14 @@ class Client:
         return replies
 
 
-def drive(port: int, kind: str, n: int, per_turn: int, ids: list[bytes]) -> list[bytes]:
+def drive(port: int, kind: str, n: int, per_turn: int, ids: list[bytes], batched: bool = False) -> list[bytes]:
     client, claimed = Client(port), []
     for start in range(0, n, per_turn):
-        frames = [f for _ in range(min(per_turn, n - start)) for f in command_frames(kind, ids)]
+        tasks = min(per_turn, n - start)
+        if batched and kind != "XADD":
+            frames = command_frames(kind, ids, tasks)
+        else:
+            frames = [f for _ in range(tasks) for f in command_frames(kind, ids)]
         claimed += claimed_ids(client.run(frames))
     client.sock.close()
     return claimed
@@ -634,15 +638,15 @@ def real(a) -> None:
                 data, port = tempfile.mkdtemp(prefix=f"ezra-stages-real-{server}-"), free_port()
                 proc = start_server(server, data, port)
                 try:
-                    drive(port, "XADD", a.warmup, a.per_turn, [])
-                    warm = drive(port, "XREADGROUP", a.warmup, a.per_turn, [])
-                    drive(port, "XACK", a.warmup, a.per_turn, warm)
+                    drive(port, "XADD", a.warmup, a.per_turn, [], a.batched)
+                    warm = drive(port, "XREADGROUP", a.warmup, a.per_turn, [], a.batched)
+                    drive(port, "XACK", a.warmup, a.per_turn, warm, a.batched)
                     ids: list[bytes] = []
                     for kind in KINDS:
                         out = os.path.join(data, f"{tool}-{kind}.txt")
                         written = write_bytes(proc.pid)
                         tracer = attach(tool, proc.pid, out)
-                        claimed = drive(port, kind, a.tasks, a.per_turn, ids)
+                        claimed = drive(port, kind, a.tasks, a.per_turn, ids, a.batched)
                         detach(tracer)
                         if kind == "XREADGROUP":
                             ids = claimed
