@@ -346,7 +346,7 @@ class Connection:
         append = out.append
         for proto, reply in replies:
             kind = type(reply)
-            if kind is Request:  # a push's or an ack's (commands.Deferred)
+            if kind is Request:  # a push's or an ack's (see commands.Deferred)
                 try:
                     reply = reply.wait()
                 except ErrorReply as exc:
