@@ -260,8 +260,9 @@ def instrument_ezra(meter: Meter, broker) -> None:
         meter.wrap(transitions_mod.Transitions, name, "broker")
     for name in ("tx_claim", "nothing_to_claim"):
         meter.wrap(claims_mod.Claims, name, "broker")
-    for name in ("insert_task", "claim", "ack", "begin", "commit", "sync_wal"):
+    for name in ("insert_task", "claim", "ack", "begin", "commit"):
         meter.wrap(database_mod.Database, name, "storage (Python)")
+    meter.wrap(broker.db, "sync_wal", "storage (Python)")  # the WAL file's own method, bound per database
     meter.wrap(queue_cmds, "claimed_reply", "encode")  # XREADGROUP's claims, written from the rows
     meter.wrap(queue_cmds, "read_reply", "encode")  # the claims' entries, built in the command (issue 25)
     meter.wrap(queue_cmds, "stored", "fields")  # XADD's fields in their stored form (task_fields.py)

@@ -171,7 +171,7 @@ class Tasks:
             deleted = [task_id for task_id in dict.fromkeys(ids) if self.db.ack_delete(name, [task_id])]
             queue.move(IN_FLIGHT, GONE, len(deleted))
             self.transitions.note_deleted(queue, deleted)
-        acked = self.db.ack(name, ids, self.clock(), self.transitions.retained_mark(queue))
+        acked = self.db.ack(name, ids, self.clock(), self.transitions.retained_mark(queue, retention))
         if acked:
             queue.trim_floor = min(queue.trim_floor, *ids)  # some of them are done now
             queue.move(IN_FLIGHT, DONE, acked)

@@ -80,7 +80,7 @@ class Transitions:
         state = DONE if noack else IN_FLIGHT
         deadline = None if noack else lifecycle.lease_deadline(now, queue.lease_seconds())
         want = min(count, queue.counts[AVAILABLE])
-        retained = self.retained_mark(queue) if noack and want > 0 else None
+        retained = self.retained_mark(queue, queue.retention()) if noack and want > 0 else None
         order = queue.order if queue.order is not None and queue.order.complete else self.order(queue, want)
         rows, rebuilt = [], False
         while len(rows) < want:  # more than one pass only past stale entries (XCLAIM/XNACK FORCE)
@@ -186,14 +186,15 @@ class Transitions:
         queue.deleted_dirty = True
         self.schedule.deleted_rows(len(ids))
 
-    def retained_mark(self, queue: QueueState) -> int | None:
+    def retained_mark(self, queue: QueueState, retention: float | None) -> int | None:
         """The `retained` value of tasks the queue finishes now (an ack, a NOACK claim): 1 under a
         retention limit, so the purge finds them in tasks_retained; None while it keeps done tasks
         for ever, the default, whose acks then write no index. The first done task left unmarked
         is noted in the file in the same transaction (queues.unmarked_done), so that a limit set
         later, even after a restart, marks them before it purges (Reaper._mark_retained); a
-        marking walk under way starts over, since it may have passed this task."""
-        if queue.retention() is not None:
+        marking walk under way starts over, since it may have passed this task. `retention`:
+        queue.retention(), which the caller has read already."""
+        if retention is not None:
             return 1
         if not queue.unmarked_done:
             queue.unmarked_done = True
