@@ -125,6 +125,11 @@ def xadd(session, args):
     [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] <* | id> field value ...
     (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, dead = split_queue(args[1])
+    if len(args) == 5 and args[2] == b"*" and not dead:
+        # `XADD q * field value`, as producers send: no option, so none of their checks below
+        if len(args[3]) + len(args[4]) > session.state.settings.max_task_size:
+            raise errors.task_too_large(len(args[3]) + len(args[4]), session.state.settings.max_task_size)
+        return session.state.broker.push(queue, b"*", stored(args[3:]))  # the Request: its id is the reply
     if dead:
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
     # '*' where the options begin: none, and a new id (what producers send), without the parser's loop
