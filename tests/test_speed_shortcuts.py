@@ -167,3 +167,18 @@ def test_a_workers_repeated_claim_is_read_once_and_claims_as_the_first(tmp_path)
     finally:
         broker.stop()
         broker.db.close()
+
+
+@pytest.mark.parametrize("rows", [
+    [(5, 0, bulk_array([b"f", b"v"]), 1)],
+    [(1796319258949, 17, bulk_array([b"a", b"1", b"b", b"x" * 300]), 2)],
+    [(7, 3, '["f", "v"]', 1)],  # a row stored as JSON (before schema 9, schedules, hand edits)
+    [(5, 0, bulk_array([b"f", b"v"]), 1), (5, 1, bulk_array([b"g", b"w"]), 1)],
+])
+def test_a_claims_entries_are_written_as_encode_writes_them(rows):
+    """written_entries (one row by one format) is the RESP of entries(rows), in RESP2 and RESP3."""
+    from ezra.commands.replies import entries, written_entries
+    from ezra.resp import encode
+
+    for proto in (2, 3):
+        assert written_entries(rows) == encode(entries(rows), proto)

@@ -67,6 +67,11 @@ def claimed_size(found: dict) -> int:
 
 def written_entries(rows) -> bytes:
     """entries(rows) as RESP bytes (an array of [id, [field, value, ...]], the same in RESP2 and RESP3)."""
+    if len(rows) == 1:  # a worker's COUNT 1: one format, no list
+        row = rows[0]
+        task_id, fields = b"%d-%d" % (row[0], row[1]), row[2]
+        return b"*1\r\n*2\r\n$%d\r\n%s\r\n%s" % (len(task_id), task_id,
+                                                   fields if type(fields) is bytes else as_resp(fields))
     out = [ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)]
     for row in rows:
         task_id = b"%d-%d" % (row[0], row[1])  # format_id(row[:2]), inlined: once per task
