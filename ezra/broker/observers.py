@@ -58,8 +58,6 @@ class Observers:
 
     def after_batch(self, committed: bool) -> None:
         """After a batch: wake the observers of the views it grew (none if it was rolled back)."""
-        if not self.grown:
-            return
         grown, self.grown = self.grown, set()
         if not committed:
             return

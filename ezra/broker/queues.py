@@ -163,8 +163,6 @@ class Queues(dict):
 
     def batch_ended(self) -> None:
         """The batch committed or was rolled back: its done moves are the file's now, or undone."""
-        if not self.done_moved:
-            return
         for queue in self.done_moved:
             queue.done_moved = 0
         self.done_moved.clear()

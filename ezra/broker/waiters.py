@@ -92,8 +92,6 @@ class Waiters:
         (before, it got a storage error: a worker blocked while a push filled the disk failed).
         Once only: should serving this waiter be what fails, the next rollback answers the error.
         """
-        if not self.to_wake:
-            return
         served, self.to_wake = self.to_wake, []
         for waiter in served:
             if not committed and waiter.result is not None and not waiter.rolled_back:

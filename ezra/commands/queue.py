@@ -127,8 +127,9 @@ def xadd(session, args):
     queue, dead = split_queue(args[1])
     if len(args) == 5 and args[2] == b"*" and not dead:
         # `XADD q * field value`, as producers send: no option, so none of their checks below
-        if len(args[3]) + len(args[4]) > session.state.settings.max_task_size:
-            raise errors.task_too_large(len(args[3]) + len(args[4]), session.state.settings.max_task_size)
+        size, limit = len(args[3]) + len(args[4]), session.state.settings.max_task_size
+        if size > limit:
+            raise errors.task_too_large(size, limit)
         return session.state.broker.push(queue, b"*", stored(args[3:]))  # the Request: its id is the reply
     if dead:
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
