@@ -36,7 +36,8 @@ from .batch import Request
 from .commands import Deferred, dispatch
 from .commands.runs import RUN_NAMES, push_run
 from .gate import Gate
-from .resp import BulkTooLarge, ErrorReply, ProtocolError, Replies, RequestReader, WrittenMap, encode
+from .resp import ErrorReply, Replies, WrittenMap, encode
+from .request_reader import BulkTooLarge, ProtocolError, RequestReader
 from .session import ServerState, Session
 
 READ_SIZE = 64 * 1024
@@ -180,9 +181,8 @@ class Connection:
                 return False
             self.quiet = False
             self.busy = True
-            self.reader.feed(data)
             try:
-                self._run_buffered_commands()
+                self._run_buffered_commands(data)
             except BulkTooLarge as exc:
                 logger.warning("closing client {}: an argument of {} bytes, over the {} bytes EZRA reads past "
                                "(--max-task-size {})", session.addr, exc.size, DISCARD_LIMIT,
@@ -247,14 +247,19 @@ class Connection:
             except OSError:
                 pass  # already closed by the client
 
-    def _run_buffered_commands(self) -> None:
-        """Run every complete command buffered: a pipeline's parsed frames come in one list (one
-        parser call per read, not per command), and are run in order until one closes the session."""
+    def _run_buffered_commands(self, data: bytes) -> None:
+        """Run every complete command in what was buffered and `data`: a pipeline's parsed frames
+        come in one list (one parser call per read, not per command), and are run in order until
+        one closes the session."""
         session = self.session
-        next_commands = self.reader.next_commands
+        reader = self.reader
         while not session.closing:
             try:
-                commands = next_commands()
+                if data is None:
+                    commands = reader.next_commands()
+                else:
+                    fresh, data = data, None  # taken once, should it raise
+                    commands = reader.take(fresh)
             except BulkTooLarge as exc:
                 if exc.fatal:
                     raise
@@ -280,6 +285,11 @@ class Connection:
                 else:
                     reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
                 kind = type(reply)
+                if (kind is Request or kind is Deferred) and count == 1 and not self.replies:
+                    # The read's one command, nothing held before it (a client that awaits each
+                    # reply, as most do): its reply goes out now, not through the list and flush.
+                    self._send(self._written(session.proto, reply, kind))
+                    continue
                 if kind is WRONGPASS:
                     self._failed_auth()
                 elif self.limited and session.authenticated:
@@ -344,25 +354,9 @@ class Connection:
         replies, self.replies, self.reads = self.replies, [], 0
         out, size = [], 0
         append = out.append
+        written = self._written
         for proto, reply in replies:
-            kind = type(reply)
-            if kind is Request:  # a push's or an ack's (see commands.Deferred)
-                try:
-                    reply = reply.wait()
-                except ErrorReply as exc:
-                    reply = exc.as_reply()
-                kind = type(reply)
-            elif kind is Deferred:
-                try:  # Deferred.resolve, inlined: a call less per reply
-                    transform, reply = reply.transform, reply.request.wait()
-                    if transform is not None:
-                        reply = transform(reply)
-                except ErrorReply as exc:
-                    reply = exc.as_reply() if reply.replies == 1 else Replies((exc.as_reply(),) * reply.replies)
-                kind = type(reply)
-            # A push's id and an ack's count, the most common replies, as encode writes them: no call
-            data = b"$%d\r\n%s\r\n" % (len(reply), reply) if kind is bytes else (
-                b":%d\r\n" % reply if kind is int else encode(reply, proto))
+            data = written(proto, reply, type(reply))
             append(data)
             size += len(data)
             if size >= SEND_CHUNK:
@@ -372,6 +366,27 @@ class Connection:
                 append = out.append
         if out:
             self._send(out[0] if len(out) == 1 else b"".join(out))
+
+    @staticmethod
+    def _written(proto: int, reply, kind) -> bytes:
+        """A reply's bytes, once the writer answered it (a Request or a Deferred waits for it)."""
+        if kind is Request:  # a push's or an ack's (see commands.Deferred)
+            try:
+                reply = reply.wait()
+            except ErrorReply as exc:
+                reply = exc.as_reply()
+            kind = type(reply)
+        elif kind is Deferred:
+            try:  # Deferred.resolve, inlined: a call less per reply
+                transform, reply = reply.transform, reply.request.wait()
+                if transform is not None:
+                    reply = transform(reply)
+            except ErrorReply as exc:
+                reply = exc.as_reply() if reply.replies == 1 else Replies((exc.as_reply(),) * reply.replies)
+            kind = type(reply)
+        # A push's id and an ack's count, the most common replies, as encode writes them: no call
+        return b"$%d\r\n%s\r\n" % (len(reply), reply) if kind is bytes else (
+            b":%d\r\n" % reply if kind is int else encode(reply, proto))
 
     def _send(self, data: bytes) -> bool:
         """Send data; False if the client is gone or reads nothing (then the connection is closing)."""

@@ -204,8 +204,8 @@ def wrong_subcommand_arity(command: str, sub: bytes) -> CommandError:
 
 
 def protocol_error(reason: str) -> CommandError:
-    """resp.py's ProtocolError ('Protocol error: ...'), sent before the connection closes.
-    Its texts stay in resp.py (the wire format): errors.py imports resp, not the other way."""
+    """request_reader.py's ProtocolError ('Protocol error: ...'), sent before the connection closes.
+    Its texts stay in request_reader.py (the wire format): it imports nothing of errors.py."""
     return err(reason)
 
 

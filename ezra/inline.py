@@ -1,6 +1,6 @@
 """Inline commands, as typed into `nc` or `telnet`: a line split the way Redis splits it.
 
-resp.py's RequestReader finds the line; this splits it. Spaces and tabs separate
+request_reader.py's RequestReader finds the line; this splits it. Spaces and tabs separate
 arguments; double quotes group and take backslash escapes (\\n, \\r, \\t, \\b, \\a, \\xHH);
 single quotes group and take only \\'.
 """

@@ -32,7 +32,8 @@ with atheris.instrument_imports(include=["ezra"]):
     from ezra import commands, errors
     from ezra.broker import Broker
     from ezra.config import parse_settings
-    from ezra.resp import ErrorReply, ProtocolError, RequestReader, encode
+    from ezra.resp import ErrorReply, encode
+    from ezra.request_reader import ProtocolError, RequestReader
     from ezra.session import ServerState, Session
     from ezra.storage import open_database
 
@@ -71,9 +72,13 @@ class Harness:
         session = self.session()
         try:
             for start in range(0, len(payload), chunk):
-                reader.feed(payload[start:start + chunk])
-                while not session.closing and (args := reader.next_command()) is not None:
-                    self.run_command(session, args)
+                commands = reader.take(payload[start:start + chunk])  # as the connection reads
+                while commands and not session.closing:
+                    for args in commands:
+                        if session.closing:
+                            break
+                        self.run_command(session, args)
+                    commands = reader.next_commands()
         except ProtocolError:
             pass  # a broken frame: the connection would be closed after its error
         finally:

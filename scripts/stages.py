@@ -65,7 +65,7 @@ import greenlet  # noqa: E402
 import hiredis  # noqa: E402
 
 import floor_server  # noqa: E402
-from ezra import commands, connection, gate, resp, session as session_mod, storage, stream_ids  # noqa: E402
+from ezra import commands, connection, gate, request_reader, resp, session as session_mod, storage, stream_ids  # noqa: E402
 from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
 from ezra.broker import claims as claims_mod, core as core_mod, tasks as tasks_mod  # noqa: E402
@@ -236,7 +236,8 @@ def instrument_ezra(meter: Meter, broker) -> None:
     meter.wrap(connection.Connection, "serve", "connection loop")
     meter.wrap(connection.Connection, "_run_buffered_commands", "connection loop")
     meter.wrap(connection.Connection, "flush", "connection loop")
-    meter.wrap(resp.RequestReader, "next_commands", "parse")
+    meter.wrap(request_reader.RequestReader, "next_commands", "parse")
+    meter.wrap(request_reader.RequestReader, "take", "parse")
     meter.wrap(connection, "dispatch", "dispatch")
     meter.wrap(connection, "encode", "encode")
     for name in (b"XADD", b"XREADGROUP", b"XACK"):

@@ -1,4 +1,4 @@
-"""ezra/resp.py without a server: the request reader and the reply encoder."""
+"""ezra/request_reader.py and ezra/resp.py without a server: the request reader and the reply encoder."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezra.resp import (BULK_HEADERS, NULL_ARRAY, OK, ErrorReply, PairsMap, ProtocolError, RequestReader,
-                       SimpleString, Verbatim, encode)
+from ezra.request_reader import BULK_HEADERS, ProtocolError, RequestReader
+from ezra.resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString, Verbatim, encode
 from reliability import report
 
 CASES = {"round_trip": 0, "random_frames": 0}  # property-test examples run: the README's fuzz figures

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ezra.resp import BATCH_PARTS, RequestReader
+from ezra.request_reader import BATCH_PARTS, RequestReader
 
 
 def multibulk(*args: bytes) -> bytes:
@@ -72,7 +72,7 @@ def test_an_argument_that_looks_like_frames_is_one_argument(where):
 
 
 class CountingCounts(dict):
-    """resp.FRAME_COUNTS, counting the batch's steps: one lookup per frame it walks."""
+    """request_reader.FRAME_COUNTS, counting the batch's steps: one lookup per frame it walks."""
 
     lookups = 0
 
@@ -85,9 +85,9 @@ def test_frames_that_fail_the_batch_do_not_make_it_walk_the_window_again_and_aga
     """A window that fails the one-go check is read frame by frame until a window passes whole. Without
     that, every look-alike frame made the batch walk the rest of the window first: 200 frames, half of
     them built so, took 30,245 steps (quadratic) at 7fab414; 766 now."""
-    import ezra.resp as resp
+    import ezra.request_reader as request_reader
 
-    monkeypatch.setattr(resp, "FRAME_COUNTS", CountingCounts(resp.FRAME_COUNTS))
+    monkeypatch.setattr(request_reader, "FRAME_COUNTS", CountingCounts(request_reader.FRAME_COUNTS))
     CountingCounts.lookups = 0
     sneaky = multibulk(b"XADD", b"q", b"*", b"n", b"v\r\n*1\r\n$4\r\nPING")
     plain = multibulk(b"XACK", b"q", b"g", b"1-1")

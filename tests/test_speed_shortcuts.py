@@ -1,19 +1,21 @@
 """The batched path's shortcuts (issue 22) give what the general code gives.
 
 Each shortcut does in one C step what a loop did per task: a run of ids, a claim's slice of the
-available order, a run of pushes put on it, an XACK's many ids, a field and its value stored.
+available order, a run of pushes put on it, an XACK's many ids, a field and its value stored, a
+read of one whole frame parsed from the read itself.
 Each is checked here against the general code it stands in for, edge cases included.
 """
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ezra import errors, stream_ids
 from ezra.broker.available import AvailableOrder
 from ezra.resp import ErrorReply, bulk_array, read_bulk_array
+from ezra.request_reader import BulkTooLarge, ProtocolError, RequestReader
 from ezra.stream_ids import MAX_ID_PART
 
 
@@ -182,3 +184,72 @@ def test_a_claims_entries_are_written_as_encode_writes_them(rows):
 
     for proto in (2, 3):
         assert written_entries(rows) == encode(entries(rows), proto)
+
+
+# -- a read that is one whole frame (RequestReader.take)
+
+def frame(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(arg), arg) for arg in args)
+
+
+ARGUMENTS = st.one_of(st.sampled_from([b"XADD", b"q", b"*", b"f", b"a\r\nb", b"", b"\r\n", b"x" * 40]),
+                      st.binary(max_size=12))
+# Whole frames, frames with a header that lies, inline commands and bytes of any kind
+PIECES = st.one_of(st.lists(ARGUMENTS, min_size=1, max_size=5).map(lambda args: frame(*args)),
+                   st.sampled_from([b"*2\r\n$1\r\na\r\n$3\r\nb\r\n", b"*1\r\n$9\r\nabc\r\n", b"PING x\r\n",
+                                    b"*0\r\n", b"\r\n", b"*3\r\n", b"$2\r\n", b"*1\r\n$50\r\n"]),
+                   st.binary(max_size=8))
+
+
+def commands_read(reader, reads: list[bytes], take: bool) -> list:
+    """Each read given to the reader as the connection gives it, and every command it yields, or
+    how it failed: `take` (the connection's), or feed and next_commands (the general path)."""
+    out = []
+    try:
+        for data in reads:
+            if take:
+                commands = reader.take(data)
+            else:
+                reader.feed(data)
+                commands = reader.next_commands()
+            while commands:
+                out.extend(commands)
+                commands = reader.next_commands()
+    except (ProtocolError, BulkTooLarge) as exc:
+        out.append((type(exc), str(exc)))
+    return out
+
+
+def reader(max_bulk_len: int) -> RequestReader:
+    return RequestReader(max_bulk_len=max_bulk_len, max_args=4, discard_limit=10 * max_bulk_len)
+
+
+@settings(max_examples=400)
+@given(st.lists(st.lists(PIECES, max_size=3).map(b"".join), max_size=6), st.sampled_from([20, 10_000]))
+def test_a_read_taken_at_once_yields_what_feeding_it_yields(reads, max_bulk_len):
+    assert commands_read(reader(max_bulk_len), reads, take=True) == commands_read(
+        reader(max_bulk_len), reads, take=False)
+
+
+@pytest.mark.parametrize("reads", [
+    [frame(b"XADD", b"q", b"*", b"f", b"v")],                 # over max_args: the protocol error
+    [frame(b"XADD", b"q" * 21)],                              # over the cap: read past and refused
+    [frame(b"SET", b"a\r\nb")], [frame(b"PING") * 2],       # a CRLF inside; two frames
+    [frame(b"PING")[:-1], b"\n" + frame(b"PING")],          # the rest of one, then one
+    [b"*1\r\n$30\r\n" + b"y" * 10, b"y" * 20, b"\r\n", frame(b"PING")],  # read past over three reads
+    [frame(b"PING", b"x" * 30)[:-1] + b"X", frame(b"PING")],  # no CRLF after the argument
+])
+def test_reads_at_the_edges_are_taken_as_fed(reads):
+    assert commands_read(reader(20), reads, take=True) == commands_read(reader(20), reads, take=False)
+
+
+def test_a_read_of_one_frame_is_taken_without_the_buffer_and_lets_the_last_one_go():
+    reader = RequestReader(max_bulk_len=10_000)
+    assert reader.take(frame(b"XADD", b"q", b"*", b"f", b"v")) == [[b"XADD", b"q", b"*", b"f", b"v"]]
+    assert reader.held() == 0 and not reader.mid_frame()
+    reader.take(frame(b"PING") + b"*1\r\n$4\r\nPI")  # half a frame: buffered, by the general path
+    assert reader.mid_frame()
+    assert reader.take(b"NG\r\n") == [[b"PING"]]
+    assert reader.held() > 0  # parsed bytes, kept until the next read...
+    assert reader.take(frame(b"PING")) == [[b"PING"]]
+    assert reader.held() == 0  # ...which lets them go

@@ -15,7 +15,7 @@ import pytest
 
 from support_servers import EzraProcess, wait_until
 from ezra.integers import to_int64, to_uint64
-from ezra.resp import BulkTooLarge, ProtocolError, RequestReader
+from ezra.request_reader import BulkTooLarge, ProtocolError, RequestReader
 from support_resp import RespConnection, encode_command
 
 # Integer forms: all but the last few are refused by Redis's string2ll.
