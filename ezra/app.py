@@ -250,15 +250,18 @@ def serve(settings: Settings) -> None:
                 settings.release_on_disconnect, settings.durability, settings.max_task_size,
                 "set" if settings.password else "unset", "yes" if settings.protected_mode else "no")
     app = App(settings)
+    # Before the listener opens: a SIGTERM sent the moment it logs that it listens (a supervisor's,
+    # a test's) found the default action still set and killed it mid-start, with no clean stop.
+    # One sent while it starts is kept and acted on once it has started.
+    stop_requested = Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        gevent.signal_handler(signum, stop_requested.set)  # only set a flag: stop in order below
     try:
         app.start()
     except (StorageError, OSError, ValueError) as exc:  # ValueError: a schedule line the server refused
         logger.error("cannot start: {}", exc)
         sys.exit(1)
     tune_collector()
-    stop_requested = Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        gevent.signal_handler(signum, stop_requested.set)  # only set a flag: stop in order below
     stop_requested.wait()
     app.stop()
     sys.exit(0)

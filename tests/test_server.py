@@ -6,7 +6,9 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
 import stat
+import sys
 import threading
 import uuid
 
@@ -14,7 +16,7 @@ import pytest
 import redis
 
 from support_queue import claim, entries_of
-from support_servers import wait_until
+from support_servers import ROOT, wait_until
 
 
 def raw_exchange(port: int, payload: bytes, expect_close: bool = False) -> bytes:
@@ -118,6 +120,27 @@ def test_sigterm_answers_a_blocked_reader(ezra_factory):
     assert server.stop(signal.SIGTERM) == 0
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_sigterm_as_soon_as_it_listens_stops_it_cleanly(tmp_path):
+    """A supervisor (or a test) may stop the server the moment it logs that it listens: the
+    signal arrives while the start ends (the collector tuned, the handlers not yet set), and
+    the default action killed it mid-way (-15), with no clean stop. Here the signal comes from
+    inside App.start, just after it returned: the server must still stop in order."""
+    script = (
+        "import os, signal, sys\n"
+        "from ezra import app\n"
+        "started = app.App.start\n"
+        "def start_then_term(self):\n"
+        "    started(self)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "app.App.start = start_then_term\n"
+        "app.main(sys.argv[1:])\n")
+    done = subprocess.run([sys.executable, "-c", script, "--port", "0", "--data-dir", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=60, cwd=str(ROOT),
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "stopped cleanly" in done.stdout + done.stderr
 
 
 def test_database_is_readable_by_a_person(ezra_factory):
