@@ -46,7 +46,7 @@ MAX_PIPELINE = 1024  # replies held before they are sent, even if more commands 
 # they are sent, and a flush sends its encoded replies in pieces of about SEND_CHUNK bytes. Without
 # these, 200 pipelined XRANGEs of a 10 MB queue (an 8 KB request) held 6 GB at once.
 READS_PER_FLUSH = 8
-# A claim's reply is as large as its tasks, known when it is made (Deferred.size): it counts as that
+# A claim's reply is as large as its tasks, known when it is made (Deferred.size_of): it counts as that
 # share of READ_BYTES, so pipelined claims of small tasks share one commit and one send (they flushed
 # every 8, each flush a commit: 7 commits for 50 claims), and claims of megabyte tasks still every 8.
 READ_BYTES = 1024 * 1024
@@ -300,7 +300,8 @@ class Connection:
                 # (a Request is a push's or an ack's: its id or count)
                 if kind is not Request and ((not getattr(reply.request, "durable", False)) if kind is Deferred
                                             else isinstance(reply, LARGE)):
-                    self.reads += 1 if kind is not Deferred or reply.size is None else reply.size / READ_BYTES
+                    self.reads += 1 if kind is not Deferred or reply.size_of is None else (
+                        reply.size_of(reply.request.result) / READ_BYTES)
                     if self.reads >= READS_PER_FLUSH:
                         self.flush()
                         continue

@@ -248,8 +248,7 @@ def claim_new(session, queues, worker, count, noack, claim_idle, block_ms):
     claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
     if claimed is not None:
         # answered with the read's other replies: one commit for them all (its size: see Connection)
-        return Deferred(claimed, claimed_reply if claim_idle is None else idle_claim_reply,
-                        claimed_size(claimed.result))
+        return Deferred(claimed, claimed_reply if claim_idle is None else idle_claim_reply, claimed_size)
     if block_ms is None:
         return NULL_ARRAY
     return ClaimWait(broker, queues, worker, count, noack, claim_idle, block_ms)

@@ -35,17 +35,18 @@ class Deferred:
     writer's Request itself instead: the connection waits for it the same way, with one object
     and one call less per command.
 
-    `size`: the bytes its result holds, where the handler knows them (a claim's tasks): the
-    connection then counts it by them among the large replies it holds before sending.
+    `size_of`: where the handler can tell them (a claim's tasks), a function of the result that
+    gives the bytes it holds: the connection then counts it by them among the large replies it
+    holds before sending. Asked only then: a read of one command sends its reply at once.
     `replies`: how many commands it answers (a run of pushes, runs.py): an error that fails its
     request is each one's reply."""
 
-    __slots__ = ("request", "transform", "size", "replies")
+    __slots__ = ("request", "transform", "size_of", "replies")
 
-    def __init__(self, request, transform=None, size: int | None = None, replies: int = 1):
+    def __init__(self, request, transform=None, size_of=None, replies: int = 1):
         self.request = request
         self.transform = transform
-        self.size = size
+        self.size_of = size_of
         self.replies = replies
 
     def resolve(self):
