@@ -124,6 +124,10 @@ class Broker:
         return self.writer.submit(self.tasks.tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
                                   attempts, dead, trim, unique, failure, grows=True)
 
+    def push_plain(self, queue: bytes, fields: bytes):
+        """Submit `XADD queue * field value...` with no option (its fields as stored): its id."""
+        return self.writer.submit(self.tasks.tx_push_plain, queue, fields, grows=True)
+
     def push_run(self, queue: bytes, pushes: list[bytes]):
         """Submit a pipeline's plain XADDs to one queue (their fields as stored) as one request:
         its result is each push's id, or its error (Tasks.tx_push_run)."""

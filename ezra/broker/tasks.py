@@ -117,6 +117,16 @@ class Tasks:
             self.schedule.due_at(available_at)
         return stream_ids.format_id(task_id)
 
+    def tx_push_plain(self, name: bytes, fields: bytes) -> bytes:
+        """`XADD q * field value...` with no option, as producers send it (its fields as stored):
+        tx_push without the options' steps. Its id."""
+        now = self.clock()
+        queue = self.queues.get(name) or self.transitions.queue(name, now, create=True)
+        task_id = stream_ids.new_id(b"*", queue.last_id, now)
+        rowid = self.db.insert_task(name, task_id, fields, now, now)
+        self._joined_available(queue, task_id, 1, rowid, now)
+        return b"%d-%d" % task_id  # stream_ids.format_id, inlined
+
     def tx_push_run(self, name: bytes, pushes: list[bytes]) -> list:
         """A pipeline's plain XADDs to one queue (`XADD q * field value...` each, their fields as
         stored): tx_push's work once for them all. Each push's id, in order; an id that cannot be
@@ -141,18 +151,26 @@ class Tasks:
                 results.append(stream_ids.format_id(last))
             if not tasks:
                 return results
-        rowids = self.db.insert_available(name, tasks, now)
-        queue.last_id = last
-        queue.move(GONE, AVAILABLE, len(tasks))
-        self.totals["pushed"] += len(tasks)
-        queue.totals["pushed"] += len(tasks)
+        self._joined_available(queue, last, len(tasks), self.db.insert_available(name, tasks, now), now)
+        return results
+
+    def _joined_available(self, queue: QueueState, last_id: tuple, n: int, rowids, now: int) -> None:
+        """n tasks pushed available, the last of them `last_id`, written as `rowids` (a row id,
+        or a range of them): the queue's counts and order, and its blocked workers served."""
+        queue.last_id = last_id
+        queue.move(GONE, AVAILABLE, n)
+        self.totals["pushed"] += n
+        queue.totals["pushed"] += n
+        name = queue.name
         if self.watching:
             self.observers.grew(name, False)
         if queue.order is not None:
-            queue.order.add_pushed(rowids)
+            if type(rowids) is int:
+                queue.order.add(rowids)
+            else:
+                queue.order.add_pushed(rowids)
         if name in self.blocked:
             self.transitions.serve_waiters(queue, now)
-        return results
 
     def remember_push(self, queue: QueueState, idmp: tuple, task_id: tuple, now: int) -> None:
         duration, maxsize = queue.idmp_limits()

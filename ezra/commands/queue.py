@@ -130,7 +130,7 @@ def xadd(session, args):
         size, limit = len(args[3]) + len(args[4]), session.state.settings.max_task_size
         if size > limit:
             raise errors.task_too_large(size, limit)
-        return session.state.broker.push(queue, b"*", stored(args[3:]))  # the Request: its id is the reply
+        return session.state.broker.push_plain(queue, stored(args[3:]))  # the Request: its id is the reply
     if dead:
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
     # '*' where the options begin: none, and a new id (what producers send), without the parser's loop
