@@ -8,6 +8,7 @@ connection (`ProtocolError`). Writing replies is resp.py's.
 
 from __future__ import annotations
 
+import functools
 import re
 from itertools import chain
 
@@ -36,7 +37,8 @@ class RequestReader:
     """Incremental parser of client requests with caps on every length."""
 
     __slots__ = ("max_bulk_len", "discard_limit", "max_args", "max_inline_len", "unauthenticated", "_buf",
-                 "_pos", "_args", "_due", "_skip", "_skipping", "_too_large", "_ready", "_bulk_headers", "_careful")
+                 "_pos", "_args", "_due", "_skip", "_skipping", "_too_large", "_ready", "_bulk_headers", "_careful",
+                 "_frame_splits")
     MAX_ARGS = 1024 * 1024
 
     def __init__(self, max_bulk_len: int, max_args: int = MAX_ARGS, max_inline_len: int = 64 * 1024,
@@ -59,6 +61,7 @@ class RequestReader:
         self._too_large = 0  # the largest argument of this frame that was read past
         self._ready: list[list[bytes]] = []  # commands parsed by `_batch` for next_command, last first
         self._bulk_headers = bulk_headers(max_bulk_len)
+        self._frame_splits = frame_splits(max_args)
         self._careful = False  # a window held a frame that was not as it seemed: frame by frame for now
 
     def feed(self, data: bytes) -> None:
@@ -81,6 +84,7 @@ class RequestReader:
         self.max_args = max_args
         self.unauthenticated = False
         self._bulk_headers = bulk_headers(max_bulk_len)
+        self._frame_splits = frame_splits(max_args)
 
     def buffered(self) -> int:
         """Bytes received but not yet parsed (for the slow-client caps)."""
@@ -99,9 +103,11 @@ class RequestReader:
         buffered before it (a client that awaits each reply, as most do), is split from `data`
         itself: neither copied into the buffer nor out of it. The check is `_batch`'s, exact."""
         if self._pos >= len(self._buf) and self._args is None and not self._ready:
-            parts = data.split(b"\r\n", BATCH_PARTS)
-            count = FRAME_COUNTS.get(parts[0])
-            if count is not None and len(parts) == 2 * count + 2 and not parts[-1] and count <= self.max_args:
+            # Split only as far as a frame of TAKE_ARGS arguments goes: a pipeline's read is split
+            # once, by _batch, and a larger frame takes that path too.
+            parts = data.split(b"\r\n", TAKE_SPLITS)
+            splits = self._frame_splits.get(parts[0])
+            if splits is not None and len(parts) == splits + 1 and not parts[-1]:  # all, nothing after
                 args = parts[2:-1:2]
                 try:
                     exact = parts[1:-1:2] == list(map(self._bulk_headers.__getitem__, map(len, args)))
@@ -402,12 +408,26 @@ BATCH_PARTS = 2048
 # `*N` for the counts `_batch` handles, and `$<len>` by length for the arguments it handles (larger
 # ones take `_whole_frame`): a table lookup per argument instead of formatting or parsing a number.
 FRAME_COUNTS = {b"*%d" % count: count for count in range(1, 1025)}
+# `take`'s: the most arguments it splits a read for (XREADGROUP's 10, XADD's with 5 fields and 2
+# options), and `*N` to the CRLFs a whole frame of N arguments holds (its parts are one more).
+TAKE_ARGS = 16
+TAKE_SPLITS = 2 * TAKE_ARGS + 1
+FRAME_SPLITS = {b"*%d" % count: 2 * count + 1 for count in range(1, TAKE_ARGS + 1)}
 BULK_HEADERS = [b"$%d" % size for size in range(4096)]
 
 
 def bulk_headers(max_bulk_len: int) -> list[bytes]:
     """The headers `_batch` accepts under the cap: the shared table unless the cap is below its end."""
     return BULK_HEADERS if max_bulk_len >= len(BULK_HEADERS) - 1 else BULK_HEADERS[:max_bulk_len + 1]
+
+
+@functools.lru_cache(maxsize=4)
+def frame_splits(max_args: int) -> dict[bytes, int]:
+    """FRAME_SPLITS for the frames under the cap (the shared table unless the cap is below its end):
+    a frame over it misses and takes the careful path, which refuses it."""
+    if max_args >= TAKE_ARGS:
+        return FRAME_SPLITS
+    return {b"*%d" % count: 2 * count + 1 for count in range(1, max_args + 1)}
 
 
 # Lengths as Redis writes them (no sign, no leading zero), at most as many digits as a cap can need.
