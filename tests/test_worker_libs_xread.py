@@ -171,6 +171,17 @@ def socketio(port: int, stream: str, package: str, client: str, env: dict) -> di
     return run_json(["node", SOCKETIO, str(port), stream, str(N), package, client], env=env, timeout=90)
 
 
+def socketio_on_ezra(server, stream: str, package: str, client: str, env: dict) -> dict:
+    """socketio() on EZRA; a failure says what the stream held and what the server logged last."""
+    try:
+        return socketio(server.port, stream, package, client, env)
+    except AssertionError as failure:
+        with server.client() as look:
+            census = stream_census(look, stream) if look.exists(stream) else "no such stream"
+        raise AssertionError(f"{failure}\nthe stream: {census}\nthe server's log, last lines:\n"
+                             + "\n".join(server.log().splitlines()[-40:])) from None
+
+
 def assert_broadcasts(out: dict) -> int:
     """Every client got every broadcast once, each server's in the order it sent them, the room's
     only in the room; the broadcasts the servers sent (each one XADD)."""
@@ -244,7 +255,7 @@ def test_socketio_redis_streams_adapter_03(shared_server, redis_server_port, que
         assert first_refusal(start.stderr)[:2] == ("SUBSCRIBE", "Pub/sub channels"), start.stderr[-3000:]
     assert client.xlen(queue) == 0 and client.xrange(queue) == [], "the adapter pushed nothing"
     # With a handler: the broadcasts go through the stream; what goes over pub/sub is refused.
-    out = socketio(shared_server.port, queue, ADAPTER, "redis5", env)
+    out = socketio_on_ezra(shared_server, queue, ADAPTER, "redis5", env)
     broadcasts = assert_broadcasts(out)
     refused = [first_refusal(message)[:2] for message in out["unhandled"]]
     assert refused == [("SUBSCRIBE", "Pub/sub channels")] * 2 + [("PUBLISH", "Pub/sub channels")], out["unhandled"]
@@ -271,7 +282,7 @@ def test_socketio_redis_streams_adapter_02(shared_server, redis_server_port, que
     assert_broadcasts(on_redis)
     assert on_redis["unhandled"] == [] and on_redis["serverSideEmit"] == [["from A"]], on_redis
     client = shared_server.client()
-    out = socketio(shared_server.port, queue, ADAPTER_02, "ioredis", env)
+    out = socketio_on_ezra(shared_server, queue, ADAPTER_02, "ioredis", env)
     broadcasts = assert_broadcasts(out)
     assert out["unhandled"] == [] and out["serverSideEmit"] == [["from A"]], out
     types, counts = stream_census(client, queue)
@@ -284,9 +295,11 @@ def test_socketio_redis_streams_adapter_02(shared_server, redis_server_port, que
     drained = queue + "-drained"
     drainer = Drainer(shared_server.port, drained)
     drainer.start()
-    assert_broadcasts(socketio(shared_server.port, drained, ADAPTER_02, "ioredis", env))
-    wait_until(lambda: client.xlen(drained) == 0, message="the drainer acks every entry")
-    entries = drainer.stop()
+    try:
+        assert_broadcasts(socketio_on_ezra(shared_server, drained, ADAPTER_02, "ioredis", env))
+        wait_until(lambda: client.xlen(drained) == 0, message="the drainer acks every entry")
+    finally:
+        entries = drainer.stop()  # its XREADGROUP BLOCK must not outlive the test on the shared server
     assert stream_census(client, drained)[1] == {"length": 0, "available": 0, "in-flight": 0, "done": entries,
                                                  "entries-added": entries}
     assert client.xtrim(drained, maxlen=0, approximate=True) == entries

@@ -134,9 +134,12 @@ def test_plus_reads_the_last_entry(x, queue):
 def test_dollar_blocks_until_a_push_and_sees_only_new_entries(shared_server, protocol, queue):
     observer, producer = raw(shared_server, protocol), shared_server.client(protocol)
     producer.xadd(queue, {"n": "old"})
+    # Counted from before: another test's client blocked on this shared server must not pass
+    # for this one, or the push could land before the read and '$' would never see it.
+    before = blocked(producer)
     started = time.monotonic()
     thread, out = in_thread(lambda: read(observer, "BLOCK", "20000", "STREAMS", queue, "$"))
-    wait_until(lambda: blocked(producer) >= 1, message="the XREAD to block")
+    wait_until(lambda: blocked(producer) == before + 1, message="the XREAD to block")
     new = producer.xadd(queue, {"n": "new"})
     thread.join(10)
     assert out == [{queue: [(new, [b"n", b"new"])]}]

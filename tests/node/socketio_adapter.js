@@ -67,7 +67,10 @@ async function socketClient(server, room) {
 async function warm(from, clients) {
   let sent = 0;
   while (!clients.every((got) => got.warmups[from.name] > 0)) {
-    if (sent >= 200) throw new Error("the other server never read a warm-up broadcast");
+    if (sent >= 200) {
+      throw new Error(`the other server never read a warm-up broadcast: ${sent} sent by ${from.name}, ` +
+                      `got ${JSON.stringify(clients.map((got) => got.warmups))}`);
+    }
     from.io.emit("warmup", from.name);
     sent++;
     await sleep(50);
