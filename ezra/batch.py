@@ -44,29 +44,29 @@ class Batch:
         if not self.is_committed:
             self.is_committed = True
             if self.commit_waiters:
-                get_hub().loop.run_callback(_wake, self.commit_waiters)
+                get_hub().loop.run_callback(wake, self.commit_waiters)
 
     def set_synced(self) -> None:
         if not self.is_synced:
             self.is_synced = True
             if self.sync_waiters:
-                get_hub().loop.run_callback(_wake, self.sync_waiters)
+                get_hub().loop.run_callback(wake, self.sync_waiters)
 
     def set_synced_now(self) -> None:
         """On the hub only."""
         if not self.is_synced:
             self.is_synced = True
-            _wake(self.sync_waiters)
+            wake(self.sync_waiters)
 
 
 def sleep_on(waiters: list) -> None:
-    """Wait (this greenlet) until `_wake(waiters)`: a flag's wait, once it is known to be unset."""
+    """Wait (this greenlet) until `wake(waiters)`: a flag's wait, once it is known to be unset."""
     waiter = Waiter()
     waiters.append(waiter)
     waiter.get()
 
 
-def _wake(waiters: list) -> None:
+def wake(waiters: list) -> None:
     for waiter in waiters:
         waiter.switch(True)  # runs it until it waits again; a killed waiter's greenlet is gone: no switch
 

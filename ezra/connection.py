@@ -289,6 +289,8 @@ class Connection:
                     # The read's one command, nothing held before it (a client that awaits each
                     # reply, as most do): its reply goes out now, not through the list and flush.
                     self._send(self._written(session.proto, reply, kind))
+                    if type(commands) is tuple:
+                        return  # take's one frame: nothing is buffered, no next_commands to ask
                     continue
                 if kind is WRONGPASS:
                     self._failed_auth()

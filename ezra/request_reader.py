@@ -101,7 +101,9 @@ class RequestReader:
     def take(self, data: bytes) -> list[list[bytes]] | tuple:
         """`feed(data)`, then `next_commands()`. A read that is one whole frame, with nothing
         buffered before it (a client that awaits each reply, as most do), is split from `data`
-        itself: neither copied into the buffer nor out of it. The check is `_batch`'s, exact."""
+        itself: neither copied into the buffer nor out of it. The check is `_batch`'s, exact.
+        That one command comes as a tuple `(args,)`: it tells the caller nothing is left to
+        read (no `next_commands` call to learn it); other reads' commands come as a list."""
         if self._pos >= len(self._buf) and self._args is None and not self._ready:
             # Split only as far as a frame of TAKE_ARGS arguments goes: a pipeline's read is split
             # once, by _batch, and a larger frame takes that path too.
@@ -117,7 +119,7 @@ class RequestReader:
                     if self._pos:  # the last frame's bytes, parsed: let them go
                         self._buf.clear()
                         self._pos = 0
-                    return [args]
+                    return (args,)
         self.feed(data)
         return self.next_commands()
 

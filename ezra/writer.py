@@ -50,7 +50,7 @@ from gevent.threadpool import ThreadPool
 from loguru import logger
 
 from . import errors
-from .batch import Atomic, Batch, Request
+from .batch import Atomic, Batch, Request, wake
 from .disk_space import DiskGuard
 from .histogram import BATCH_SIZE_BUCKETS, SECONDS_BUCKETS, Histogram
 from .storage import Database
@@ -63,6 +63,7 @@ CHECKPOINT_MIN_BATCHES = 20
 SLOW_FSYNC = 0.010  # seconds: fsyncs move to the thread while their moving average is above this...
 FAST_FSYNC = 0.002  # ...and come back inline once it is below this
 FSYNC_AVERAGE_WEIGHT = 0.3  # of the newest fsync in the moving average
+FSYNC_AVERAGE_KEEP = 1 - FSYNC_AVERAGE_WEIGHT
 WAL_SIZE_EVERY = 16  # batches between two looks at the WAL's size (an fstat each); every batch on a full disk
 NEVER = float("inf")
 
@@ -94,8 +95,6 @@ class Writer:
         self._batches_at_checkpoint = 0
         self._next_checkpoint_look = 0  # the batch number at which _maybe_checkpoint looks next
         self.batches = 0
-        self.committed_requests = 0
-        self.fsyncs = 0
         self.batch_sizes = Histogram(BATCH_SIZE_BUCKETS)   # requests per committed batch
         self.commit_seconds = Histogram(SECONDS_BUCKETS)   # the COMMIT of a batch (no fsync)
         self.fsync_seconds = Histogram(SECONDS_BUCKETS) if fsync_durable else None
@@ -103,6 +102,15 @@ class Writer:
         # under half the reserve (db.wal_limit), the reserve has room for that copy.
         self.disk = DiskGuard.beside(db)  # the full-disk mode (disk_space.py)
         self.disk.start()
+
+    @property
+    def committed_requests(self) -> int:
+        """Requests in the batches committed: the histogram's sum, not a counter of its own."""
+        return int(self.batch_sizes.sum)
+
+    @property
+    def fsyncs(self) -> int:
+        return sum(self.fsync_seconds.counts) if self.fsync_seconds is not None else 0
 
     @property
     def disk_full(self) -> bool:
@@ -242,12 +250,13 @@ class Writer:
         histogram.counts[bisect_left(histogram.bounds, size)] += 1
         histogram.sum += size
         self.batches += 1
-        self.committed_requests += size
         # Blocked readers the batch served first: a worker waiting for a task
         # matters more than the producer's reply (callbacks run in this order).
         woke = self._after_batch(True) or batch.commit_waiters
         batch.requests.clear()  # they point at the batch: keeping them would hold every result till a GC
-        batch.set_committed()
+        batch.is_committed = True  # Batch.set_committed, inlined: once a turn (it is never set already here)
+        if batch.commit_waiters:
+            self._loop.run_callback(wake, batch.commit_waiters)  # (`woke` counted them)
         if not (batch.durable and self._fsync_durable):
             batch.set_synced()
         elif self._fsync_on_thread:
@@ -275,12 +284,15 @@ class Writer:
         batch.set_synced_now()
 
     def _observe_fsync(self, seconds: float) -> None:
-        self.fsyncs += 1
         histogram = self.fsync_seconds  # its observe, inlined: once per fsync
         histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
         histogram.sum += seconds
-        average = self._fsync_average = (FSYNC_AVERAGE_WEIGHT * seconds
-                                         + (1 - FSYNC_AVERAGE_WEIGHT) * self._fsync_average)
+        average = self._fsync_average = FSYNC_AVERAGE_WEIGHT * seconds + FSYNC_AVERAGE_KEEP * self._fsync_average
+        if average > SLOW_FSYNC or self._fsync_on_thread:  # rarely: the disk is slow, or was
+            self._move_fsyncs(average)
+
+    def _move_fsyncs(self, average: float) -> None:
+        """Fsyncs to the thread while their average is slow, back to the loop once it is fast."""
         if not self._fsync_on_thread and average > SLOW_FSYNC:
             self._fsync_on_thread = True
             logger.warning("fsyncs take {:.1f} ms on average: they run on a thread until the disk is fast "

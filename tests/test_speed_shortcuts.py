@@ -209,6 +209,8 @@ def commands_read(reader, reads: list[bytes], take: bool) -> list:
         for data in reads:
             if take:
                 commands = reader.take(data)
+                if commands and type(commands) is tuple:  # the promise the connection acts on: nothing more to read
+                    assert not reader.mid_frame() and not reader.next_commands()
             else:
                 reader.feed(data)
                 commands = reader.next_commands()
@@ -245,11 +247,11 @@ def test_reads_at_the_edges_are_taken_as_fed(reads):
 
 def test_a_read_of_one_frame_is_taken_without_the_buffer_and_lets_the_last_one_go():
     reader = RequestReader(max_bulk_len=10_000)
-    assert reader.take(frame(b"XADD", b"q", b"*", b"f", b"v")) == [[b"XADD", b"q", b"*", b"f", b"v"]]
+    assert reader.take(frame(b"XADD", b"q", b"*", b"f", b"v")) == ([b"XADD", b"q", b"*", b"f", b"v"],)
     assert reader.held() == 0 and not reader.mid_frame()
     reader.take(frame(b"PING") + b"*1\r\n$4\r\nPI")  # half a frame: buffered, by the general path
     assert reader.mid_frame()
     assert reader.take(b"NG\r\n") == [[b"PING"]]
     assert reader.held() > 0  # parsed bytes, kept until the next read...
-    assert reader.take(frame(b"PING")) == [[b"PING"]]
+    assert reader.take(frame(b"PING")) == ([b"PING"],)
     assert reader.held() == 0  # ...which lets them go
