@@ -7,6 +7,7 @@
     python scripts/stages.py --front --per-turn 50  # EZRA's front alone, handlers stubbed (callgrind: see front_only)
     python scripts/stages.py --bytecodes            # Python bytecodes executed per command, by module: no noise
     python scripts/stages.py --bytecodes --batched --per-turn 50  # cycle-batched's shape, per task
+    python scripts/stages.py --bytecodes --by-function --per-turn 1  # a row per function, not per module
 
 In-process (the default): each server's own connection loop (EZRA's Connection.serve,
 the floor's Floor.handle) runs on a fake socket: the request path exactly, without the
@@ -491,9 +492,10 @@ class OpcodeCounter:
     greenlet of this thread (sys.settrace is the thread's; each new frame turns its opcode events
     on). This script's own code (the fake socket, the reads it makes) is left out."""
 
-    def __init__(self):
+    def __init__(self, by_function: bool = False):
         self.counts: dict[tuple[str, str], int] = {}
         self._harness = os.path.abspath(__file__)
+        self.by_function = by_function  # rows of module:function, not of modules
 
     def start(self) -> None:
         self.counts = {}
@@ -519,7 +521,8 @@ class OpcodeCounter:
         rows: dict[str, float] = {}
         for (path, function), count in self.counts.items():
             rel = os.path.relpath(path, REPO) if path.startswith(REPO) else "(gevent, standard library)"
-            row = f"floor: {function}" if rel == "scripts/floor_server.py" else rel
+            row = f"floor: {function}" if rel == "scripts/floor_server.py" else (
+                f"{rel}:{function}" if self.by_function else rel)
             rows[row] = rows.get(row, 0) + count / n
         return rows
 
@@ -528,7 +531,7 @@ def bytecodes(a) -> None:
     """--bytecodes: one untimed run of each server's phases with an OpcodeCounter."""
     figures: dict[tuple, list[float]] = {}
     for server in a.servers:
-        for kind, rows in run_server(server, a, False, OpcodeCounter()).items():
+        for kind, rows in run_server(server, a, False, OpcodeCounter(a.by_function)).items():
             figures[server, kind, "total"] = [sum(rows.values())]
             for row, count in rows.items():
                 figures[server, kind, row] = [count]
@@ -761,6 +764,8 @@ def main() -> None:
                     help="Python bytecodes per command by module, counted (one untimed run; see the module doc)")
     ap.add_argument("--marks", action="store_true",
                     help="one untimed run with os.getppid() around each phase, for callgrind (see the module doc)")
+    ap.add_argument("--by-function", action="store_true",
+                    help="with --bytecodes: a row per function of EZRA's modules, not per module")
     ap.add_argument("--front", action="store_true",
                     help="EZRA's front alone: the loop, parser, dispatch and encode, handlers stubbed")
     a = ap.parse_args()
