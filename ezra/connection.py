@@ -4,10 +4,11 @@ Each connection reads what the client sent, runs every complete command in
 it, then sends all the replies in one write. Replies that wait for the writer
 (Deferred) are resolved in order at that point, so a pipeline of XADDs costs
 one commit, not one per command; a run of plain XADDs to one queue is one
-request too, its replies written together (commands/runs.py). Large reads are sent in pieces; a client
-that reads none of its replies, or stalls half-way through a command, is
-closed; the answer to a wrong password is held back (gate.GuessThrottle); a
-command that looks like HTTP closes the connection (cross-protocol scripting).
+request too, and so is a run of single-id XACKs, their replies written
+together (commands/runs.py). Large reads are sent in pieces; a client that
+reads none of its replies, or stalls half-way through a command, is closed;
+the answer to a wrong password is held back (gate.GuessThrottle); a command
+that looks like HTTP closes the connection (cross-protocol scripting).
 
 A connection that waits for its next command may be parked by server.py's
 sweep: `Park` is thrown into its greenlet, `serve` returns True and the socket
@@ -34,7 +35,7 @@ from loguru import logger
 from . import errors
 from .batch import Request
 from .commands import Deferred, dispatch
-from .commands.runs import RUN_NAMES, push_run
+from .commands.runs import RUNS
 from .gate import Gate
 from .resp import ErrorReply, Replies, WrittenMap, encode
 from .request_reader import BulkTooLarge, ProtocolError, RequestReader
@@ -278,8 +279,8 @@ class Connection:
                     session.closing = True  # no reply, nothing after it runs
                     return
                 run = None
-                if args[0] in RUN_NAMES and i < count and commands[i][0] in RUN_NAMES:
-                    run = push_run(session, commands, i - 1)  # pipelined pushes: one request for them all
+                if args[0] in RUNS and i < count and commands[i][0] in RUNS:
+                    run = RUNS[args[0]](session, commands, i - 1)  # pipelined pushes or acks: one request
                 if run is not None:
                     reply, i = run
                 else:

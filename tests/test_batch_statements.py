@@ -1,6 +1,6 @@
 """Issue 22: a pipeline's run of pushes goes in as INSERTs of many rows each (database.INSERT_ROWS),
 and the row ids the broker's available order keeps must be the ones SQLite gave. An XACK of many
-ids is one UPDATE (database.ACK_IN_ONE_STATEMENT), the ids passed as
+ids is one UPDATE (acks.ACK_IN_ONE_STATEMENT), the ids passed as
 one JSON text and each found by the primary key; fewer ids take one statement each. Both forms
 must count and change the same tasks: each in-flight task of the queue once, whatever the
 duplicates, stale ids, ids of another queue's tasks or the largest id EZRA stores."""
@@ -12,7 +12,8 @@ from support_queue import claim
 
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
 from ezra.storage import open_database
-from ezra.storage.database import ACK_IN_ONE_STATEMENT, INSERT_ROWS
+from ezra.storage.acks import ACK_IN_ONE_STATEMENT
+from ezra.storage.database import INSERT_ROWS
 from ezra.stream_ids import MAX_ID_PART
 from ezra.task_fields import stored
 

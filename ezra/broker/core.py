@@ -148,6 +148,10 @@ class Broker:
     def ack(self, queue: bytes, ids: list[tuple]):
         return self.writer.submit(self.tasks.tx_ack, queue, ids)
 
+    def ack_run(self, queue: bytes, ids: list[tuple]):
+        """A pipeline's run of XACKs of one id each, as one request: each one's count (Tasks.tx_ack_run)."""
+        return self.writer.submit(self.tasks.tx_ack_run, queue, ids)
+
     def fail(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
              retry_count: int | None = None, force: bool = False, reason: bytes | None = None,
              cause: str = lifecycle.NACKED):

@@ -1,4 +1,4 @@
-"""A pipeline's run of plain XADDs to one queue, worked as one request.
+"""A pipeline's run of plain XADDs, or of single-id XACKs, to one queue, worked as one request.
 
 A producer that pipelines its pushes (a redis-py pipeline, a framework's batch, redis-benchmark
 -P) sends dozens of `XADD q * field value` in one read. One by one, each is a handler call, a
@@ -10,16 +10,22 @@ Only the plainest form runs so: `*` right after the queue's name (no option), fi
 within the task limit, a live queue (not q::dead), an authenticated session outside MULTI. A
 command that is not so ends the run and is dispatched as before; so is a run of one. Each
 command's reply is the one XADD would give it: its id, or the error that refused it.
+
+Acks go the same way: a worker that pipelines `XACK q group id`, one id each (an auto-pipelining
+client, acks sent as tasks finish), has them worked as one request (Broker.ack_run), each XACK
+answering 1 or 0 for its own task as it would alone. An id XACK would refuse ends the run.
 """
 
 from __future__ import annotations
 
 from ..lifecycle import split_queue
 from ..resp import ErrorReply, Replies
+from ..stream_ids import parse_id
 from ..task_fields import stored
 from .table import Deferred, internal_error
 
-RUN_NAMES = frozenset((b"XADD", b"xadd"))  # as clients send it: other spellings are dispatched
+PUSH_NAMES = frozenset((b"XADD", b"xadd"))  # as clients send them: other spellings are dispatched
+ACK_NAMES = frozenset((b"XACK", b"xack"))
 
 
 def push_run(session, commands: list[list[bytes]], start: int):
@@ -32,7 +38,7 @@ def push_run(session, commands: list[list[bytes]], start: int):
     queue, limit = first[1], session.state.settings.max_task_size
     pushes = []
     for args in commands[start:]:  # the length first: `XADD` alone is XADD's arity error, not ours
-        if len(args) < 5 or not len(args) & 1 or args[0] not in RUN_NAMES or args[1] != queue or args[2] != b"*":
+        if len(args) < 5 or not len(args) & 1 or args[0] not in PUSH_NAMES or args[1] != queue or args[2] != b"*":
             break
         fields = args[3:]
         if sum(map(len, fields)) > limit:
@@ -48,3 +54,34 @@ def push_run(session, commands: list[list[bytes]], start: int):
         return Replies((exc.as_reply(),) * n), start + n
     except Exception as exc:
         return Replies((internal_error(session, commands[start], exc),) * n), start + n
+
+
+def ack_run(session, commands: list[list[bytes]], start: int):
+    """(the reply of the run of single-id XACKs from commands[start], the index after it), or None:
+    commands[start] is to be dispatched alone."""
+    first = commands[start]
+    if len(first) != 4 or session.queued is not None or not session.authenticated or split_queue(first[1])[1]:
+        return None
+    queue, ids = first[1], []
+    for args in commands[start:]:
+        if len(args) != 4 or args[0] not in ACK_NAMES or args[1] != queue:
+            break
+        try:
+            ids.append(parse_id(args[3]))
+        except ErrorReply:
+            break  # refused by XACK itself, with its message
+    n = len(ids)
+    if n < 2:
+        return None
+    session.state.total_commands += n
+    try:
+        return Deferred(session.state.broker.ack_run(queue, ids), Replies, replies=n), start + n
+    except ErrorReply as exc:  # refused whole (shutting down): each ack's reply
+        return Replies((exc.as_reply(),) * n), start + n
+    except Exception as exc:
+        return Replies((internal_error(session, commands[start], exc),) * n), start + n
+
+
+# The runs by their first command's name (the connection looks one up when two commands in a row
+# have a name here; each run checks that the next ones are of its kind).
+RUNS = dict.fromkeys(PUSH_NAMES, push_run) | dict.fromkeys(ACK_NAMES, ack_run)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
+from functools import partial
 from itertools import chain, repeat
-from operator import lshift, or_
 
 from loguru import logger
 
 from .. import lifecycle
-from . import done_counts, reads
+from . import acks, done_counts, reads
 from .reads import INSPECT_COLUMNS, in_flight_source, tasks_by_id
 from .integrity import Integrity
 from .producers import IdempotentProducers
@@ -39,20 +39,6 @@ DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--di
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
 LARGEST_ROWID = 2 ** 63 - 1
-# An ack of this many ids or more is one UPDATE, not one per id: 50 ids 3.4 -> 2.2 µs an id (executemany
-# binds, steps and resets each); 5 ids cost the same either way; 1 id 5.6 against 9.6 (measured).
-ACK_IN_ONE_STATEMENT = 8
-# Its ids go as one JSON text, each found by the key (CROSS JOIN: from each id to its row, no scan), as
-# one integer ms << 20 | seq that SQLite splits with two integer operations: reading [ms, seq] pairs
-# with json_extract (not ->>: SQLite 3.38+) cost 0.6 µs an id more (2.7 against 2.1, measured). Ids
-# past it (seq 2^20 or more, ms past the year 2248) go as pairs.
-ACK_SEQ_BITS = 20
-_ACK_BY_KEY = ("UPDATE tasks SET state = 'done', deadline = NULL, finished_at = ?, retained = ? WHERE rowid IN "
-               "(SELECT t.rowid FROM json_each(?) AS j CROSS JOIN tasks AS t WHERE t.queue = ? AND {}) "
-               "AND state = 'in_flight'")
-_ACK_PACKED_SQL = _ACK_BY_KEY.format(f"t.id_ms = j.value >> {ACK_SEQ_BITS} "
-                                     f"AND t.id_seq = j.value & {(1 << ACK_SEQ_BITS) - 1}")
-_ACK_PAIRS_SQL = _ACK_BY_KEY.format("t.id_ms = json_extract(j.value, '$[0]') AND t.id_seq = json_extract(j.value, '$[1]')")
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.IN_FLIGHT: "id_ms, id_seq",
                  lifecycle.DEAD: "id_ms, id_seq", lifecycle.DELAYED: "available_at, id_ms, id_seq",
                  lifecycle.DONE: "id_ms DESC, id_seq DESC"}
@@ -111,6 +97,12 @@ class Database:
         self.done_at_close: dict[bytes, int] | None = None
         self.done_to_save: dict[bytes, int] | None = None
         self.retention = Retention(conn)  # what goes: purges, trims, TTL (storage/retention.py)
+        # in_flight -> done: ack(queue, ids, now, retained) counts the tasks finished, ack_each tells
+        # it of each id (storage/acks.py). `retained`: 1 under a retention limit (the task goes into
+        # tasks_retained, for the purge), None while done tasks are kept for ever (no index written).
+        # Bound here, not wrapped in methods: a call less per ack.
+        self.ack = partial(acks.ack, conn)
+        self.ack_each = partial(acks.ack_each, conn)
 
     # -- transactions (driven by writer.py)
 
@@ -378,24 +370,6 @@ class Database:
         ).fetchall()
         rows.sort()
         return rows
-
-    def ack(self, queue: bytes, ids: list[tuple], now: int, retained: int | None = None) -> int:
-        """in_flight -> done for each id; a stale id counts 0. `retained`: 1 if the queue has a
-        retention limit (the task goes into tasks_retained, for the purge), None if it keeps done
-        tasks for ever (no index is written)."""
-        q = name_value(queue)
-        if len(ids) >= ACK_IN_ONE_STATEMENT:  # a batch: one statement (ACK_SEQ_BITS)
-            mss, seqs = zip(*ids)
-            if max(mss) >> (63 - ACK_SEQ_BITS) or max(seqs) >> ACK_SEQ_BITS:
-                sql, listed = _ACK_PAIRS_SQL, ",".join([f"[{ms},{seq}]" for ms, seq in ids])
-            else:  # ms << ACK_SEQ_BITS | seq of each, in C
-                packed = map(or_, map(lshift, mss, repeat(ACK_SEQ_BITS)), seqs)
-                sql, listed = _ACK_PACKED_SQL, ",".join(map(str, packed))
-            return self.conn.execute(sql, (now, retained, f"[{listed}]", q)).rowcount
-        return self.conn.executemany(
-            "UPDATE tasks SET state = 'done', deadline = NULL, finished_at = ?, retained = ? "
-            "WHERE queue = ? AND id_ms = ? AND id_seq = ? AND state = 'in_flight'",
-            [(now, retained, q, ms, seq) for ms, seq in ids]).rowcount
 
     def ack_delete(self, queue: bytes, ids: list[tuple]) -> int:
         """Retention 0: an acked task without its own TTL is deleted at once (then `ack` the rest)."""
