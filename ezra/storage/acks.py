@@ -31,6 +31,9 @@ _ONE_SQL = _DONE + "queue = ? AND id_ms = ? AND id_seq = ? AND state = 'in_fligh
 def ack(conn, queue: bytes, ids: list[tuple], now: int, retained: int | None = None) -> int:
     """in_flight -> done for each id; how many it finished (a stale or repeated id counts 0)."""
     q = name_value(queue)
+    if len(ids) == 1:  # a worker's ack of one task: execute, not executemany (no list, no iterator)
+        (ms, seq), = ids
+        return conn.execute(_ONE_SQL, (now, retained, q, ms, seq)).rowcount
     if len(ids) >= ACK_IN_ONE_STATEMENT:  # a batch: one statement (ACK_SEQ_BITS)
         mss, seqs = zip(*ids)
         if max(mss) >> (63 - ACK_SEQ_BITS) or max(seqs) >> ACK_SEQ_BITS:
