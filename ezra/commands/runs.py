@@ -44,16 +44,9 @@ def push_run(session, commands: list[list[bytes]], start: int):
         if sum(map(len, fields)) > limit:
             break  # refused by XADD itself, with its message
         pushes.append(stored(fields))
-    n = len(pushes)
-    if n < 2:
+    if len(pushes) < 2:
         return None
-    session.state.total_commands += n
-    try:
-        return Deferred(session.state.broker.push_run(queue, pushes), Replies, replies=n), start + n
-    except ErrorReply as exc:  # refused whole (shutting down, a full disk): each push's reply
-        return Replies((exc.as_reply(),) * n), start + n
-    except Exception as exc:
-        return Replies((internal_error(session, commands[start], exc),) * n), start + n
+    return _one_request(session, commands, start, session.state.broker.push_run, queue, pushes)
 
 
 def ack_run(session, commands: list[list[bytes]], start: int):
@@ -70,13 +63,19 @@ def ack_run(session, commands: list[list[bytes]], start: int):
             ids.append(parse_id(args[3]))
         except ErrorReply:
             break  # refused by XACK itself, with its message
-    n = len(ids)
-    if n < 2:
+    if len(ids) < 2:
         return None
+    return _one_request(session, commands, start, session.state.broker.ack_run, queue, ids)
+
+
+def _one_request(session, commands: list[list[bytes]], start: int, submit, queue: bytes, items: list):
+    """A run's reply and the index after it: its commands from commands[start], one per item, as one
+    request (`submit(queue, items)`), each command answered by its own result."""
+    n = len(items)
     session.state.total_commands += n
     try:
-        return Deferred(session.state.broker.ack_run(queue, ids), Replies, replies=n), start + n
-    except ErrorReply as exc:  # refused whole (shutting down): each ack's reply
+        return Deferred(submit(queue, items), Replies, replies=n), start + n
+    except ErrorReply as exc:  # refused whole (shutting down, a full disk): each command's reply
         return Replies((exc.as_reply(),) * n), start + n
     except Exception as exc:
         return Replies((internal_error(session, commands[start], exc),) * n), start + n
