@@ -46,6 +46,7 @@ def both_ways(r, queue, make_commands, tasks=20, settings=()):
         got = replies(r, make_commands(name, ids), pipelined)
         figures = {key: value for key, value in queue_figures(r, name).items()
                    if key in ("available", "in_flight", "done", "acked", "length")}
+        assert {"in_flight", "done", "acked"} <= set(figures), figures
         held = [ids.index(entry["message_id"].decode()) for entry in pending(r, name)]  # by position
         results.append((got, held, figures))
     assert results[0] == results[1]
