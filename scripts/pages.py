@@ -13,7 +13,8 @@ growth; nothing checkpoints during a phase) and the CPU of the statements and th
 
 Variants: base (schema.sql as it is: schema 8, no tasks_available; the claim names the head's
 id, as the broker's order in memory does), with_available_index (schema 7's tasks_available
-index added back, the claim reading the head from it), without_rowid (tasks keyed by its primary
+index added back, the claim reading the head from it), with_in_flight_index (schema 11's
+tasks_in_flight added back), without_rowid (tasks keyed by its primary
 key, no separate index for it), without_rowid with the index, integer_queue (queue INTEGER
 instead of the name), no_auto_vacuum (for comparison: what pointer-map pages add when the file
 grows).
@@ -47,15 +48,20 @@ SCHEMA = (ROOT / "ezra" / "storage" / "schema.sql").read_text()
 BASE_MS = 10 ** 12
 # Schema 7's index of available tasks (schema 8 dropped it): the with_available_index variants.
 AVAILABLE_INDEX = "CREATE INDEX IF NOT EXISTS tasks_available ON tasks (queue, id_ms, id_seq) WHERE state = 'available';"
+# Schema 11's index of tasks in flight (schema 12 dropped it): the with_in_flight_index variant.
+IN_FLIGHT_INDEX = ("CREATE INDEX IF NOT EXISTS tasks_in_flight ON tasks (queue, worker, id_ms, id_seq) "
+                   "WHERE state = 'in_flight';")
+INDEX_ANCHOR = "CREATE INDEX IF NOT EXISTS tasks_retained"  # added indexes go before it
 PHASES = ("push", "claim", "ack")
 
 
 class Variant:
     def __init__(self, name: str, without_rowid=False, available_index=False, integer_queue=False,
-                 auto_vacuum=True):
+                 auto_vacuum=True, in_flight_index=False):
         self.name = name
         self.without_rowid = without_rowid
         self.available_index = available_index
+        self.in_flight_index = in_flight_index
         self.integer_queue = integer_queue
         self.auto_vacuum = auto_vacuum
 
@@ -65,8 +71,9 @@ class Variant:
             text = replaced(text, "PRIMARY KEY (queue, id_ms, id_seq)\n);",
                             "PRIMARY KEY (queue, id_ms, id_seq)\n) WITHOUT ROWID;")
         if self.available_index:
-            text = replaced(text, "CREATE INDEX IF NOT EXISTS tasks_in_flight", AVAILABLE_INDEX + "\n"
-                            "CREATE INDEX IF NOT EXISTS tasks_in_flight")
+            text = replaced(text, INDEX_ANCHOR, AVAILABLE_INDEX + "\n" + INDEX_ANCHOR)
+        if self.in_flight_index:
+            text = replaced(text, INDEX_ANCHOR, IN_FLIGHT_INDEX + "\n" + INDEX_ANCHOR)
         if self.integer_queue:
             text = replaced(text, "CREATE TABLE IF NOT EXISTS tasks (\n    queue         TEXT    NOT NULL,",
                             "CREATE TABLE IF NOT EXISTS tasks (\n    queue         INTEGER NOT NULL,")
@@ -83,6 +90,7 @@ def replaced(text: str, old: str, new: str) -> str:
 VARIANTS = [
     Variant("base"),
     Variant("with_available_index", available_index=True),
+    Variant("with_in_flight_index", in_flight_index=True),
     Variant("without_rowid", without_rowid=True),
     Variant("without_rowid + with_available_index", without_rowid=True, available_index=True),
     Variant("integer_queue", integer_queue=True),

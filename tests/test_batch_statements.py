@@ -1,9 +1,8 @@
 """Issue 22: a pipeline's run of pushes goes in as INSERTs of many rows each (database.INSERT_ROWS),
-and the row ids the broker's available order keeps must be the ones SQLite gave. An XACK of many
-ids is one UPDATE (acks.ACK_IN_ONE_STATEMENT), the ids passed as
-one JSON text and each found by the primary key; fewer ids take one statement each. Both forms
-must count and change the same tasks: each in-flight task of the queue once, whatever the
-duplicates, stale ids, ids of another queue's tasks or the largest id EZRA stores."""
+and the row ids the broker's available order keeps must be the ones SQLite gave. An ack names its
+rows by row id (the broker's leases say which, broker/in_flight.py), many of them in one UPDATE,
+the row ids passed as one JSON text: it must count and change each row in flight once, whatever
+the duplicates, rows done or available, or row ids of no task."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from support_queue import claim
 
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
 from ezra.storage import open_database
-from ezra.storage.acks import ACK_IN_ONE_STATEMENT
 from ezra.storage.database import INSERT_ROWS
 from ezra.stream_ids import MAX_ID_PART
 from ezra.task_fields import stored
@@ -43,33 +41,40 @@ def states(db, queue: str) -> dict[tuple, str]:
         "SELECT id_ms, id_seq, state FROM tasks WHERE queue = ?", (queue,))}
 
 
-@pytest.mark.parametrize("size", [1, ACK_IN_ONE_STATEMENT - 1, ACK_IN_ONE_STATEMENT, 50])
-def test_an_ack_counts_and_finishes_each_in_flight_task_of_its_queue_once(db, size):
-    assert db.ack(b"q", [(5, 0)], NOW) == 1  # done before: a stale id from here on
-    wanted = [(ms, 0) for ms in range(1, 61)][:size - 1] + [TOP]
-    ids = wanted + [(5, 0), (55, 0), (99, 0), TOP, wanted[0]]  # done, available, never pushed, twice
-    expected = len({task_id for task_id in wanted if task_id != (5, 0) and task_id[0] <= 50 or task_id == TOP})
-    assert db.ack(b"q", ids, NOW + 1) == expected
+def rowids_of(db, queue: str) -> dict[tuple, int]:
+    return {(ms, seq): rowid for rowid, ms, seq in db.conn.execute(
+        "SELECT rowid, id_ms, id_seq FROM tasks WHERE queue = ?", (queue,))}
+
+
+@pytest.mark.parametrize("size", [1, 2, 50])
+def test_an_ack_counts_and_finishes_each_in_flight_row_once(db, size):
+    rowid = rowids_of(db, "q")
+    assert db.ack([rowid[(5, 0)]], NOW) == 1  # done before: a stale row from here on
+    wanted = [rowid[(ms, 0)] for ms in range(1, 61)][:size - 1] + [rowid[TOP]]
+    listed = wanted + [rowid[(5, 0)], rowid[(55, 0)], 10 ** 9, rowid[TOP], wanted[0]]  # done, available, none, twice
+    in_flight = {r for r in wanted if r != rowid[(5, 0)] and r not in [rowid[(ms, 0)] for ms in range(51, 61)]}
+    assert db.ack(listed, NOW + 1) == len(in_flight)
     after = states(db, "q")
     for task_id, state in after.items():
-        if task_id in wanted and (task_id[0] <= 50 or task_id == TOP) or task_id == (5, 0):
+        if rowid[task_id] in in_flight or task_id == (5, 0):
             assert state == DONE, task_id
         else:
             assert state == (AVAILABLE if 50 < task_id[0] <= 60 else IN_FLIGHT), task_id
-    assert set(states(db, "other").values()) == {IN_FLIGHT}  # the same ids in another queue: untouched
+    assert set(states(db, "other").values()) == {IN_FLIGHT}  # another queue's rows: untouched
     finished = db.conn.execute("SELECT count(*) FROM tasks WHERE queue = 'q' AND state = 'done' "
                                "AND finished_at = ? AND deadline IS NULL", (NOW + 1,)).fetchone()[0]
-    assert finished == expected
+    assert finished == len(in_flight)
 
 
-def test_an_ack_of_many_ids_is_one_statement_that_finds_each_task_by_its_key(db):
+def test_an_ack_of_many_rows_is_one_statement_that_finds_each_row_by_its_id(db):
+    rowid = rowids_of(db, "q")
     statements = []
     db.conn.set_trace_callback(statements.append)
-    assert db.ack(b"q", [(ms, 0) for ms in range(1, 51)], NOW) == 50
+    assert db.ack([rowid[(ms, 0)] for ms in range(1, 51)], NOW) == 50
     db.conn.set_trace_callback(None)
     assert len(statements) == 1, statements[:3]
     plan = " ".join(row[3] for row in db.conn.execute("EXPLAIN QUERY PLAN " + statements[0]))
-    assert "SCAN t" not in plan and "sqlite_autoindex_tasks_1" in plan, plan
+    assert "SCAN tasks" not in plan and "INTEGER PRIMARY KEY" in plan, plan
 
 
 def test_xack_of_many_ids_through_the_server(r, queue):
@@ -101,24 +106,3 @@ def test_a_push_run_of_50_is_three_inserts(db):
     db.insert_available(b"q", [(3000, n, stored([b"n", b"v"])) for n in range(50)], NOW)
     db.conn.set_trace_callback(None)
     assert sum(sql.startswith("INSERT") for sql in statements) == 3, statements  # 32 + 16 + 2 rows
-
-
-EDGES = [((1 << 43) - 1, (1 << 20) - 1), (1 << 43, 0), (7, 1 << 20)]  # the largest packed, then past it
-
-
-@pytest.mark.parametrize("with_unpackable", [False, True])
-def test_an_ack_of_ids_at_the_packing_limits_finishes_each_task(db, with_unpackable):
-    """A batched ack packs each id as ms << ACK_SEQ_BITS | seq while every id fits, else it passes
-    pairs: either way each in-flight task listed is done once, and no other task is."""
-    rowids = [db.insert_task(b"q", task_id, stored([b"n", b"v"]), NOW, NOW) for task_id in EDGES]
-    assert len(db.claim(b"q", rowids, b"w", NOW, NOW + 1000)) == 3
-    ids = [(ms, 0) for ms in range(1, 9)] + (EDGES if with_unpackable else EDGES[:1])
-    statements = []
-    db.conn.set_trace_callback(statements.append)
-    assert db.ack(b"q", ids, NOW + 1) == len(ids)
-    db.conn.set_trace_callback(None)
-    assert len(statements) == 1 and ("json_extract" in statements[0]) == with_unpackable, statements
-    after = states(db, "q")
-    assert all(after[task_id] == DONE for task_id in ids)
-    assert sorted(task_id for task_id, state in after.items() if state == DONE) == sorted(ids)
-    assert set(states(db, "other").values()) == {IN_FLIGHT}

@@ -30,7 +30,7 @@ def push(db, queue: bytes, count: int, first_ms: int = 1) -> list[int]:
 
 
 def pages_in_use(db) -> int:
-    """The file's pages but those on the free list (the in-flight index's, once every task is acked)."""
+    """The file's pages but those on the free list."""
     return db.conn.execute("PRAGMA page_count").fetchone()[0] - db.conn.execute("PRAGMA freelist_count").fetchone()[0]
 
 
@@ -57,10 +57,9 @@ def test_claiming_and_acking_a_backlog_adds_no_page(db, count):
         assert len(claimed) == len(rowids[start:start + count])
         db.commit()
     db.begin()
-    assert db.ack(b"q", [(ms, 0) for ms in range(1, 1001)], NOW + 1) == 1000
+    assert db.ack(rowids, NOW + 1) == 1000
     db.commit()
-    # Each row was rewritten in its place (without the room, claims split pages: 90 in use against 77),
-    # and the in-flight index's pages are free again.
+    # Each row was rewritten in its place (without the room, claims split pages: 90 in use against 77).
     assert pages_in_use(db) == pushed
     assert db.conn.execute("SELECT count(*) FROM tasks WHERE reserved IS NOT NULL").fetchone()[0] == 0
 
@@ -101,7 +100,7 @@ def test_a_schema_10_file_gains_the_column_and_its_tasks_are_claimed(tmp_path):
         db.begin()
         rowids = [row[0] for row in db.conn.execute("SELECT rowid FROM tasks ORDER BY rowid")]
         assert [row[0] for row in db.claim(b"q", rowids[:50], WORKER, NOW, NOW + 30_000)] == list(range(1, 51))
-        assert db.ack(b"q", [(ms, 0) for ms in range(1, 51)], NOW + 1) == 50
+        assert db.ack(rowids[:50], NOW + 1) == 50
         push(db, b"q", 1, first_ms=61)  # a new push has the room
         db.commit()
         states = dict(db.conn.execute("SELECT state, count(*) FROM tasks GROUP BY state").fetchall())

@@ -187,7 +187,7 @@ def test_a_file_written_after_the_clean_stop_is_counted_row_by_row(ezra_factory)
     three_done_two_held(server)
     assert server.stop() == 0
     with sqlite3.connect(server.data_dir / "ezra.db") as db:  # a hand edit while the server is down
-        db.execute("UPDATE tasks SET state = 'done', finished_at = 1 WHERE state = 'in_flight'")
+        db.execute("UPDATE tasks SET state = 'done', finished_at = 1 WHERE state = 'available'")
     db.close()
     server.start()
     r = server.client()

@@ -118,8 +118,10 @@ def test_the_reaper_runs_no_query_before_anything_is_due(broker, monkeypatch):
     push(broker, delay_ms=60_000)
     reaper_pass(broker)  # the first pass looks at everything once
     broker.clock_.now += 100
-    for name in ("expired", "promote_due", "next_due", "next_deadline"):
+    for name in ("promote_due", "next_due"):
         monkeypatch.setattr(broker.db, name, lambda *a, name=name: pytest.fail(f"{name} queried"))
+    for name in ("expired", "next_deadline"):  # the leases in memory (broker/in_flight.py)
+        monkeypatch.setattr(broker.in_flight, name, lambda *a, name=name: pytest.fail(f"{name} looked at"))
     for name in ("purge_done", "mark_retained", "purge_expired_ttl"):
         monkeypatch.setattr(broker.db.retention, name, lambda *a, name=name: pytest.fail(f"{name} queried"))
     reaper_pass(broker)

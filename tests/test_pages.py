@@ -5,7 +5,8 @@ ezra/storage/schema.sql, and a schema change that leaves one of them with nothin
 must stop the script rather than measure the unchanged schema under a variant's name. No
 timing is asserted; the WAL frames are counts, and what they show holds at any size: the
 partial index tasks_available (schema 7's, dropped by schema 8) is one B-tree (one frame) of
-every push and every claim, none of an ack.
+every push and every claim, none of an ack; tasks_in_flight (schema 11's, dropped by schema 12)
+one of every claim and every ack, none of a push.
 """
 
 import re
@@ -32,17 +33,21 @@ def frames_table(stdout: str) -> dict[str, dict[str, float]]:
     return table
 
 
-def test_every_variant_runs_and_the_available_index_is_a_frame_of_each_push_and_claim():
+def test_every_variant_runs_and_each_dropped_index_is_a_frame_of_the_moves_it_holds():
     proc = run_pages("--tasks", "40", "--backlog", "200", "--rounds", "1")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     table = frames_table(proc.stdout)
     assert set(table) == {"base", "without_rowid", "with_available_index", "without_rowid + with_available_index",
-                          "integer_queue", "no_auto_vacuum"}, proc.stdout
+                          "with_in_flight_index", "integer_queue", "no_auto_vacuum"}, proc.stdout
     no_index, with_index = table["base"], table["with_available_index"]
     assert all(frames >= 1 for frames in no_index.values()), table
     assert with_index["push"] - no_index["push"] >= 0.8, table
     assert with_index["claim"] - no_index["claim"] >= 0.8, table
     assert with_index["ack"] == no_index["ack"], table
+    with_index = table["with_in_flight_index"]
+    assert with_index["push"] == no_index["push"], table
+    assert with_index["claim"] - no_index["claim"] >= 0.8, table
+    assert with_index["ack"] - no_index["ack"] >= 0.8, table
 
 
 def test_the_start_up_rebuild_reads_every_available_task_in_order():

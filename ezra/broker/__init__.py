@@ -43,6 +43,9 @@ The parts are plain objects, each given what it uses when the Broker builds them
 back into the Broker but workers.py's release timer, which is handed the one function it
 calls. From the bottom up (a part imports only those below it):
 
+    in_flight.py    QueueLeases: a queue's tasks in flight, by id (schema 12 keeps no index of
+                    them); InFlight: their changes, undone with a rolled-back batch, their
+                    deadlines for the reaper, and the reads XPENDING, XINFO and XAUTOCLAIM make
     queues.py       QueueState: one queue's counts (changed only by `move`), settings, and the
                     policy they make with the server's defaults; Queues: the table of them, the
                     names in order, the totals since start

@@ -16,7 +16,8 @@ serves its waiters at once.
 from __future__ import annotations
 
 from ..lifecycle import AVAILABLE, IN_FLIGHT
-from .. import lifecycle
+from .. import errors, lifecycle
+from .in_flight import ROWID
 from .transitions import new_as_idle
 from .waiters import Waiter
 
@@ -24,9 +25,10 @@ from .waiters import Waiter
 class Claims:
     """XREADGROUP's transactions over the queues, their waiters and the leases."""
 
-    def __init__(self, db, queues, transitions, leases, waiters, schedule, clock):
+    def __init__(self, db, queues, in_flight, transitions, leases, waiters, schedule, clock):
         self.db = db
         self.queues = queues
+        self.in_flight = in_flight
         self.transitions = transitions
         self.leases = leases
         self.waiters = waiters
@@ -87,7 +89,15 @@ class Claims:
         queue = self.queues.get(name)
         if queue is None:
             return []
+        held = self.in_flight.held_by(queue, worker, after, -1 if count is None else count)
+        if not held:
+            return []
         now = self.clock()
         deadline = lifecycle.lease_deadline(now, queue.lease_seconds())
+        rows = self.db.renew([lease[ROWID] for _, lease in held], now, deadline)
+        if len(rows) != len(held):
+            raise errors.guard_failed("claim own", [lease[ROWID] for _, lease in held], IN_FLIGHT)
+        for (task_id, lease), row in zip(held, rows):  # both in id order
+            self.in_flight.leased(queue, task_id, (lease[ROWID], worker, deadline, now, row[3]))
         self.schedule.lease_until(deadline)
-        return self.db.claim_own(name, worker, after, count, now, deadline)
+        return rows

@@ -13,11 +13,12 @@ import bisect
 import time
 
 from .. import errors, lifecycle
-from ..lifecycle import DONE, IN_FLIGHT
-from ..storage import SETTING_COLUMNS, Database, name_bytes, reads
+from ..lifecycle import DONE
+from ..storage import SETTING_COLUMNS, Database, name_bytes
 from ..writer import Writer
 from .admin import Admin
 from .claims import Claims
+from .in_flight import InFlight
 from .leases import Leases
 from .observers import Observer, Observers
 from .queues import Defaults, Queues
@@ -29,27 +30,12 @@ from .views import Views
 from .waiters import Waiter, Waiters
 from .workers import WorkerNames
 
-# Past this many tasks in flight, XPENDING's summary is counted apart (on a native thread): up to
-# it, counting in the transaction costs well under a millisecond and answers without a thread hop.
-READ_APART_IN_FLIGHT = 2000
 DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA caps it
 MAX_READ_COUNT = 10000
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-class Answered:
-    """A verb's result computed off the writer (a read apart): `wait()` returns it, as a request's does."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def wait(self):
-        return self.value
 
 
 class Broker:
@@ -64,16 +50,22 @@ class Broker:
         self.observers = Observers()
         self.schedule = ReaperSchedule(clock)
         self.workers = WorkerNames(self.queues, clock, self._release_gone_worker)
-        self.transitions = Transitions(db, self.queues, self.waiters, self.observers, self.schedule, self.workers)
+        self.in_flight = InFlight(self.queues, clock)
+        self.transitions = Transitions(db, self.queues, self.in_flight, self.waiters, self.observers, self.schedule,
+                                       self.workers)
         self._reload()
+        if not db.in_flight_recovered:  # opened without start-up's recovery (tests, tools): read them once
+            self.in_flight.load(self.db.in_flight_tasks())
+            self._reload(self.queues.done_before_batch())  # counted again, those in flight known
         self.writer = Writer(db, fsync_durable=settings.durability == "full",
                              on_rollback=self._reload_after_rollback, after_batch=self._after_batch)
-        self.reaper = Reaper(db, self.queues, self.transitions, self.schedule, self.writer, clock)
-        self.leases = Leases(db, self.queues, self.transitions, self.schedule, self.workers, clock)
-        self.claims = Claims(db, self.queues, self.transitions, self.leases, self.waiters, self.schedule, clock)
-        self.tasks = Tasks(db, self.queues, self.transitions, self.waiters, self.observers, self.schedule,
-                           self.reaper, clock)
-        self.admin = Admin(db, self.queues, self.transitions, self.waiters, self.observers, self.writer,
+        self.reaper = Reaper(db, self.queues, self.in_flight, self.transitions, self.schedule, self.writer, clock)
+        self.leases = Leases(db, self.queues, self.in_flight, self.transitions, self.schedule, self.workers, clock)
+        self.claims = Claims(db, self.queues, self.in_flight, self.transitions, self.leases, self.waiters,
+                             self.schedule, clock)
+        self.tasks = Tasks(db, self.queues, self.in_flight, self.transitions, self.waiters, self.observers,
+                           self.schedule, self.reaper, clock)
+        self.admin = Admin(db, self.queues, self.in_flight, self.transitions, self.waiters, self.observers, self.writer,
                            settings, clock)
         self.views = Views(db, self.queues)
 
@@ -91,12 +83,21 @@ class Broker:
         self.reaper.stop()
         self.workers.stop_timers()
         try:
-            self.writer.call(self.transitions.flush_deleted, durable=False)
+            self.writer.call(self._tx_last_batch)
         except errors.CommandError:
             pass  # the writer is stopping already
         self.writer.stop()
-        # Every batch has ended: these are the file's counts, saved beside it once it is closed.
-        self.db.done_to_save = {name: queue.counts[DONE] for name, queue in self.queues.items()}
+        # Every batch has ended: these are the file's counts, saved beside it once it is closed. The
+        # next start takes them as a clean stop's, with no task in flight (Database.recover): if a
+        # lease is left (the last batch failed), it reads the rows instead.
+        if not any(queue.leases for queue in self.queues.values()):
+            self.db.done_to_save = {name: queue.counts[DONE] for name, queue in self.queues.items()}
+
+    def _tx_last_batch(self) -> None:
+        """The stop's last writes: the removed-task counters, and the tasks in flight given back
+        (as the next start's recovery would, which then need not read every row to find them)."""
+        self.transitions.flush_deleted()
+        self.leases.tx_give_back_all()
 
     def cancel_waiters(self) -> None:
         """Shutdown: every blocked worker (XREADGROUP) and observer (XREAD) gets a null reply now."""
@@ -171,15 +172,9 @@ class Broker:
         """XRANGE / XREVRANGE: task rows (id_ms, id_seq, fields JSON, ...); None for COUNT 0 on a queue."""
         return self.writer.submit(self.tasks.tx_range, queue, dead, start, end, count, reverse, durable=False)
 
-    def pending_summary(self, queue: bytes, apart: bool = True):
-        """XPENDING summary: (first id, last id, [(worker, count)]) of in-flight tasks.
-
-        It counts them row by row (400,000 in flight: 28 ms), so above READ_APART_IN_FLIGHT it
-        is read apart, on a native thread, unless `apart` is False (inside EXEC, which cannot wait)."""
-        state = self.queues.get(queue)  # a plain read between batches, as nothing_to_claim's
-        if apart and state is not None and state.counts[IN_FLIGHT] > READ_APART_IN_FLIGHT:
-            first, last, workers = self.admin.read_apart(reads.pending_summary, queue, state.in_flight_are_fewer())
-            return Answered((first, last, [(name_bytes(worker), n) for worker, n in workers]))
+    def pending_summary(self, queue: bytes):
+        """XPENDING summary: (first id, last id, [(worker, count)]) of in-flight tasks (the leases
+        in memory: counted once per change of them, in_flight.py)."""
         return self.writer.submit(self.tasks.tx_pending_summary, queue, durable=False)
 
     def pending_entries(self, queue: bytes, start, end, count, worker, min_idle_ms):
@@ -361,14 +356,15 @@ class Broker:
     def _reload(self, done: dict[bytes, int] | None = None) -> None:
         """Rebuild the caches from the database (start-up, and after a rollback). `done`: each
         queue's done tasks when known (they are in no index: without it every row is read)."""
-        queues, before = {}, dict(self.queues)
+        queues, before = {}, dict(self.queues)  # a rollback's undo left each one's leases as the file has them
         if done is None and self.db.done_at_close is not None:  # the start after a clean stop
             done, self.db.done_at_close = self.db.done_at_close, None
         for row in self.db.load_queues():
             key = name_bytes(row["name"])
             newest = None if row["newest_ms"] is None else (row["newest_ms"], row["newest_seq"])
             # Pushes do not save the last id (a page write saved per push): see _note_deleted.
-            queue = self.queues.new(key, max((row["last_id_ms"], row["last_id_seq"]), newest or (0, 0)))
+            queue = self.queues.new(key, max((row["last_id_ms"], row["last_id_seq"]), newest or (0, 0)),
+                                    before[key].leases if key in before else None)
             if key in before:  # counters since start survive a rollback (they never go down)
                 queue.totals = before[key].totals
                 queue.iids_added, queue.iids_duplicates = before[key].iids_added, before[key].iids_duplicates
@@ -379,7 +375,8 @@ class Broker:
             queue.unmarked_done = bool(row["unmarked_done"])
             queue.max_deleted = (row["max_deleted_ms"], row["max_deleted_seq"])
             queues[key] = queue
-        for name, state, count in self.db.count_states(done):
+        in_flight = {key: len(queue.leases) for key, queue in queues.items() if queue.leases}
+        for name, state, count in self.db.count_states(done, in_flight):
             queue = queues.get(name_bytes(name))
             if queue is not None:
                 queue.counts[state] = count
@@ -387,7 +384,9 @@ class Broker:
         self.schedule.reset()  # the reaper looks again at everything it keeps a time for
 
     def _reload_after_rollback(self) -> None:
-        """The batch was rolled back: the file is as before it, and so are its done counts."""
+        """The batch was rolled back: the file is as before it, and so are its done counts and,
+        once undone, its leases."""
+        self.in_flight.roll_back()
         self._reload(self.queues.done_before_batch())
 
     def _after_batch(self, committed: bool) -> bool:
@@ -397,6 +396,8 @@ class Broker:
         it woke anyone (their wake-ups are callbacks to come)."""
         if self.queues.done_moved:
             self.queues.batch_ended()
+        if self.in_flight.journal:
+            self.in_flight.batch_ended()
         woke = False
         if self.waiters.to_wake:
             self.waiters.after_batch(committed)

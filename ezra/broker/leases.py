@@ -21,9 +21,17 @@ from loguru import logger
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, IN_FLIGHT
 from ..storage import name_bytes
+from ..stream_ids import MAX_ID_PART
+from .in_flight import DELIVERED_AT, ROWID, failure_rows
 
+TOP = (MAX_ID_PART, MAX_ID_PART)
 SCAN_OVER = (0, 0)  # XAUTOCLAIM's cursor once every in-flight task was looked at
 AUTOCLAIM_SCAN_FACTOR = 10  # XAUTOCLAIM looks at up to COUNT x 10 in-flight tasks, as Redis does
+
+
+def by_delivery(pair: tuple) -> tuple:
+    """A (task id, lease) pair's place among the longest idle: delivered first, then by id."""
+    return pair[1][DELIVERED_AT], pair[0]
 
 
 def delivery_time(now: int, idle_ms: int | None, time_ms: int | None) -> int | None:
@@ -43,9 +51,10 @@ def delivery_time(now: int, idle_ms: int | None, time_ms: int | None) -> int | N
 class Leases:
     """XCLAIM's, XAUTOCLAIM's and XREADGROUP CLAIM's transactions, and a gone worker's release."""
 
-    def __init__(self, db, queues, transitions, schedule, workers, clock):
+    def __init__(self, db, queues, in_flight, transitions, schedule, workers, clock):
         self.db = db
         self.queues = queues
+        self.in_flight = in_flight
         self.transitions = transitions
         self.schedule = schedule
         self.workers = workers
@@ -64,7 +73,7 @@ class Leases:
             if now < due:
                 wait = min(wait or float("inf"), (due - now) / 1000)
                 continue
-            rows = self.db.held_by(queue.name, worker)
+            rows = failure_rows(self.in_flight.held_by(queue, worker))
             if rows:
                 self.transitions.apply_failures(
                     queue, rows, lifecycle.FAIL, None, now, lifecycle.WORKER_GONE,
@@ -75,6 +84,25 @@ class Leases:
         if wait is None:
             self.workers.forget(worker)
         return wait
+
+    def tx_give_back_all(self) -> int:
+        """A clean stop: every task in flight back to available, attempts as they are (as start-up's
+        recovery makes them); how many."""
+        given = 0
+        for queue in self.queues.values():
+            held = list(queue.leases.items())
+            if not held:
+                continue
+            if self.db.give_back([lease[ROWID] for _, lease in held]) != len(held):
+                raise errors.guard_failed("give back", [lease[ROWID] for _, lease in held], IN_FLIGHT)
+            self.in_flight.all_ended(queue, held)
+            queue.move(IN_FLIGHT, AVAILABLE, len(held))
+            for _, lease in held:
+                self.transitions.became_available(queue, lease[ROWID])
+            given += len(held)
+        if given:
+            logger.info("gave {} tasks in flight back to available for the next start", given)
+        return given
 
     def tx_take_over(self, name: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms,
                      time_ms, retry_count, force: bool, justid: bool) -> list:
@@ -99,7 +127,7 @@ class Leases:
             return SCAN_OVER, []
         now = self.clock()
         limit = count * AUTOCLAIM_SCAN_FACTOR
-        rows = self.db.in_flight_from(name, start, limit + 1, queue.in_flight_are_fewer())
+        rows = self._lease_rows(self.in_flight.entries(queue, start, TOP, limit + 1))
         claimed, examined = [], 0
         for row in rows[:limit]:
             if len(claimed) == count:
@@ -113,12 +141,21 @@ class Leases:
     def claim_idle(self, queue, worker: bytes, count: int, min_idle: int, now: int) -> list:
         """XREADGROUP CLAIM: claim tasks in flight idle >= min_idle; rows (id_ms, id_seq, fields JSON,
         idle ms, deliveries so far)."""
-        claimed = []
-        for row in self.db.idle_in_flight(queue.name, now - min_idle, count):
+        claimed, leases, before = [], queue.leases, now - min_idle
+        longest_idle = leases.first(count, [pair for pair in leases.items() if pair[1][DELIVERED_AT] <= before],
+                                    key=by_delivery)
+        for row in self._lease_rows(longest_idle):
             idle, attempts = now - row[5], row[6]
             # Redis counts a CLAIM as a delivery, even of the worker's own task.
             claimed.append((*self._take_over_or_renew(queue, row, worker, now, count_attempt=True), idle, attempts))
         return claimed
+
+    def _lease_rows(self, held: list[tuple]) -> list[tuple]:
+        """The rows (storage LEASE_COLUMNS) of these (task id, lease) pairs, in their order."""
+        if not held:
+            return []
+        rows = self.db.lease_rows_of([lease[ROWID] for _, lease in held])
+        return [rows[lease[ROWID]] for _, lease in held]
 
     @staticmethod
     def _may_claim(queue, row, worker: bytes) -> bool:
@@ -136,8 +173,10 @@ class Leases:
         elif not (justid or renewal):
             attempts += 1  # a delivery to another worker counts, as Redis counts XCLAIM
         deadline = lifecycle.lease_deadline(now, queue.lease_seconds())
-        if not self.db.set_lease(rowid, worker, now if delivered_at is None else delivered_at, deadline, attempts):
+        delivered_at = now if delivered_at is None else delivered_at
+        if not self.db.set_lease(rowid, worker, delivered_at, deadline, attempts):
             raise errors.guard_failed("lease", rowid, state)  # the SELECT above said in flight or available
+        self.in_flight.leased(queue, (ms, seq), (rowid, worker, deadline, delivered_at, attempts))
         self.schedule.lease_until(deadline)
         if state == AVAILABLE:  # XCLAIM FORCE of a task nobody held
             queue.move(AVAILABLE, IN_FLIGHT)

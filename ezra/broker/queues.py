@@ -15,6 +15,7 @@ import bisect
 from .. import errors, lifecycle, queue_settings
 from ..lifecycle import DONE, GONE
 from ..storage import SETTING_COLUMNS
+from .in_flight import QueueLeases
 
 # A queue's name is in every row of its tasks, every INFO line, /metrics series and dashboard row:
 # 10 queues with 1 MB names made each scrape 162 MB. A new queue's name is at most this long;
@@ -45,16 +46,18 @@ class Defaults:
 class QueueState:
     """What the broker remembers about one queue (settings as stored: None = the server's)."""
 
-    __slots__ = ("name", "defaults", "last_id", "counts", "order", "group", "last_delivered", "next_purge",
+    __slots__ = ("name", "defaults", "last_id", "counts", "order", "leases", "group", "last_delivered", "next_purge",
                  "trim_floor", "unmarked_done", "mark_from", "done_moved", "journal", "deleted", "max_deleted",
                  "deleted_dirty", "iids_added", "iids_duplicates", "totals", *SETTING_COLUMNS)
 
-    def __init__(self, name: bytes, defaults: Defaults, last_id=(0, 0), journal: set | None = None):
+    def __init__(self, name: bytes, defaults: Defaults, last_id=(0, 0), journal: set | None = None,
+                 leases: QueueLeases | None = None):
         self.name = name
         self.defaults = defaults
         self.last_id = last_id
         self.counts = dict.fromkeys(lifecycle.STATES, 0)
         self.order = None           # its available tasks' AvailableOrder; None: not built yet
+        self.leases = QueueLeases() if leases is None else leases  # its tasks in flight (in_flight.py)
         self.group = None           # the name XGROUP CREATE gave
         self.last_delivered = None  # newest id delivered; None: not known since start
         self.next_purge = 0         # no done task is due for purging before this (ms)
@@ -90,13 +93,6 @@ class QueueState:
         elif from_state == DONE:
             self.done_moved -= n
             self.journal.add(self)
-
-    def in_flight_are_fewer(self) -> bool:
-        """No more tasks in flight than in all other states together: reads of them in id order
-        take them from the in-flight index (storage.reads.in_flight_source)."""
-        counts = self.counts
-        in_flight = counts[lifecycle.IN_FLIGHT]
-        return 2 * in_flight <= sum(counts.values())
 
     # ------------------------------------------------------------ the settings in force
 
@@ -154,8 +150,8 @@ class Queues(dict):
         self.totals = dict.fromkeys(TALLIES, 0)
         self.done_moved: set[QueueState] = set()  # queues whose done count the batch under way moved
 
-    def new(self, name: bytes, last_id=(0, 0)) -> QueueState:
-        return QueueState(name, self.defaults, last_id, self.done_moved)
+    def new(self, name: bytes, last_id=(0, 0), leases: QueueLeases | None = None) -> QueueState:
+        return QueueState(name, self.defaults, last_id, self.done_moved, leases)
 
     def done_before_batch(self) -> dict[bytes, int]:
         """Each queue's done tasks before the batch under way (a rollback's reload counts from it)."""

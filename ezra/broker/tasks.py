@@ -10,16 +10,17 @@ from itertools import repeat
 
 from .. import errors, lifecycle, stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
-from ..storage import name_bytes
+from .in_flight import ATTEMPTS, DELIVERED_AT, WORKER, failure_rows
 from .queues import QueueState
 
 
 class Tasks:
     """Push, ack, nack, delete and read tasks, over the file, the queues and what they touch."""
 
-    def __init__(self, db, queues, transitions, waiters, observers, schedule, reaper, clock):
+    def __init__(self, db, queues, in_flight, transitions, waiters, observers, schedule, reaper, clock):
         self.db = db
         self.queues = queues
+        self.in_flight = in_flight
         self.transitions = transitions
         self.observers = observers
         self.schedule = schedule
@@ -41,7 +42,7 @@ class Tasks:
         queue = self.queues.get(name)
         if queue is None:
             raise errors.XGROUP_NEEDS_KEY
-        rows = self.db.held_by(name, worker) if queue.counts[IN_FLIGHT] else []
+        rows = failure_rows(self.in_flight.held_by(queue, worker))
         if rows:
             self.transitions.apply_failures(queue, rows, lifecycle.FAIL, None, self.clock(),
                                             lifecycle.CONSUMER_DELETED,
@@ -183,46 +184,79 @@ class Tasks:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        deleted = []
-        retention = queue.retention()
-        if retention == 0:  # retention 0: the record goes with the ack
-            deleted = [task_id for task_id in dict.fromkeys(ids) if self.db.ack_delete(name, [task_id])]
-            queue.move(IN_FLIGHT, GONE, len(deleted))
-            self.transitions.note_deleted(queue, deleted)
-        acked = self.db.ack(name, ids, self.clock(), self.transitions.retained_mark(queue, retention))
-        if acked:
-            queue.trim_floor = min(queue.trim_floor, *ids)  # some of them are done now
-            queue.move(IN_FLIGHT, DONE, acked)
-        n = acked + len(deleted)
-        self.totals["acked"] += n  # "acked" grows no XREAD view: no observers to tell
-        queue.totals["acked"] += n
-        return n
+        if len(ids) == 1:  # a worker's ack of one task: its lease, if it is in flight
+            lease = queue.leases.get(ids[0])
+            if lease is None:
+                return 0  # not in flight (stale, or never delivered): counts 0
+            held = [(ids[0], lease)]
+        else:
+            held = self.in_flight.held(queue, ids)  # each id once; those not in flight count 0
+            if not held:
+                return 0
+        self._finish(queue, held)
+        self.totals["acked"] += len(held)  # "acked" grows no XREAD view: no observers to tell
+        queue.totals["acked"] += len(held)
+        return len(held)
 
     def tx_ack_run(self, name: bytes, ids: list[tuple]) -> list[int]:
         """A pipeline's XACKs of one id each to one queue (commands/runs.py): tx_ack's work once for
-        them all. Each one's count, as each would have answered run alone, one after another."""
+        them all. Each one's count, as each would have answered run alone, one after another: 1
+        for the first ack of a task in flight, 0 for the others."""
         queue = self.queues.get(name)
         if queue is None:
             return [0] * len(ids)
-        retention = queue.retention()
-        if retention == 0:  # each task's record goes with its ack: tx_ack's steps, one at a time
-            return [self.tx_ack(name, [task_id]) for task_id in ids]
-        counts = self.db.ack_each(name, ids, self.clock(), self.transitions.retained_mark(queue, retention))
-        acked = sum(counts)
-        if acked:  # as tx_ack counts them (inline there: a call less on every ack)
-            queue.trim_floor = min(queue.trim_floor, *ids)
-            queue.move(IN_FLIGHT, DONE, acked)
-        self.totals["acked"] += acked
-        queue.totals["acked"] += acked
+        leases, held, counts = queue.leases, {}, []
+        for task_id in ids:
+            lease = leases.get(task_id)
+            if lease is None or task_id in held:
+                counts.append(0)
+            else:
+                held[task_id] = lease
+                counts.append(1)
+        if held:
+            self._finish(queue, list(held.items()))
+            self.totals["acked"] += len(held)
+            queue.totals["acked"] += len(held)
         return counts
+
+    def _finish(self, queue: QueueState, held: list[tuple]) -> None:
+        """in_flight -> done for these (task id, lease) pairs, each row by its row id; under
+        retention 0 the record goes with the ack, unless the task has a TTL of its own."""
+        retention = queue.retention()
+        if retention == 0:
+            held = self._delete_acked(queue, held)
+            if not held:
+                return
+        rowids = [held[0][1][0]] if len(held) == 1 else [lease[0] for _, lease in held]
+        if self.db.ack(rowids, self.clock(), self.transitions.retained_mark(queue, retention)) != len(rowids):
+            raise errors.guard_failed("ack", rowids, IN_FLIGHT)  # the leases said in flight
+        self.in_flight.all_ended(queue, held)
+        first = held[0][0] if len(held) == 1 else min(held)[0]
+        if first < queue.trim_floor:
+            queue.trim_floor = first  # done now: trimming looks from here
+        queue.move(IN_FLIGHT, DONE, len(held))
+
+    def _delete_acked(self, queue: QueueState, held: list[tuple]) -> list[tuple]:
+        """Retention 0: the acked tasks' rows go at once; those with a TTL of their own are kept
+        (returned, for `_finish` to mark done)."""
+        deleted, kept = [], []
+        for pair in held:
+            (deleted if self.db.delete_acked(pair[1][0]) else kept).append(pair)
+        if deleted:
+            self.in_flight.all_ended(queue, deleted)
+            queue.move(IN_FLIGHT, GONE, len(deleted))
+            self.transitions.note_deleted(queue, [task_id for task_id, _ in deleted])
+        return kept
 
     def tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None,
                 force: bool, reason: bytes | None = None, cause: str = lifecycle.NACKED) -> int:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        states = (IN_FLIGHT, AVAILABLE, DELAYED) if force else (IN_FLIGHT,)
-        rows = self.db.in_flight_attempts(name, ids, states)
+        if force:  # tasks nobody holds too: read from the file
+            rows = self.db.unfinished_attempts(name, ids, (IN_FLIGHT, AVAILABLE, DELAYED))
+        else:
+            rows = failure_rows(self.in_flight.held(queue, ids))
         if cause == lifecycle.XDEL_REPORT:
             why = "XDEL reported the failure"
         else:
@@ -257,17 +291,16 @@ class Tasks:
 
     def tx_pending_summary(self, name: bytes):
         queue = self.queues.get(name)
-        first, last, workers = self.db.pending_summary(name, queue is not None and queue.in_flight_are_fewer())
-        return first, last, [(name_bytes(worker), n) for worker, n in workers]
+        return (None, None, []) if queue is None else self.in_flight.summary(queue)
 
     def tx_pending_entries(self, name, start, end, count, worker, min_idle_ms):
+        queue = self.queues.get(name)
+        if queue is None:
+            return []
         now = self.clock()
         before = None if min_idle_ms is None else now - min_idle_ms
-        queue = self.queues.get(name)
-        rows = self.db.pending_entries(name, start, end, count, worker, before,
-                                       queue is not None and queue.in_flight_are_fewer())
-        return [((ms, seq), name_bytes(owner), max(now - delivered, 0), attempts)
-                for ms, seq, owner, delivered, attempts in rows]
+        return [(task_id, lease[WORKER], max(now - lease[DELIVERED_AT], 0), lease[ATTEMPTS])
+                for task_id, lease in self.in_flight.entries(queue, start, end, count, worker, before)]
 
     def tx_existing(self, names: list[bytes]) -> set[bytes]:
         return {name for name in names if name in self.queues}

@@ -31,9 +31,10 @@ def new_as_idle(rows: list) -> list:
 class Transitions:
     """The shared state changes, over the file, the queues and the registries they touch."""
 
-    def __init__(self, db, queues, waiters, observers, schedule, workers):
+    def __init__(self, db, queues, in_flight, waiters, observers, schedule, workers):
         self.db = db
         self.queues = queues
+        self.in_flight = in_flight
         self.waiters = waiters
         self.observers = observers
         self.schedule = schedule
@@ -102,6 +103,7 @@ class Transitions:
             if len(rows) > 1:
                 rows.sort()
             if deadline is not None:
+                self.in_flight.claimed(queue, rows, worker, deadline, now)
                 self.schedule.lease_until(deadline)
                 self.workers.leased(worker, queue)
             else:  # NOACK: done at once
@@ -145,12 +147,12 @@ class Transitions:
                        cause: str, reason=None) -> None:
         """The one place failed attempts are decided: nack, XDEL, expiry and release all come here.
 
-        Rows are (rowid, attempts, state, worker, ...). Each task records this failure: `cause`
+        Rows are (rowid, attempts, state, worker, task id). Each task records this failure: `cause`
         (lifecycle.NACKED...) and `reason`, a text or a function of the worker that held it
         (None: no reason given; a SILENT nack then keeps the record the task has)."""
         max_attempts, backoff = queue.attempts_allowed(), queue.backoff_policy()
         keep_record = mode == lifecycle.SILENT and reason is None
-        for rowid, attempts, state, worker, *_ in rows:
+        for rowid, attempts, state, worker, task_id in rows:
             if retry_count is not None:
                 attempts = retry_count
             new_state, attempts = lifecycle.after_failure(attempts, max_attempts, mode)
@@ -162,6 +164,8 @@ class Transitions:
                 failure = lifecycle.failure_record(cause, why, held_by, now)
             if not self.db.set_outcome(rowid, new_state, attempts, now, available_at, failure):
                 raise errors.guard_failed("failure", rowid, state)  # the SELECT above said it was unfinished
+            if state == IN_FLIGHT:
+                self.in_flight.ended(queue, task_id)
             queue.move(state, new_state)
             if new_state == AVAILABLE:
                 self.became_available(queue, rowid)

@@ -31,6 +31,7 @@ from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
 from ..stream_ids import MAX_ID_PART
 from ..trimming import MAXLEN, MINID
+from .in_flight import failure_rows
 from .schedule import INF
 
 REAPER_INTERVAL = 0.1  # seconds between passes when there is nothing to catch up on
@@ -52,9 +53,10 @@ TOP = (MAX_ID_PART, MAX_ID_PART)
 class Reaper:
     """The reaper's greenlet and passes, over the file, the queues and the reaper's schedule."""
 
-    def __init__(self, db, queues, transitions, schedule, writer, clock):
+    def __init__(self, db, queues, in_flight, transitions, schedule, writer, clock):
         self.db = db
         self.queues = queues
+        self.in_flight = in_flight
         self.transitions = transitions
         self.schedule = schedule
         self.writer = writer
@@ -121,20 +123,19 @@ class Reaper:
 
     def _expire(self, now: int) -> bool:
         """In-flight tasks whose lease ran out fail, through the same rule as a nack."""
-        expired = self.db.expired(now, EXPIRE_BATCH)
-        by_queue: dict[bytes, list] = {}
-        for row in expired:
-            by_queue.setdefault(name_bytes(row[4]), []).append(row)
-        for name, rows in by_queue.items():
-            queue = self.queues.get(name)
-            if queue is not None:
-                lease = f"{queue.lease_seconds():g} s"
-                self.transitions.apply_failures(queue, rows, lifecycle.FAIL, None, now, lifecycle.LEASE_EXPIRED,
-                                     lambda held_by: f"lease expired after {lease} held by {held_by}")
-                self.transitions.tally(queue, "expired", len(rows))
-        if len(expired) == EXPIRE_BATCH:
+        expired = self.in_flight.expired(now, EXPIRE_BATCH)
+        by_queue: dict = {}
+        for queue, task_id, lease in expired:
+            by_queue.setdefault(queue, []).append((task_id, lease))
+        for queue, held in by_queue.items():
+            lease = f"{queue.lease_seconds():g} s"
+            self.transitions.apply_failures(queue, failure_rows(held), lifecycle.FAIL, None, now,
+                                            lifecycle.LEASE_EXPIRED,
+                                            lambda held_by: f"lease expired after {lease} held by {held_by}")
+            self.transitions.tally(queue, "expired", len(held))
+        if len(expired) >= EXPIRE_BATCH:
             return True
-        next_deadline = self.db.next_deadline()
+        next_deadline = self.in_flight.next_deadline()
         self.schedule.earliest_deadline = INF if next_deadline is None else next_deadline
         return False
 

@@ -470,8 +470,7 @@ def xpending(session, args):
     """XPENDING queue group [[IDLE min-idle] start end count [worker]]"""
     queue = live_queue(args[1])
     if len(args) == 3:
-        # counted on a native thread when large; inside EXEC (which cannot wait) in the transaction
-        return Deferred(broker_of(session).pending_summary(queue, apart=not session.in_exec), pending_summary_reply)
+        return Deferred(broker_of(session).pending_summary(queue), pending_summary_reply)
     # IDLE comes once, first (as Redis reads it): only args[3:5] may hold it.
     (min_idle,), i = parse_options(args[:5], 3, PENDING_OPTIONS)
     rest = args[i:]

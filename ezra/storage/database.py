@@ -22,7 +22,7 @@ from loguru import logger
 
 from .. import lifecycle
 from . import acks, done_counts, reads
-from .reads import INSPECT_COLUMNS, in_flight_source, tasks_by_id
+from .reads import INSPECT_COLUMNS, tasks_by_id
 from .integrity import Integrity
 from .producers import IdempotentProducers
 from .retention import Retention
@@ -39,9 +39,8 @@ DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--di
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
 LARGEST_ROWID = 2 ** 63 - 1
-INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.IN_FLIGHT: "id_ms, id_seq",
-                 lifecycle.DEAD: "id_ms, id_seq", lifecycle.DELAYED: "available_at, id_ms, id_seq",
-                 lifecycle.DONE: "id_ms DESC, id_seq DESC"}
+INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.DEAD: "id_ms, id_seq",
+                 lifecycle.DELAYED: "available_at, id_ms, id_seq", lifecycle.DONE: "id_ms DESC, id_seq DESC"}
 
 
 # set_outcome's statements, built once (an f-string per call cost a format and a hash of its
@@ -62,7 +61,7 @@ _INSERT_AVAILABLE_SQL = {rows: "INSERT INTO tasks (queue, id_ms, id_seq, state, 
 # search (without the + SQLite walks the queue's whole primary-key range and tests each row against the
 # list). attempts + 1: this delivery counted (the broker counts redeliveries). reserved: schema.py.
 _CLAIMABLE = "rowid IN (SELECT value FROM json_each(?)) AND +queue = ? AND state = 'available'"
-_CLAIMABLE_SQL = f"SELECT {TASK_COLUMNS}, attempts + 1 FROM tasks WHERE {_CLAIMABLE}"
+_CLAIMABLE_SQL = f"SELECT {TASK_COLUMNS}, attempts + 1, rowid FROM tasks WHERE {_CLAIMABLE}"
 _CLAIM_SQL = ("UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, attempts = attempts + 1, "
               f"finished_at = ?, retained = ?, reserved = NULL WHERE {_CLAIMABLE}")
 _BY_ID_SQL: dict[tuple[str, tuple], str] = {}  # _tasks_by_id's SELECT per (columns, states)
@@ -97,12 +96,11 @@ class Database:
         self.done_at_close: dict[bytes, int] | None = None
         self.done_to_save: dict[bytes, int] | None = None
         self.retention = Retention(conn)  # what goes: purges, trims, TTL (storage/retention.py)
-        # in_flight -> done: ack(queue, ids, now, retained) counts the tasks finished, ack_each tells
-        # it of each id (storage/acks.py). `retained`: 1 under a retention limit (the task goes into
-        # tasks_retained, for the purge), None while done tasks are kept for ever (no index written).
-        # Bound here, not wrapped in methods: a call less per ack.
+        # in_flight -> done: ack(rowids, now, retained) counts the rows finished; delete_acked(rowid)
+        # under retention 0 (storage/acks.py). Bound here, not wrapped in methods: a call less per ack.
         self.ack = partial(acks.ack, conn)
-        self.ack_each = partial(acks.ack_each, conn)
+        self.delete_acked = partial(acks.delete_acked, conn)
+        self.in_flight_recovered = False  # `recover` ran: no task is in flight in the file
 
     # -- transactions (driven by writer.py)
 
@@ -185,11 +183,31 @@ class Database:
     # -- start-up
 
     def recover(self) -> int:
-        """Every in_flight task back to available (start-up, before the port opens)."""
-        cur = self.conn.execute(
+        """Every in_flight task back to available (start-up, before the port opens). Tasks in
+        flight have no index (schema 12), so this reads every row of the table, as the counts do
+        after a crash. After a clean stop there is nothing to do: the stopping server gave its
+        tasks in flight back (`give_back`), and the file is unchanged since (done_at_close)."""
+        self.in_flight_recovered = True
+        if self.done_at_close is not None:
+            return 0
+        return self.conn.execute(
             "UPDATE tasks SET state = 'available', worker = NULL, deadline = NULL "
-            "WHERE state = 'in_flight'")
-        return cur.rowcount
+            "WHERE state = 'in_flight'").rowcount
+
+    def give_back(self, rowids: list[int]) -> int:
+        """These tasks in flight back to available, as start-up's recovery does (a clean stop)."""
+        return self.conn.execute(
+            "UPDATE tasks SET state = 'available', worker = NULL, deadline = NULL "
+            "WHERE rowid IN (SELECT value FROM json_each(?)) AND state = 'in_flight'",
+            ("[%s]" % ",".join(map(str, rowids)),)).rowcount
+
+    def in_flight_tasks(self) -> list[tuple]:
+        """(queue, id_ms, id_seq, rowid, worker, deadline, delivered_at, attempts) of every task in
+        flight: a start without recovery (tests, tools) reads them once; no index, a pass over the
+        table."""
+        return self.conn.execute(
+            "SELECT queue, id_ms, id_seq, rowid, worker, deadline, delivered_at, attempts FROM tasks "
+            "WHERE state = 'in_flight'").fetchall()
 
     def shrink_memory(self) -> None:
         """Free the page cache start-up filled (recovery and the counts read every index once)."""
@@ -205,11 +223,12 @@ class Database:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
-    def count_states(self, done: dict[bytes, int] | None = None) -> list[tuple]:
+    def count_states(self, done: dict[bytes, int] | None = None, in_flight: dict | None = None) -> list[tuple]:
         """(queue, state, count) for every queue; start-up and a rollback build the counters from it.
 
-        In flight, delayed and dead tasks have a partial index each, already in queue order:
-        counted there, with no sort of the whole table. Available and done tasks have none
+        Delayed and dead tasks have a partial index each, already in queue order: counted there,
+        with no sort of the whole table. Tasks in flight are the broker's to count (`in_flight`:
+        {queue name: count}, broker/in_flight.py). Available and done tasks have no index
         (schemas 8 and 10: each would cost every push, claim or ack a B-tree write). `done` gives
         each queue's done tasks when they are known (the last clean stop's counts, the counts
         before a rolled-back batch): the primary key alone then counts each queue's tasks (index
@@ -217,7 +236,7 @@ class Database:
         every row for its state (0.25 s a million, cached); one GROUP BY queue, state would sort
         the table (0.7 s and +45 MB).
         """
-        indexed = (lifecycle.IN_FLIGHT, lifecycle.DELAYED, lifecycle.DEAD)
+        indexed = (lifecycle.DELAYED, lifecycle.DEAD)
         every = ("SELECT queue, '', count(*), 0 FROM tasks GROUP BY queue" if done is not None else
                  "SELECT queue, '', count(*), sum(state = 'done') FROM tasks GROUP BY queue")
         rows = self.conn.execute(" UNION ALL ".join(
@@ -225,6 +244,7 @@ class Database:
              f"WHERE state = '{state}' GROUP BY queue" for state in indexed] + [every])).fetchall()
         others: dict = {}
         counts = []
+        rows += [(name_value(name), lifecycle.IN_FLIGHT, n, 0) for name, n in (in_flight or {}).items() if n]
         for queue, state, count, _ in rows:
             if state:
                 others[queue] = others.get(queue, 0) + count
@@ -236,7 +256,7 @@ class Database:
                     if done_here > count - others.get(queue, 0):  # not these rows' counts: read the rows
                         logger.warning("queue {!r}: {} done tasks given, more than its {} tasks not in "
                                        "flight, delayed or dead; counting them", queue, done_here, count)
-                        return self.count_states()
+                        return self.count_states(None, in_flight)
                 if done_here:
                     counts.append((queue, lifecycle.DONE, done_here))
                 available = count - done_here - others.get(queue, 0)
@@ -321,8 +341,8 @@ class Database:
     def claim(self, queue: bytes, rowids: list[int], worker: bytes, now: int, deadline: int | None,
               state: str = lifecycle.IN_FLIGHT, retained: int | None = None) -> list[tuple]:
         """Lease these tasks (the queue's available order, broker/available.py): (id_ms, id_seq,
-        fields, attempts) of each that is still an available task of the queue, in id order,
-        attempts counting this delivery. Others (a stale entry of the order) are left alone.
+        fields, attempts, rowid) of each that is still an available task of the queue, in id
+        order, attempts counting this delivery. Others (a stale entry of the order) are left alone.
         NOACK (state done): `retained` as `ack`'s."""
         q = name_value(queue)
         finished = now if state == lifecycle.DONE else None
@@ -338,7 +358,7 @@ class Database:
                     "WHERE rowid = ? AND state = 'available'",
                     (state, name_value(worker), deadline, now, finished, retained, rowids[0])).rowcount:
                 return []
-            return [(row[0], row[1], row[2], row[3] + 1)]
+            return [(row[0], row[1], row[2], row[3] + 1, rowids[0])]
         listed = "[%s]" % ",".join(map(str, rowids))
         rows = self.conn.execute(_CLAIMABLE_SQL, (listed, q)).fetchall()
         if rows:
@@ -357,27 +377,16 @@ class Database:
             params += (after[0], after[1])
         return self.conn.execute(sql + " ORDER BY id_ms, id_seq LIMIT ?", (*params, limit)).fetchall()
 
-    def claim_own(self, queue: bytes, worker: bytes, after: tuple, count: int | None, now: int,
-               deadline: int) -> list[tuple]:
-        """A worker's own in-flight tasks after `after`; each counts a delivery, lease renewed."""
+    def renew(self, rowids: list[int], now: int, deadline: int) -> list[tuple]:
+        """XREADGROUP with an id: these in-flight tasks (a worker's own, broker/in_flight.py) are
+        delivered again, leased from now: (id_ms, id_seq, fields, attempts) of each, in id order."""
         rows = self.conn.execute(
             "UPDATE tasks SET deadline = ?, delivered_at = ?, attempts = attempts + 1 "
-            "WHERE rowid IN (SELECT rowid FROM tasks WHERE queue = ? AND worker = ? "
-            "AND state = 'in_flight' AND (id_ms, id_seq) > (?, ?) ORDER BY id_ms, id_seq LIMIT ?) "
-            f"RETURNING {TASK_COLUMNS}",
-            (deadline, now, name_value(queue), name_value(worker), after[0], after[1],
-             -1 if count is None else count),
-        ).fetchall()
+            "WHERE rowid IN (SELECT value FROM json_each(?)) AND state = 'in_flight' "
+            f"RETURNING {TASK_COLUMNS}, attempts",
+            (deadline, now, "[%s]" % ",".join(map(str, rowids)))).fetchall()
         rows.sort()
         return rows
-
-    def ack_delete(self, queue: bytes, ids: list[tuple]) -> int:
-        """Retention 0: an acked task without its own TTL is deleted at once (then `ack` the rest)."""
-        q = name_value(queue)
-        cur = self.conn.executemany(
-            "DELETE FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ? AND state = 'in_flight' "
-            "AND ttl_ms IS NULL", [(q, ms, seq) for ms, seq in dict.fromkeys(ids)])
-        return cur.rowcount
 
     def delete_finished(self, queue: bytes, task_id: tuple) -> str | None:
         """XACKDEL: delete one in-flight or done task; its former state, or None."""
@@ -387,9 +396,11 @@ class Database:
             (name_value(queue), task_id[0], task_id[1])).fetchone()
         return row[0] if row else None
 
-    def in_flight_attempts(self, queue: bytes, ids: list[tuple], states=(lifecycle.IN_FLIGHT,)) -> list[tuple]:
-        """(rowid, attempts, state, worker) of the given tasks that are in one of `states`."""
-        return self._tasks_by_id("rowid, attempts, state, worker", queue, ids, states)
+    def unfinished_attempts(self, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
+        """(rowid, attempts, state, worker, (id_ms, id_seq)) of the given tasks that are in one of
+        `states` (XNACK FORCE: tasks in flight, available or delayed)."""
+        return [(rowid, attempts, state, worker, (ms, seq)) for rowid, attempts, state, worker, ms, seq
+                in self._tasks_by_id("rowid, attempts, state, worker, id_ms, id_seq", queue, ids, states)]
 
     def _tasks_by_id(self, columns: str, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
         """`columns` of the given tasks (each once, in the order given) that are in one of `states`."""
@@ -405,22 +416,6 @@ class Database:
             if row:
                 rows.append(row)
         return rows
-
-    def held_by(self, queue: bytes, worker: bytes) -> list[tuple]:
-        """(rowid, attempts, state, worker) of a worker's in-flight tasks in a queue (release on disconnect)."""
-        return self.conn.execute(
-            "SELECT rowid, attempts, state, worker FROM tasks WHERE queue = ? AND worker = ? AND state = 'in_flight'",
-            (name_value(queue), name_value(worker))).fetchall()
-
-    def expired(self, now: int, limit: int) -> list[tuple]:
-        """(rowid, attempts, state, worker, queue) of in-flight tasks whose lease ran out."""
-        return self.conn.execute(
-            "SELECT rowid, attempts, state, worker, queue FROM tasks WHERE state = 'in_flight' "
-            "AND deadline <= ? ORDER BY deadline LIMIT ?", (now, limit)).fetchall()
-
-    def next_deadline(self) -> int | None:
-        return self.conn.execute(
-            "SELECT min(deadline) FROM tasks WHERE state = 'in_flight'").fetchone()[0]
 
     def set_outcome(self, rowid: int, state: str, attempts: int, now: int, available_at: int,
                     failure: dict | None = None) -> int:
@@ -472,20 +467,12 @@ class Database:
         """The given tasks in one of `states`, in the order given (LEASE_COLUMNS)."""
         return self._tasks_by_id(self.LEASE_COLUMNS, queue, ids, states)
 
-    def in_flight_from(self, queue: bytes, start: tuple, limit: int, by_lease_index: bool) -> list[tuple]:
-        """In-flight tasks from `start` on, in id order (XAUTOCLAIM's scan). `by_lease_index`:
-        read them from the in-flight index and sort them (see in_flight_source)."""
-        return self.conn.execute(
-            f"SELECT {self.LEASE_COLUMNS} FROM tasks{in_flight_source(by_lease_index)} WHERE queue = ? "
-            "AND state = 'in_flight' AND (id_ms, id_seq) >= (?, ?) ORDER BY id_ms, id_seq LIMIT ?",
-            (name_value(queue), start[0], start[1], limit)).fetchall()
-
-    def idle_in_flight(self, queue: bytes, delivered_before: int, limit: int) -> list[tuple]:
-        """In-flight tasks idle since `delivered_before`, longest idle first (XREADGROUP CLAIM)."""
-        return self.conn.execute(
-            f"SELECT {self.LEASE_COLUMNS} FROM tasks WHERE queue = ? AND state = 'in_flight' "
-            "AND delivered_at <= ? ORDER BY delivered_at, id_ms, id_seq LIMIT ?",
-            (name_value(queue), delivered_before, limit)).fetchall()
+    def lease_rows_of(self, rowids: list[int]) -> dict[int, tuple]:
+        """These rows (tasks in flight the broker chose: XAUTOCLAIM, XREADGROUP CLAIM) by row id
+        (LEASE_COLUMNS)."""
+        return {row[0]: row for row in self.conn.execute(
+            f"SELECT {self.LEASE_COLUMNS} FROM tasks WHERE rowid IN (SELECT value FROM json_each(?))",
+            ("[%s]" % ",".join(map(str, rowids)),))}
 
     def set_lease(self, rowid: int, worker: bytes, delivered_at: int, deadline: int, attempts: int) -> int:
         """Take over or renew an in-flight task, or FORCE an available one: 1 if it moved, else 0."""
@@ -518,19 +505,6 @@ class Database:
             f"ORDER BY id_ms, id_seq LIMIT ?",
             (name_value(queue), after[0], after[1], *params, count)).fetchall()
 
-    def pending_summary(self, queue: bytes, by_lease_index: bool) -> tuple:
-        """(first id, last id, [(worker, count)]) of a queue's in-flight tasks."""
-        return reads.pending_summary(self.conn, queue, by_lease_index)
-
-    def pending_entries(self, queue: bytes, start: tuple, end: tuple, count: int, worker: bytes | None,
-                        min_delivered_before: int | None, by_lease_index: bool) -> list[tuple]:
-        """(id_ms, id_seq, worker, delivered_at, attempts) of in-flight tasks in a range."""
-        return reads.pending_entries(self.conn, queue, start, end, count, worker, min_delivered_before, by_lease_index)
-
-    def consumers(self, queue: bytes) -> list[tuple]:
-        """(worker, in-flight count, last delivery) per worker holding tasks (XINFO CONSUMERS)."""
-        return reads.consumers(self.conn, queue)
-
     def last_delivered(self, queue: bytes) -> tuple | None:
         """The newest id ever delivered (XINFO GROUPS last-delivered-id after a restart)."""
         return self.conn.execute(
@@ -542,9 +516,9 @@ class Database:
     def tasks_in_state(self, queue: bytes, state: str, count: int, after: tuple = (0, 0),
                        head: int | None = None) -> list[tuple]:
         """Up to `count` tasks of one state (INSPECT_COLUMNS rows), each state in an order that
-        costs no sort of a million rows: available, in flight and dead in id order after `after`
-        (delivery order); delayed by when they come due; done newest id first (`after` is not
-        used for those two; `head`: see reads.newest_done).
+        costs no sort of a million rows: available and dead in id order after `after` (delivery
+        order); delayed by when they come due; done newest id first (`after` is not used for
+        those two; `head`: see reads.newest_done). Tasks in flight: `tasks_by_rowid`.
         """
         order = INSPECT_ORDER[state]  # KeyError for anything but a known state: never user text
         if state == lifecycle.DONE:
@@ -557,6 +531,13 @@ class Database:
             sql += " AND (id_ms, id_seq) > (?, ?)"
             params += after
         return self.conn.execute(f"{sql} ORDER BY {order} LIMIT ?", (*params, count)).fetchall()
+
+    def tasks_by_rowid(self, rowids: list[int]) -> list[tuple]:
+        """These rows (tasks in flight the broker chose: the dashboard, XINFO TASKS), INSPECT_COLUMNS,
+        in id order."""
+        return self.conn.execute(
+            f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid IN (SELECT value FROM json_each(?)) "
+            "ORDER BY id_ms, id_seq", ("[%s]" % ",".join(map(str, rowids)),)).fetchall()
 
     def tasks_by_id(self, queue: bytes, states: tuple, count: int, after: tuple = (0, 0)) -> list[tuple]:
         """Up to `count` tasks in any of `states` in id order (XINFO TASKS unfinished)."""

@@ -213,6 +213,8 @@ def _migrate(conn, version: int, path: str) -> None:
             _migrate_to_v10(conn)
         if version < 11:
             _add_task_column(conn, "reserved", "BLOB")
+        if version < 12:  # the leases are kept in memory: their index goes (broker/in_flight.py)
+            _migrate_to_v12(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -251,6 +253,14 @@ def _migrate_to_v10(conn) -> None:
     _add_task_column(conn, "retained", "INTEGER")
     _add_queue_columns(conn, QUEUE_COLUMNS_V10)
     conn.execute(SCHEMA_STATEMENTS["tasks_retained"])
+
+
+def _migrate_to_v12(conn) -> None:
+    """The in-flight index goes. A clean stop of an older EZRA left its tasks in flight, which
+    start-up's recovery no longer finds without reading every row when the file was closed
+    cleanly (Database.recover): they go back to available here, found by the index, before it goes."""
+    conn.execute("UPDATE tasks SET state = 'available', worker = NULL, deadline = NULL WHERE state = 'in_flight'")
+    conn.execute("DROP INDEX IF EXISTS tasks_in_flight")
 
 
 def _migrate_to_v2(conn) -> None:

@@ -59,9 +59,9 @@ CREATE TABLE IF NOT EXISTS tasks (
 
 -- Few indexes on purpose: every index costs a page write per state change. Available tasks
 -- have none: the broker keeps each queue's available order in memory (claims take the oldest)
--- and builds it from the primary key after a start; schema 8 dropped tasks_available.
--- XREADGROUP 0, XPENDING and the reaper look at in-flight tasks (few: leased ones).
-CREATE INDEX IF NOT EXISTS tasks_in_flight ON tasks (queue, worker, id_ms, id_seq) WHERE state = 'in_flight';
+-- and builds it from the primary key after a start; schema 8 dropped tasks_available. Tasks in
+-- flight have none either: the broker keeps their leases in memory (broker/in_flight.py), and
+-- a start makes every one available again; schema 12 dropped tasks_in_flight.
 -- Retention purges a queue's done tasks, oldest first: only those finished under a retention limit
 -- are in it. Done tasks of a queue that keeps them for ever (the default) are in no index, so their
 -- ack writes the row and the in-flight index only (schema 10 dropped tasks_done, every done task by
