@@ -176,6 +176,10 @@ def test_a_workers_repeated_claim_is_read_once_and_claims_as_the_first(tmp_path)
     [(1796319258949, 17, bulk_array([b"a", b"1", b"b", b"x" * 300]), 2)],
     [(7, 3, '["f", "v"]', 1)],  # a row stored as JSON (before schema 9, schedules, hand edits)
     [(5, 0, bulk_array([b"f", b"v"]), 1), (5, 1, bulk_array([b"g", b"w"]), 1)],
+    # many rows, written by one format in C until a row stored as JSON sends them the long way
+    [(5, 0, bulk_array([b"f", b"v"]), 1), (5, 1, '["g", "w"]', 1), (6, 0, bulk_array([b"h", b"x" * 200]), 1)],
+    [(5, 0, '["f", "v"]', 1), (5, 1, bulk_array([b"g", b"w"]), 1)],
+    [(5, n, bulk_array([b"n", b"%d" % n]), 1) for n in range(50)] + [(6, 0, '["last", "json"]', 1)],
 ])
 def test_a_claims_entries_are_written_as_encode_writes_them(rows):
     """written_entries (one row by one format) is the RESP of entries(rows), in RESP2 and RESP3."""
