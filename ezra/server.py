@@ -138,7 +138,7 @@ def tls_context(settings):
 
 
 class ConnectionServer(StreamServer):
-    """A StreamServer that hands each accepted socket to `start(handle, sock, address)`, which serves it
+    """A StreamServer that hands each accepted socket to `start(handle, sock, addr)`, which serves it
     in a greenlet of its own, and leaves the socket open when the handler returns: a parked connection
     lives on. EzraServer._handle closes every socket it does not keep."""
 
@@ -147,7 +147,9 @@ class ConnectionServer(StreamServer):
         self._start = start
 
     def do_handle(self, sock, address) -> None:
-        self._start(self._handle, sock, address)
+        # "host:port", which the Session keeps, instead of the address: a greenlet holds its
+        # arguments until it ends, and the tuple, host and port cost 146 bytes per connection.
+        self._start(self._handle, sock, f"{address[0]}:{address[1]}")
 
 
 class EzraServer:
@@ -214,7 +216,7 @@ class EzraServer:
             self._none_serving = Event()
             self._none_serving.wait(timeout)
 
-    def _tls_handshake(self, sock, address):
+    def _tls_handshake(self, sock, addr: str):
         """The TLS socket, or None (closed, logged) if the handshake failed or stalled."""
         timeout = self.state.settings.client_frame_timeout or None
         try:
@@ -223,28 +225,27 @@ class EzraServer:
             tls_sock.settimeout(None)
             return tls_sock
         except (OSError, ValueError) as exc:  # ssl.SSLError, a timeout, a reset
-            logger.info("TLS handshake with {}:{} failed: {}", address[0], address[1], exc)
+            logger.info("TLS handshake with {} failed: {}", addr, exc)
             sock.close()
             return None
 
-    def _handle(self, sock, address) -> None:
-        """A new client, in its own greenlet: accept it, then serve it."""
+    def _handle(self, sock, addr: str) -> None:
+        """A new client (its "host:port"), in its own greenlet: accept it, then serve it."""
         try:
-            connection = self._accept(sock, address)
+            connection = self._accept(sock, addr)
         except BaseException:
             sock.close()  # ConnectionServer leaves that to us
             self._greenlet_ended()
             raise
-        del sock, address  # not held while it is served: an open connection's memory (see the module doc)
         if connection is None:
             self._greenlet_ended()
         else:
             self._serve(connection)
 
-    def _accept(self, sock, address) -> Connection | None:
+    def _accept(self, sock, addr: str) -> Connection | None:
         """The new client's Connection, or None (socket closed) if refused or the TLS handshake failed."""
         if self.tls is not None:
-            sock = self._tls_handshake(sock, address)
+            sock = self._tls_handshake(sock, addr)
             if sock is None:
                 return None
         state = self.state
@@ -252,7 +253,7 @@ class EzraServer:
             state.rejected_connections += 1
             refuse(sock, errors.MAX_CLIENTS())
             return None
-        refusal = self.gate.refusal(address[0])
+        refusal = self.gate.refusal(addr.rpartition(":")[0])
         if refusal is not None:
             refuse(sock, refusal)
             state.rejected_connections += 1
@@ -260,7 +261,7 @@ class EzraServer:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if state.settings.tcp_keepalive:
             keep_alive(sock, state.settings.tcp_keepalive)
-        connection = Connection(state, sock, address, self.gate, self.tls is not None)
+        connection = Connection(state, sock, addr, self.gate, self.tls is not None)
         to_close = self.gate.admitted(connection, time.monotonic())
         state.sessions[connection.session.id] = connection.session
         self.connections.add(connection)
@@ -325,10 +326,10 @@ class EzraServer:
         self.gate.forget(connection)
         connection.sock.close()
         session.close()  # release on disconnect: the worker names it used may be gone
-        # Session and Connection point at each other (wait, flush): break the cycle so their
+        # Session and Connection point at each other (front): break the cycle so their
         # memory, a half-read frame of up to --max-task-size included, is freed now, not at
         # the next full collection (which may be long: a 60 MB buffer outlived its client).
-        session.wait = session.flush = None
+        session.front = None
         connection.reader = None
 
     def _park_idle_connections(self) -> None:
