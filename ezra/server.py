@@ -2,7 +2,7 @@
 
 EzraServer listens, accepts (or refuses, with Redis's errors: too many clients,
 protected mode), does the TLS handshake, and builds a Connection per client,
-served in its own greenlet from a Pool; it closes the unauthenticated
+served in a greenlet of its own; it closes the unauthenticated
 connections gate.py gives up on (a host's oldest, to make room for a new one;
 those past --auth-timeout); at shutdown it stops listening, lets busy
 connections finish and closes the rest (app.py calls these in order). It also
@@ -14,6 +14,15 @@ when the client sends again. A parked greenlet's stacks were most of an idle
 connection's memory (8.5 of 10.9 KB); workers that keep a connection open and
 quiet are the common case. The sweep that finds them and the watcher that
 resumes them are here; the connection's side of it is in connection.py.
+
+A connection's greenlet is a bare one (greenlet.greenlet, its parent the hub),
+not gevent's Greenlet from a Pool, which cost about 1 KB more per connection:
+the Greenlet's fields, its start callback, the Pool's link and set entry. That
+counts even once the connection is parked. What the open connections held at
+their peak stays with Python's allocator, whose 1 MiB arenas go back to the
+system only when empty, and the few objects each parked connection keeps are
+spread over all of them. So server.py counts its greenlets itself, to wait for
+them at shutdown.
 """
 
 from __future__ import annotations
@@ -25,8 +34,9 @@ import time
 
 import gevent
 from gevent import get_hub, getcurrent
-from gevent.pool import Pool
+from gevent.event import Event
 from gevent.server import StreamServer
+from greenlet import greenlet as BareGreenlet
 from loguru import logger
 
 from . import errors
@@ -128,13 +138,18 @@ def tls_context(settings):
 
 
 class ConnectionServer(StreamServer):
-    """A StreamServer that leaves the socket open when the handler returns: a parked connection lives on.
+    """A StreamServer that hands each accepted socket to `start(handle, sock, addr)`, which serves it
+    in a greenlet of its own, and leaves the socket open when the handler returns: a parked connection
+    lives on. EzraServer._handle closes every socket it does not keep."""
 
-    EzraServer._handle closes every socket it does not keep.
-    """
+    def __init__(self, address, handle, start):
+        super().__init__(address, handle, backlog=1024)
+        self._start = start
 
-    def do_close(self, sock, *args) -> None:
-        pass
+    def do_handle(self, sock, address) -> None:
+        # "host:port", which the Session keeps, instead of the address: a greenlet holds its
+        # arguments until it ends, and the tuple, host and port cost 146 bytes per connection.
+        self._start(self._handle, sock, f"{address[0]}:{address[1]}")
 
 
 class EzraServer:
@@ -143,15 +158,16 @@ class EzraServer:
     def __init__(self, state: ServerState):
         self.state = state
         settings = state.settings
-        self.pool = Pool()
+        self.hub = get_hub()
+        self.serving = 0  # greenlets started for connections that have not ended (see _start_greenlet)
+        self._none_serving: Event | None = None  # set when serving drops to 0, while close_connections waits
         self.connections: set[Connection] = set()
         self.gate = Gate(settings)  # protected mode; connections that have not authenticated; guessing
         self.auth_throttle = self.gate.guesses  # the HTTP listener's Basic auth shares the RESP port's bound
         self.tls = tls_context(settings)
         self.max_clients = state.max_clients = client_limit(
             settings.max_clients, FD_RESERVE + (HTTP_CONNECTIONS if settings.http_port is not None else 0))
-        self.stream_server = ConnectionServer((settings.bind, settings.port), self._handle,
-                                              spawn=self.pool, backlog=1024)
+        self.stream_server = ConnectionServer((settings.bind, settings.port), self._handle, self._start_greenlet)
         self._sweeper = None
         self._freed_since_trim = 0  # bytes of readers that parked connections dropped (Connection.shed)
 
@@ -175,13 +191,32 @@ class EzraServer:
             if connection.parked is not None:
                 self._close(connection)
             elif connection.answer_held:  # its answer is a WRONGPASS: nothing to finish
-                connection.greenlet.kill(block=False)
+                gevent.kill(connection.greenlet)
             else:
                 connection.hang_up_if_idle()
-        self.pool.join(timeout=timeout)
-        self.pool.kill(timeout=1)
+        self._wait_for_greenlets(timeout)
+        for connection in list(self.connections):
+            if connection.greenlet is not None:
+                gevent.kill(connection.greenlet)
+        self._wait_for_greenlets(1)
 
-    def _tls_handshake(self, sock, address):
+    def _start_greenlet(self, run, *args) -> None:
+        """Run `run(*args)` in a new bare greenlet (see the module doc), counted until it ends."""
+        self.serving += 1
+        self.hub.loop.run_callback(BareGreenlet(run, self.hub).switch, *args)
+
+    def _greenlet_ended(self) -> None:
+        self.serving -= 1
+        if not self.serving and self._none_serving is not None:
+            self._none_serving.set()
+
+    def _wait_for_greenlets(self, timeout: float) -> None:
+        """Wait until every connection's greenlet has ended, or for `timeout` seconds."""
+        if self.serving:
+            self._none_serving = Event()
+            self._none_serving.wait(timeout)
+
+    def _tls_handshake(self, sock, addr: str):
         """The TLS socket, or None (closed, logged) if the handshake failed or stalled."""
         timeout = self.state.settings.client_frame_timeout or None
         try:
@@ -190,23 +225,27 @@ class EzraServer:
             tls_sock.settimeout(None)
             return tls_sock
         except (OSError, ValueError) as exc:  # ssl.SSLError, a timeout, a reset
-            logger.info("TLS handshake with {}:{} failed: {}", address[0], address[1], exc)
+            logger.info("TLS handshake with {} failed: {}", addr, exc)
             sock.close()
             return None
 
-    def _handle(self, sock, address) -> None:
+    def _handle(self, sock, addr: str) -> None:
+        """A new client (its "host:port"), in its own greenlet: accept it, then serve it."""
         try:
-            connection = self._accept(sock, address)
+            connection = self._accept(sock, addr)
         except BaseException:
             sock.close()  # ConnectionServer leaves that to us
+            self._greenlet_ended()
             raise
-        if connection is not None:
+        if connection is None:
+            self._greenlet_ended()
+        else:
             self._serve(connection)
 
-    def _accept(self, sock, address) -> Connection | None:
+    def _accept(self, sock, addr: str) -> Connection | None:
         """The new client's Connection, or None (socket closed) if refused or the TLS handshake failed."""
         if self.tls is not None:
-            sock = self._tls_handshake(sock, address)
+            sock = self._tls_handshake(sock, addr)
             if sock is None:
                 return None
         state = self.state
@@ -214,7 +253,7 @@ class EzraServer:
             state.rejected_connections += 1
             refuse(sock, errors.MAX_CLIENTS())
             return None
-        refusal = self.gate.refusal(address[0])
+        refusal = self.gate.refusal(addr.rpartition(":")[0])
         if refusal is not None:
             refuse(sock, refusal)
             state.rejected_connections += 1
@@ -222,7 +261,7 @@ class EzraServer:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if state.settings.tcp_keepalive:
             keep_alive(sock, state.settings.tcp_keepalive)
-        connection = Connection(state, sock, address, self.gate, self.tls is not None)
+        connection = Connection(state, sock, addr, self.gate, self.tls is not None)
         to_close = self.gate.admitted(connection, time.monotonic())
         state.sessions[connection.session.id] = connection.session
         self.connections.add(connection)
@@ -244,7 +283,7 @@ class EzraServer:
         except OSError:
             pass  # the client closed it already
         if connection.greenlet is not None:
-            connection.greenlet.kill(block=False)  # even while its wrong password's answer waits
+            gevent.kill(connection.greenlet)  # even while its wrong password's answer waits
 
     def _serve(self, connection: Connection) -> None:
         """Run in the connection's greenlet until it is parked or closed."""
@@ -265,12 +304,13 @@ class EzraServer:
                 self.state.parked_clients += 1
             else:
                 self._close(connection)
+            self._greenlet_ended()
 
     def _resume(self, connection: Connection) -> None:
         """On the hub: a parked client sent something (or hung up): serve it in a new greenlet."""
         self._unpark(connection)
         connection.restore()
-        self.pool.spawn(self._serve, connection)
+        self._start_greenlet(self._serve, connection)
 
     def _unpark(self, connection: Connection) -> None:
         connection.parked.stop()  # the socket's: it closes it with itself
@@ -286,10 +326,10 @@ class EzraServer:
         self.gate.forget(connection)
         connection.sock.close()
         session.close()  # release on disconnect: the worker names it used may be gone
-        # Session and Connection point at each other (wait, flush): break the cycle so their
+        # Session and Connection point at each other (front): break the cycle so their
         # memory, a half-read frame of up to --max-task-size included, is freed now, not at
         # the next full collection (which may be long: a 60 MB buffer outlived its client).
-        session.wait = session.flush = None
+        session.front = None
         connection.reader = None
 
     def _park_idle_connections(self) -> None:

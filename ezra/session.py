@@ -37,10 +37,10 @@ class Session:
     """One connection's state: protocol, name, authentication, the worker names it used."""
 
     __slots__ = ("state", "id", "proto", "name", "lib_name", "lib_ver", "authenticated",
-                 "closing", "addr", "created", "wait", "flush", "workers", "queued", "queued_bytes",
+                 "closing", "addr", "created", "front", "workers", "queued", "queued_bytes",
                  "queue_failed", "in_exec", "last_claim")
 
-    def __init__(self, state: ServerState, addr: str, wait, flush):
+    def __init__(self, state: ServerState, addr: str, front):
         self.state = state
         self.id = next(state.client_ids)
         self.proto = 2
@@ -50,8 +50,10 @@ class Session:
         self.closing = False
         self.addr = addr
         self.created = time.time()
-        self.wait = wait    # wait(event, seconds) -> True | False (timeout) | None (hung up)
-        self.flush = flush  # send the replies computed so far (before blocking)
+        # The connection, for a blocking command: front.flush() sends the replies computed so far,
+        # front.wait(event, seconds) -> True | False (timeout) | None (hung up). Not two bound
+        # methods: they cost 128 bytes per connection.
+        self.front = front
         # Consumer names this connection used (release on disconnect). Most connections are
         # producers or idle: they share one empty set until they name a worker (~0.2 KB each).
         self.workers: set[bytes] | frozenset = NO_WORKERS

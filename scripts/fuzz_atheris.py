@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import atheris
 
@@ -63,7 +64,7 @@ class Harness:
 
     def session(self):
         # A blocked read times out at once; there is nothing to flush to.
-        return Session(self.state, "fuzz:1", lambda event, timeout: False, lambda: None)
+        return Session(self.state, "fuzz:1", SimpleNamespace(wait=lambda event, timeout: False, flush=lambda: None))
 
     def one_input(self, data: bytes) -> None:
         self.runs += 1

@@ -139,6 +139,30 @@ def test_sigterm_closes_parked_connections_cleanly(ezra_factory):
         sock.close()
 
 
+def test_a_stop_after_parking_resuming_and_refusing_does_not_wait_out_the_grace(ezra_factory):
+    """server.py counts every connection's greenlet until it ends, to wait for them at a stop: one
+    counted for ever (resumed, refused, closed by its client) would hold each stop for the 5 s grace."""
+    server = ezra_factory()
+    socks = pinged_connections(server, 10)
+    wait_parked(server, 10)
+    for sock in socks:
+        sock.sendall(b"PING\r\n")
+    for sock in socks:
+        assert recv_reply(sock) == b"+PONG\r\n"  # resumed in a new greenlet
+    socks.pop().close()  # its greenlet ends with the connection
+    refused = socket.create_connection(("127.0.0.1", server.port), timeout=30, source_address=("127.0.0.2", 0))
+    assert refused.recv(16) == b"-DENIED EZRA is ", "protected mode: refused before any command"
+    refused.close()
+    started = time.monotonic()
+    assert server.stop() == 0, server.log()
+    took = time.monotonic() - started
+    assert "stopped cleanly" in server.log()
+    assert took < 4, f"the stop took {took:.1f} s: it waited for a greenlet that had ended"
+    for sock in socks:
+        assert sock.recv(16) == b"", "the server closed the idle connection"
+        sock.close()
+
+
 def test_many_parked_connections_all_answer(ezra_factory):
     """Enough to park at once that the sweep also hands the freed memory back (TRIM_AFTER_PARKING)."""
     server = ezra_factory()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import sqlite3
@@ -10,6 +11,7 @@ import subprocess
 import stat
 import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -123,6 +125,26 @@ def test_sigterm_answers_a_blocked_reader(ezra_factory):
     assert server.stop(signal.SIGTERM) == 0
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_sigterm_waits_the_grace_for_a_client_that_reads_none_of_its_reply_then_closes_it(ezra_factory):
+    """A connection still sending its replies at a stop has SHUTDOWN_GRACE (5 s) to finish, then it is
+    closed: one whose client reads nothing neither holds the stop (--client-send-timeout is 60 s) nor is
+    cut off before the grace."""
+    server = ezra_factory()
+    producer = server.client()
+    for _ in range(16):
+        producer.xadd("big", {"blob": b"x" * 1_000_000})
+    producer.close()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as stuck:
+        stuck.sendall(b"XRANGE big - +\r\n")  # 16 MB of reply, none of it read
+        readable, _, _ = select.select([stuck], [], [], 30)
+        assert readable, "the reply began"  # the server's greenlet now waits for the client to read
+        started = time.monotonic()
+        assert server.stop(signal.SIGTERM) == 0, server.log()
+        took = time.monotonic() - started
+    assert "stopped cleanly" in server.log()
+    assert 4 <= took < 15, f"the stop took {took:.1f} s"
 
 
 def test_sigterm_as_soon_as_it_listens_stops_it_cleanly(tmp_path):

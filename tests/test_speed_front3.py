@@ -170,7 +170,7 @@ def a_session():
     from ezra.config import Settings
     from ezra.session import ServerState, Session
 
-    return Session(ServerState(None, Settings(data_dir=tempfile.mkdtemp())), "127.0.0.1:1", None, None)
+    return Session(ServerState(None, Settings(data_dir=tempfile.mkdtemp())), "127.0.0.1:1", None)
 
 
 def test_the_fast_path_answers_a_handlers_bug_as_an_internal_error_and_logs_it(probe_command):

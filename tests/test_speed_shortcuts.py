@@ -8,6 +8,8 @@ Each is checked here against the general code it stands in for, edge cases inclu
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -135,8 +137,8 @@ def test_a_workers_repeated_claim_is_read_once_and_claims_as_the_first(tmp_path)
 
     settings = Settings(data_dir=str(tmp_path), durability="normal")
     broker = Broker(open_database(str(tmp_path / "data")), settings)
-    session = Session(ServerState(broker, settings), "test:1", lambda event, seconds: event.wait(seconds),
-                      lambda: None)
+    front = SimpleNamespace(wait=lambda event, seconds: event.wait(seconds), flush=lambda: None)
+    session = Session(ServerState(broker, settings), "test:1", front)
 
     def send(*words):
         try:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -321,8 +322,8 @@ def test_every_kind_of_command_in_one_exec_is_one_commit(tmp_path):
 
     settings = Settings(data_dir=str(tmp_path), durability="normal")
     broker = Broker(open_database(str(tmp_path / "data")), settings)
-    session = Session(ServerState(broker, settings), "test:1", lambda event, seconds: event.wait(seconds),
-                      lambda: None)
+    front = SimpleNamespace(wait=lambda event, seconds: event.wait(seconds), flush=lambda: None)
+    session = Session(ServerState(broker, settings), "test:1", front)
 
     def send(*words):
         reply = dispatch(session, [word.encode() for word in words])

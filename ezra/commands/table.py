@@ -94,13 +94,14 @@ def wait_out(session, block: Block):
     """A blocking command's wait: the front's, for every command registered with blocks=True."""
     if session.in_exec:
         return block.without_waiting()  # as Redis: inside MULTI/EXEC nothing blocks
-    session.flush()  # a blocked client has its earlier pipelined replies already
+    front = session.front
+    front.flush()  # a blocked client has its earlier pipelined replies already
     left = block.timeout
     deadline = None if left is None else time.monotonic() + left
     try:
         reply = block.start()
         while reply is None:
-            outcome = False if left is not None and left <= 0 else session.wait(block.event, left)
+            outcome = False if left is not None and left <= 0 else front.wait(block.event, left)
             reply = block.woken(outcome)
             if deadline is not None:  # woken with nothing to answer (XREAD): wait what is left
                 left = deadline - time.monotonic()
