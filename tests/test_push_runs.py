@@ -174,6 +174,8 @@ def test_a_run_whose_batch_rolls_back_answers_each_push_the_error(clocked_broker
     """A run is one request: when its batch fails, the error is the reply of every push in it."""
     from support_queue import submit_broken_request
 
+    from types import SimpleNamespace
+
     from ezra.commands import Deferred
     from ezra.connection import Connection
     from ezra.resp import Replies
@@ -183,7 +185,7 @@ def test_a_run_whose_batch_rolls_back_answers_each_push_the_error(clocked_broker
     sent = []
     conn = Connection.__new__(Connection)  # its flush alone: the replies go to `sent`, not a socket
     conn.replies, conn.reads = [(2, Deferred(request, Replies, replies=3)), (2, 7)], 0
-    conn._send_now = lambda data: sent.append(data) or len(data)
+    conn._raw = SimpleNamespace(send=lambda data: sent.append(data) or len(data))  # the socket it sends on
     conn.flush()
     error = re.escape(b"-ERR storage error")
     assert re.match(rb"^(%s[^\r\n]*\r\n){3}:7\r\n$" % error, b"".join(sent)), sent
