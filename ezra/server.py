@@ -47,6 +47,8 @@ from .session import ServerState
 
 FD_RESERVE = 32  # descriptors beyond the clients': database, WAL, listener, logs (Redis keeps 32 too)
 HTTP_CONNECTIONS = 1024  # --http-port: connections served at once (web/server.py); their descriptors are reserved too
+REFUSAL_LINGER = 1.0  # seconds a refused client's bytes are read and dropped before its socket closes
+READ_WHILE_LINGERING = 4096
 PARK_AFTER = 1.0  # seconds between sweeps: a connection idle through a whole sweep interval is parked
 TRIM_AFTER_PARKING = 100  # parked at once: hand the freed stacks back to the system (see trim_freed_memory)
 TRIM_AFTER_BYTES = 1024 * 1024  # or parked connections' readers freed this much since the last trim
@@ -111,10 +113,19 @@ def client_limit(max_clients: int, reserve: int = FD_RESERVE) -> int:
 
 
 def refuse(sock, error) -> None:
-    """Answer a connection that is not served with `error`, then close it (as Redis: before any command)."""
+    """Answer a connection that is not served with `error`, then close it (as Redis: before any command).
+
+    The close lingers: what the client sends meanwhile (its HELLO, a command) is read and dropped
+    until it closes its end, for up to REFUSAL_LINGER. Closing a socket with unread bytes answers
+    them with a reset, and a reset can reach the client before it reads the error: redis-py then
+    reported "Broken pipe" instead of "max number of clients reached" (tests/test_server.py, about
+    one run in ten on a loaded machine)."""
     try:
         sock.sendall(encode(error, 2))
         sock.shutdown(socket.SHUT_WR)  # the error, then end of stream, even if the client sent a command
+        with gevent.Timeout(REFUSAL_LINGER, False):
+            while sock.recv(READ_WHILE_LINGERING):
+                pass
     except OSError:
         pass  # the refused client is gone already
     sock.close()
