@@ -69,7 +69,7 @@ import floor_server  # noqa: E402
 from ezra import commands, connection, gate, request_reader, resp, session as session_mod, storage, stream_ids  # noqa: E402
 from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
-from ezra.broker import claims as claims_mod, core as core_mod, tasks as tasks_mod  # noqa: E402
+from ezra.broker import claims as claims_mod, core as core_mod, in_flight as in_flight_mod, tasks as tasks_mod  # noqa: E402
 from ezra.broker import transitions as transitions_mod  # noqa: E402
 from ezra.commands import queue as queue_cmds, replies as replies_mod  # noqa: E402
 from ezra.config import Settings  # noqa: E402
@@ -262,9 +262,12 @@ def instrument_ezra(meter: Meter, broker) -> None:
         meter.wrap(transitions_mod.Transitions, name, "broker")
     for name in ("tx_claim", "nothing_to_claim"):
         meter.wrap(claims_mod.Claims, name, "broker")
-    for name in ("insert_task", "claim", "ack", "begin", "commit"):
+    for name in ("insert_task", "claim", "begin", "commit"):
         meter.wrap(database_mod.Database, name, "storage (Python)")
+    for name in ("claimed", "ended", "all_ended"):  # the leases kept in memory (schema 12)
+        meter.wrap(in_flight_mod.InFlight, name, "broker")
     meter.wrap(broker.db, "sync_wal", "storage (Python)")  # the WAL file's own method, bound per database
+    meter.wrap(broker.db, "ack", "storage (Python)")  # acks.ack, bound per database
     meter.wrap(queue_cmds, "claimed_reply", "encode")  # XREADGROUP's claims, written from the rows
     meter.wrap(queue_cmds, "read_reply", "encode")  # the claims' entries, built in the command (issue 25)
     meter.wrap(queue_cmds, "stored", "fields")  # XADD's fields in their stored form (task_fields.py)
@@ -322,7 +325,9 @@ class FakeSocket:
         self._timed_read = meter.timed("harness", self._next_read)  # left out of every stage and total
         self._timed_feed = meter.timed("harness", self._replies.feed)
         self._sock = self
-        self._read_event = None
+        # Always readable: the connection's wait on the read watcher (start it, switch to the hub,
+        # stop it) returns at once, as gevent's wait did here before (see _wait): no switch.
+        self._read_event = self.hub = self
 
     def _next_read(self):
         replies = []
@@ -344,7 +349,7 @@ class FakeSocket:
     def _wait(self, *args):  # always readable; the rest does nothing
         pass
 
-    setsockopt = close = _wait
+    setsockopt = close = start = stop = switch = _wait
 
 
 def reads_for(kind: str, n: int, per_turn: int, ids: list[bytes], claimed: list[bytes], batched: bool = False):
@@ -396,7 +401,7 @@ def run_server(server: str, a, instrumented: bool, counter: OpcodeCounter | None
             sock = FakeSocket(reads, meter)
             started = meter.clock()
             if server == "ezra":
-                connection.Connection(state, sock, ("127.0.0.1", 1), throttle).serve()
+                connection.Connection(state, sock, "127.0.0.1:1", throttle).serve()
             else:
                 floor.handle(sock, ("127.0.0.1", 1))
             return meter.clock() - started, claimed
@@ -729,7 +734,7 @@ def front_only(a) -> None:
         sock.recv = lambda size, flags=0: next(reads, b"")
         sock.send = len
         started = time.thread_time_ns()
-        connection.Connection(state, sock, ("127.0.0.1", 1), throttle).serve()
+        connection.Connection(state, sock, "127.0.0.1:1", throttle).serve()
         return (time.thread_time_ns() - started) / n / 1000
 
     for kind in KINDS:
