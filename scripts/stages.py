@@ -611,6 +611,14 @@ def write_bytes(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("write_bytes:"))
 
 
+def cpu_times(pid: int) -> tuple[float, float]:
+    """The process's (user, system) CPU seconds so far, every thread's (/proc/PID/stat, clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def attach(tool: str, pid: int, out: str) -> subprocess.Popen:
     if tool == "perf":
         argv = ["perf", "stat", "-e", "cpu-clock", "-x", ",", "-o", out, "-p", str(pid)]
@@ -654,7 +662,7 @@ def real(a) -> None:
                     ids: list[bytes] = []
                     for kind in KINDS:
                         out = os.path.join(data, f"{tool}-{kind}.txt")
-                        written = write_bytes(proc.pid)
+                        written, times = write_bytes(proc.pid), cpu_times(proc.pid)
                         tracer = attach(tool, proc.pid, out)
                         claimed = drive(port, kind, a.tasks, a.per_turn, ids, a.batched)
                         detach(tracer)
@@ -665,18 +673,22 @@ def real(a) -> None:
                         if tool == "perf":
                             figures.setdefault((server, kind, "bytes written"), []).append(
                                 (write_bytes(proc.pid) - written) / a.tasks)
+                            # user and kernel, from /proc (10 ms ticks: give a phase some 100,000 tasks)
+                            for what, before, after in zip(("user µs", "system µs"), times, cpu_times(proc.pid)):
+                                figures.setdefault((server, kind, what), []).append((after - before) * 1e6 / a.tasks)
                 finally:
                     proc.send_signal(signal.SIGTERM)
                     proc.wait(30)
                     shutil.rmtree(data, ignore_errors=True)
             print(f"round {r + 1}/{a.rounds} {server} done", file=sys.stderr, flush=True)
     for (server, kind, what), values in list(figures.items()):  # every system call, summed per round
-        if what not in ("cpu-clock µs", "bytes written"):
+        if what not in ("cpu-clock µs", "bytes written", "user µs", "system µs"):
             calls = figures.setdefault((server, kind, "system calls, all"), [0.0] * len(values))
             for i, value in enumerate(values):
                 calls[i] += value
     shown = {w for (_, _, w), values in figures.items() if statistics.median(values) >= 0.05}
-    whats = sorted(shown, key=lambda w: (w != "cpu-clock µs", w != "bytes written", w != "system calls, all", w))
+    whats = sorted(shown, key=lambda w: (w != "cpu-clock µs", w != "user µs", w != "system µs", w != "bytes written",
+                                         w != "system calls, all", w))
     print(f"Real servers, per command: {a.per_turn} command(s) per read, {a.tasks} per phase, "
           f"medians of {a.rounds} round(s); system calls from strace -c -f (its own run; those under 0.05 "
           "per command not shown)\n")
