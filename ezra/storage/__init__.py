@@ -11,9 +11,9 @@ check: connections of their own, on a native thread or in a command-line
 program). schedules.py holds the schedules table's queries (XSCHEDULE), which the
 Database carries as `db.schedules`; unique_keys.py those of XADD UNIQUE
 (`db.unique_keys`); producers.py those of XADD IDMP (`db.producers`); acks.py the
-ack's statements (`db.ack`, `db.ack_each`); wal_file.py the WAL file's own
+ack's statements, by row id (`db.ack`, `db.delete_acked`); wal_file.py the WAL file's own
 descriptor (fdatasync, size, zeros kept ahead; `db.wal`). reads.py holds the
-reads whose cost grows with the data (XPENDING's summary, XINFO's counts), which
+reads whose cost grows with the data (XINFO's idempotency counts, the done listing), which
 the Database runs in its transaction and the broker on a native thread
 (`read_apart`). The modules import one another in that order (schema <- dirlock,
 integrity, reads, acks <- database <- opening <- snapshots);
