@@ -321,3 +321,24 @@ def test_a_schema_11_file_stopped_cleanly_with_tasks_in_flight_gets_them_back(ez
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_in_flight'").fetchone()[0] == 0
     db.close()
+
+
+def test_the_heap_is_not_rebuilt_more_often_than_there_are_queues_to_walk():
+    """A build walks every queue: with many queues and short leases acked at once, the builds a
+    claim triggers must come no more often than once per as many claims as there are queues."""
+    names = [b"q%05d" % n for n in range(5 * COMPACT_MIN)]
+    queues, in_flight = leases_of(*names)
+    a = queues[names[0]]
+    builds = 0
+    build = in_flight._build
+
+    def counted_build():
+        nonlocal builds
+        builds += 1
+        build()
+    in_flight._build = counted_build
+    for n in range(20 * COMPACT_MIN):
+        claimed(in_flight, a, [(n, 0)], b"w", deadline=1000)
+        in_flight.ended(a, (n, 0))
+        in_flight.batch_ended()
+    assert builds <= 20 * COMPACT_MIN // (2 * len(names)) + 1, builds

@@ -39,7 +39,7 @@ from ..storage import name_bytes
 # A lease's fields (the tuple's positions)
 ROWID, WORKER, DEADLINE, DELIVERED_AT, ATTEMPTS = range(5)
 HORIZON_MS = 5000  # the deadline heap is built from every lease this often (while any is held)
-COMPACT_MIN = 1024  # ...or when it holds this many entries, and twice as many as at its last build
+COMPACT_MIN = 1024  # ...or when it holds this many entries, twice as many as at its last build and queues
 
 
 class QueueLeases(dict):
@@ -187,7 +187,9 @@ class InFlight:
         self._deadlines = [(deadline, next(self._entry_numbers), name, ids)
                            for (deadline, name), ids in grouped.items()]
         heapq.heapify(self._deadlines)
-        self._compact_at = max(COMPACT_MIN, 2 * len(self._deadlines))
+        # The next build from _push comes after at least as many pushes as it will look at queues
+        # and entries: with 50,000 queues and short leases, not a walk of them all per 1,024 claims.
+        self._compact_at = max(COMPACT_MIN, 2 * len(self._deadlines), 2 * len(self.queues))
         self._built_until = self.clock() + HORIZON_MS
 
     def _current(self, entry: tuple) -> list[tuple]:
