@@ -37,11 +37,16 @@ def raw(server) -> socket.socket:
 def pinged_connections(server, count: int) -> list[socket.socket]:
     """`count` raw connections that each had a PING answered, then sit idle."""
     socks = [raw(server) for _ in range(count)]
-    for sock in socks:
-        sock.sendall(b"PING\r\n")
-    for sock in socks:
-        assert recv_reply(sock) == b"+PONG\r\n"
+    each_answers(socks, b"PING\r\n", b"+PONG\r\n")
     return socks
+
+
+def each_answers(socks: list[socket.socket], command: bytes, reply: bytes) -> None:
+    """Send `command` on every connection, then read each one's reply: `reply`."""
+    for sock in socks:
+        sock.sendall(command)
+    for sock in socks:
+        assert recv_reply(sock) == reply
 
 
 def recv_reply(sock: socket.socket) -> bytes:
@@ -145,10 +150,7 @@ def test_a_stop_after_parking_resuming_and_refusing_does_not_wait_out_the_grace(
     server = ezra_factory()
     socks = pinged_connections(server, 10)
     wait_parked(server, 10)
-    for sock in socks:
-        sock.sendall(b"PING\r\n")
-    for sock in socks:
-        assert recv_reply(sock) == b"+PONG\r\n"  # resumed in a new greenlet
+    each_answers(socks, b"PING\r\n", b"+PONG\r\n")  # each resumed in a new greenlet
     socks.pop().close()  # its greenlet ends with the connection
     refused = socket.create_connection(("127.0.0.1", server.port), timeout=30, source_address=("127.0.0.2", 0))
     assert refused.recv(16) == b"-DENIED EZRA is ", "protected mode: refused before any command"
@@ -168,10 +170,7 @@ def test_many_parked_connections_all_answer(ezra_factory):
     server = ezra_factory()
     socks = pinged_connections(server, 300)
     wait_parked(server, 300)
-    for sock in socks:
-        sock.sendall(b"ECHO back\r\n")
-    for sock in socks:
-        assert recv_reply(sock) == b"$4\r\nback\r\n"
+    each_answers(socks, b"ECHO back\r\n", b"$4\r\nback\r\n")
     for sock in socks:
         sock.close()
     wait_until(lambda: clients_info(server)["connected_clients"] == 1,
