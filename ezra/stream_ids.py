@@ -19,6 +19,7 @@ from . import errors
 from .integers import to_uint64
 
 MAX_ID_PART = 2 ** 63 - 1  # SQLite integers are signed 64-bit; Redis allows 2**64-1
+TOP = (MAX_ID_PART, MAX_ID_PART)  # the largest id EZRA stores: ranges "to the end" end there
 REDIS_MAX_ID_PART = 2 ** 64 - 1
 ABOVE_ALL = (MAX_ID_PART + 1, 0)  # a range start above every id EZRA can store: the range is empty
 MAX_ID_TEXT = 127  # Redis copies an id into a 128-byte buffer: a longer text is no id

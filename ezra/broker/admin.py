@@ -28,11 +28,10 @@ from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
 from ..queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, reads
 from ..storage.reads import task_by_id
-from ..stream_ids import MAX_ID_PART
+from ..stream_ids import TOP
 from .in_flight import ATTEMPTS, DELIVERED_AT, ROWID, WORKER
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
-TOP = (MAX_ID_PART, MAX_ID_PART)
 STREAM_NODE_ENTRIES = 100  # Redis's stream-node-max-entries: XINFO's radix-tree figures estimate it
 ALL_QUEUES = "all"  # figures(ALL_QUEUES): every queue's figures
 

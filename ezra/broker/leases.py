@@ -21,10 +21,9 @@ from loguru import logger
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, IN_FLIGHT
 from ..storage import name_bytes
-from ..stream_ids import MAX_ID_PART
+from ..stream_ids import TOP
 from .in_flight import DELIVERED_AT, ROWID, failure_rows
 
-TOP = (MAX_ID_PART, MAX_ID_PART)
 SCAN_OVER = (0, 0)  # XAUTOCLAIM's cursor once every in-flight task was looked at
 AUTOCLAIM_SCAN_FACTOR = 10  # XAUTOCLAIM looks at up to COUNT x 10 in-flight tasks, as Redis does
 

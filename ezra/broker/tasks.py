@@ -10,7 +10,7 @@ from itertools import repeat
 
 from .. import errors, lifecycle, stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
-from .in_flight import ATTEMPTS, DELIVERED_AT, WORKER, failure_rows
+from .in_flight import ATTEMPTS, DELIVERED_AT, ROWID, WORKER, failure_rows
 from .queues import QueueState
 
 
@@ -227,7 +227,7 @@ class Tasks:
             held = self._delete_acked(queue, held)
             if not held:
                 return
-        rowids = [held[0][1][0]] if len(held) == 1 else [lease[0] for _, lease in held]
+        rowids = [held[0][1][ROWID]] if len(held) == 1 else [lease[ROWID] for _, lease in held]
         if self.db.ack(rowids, self.clock(), self.transitions.retained_mark(queue, retention)) != len(rowids):
             raise errors.guard_failed("ack", rowids, IN_FLIGHT)  # the leases said in flight
         self.in_flight.all_ended(queue, held)
@@ -241,7 +241,7 @@ class Tasks:
         (returned, for `_finish` to mark done)."""
         deleted, kept = [], []
         for pair in held:
-            (deleted if self.db.delete_acked(pair[1][0]) else kept).append(pair)
+            (deleted if self.db.delete_acked(pair[1][ROWID]) else kept).append(pair)
         if deleted:
             self.in_flight.all_ended(queue, deleted)
             queue.move(IN_FLIGHT, GONE, len(deleted))

@@ -29,7 +29,7 @@ from loguru import logger
 from .. import lifecycle, trimming
 from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
-from ..stream_ids import MAX_ID_PART
+from ..stream_ids import TOP
 from ..trimming import MAXLEN, MINID
 from .in_flight import failure_rows
 from .schedule import INF
@@ -47,7 +47,6 @@ VACUUM_QUIET_MS = 5000     # ... once deletions have stopped this long (pages ar
 DISK_FULL_QUIET_MS = 1000  # ... or this long while the disk is full: pushes wait for it
 VACUUM_MIN_FREE_PAGES = 2048
 VACUUM_STEP_PAGES = 256    # pages given back per pass (1 MB at 4 KB pages)
-TOP = (MAX_ID_PART, MAX_ID_PART)
 
 
 class Reaper:
