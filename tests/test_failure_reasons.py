@@ -154,7 +154,7 @@ def test_a_reason_survives_a_restart_and_reads_in_the_sqlite3_shell(ezra_factory
     assert failure(r, "jobs", "dead", task_id)["reason"] == "OSError: disk on fire"
     r.close()
     with sqlite3.connect(server.data_dir / "ezra.db") as db:  # what a human sees in a SQLite browser
-        [(text,)] = db.execute("SELECT failure FROM tasks WHERE id = ?", (task_id.decode(),)).fetchall()
+        [(text,)] = db.execute("SELECT failure FROM tasks_readable WHERE id = ?", (task_id.decode(),)).fetchall()
     record = json.loads(text)
     assert (record["cause"], record["reason"], record["worker"]) == ("nack", "OSError: disk on fire", "w1")
 

@@ -494,7 +494,7 @@ def acked_tasks_in(path) -> set[bytes]:
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        rows = conn.execute("SELECT id FROM tasks WHERE queue = 'busy' AND state = 'done'").fetchall()
+        rows = conn.execute("SELECT id FROM tasks_readable WHERE queue = 'busy' AND state = 'done'").fetchall()
         return {row[0].encode() for row in rows}
     finally:
         conn.close()

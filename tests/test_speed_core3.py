@@ -50,7 +50,7 @@ def test_a_nack_stores_its_record_as_json_dumps_wrote_it(ezra_factory, protocol)
     assert r.execute_command("XNACK", "jobs", "g", "FATAL", "IDS", 1, task_id, "REASON", reason) == 1
     r.close()
     with sqlite3.connect(server.data_dir / "ezra.db") as db:
-        [(text, finished_at)] = db.execute("SELECT failure, finished_at FROM tasks WHERE id = ?",
+        [(text, finished_at)] = db.execute("SELECT failure, finished_at FROM tasks_readable WHERE id = ?",
                                            (task_id.decode(),)).fetchall()
     record = json.loads(text)
     assert record == {"cause": "nack", "reason": reason, "worker": "wörker-1", "at": finished_at}

@@ -179,7 +179,7 @@ def exec_outcomes(path) -> tuple[set[bytes], dict]:
     """(jobs done with all their results, {job: (done?, results)} for any other mix) from the file."""
     db = sqlite3.connect(path)
     try:
-        done = {row[0] for row in db.execute("SELECT id FROM tasks WHERE queue = 'jobs' AND state = 'done'")}
+        done = {row[0] for row in db.execute("SELECT id FROM tasks_readable WHERE queue = 'jobs' AND state = 'done'")}
         counts: dict[str, int] = {}
         for (fields,) in db.execute("SELECT fields FROM tasks_readable WHERE queue = 'results'"):
             job = json.loads(fields)[1]

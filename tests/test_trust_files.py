@@ -23,7 +23,7 @@ OK_REPLIES = (True, b"OK", "OK")
 def task_ids_in(path) -> set[bytes]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        return {row[0].encode() for row in conn.execute("SELECT id FROM tasks")}
+        return {row[0].encode() for row in conn.execute("SELECT id FROM tasks_readable")}
     finally:
         conn.close()
 

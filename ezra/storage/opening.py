@@ -215,6 +215,8 @@ def _migrate(conn, version: int, path: str) -> None:
             _add_task_column(conn, "reserved", "BLOB")
         if version < 12:  # the leases are kept in memory: their index goes (broker/in_flight.py)
             _migrate_to_v12(conn)
+        if version < 13:
+            _migrate_to_v13(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -261,6 +263,17 @@ def _migrate_to_v12(conn) -> None:
     cleanly (Database.recover): they go back to available here, found by the index, before it goes."""
     conn.execute("UPDATE tasks SET state = 'available', worker = NULL, deadline = NULL WHERE state = 'in_flight'")
     conn.execute("DROP INDEX IF EXISTS tasks_in_flight")
+
+
+def _migrate_to_v13(conn) -> None:
+    """The generated column tasks.id goes (SQLite computed it in every write of a row, schema.sql);
+    the view, which read it, gives the same text from id_ms and id_seq. A VIRTUAL column holds
+    nothing in the rows: dropping it changes the table's text only, instant with a million tasks.
+    A file whose table was rebuilt from schema.sql (_migrate_to_v2) has no such column."""
+    conn.execute("DROP VIEW IF EXISTS tasks_readable")
+    if "id" in {row[1] for row in conn.execute("PRAGMA table_xinfo(tasks)")}:  # table_info hides it
+        conn.execute("ALTER TABLE tasks DROP COLUMN id")
+    conn.execute(SCHEMA_STATEMENTS["tasks_readable"])
 
 
 def _migrate_to_v2(conn) -> None:

@@ -29,11 +29,14 @@ CREATE TABLE IF NOT EXISTS queues (
 -- The state CHECK is written as comparisons, not IN (...): for an IN list of constants SQLite
 -- builds a temporary table each time a statement checks it (1.7 µs of every push, claim and
 -- ack, measured). Schema 7 rewrote older files' CHECK to this text (storage/opening.py).
+-- The id's text form, `id_ms-id_seq`, is the view's (tasks_readable), not a column here: SQLite
+-- computes a table's generated columns on every INSERT and UPDATE of a row, used or not (2.2k
+-- instructions each: a push, a claim and an ack paid it three times a task, measured). Schema 13
+-- dropped the VIRTUAL column `id` older files have.
 CREATE TABLE IF NOT EXISTS tasks (
     queue         TEXT    NOT NULL,
     id_ms         INTEGER NOT NULL,  -- the Redis stream id is id_ms-id_seq
     id_seq        INTEGER NOT NULL,
-    id            TEXT    GENERATED ALWAYS AS (id_ms || '-' || id_seq) VIRTUAL,
     state         TEXT    NOT NULL
                   CHECK (state = 'available' OR state = 'delayed' OR state = 'in_flight' OR state = 'done' OR state = 'dead'),
     fields        TEXT    NOT NULL,  -- BLOB: the RESP array of the names and values (*2 $1 n $1 v),
@@ -81,12 +84,12 @@ CREATE INDEX IF NOT EXISTS tasks_ttl ON tasks (finished_at + ttl_ms)
 CREATE UNIQUE INDEX IF NOT EXISTS tasks_unique ON tasks (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('available', 'delayed', 'in_flight');
 
--- The tasks for people (the sqlite3 shell, a SQLite browser): each column of tasks, with the fields
--- as a JSON array of text whichever form they are stored in, e.g.
+-- The tasks for people (the sqlite3 shell, a SQLite browser): each column of tasks, with the id as
+-- text (`1796319258949-0`) and the fields as a JSON array of text whichever form they are stored in, e.g.
 --   SELECT id, state, json_extract(fields, '$[1]') FROM tasks_readable WHERE queue = 'emails';
 -- The RESP array is read value by value: `*N\r\n`, then `$len\r\n<len bytes>\r\n` N times.
 CREATE VIEW IF NOT EXISTS tasks_readable AS
-SELECT queue, id, id_ms, id_seq, state,
+SELECT queue, id_ms || '-' || id_seq AS id, id_ms, id_seq, state,
        CASE WHEN typeof(fields) = 'blob' THEN (
          WITH RECURSIVE part(n, rest, value) AS (
            SELECT 0, substr(fields, instr(fields, x'0d0a') + 2), NULL
