@@ -184,15 +184,9 @@ class Tasks:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        if len(ids) == 1:  # a worker's ack of one task: its lease, if it is in flight
-            lease = queue.leases.get(ids[0])
-            if lease is None:
-                return 0  # not in flight (stale, or never delivered): counts 0
-            held = [(ids[0], lease)]
-        else:
-            held = self.in_flight.held(queue, ids)  # each id once; those not in flight count 0
-            if not held:
-                return 0
+        held = self.in_flight.take(queue, ids)  # each id once; those not in flight count 0
+        if not held:
+            return 0
         self._finish(queue, held)
         self.totals["acked"] += len(held)  # "acked" grows no XREAD view: no observers to tell
         queue.totals["acked"] += len(held)
@@ -205,23 +199,29 @@ class Tasks:
         queue = self.queues.get(name)
         if queue is None:
             return [0] * len(ids)
-        leases, held, counts = queue.leases, {}, []
-        for task_id in ids:
-            lease = leases.get(task_id)
-            if lease is None or task_id in held:
-                counts.append(0)
-            else:
-                held[task_id] = lease
-                counts.append(1)
+        held = self.in_flight.take(queue, ids)
+        if len(held) == len(ids):  # the usual run: every one acks a task of its own
+            counts = [1] * len(ids)
+        else:  # 1 for the command that took a lease; 0 for a task not in flight or acked before
+            taken = iter(held)
+            next_taken = next(taken, (None,))[0]
+            counts = []
+            for task_id in ids:
+                if task_id == next_taken:
+                    counts.append(1)
+                    next_taken = next(taken, (None,))[0]
+                else:
+                    counts.append(0)
         if held:
-            self._finish(queue, list(held.items()))
+            self._finish(queue, held)
             self.totals["acked"] += len(held)
             queue.totals["acked"] += len(held)
         return counts
 
     def _finish(self, queue: QueueState, held: list[tuple]) -> None:
-        """in_flight -> done for these (task id, lease) pairs, each row by its row id; under
-        retention 0 the record goes with the ack, unless the task has a TTL of its own."""
+        """in_flight -> done for these (task id, lease) pairs, each row by its row id, their leases
+        taken already (InFlight.take); under retention 0 the record goes with the ack, unless the
+        task has a TTL of its own."""
         retention = queue.retention()
         if retention == 0:
             held = self._delete_acked(queue, held)
@@ -230,10 +230,10 @@ class Tasks:
         rowids = [held[0][1][ROWID]] if len(held) == 1 else [lease[ROWID] for _, lease in held]
         if self.db.ack(rowids, self.clock(), self.transitions.retained_mark(queue, retention)) != len(rowids):
             raise errors.guard_failed("ack", rowids, IN_FLIGHT)  # the leases said in flight
-        self.in_flight.all_ended(queue, held)
-        first = held[0][0] if len(held) == 1 else min(held)[0]
-        if first < queue.trim_floor:
-            queue.trim_floor = first  # done now: trimming looks from here
+        if queue.trim_floor > (0, 0):  # trimming moved it up: a task done below it moves it back down
+            first = held[0][0] if len(held) == 1 else min(held)[0]
+            if first < queue.trim_floor:
+                queue.trim_floor = first
         queue.move(IN_FLIGHT, DONE, len(held))
 
     def _delete_acked(self, queue: QueueState, held: list[tuple]) -> list[tuple]:
@@ -243,7 +243,6 @@ class Tasks:
         for pair in held:
             (deleted if self.db.delete_acked(pair[1][ROWID]) else kept).append(pair)
         if deleted:
-            self.in_flight.all_ended(queue, deleted)
             queue.move(IN_FLIGHT, GONE, len(deleted))
             self.transitions.note_deleted(queue, [task_id for task_id, _ in deleted])
         return kept
