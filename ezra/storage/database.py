@@ -341,8 +341,8 @@ class Database:
     def claim(self, queue: bytes, rowids: list[int], worker: bytes, now: int, deadline: int | None,
               state: str = lifecycle.IN_FLIGHT, retained: int | None = None) -> list[tuple]:
         """Lease these tasks (the queue's available order, broker/available.py): (id_ms, id_seq,
-        fields, attempts, rowid) of each that is still an available task of the queue, in id
-        order, attempts counting this delivery. Others (a stale entry of the order) are left alone.
+        fields, attempts, rowid) of each that is still an available task of the queue, in no set
+        order (the broker sorts what its passes gathered), attempts counting this delivery. Others (a stale entry of the order) are left alone.
         NOACK (state done): `retained` as `ack`'s."""
         q = name_value(queue)
         finished = now if state == lifecycle.DONE else None
@@ -363,7 +363,6 @@ class Database:
         rows = self.conn.execute(_CLAIMABLE_SQL, (listed, q)).fetchall()
         if rows:
             self.conn.execute(_CLAIM_SQL, (state, name_value(worker), deadline, now, finished, retained, listed, q))
-        rows.sort()
         return rows
 
     def available_after(self, queue: bytes, after: tuple | None, limit: int) -> list[tuple]:
