@@ -12,7 +12,7 @@ import sqlite3
 
 import pytest
 
-from ezra import lifecycle
+from ezra import errors, lifecycle
 from ezra.broker import Broker
 from ezra.broker.in_flight import COMPACT_MIN, HORIZON_MS, InFlight, QueueLeases
 from ezra.broker.queues import Defaults, Queues
@@ -115,6 +115,24 @@ def test_a_rolled_back_batch_leaves_the_leases_as_before_it(clocked_broker):
     assert not broker.queues[Q].leases
     assert broker.queues[Q].counts[AVAILABLE] == 10
 
+
+
+def test_an_ack_a_corrupt_file_refuses_leaves_the_leases_as_they_were(clocked_broker):
+    # A write refused on a corrupt file is no batch rollback (Writer._submit_read_only runs the
+    # request alone and reloads nothing): an ack takes its leases before its UPDATE, so the
+    # refusal must put them back, or XPENDING would lose tasks the file holds in flight.
+    broker = clocked_broker
+    ids = push(broker, 3)
+    claim(broker, b"w1", 3)
+    before = memory_leases(broker)
+    broker.db.integrity.mark_corrupt("a test's")
+    for acked in ([ids[0]], ids[:2]):  # one id (a worker's usual ack), then a batch
+        with pytest.raises(errors.CommandError, match="database corrupt"):
+            broker.ack(Q, acked)
+    with pytest.raises(errors.CommandError, match="database corrupt"):
+        broker.ack_run(Q, ids[1:])
+    assert memory_leases(broker) == before
+    assert broker.pending_summary(Q).wait()[2] == [(b"w1", 3)]
 
 def test_a_start_without_recovery_reads_the_tasks_in_flight_from_the_file(tmp_path):
     settings = Settings(data_dir=str(tmp_path), durability="normal")

@@ -151,6 +151,12 @@ class InFlight:
             self.journal.append((queue.leases, (), held))
         return held
 
+    @staticmethod
+    def put_back(queue, held: list[tuple]) -> None:
+        """Leases `take` took, as they were: the write they were taken for was refused."""
+        queue.leases.update(held)
+        queue.leases.figures = None
+
     def all_ended(self, queue, held: list[tuple]) -> None:
         """These (task id, lease) pairs are no longer in flight (given back at a clean stop; an ack
         takes its leases with `take`)."""

@@ -222,6 +222,15 @@ class Tasks:
         """in_flight -> done for these (task id, lease) pairs, each row by its row id, their leases
         taken already (InFlight.take); under retention 0 the record goes with the ack, unless the
         task has a TTL of its own."""
+        try:
+            self._write_done(queue, held)
+        except BaseException:
+            # A write refused on a corrupt file is no batch rollback (Writer._submit_read_only):
+            # the leases go back here. (A rollback's journal would put the same ones back.)
+            self.in_flight.put_back(queue, held)
+            raise
+
+    def _write_done(self, queue: QueueState, held: list[tuple]) -> None:
         retention = queue.retention()
         if retention == 0:
             held = self._delete_acked(queue, held)

@@ -342,8 +342,8 @@ class Database:
               state: str = lifecycle.IN_FLIGHT, retained: int | None = None) -> list[tuple]:
         """Lease these tasks (the queue's available order, broker/available.py): (id_ms, id_seq,
         fields, attempts, rowid) of each that is still an available task of the queue, in no set
-        order (the broker sorts what its passes gathered), attempts counting this delivery. Others (a stale entry of the order) are left alone.
-        NOACK (state done): `retained` as `ack`'s."""
+        order (the broker sorts what its passes gathered), attempts counting this delivery. Others
+        (a stale entry of the order) are left alone. NOACK (state done): `retained` as `ack`'s."""
         q = name_value(queue)
         finished = now if state == lifecycle.DONE else None
         # The rows, then the guarded update of them: UPDATE ... RETURNING costs more than the SELECT
