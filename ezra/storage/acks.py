@@ -9,6 +9,8 @@ the caller checks the count.
 
 from __future__ import annotations
 
+from .schema import row_list
+
 _DONE = "UPDATE tasks SET state = 'done', deadline = NULL, finished_at = ?, retained = ? WHERE "
 _ONE_SQL = _DONE + "rowid = ? AND state = 'in_flight'"
 _MANY_SQL = _DONE + "rowid IN (SELECT value FROM json_each(?)) AND state = 'in_flight'"
@@ -22,7 +24,7 @@ def ack(conn, rowids: list[int], now: int, retained: int | None = None) -> int:
     if len(rowids) == 1:  # a worker's ack of one task
         return conn.execute(_ONE_SQL, (now, retained, rowids[0])).rowcount
     # One statement for many (50 ids: no bind, step and reset a row, as executemany's)
-    return conn.execute(_MANY_SQL, (now, retained, "[%s]" % ",".join(map(str, rowids)))).rowcount
+    return conn.execute(_MANY_SQL, (now, retained, row_list(rowids))).rowcount
 
 
 def delete_acked(conn, rowid: int) -> bool:

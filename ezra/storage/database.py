@@ -29,7 +29,7 @@ from .retention import Retention
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
 from .wal_file import WalFile
-from .schema import ROOM_SQL, SETTING_COLUMNS, claim_room, encode_failure, name_bytes, name_value
+from .schema import ROOM_SQL, SETTING_COLUMNS, claim_room, encode_failure, name_bytes, name_value, row_list
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
 # Litestream) made each RESTART wait this out and fail, with every write paused meanwhile.
@@ -199,7 +199,7 @@ class Database:
         return self.conn.execute(
             "UPDATE tasks SET state = 'available', worker = NULL, deadline = NULL "
             "WHERE rowid IN (SELECT value FROM json_each(?)) AND state = 'in_flight'",
-            ("[%s]" % ",".join(map(str, rowids)),)).rowcount
+            (row_list(rowids),)).rowcount
 
     def in_flight_tasks(self) -> list[tuple]:
         """(queue, id_ms, id_seq, rowid, worker, deadline, delivered_at, attempts) of every task in
@@ -359,7 +359,7 @@ class Database:
                     (state, name_value(worker), deadline, now, finished, retained, rowids[0])).rowcount:
                 return []
             return [(row[0], row[1], row[2], row[3] + 1, rowids[0])]
-        listed = "[%s]" % ",".join(map(str, rowids))
+        listed = row_list(rowids)
         rows = self.conn.execute(_CLAIMABLE_SQL, (listed, q)).fetchall()
         if rows:
             self.conn.execute(_CLAIM_SQL, (state, name_value(worker), deadline, now, finished, retained, listed, q))
@@ -383,7 +383,7 @@ class Database:
             "UPDATE tasks SET deadline = ?, delivered_at = ?, attempts = attempts + 1 "
             "WHERE rowid IN (SELECT value FROM json_each(?)) AND state = 'in_flight' "
             f"RETURNING {TASK_COLUMNS}, attempts",
-            (deadline, now, "[%s]" % ",".join(map(str, rowids)))).fetchall()
+            (deadline, now, row_list(rowids))).fetchall()
         rows.sort()
         return rows
 
@@ -471,7 +471,7 @@ class Database:
         (LEASE_COLUMNS)."""
         return {row[0]: row for row in self.conn.execute(
             f"SELECT {self.LEASE_COLUMNS} FROM tasks WHERE rowid IN (SELECT value FROM json_each(?))",
-            ("[%s]" % ",".join(map(str, rowids)),))}
+            (row_list(rowids),))}
 
     def set_lease(self, rowid: int, worker: bytes, delivered_at: int, deadline: int, attempts: int) -> int:
         """Take over or renew an in-flight task, or FORCE an available one: 1 if it moved, else 0."""
@@ -536,7 +536,7 @@ class Database:
         in id order."""
         return self.conn.execute(
             f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid IN (SELECT value FROM json_each(?)) "
-            "ORDER BY id_ms, id_seq", ("[%s]" % ",".join(map(str, rowids)),)).fetchall()
+            "ORDER BY id_ms, id_seq", (row_list(rowids),)).fetchall()
 
     def tasks_by_id(self, queue: bytes, states: tuple, count: int, after: tuple = (0, 0)) -> list[tuple]:
         """Up to `count` tasks in any of `states` in id order (XINFO TASKS unfinished)."""
