@@ -252,6 +252,14 @@ def queue_name_too_long(size: int, limit: int) -> CommandError:
     return err(f"queue name is {size} bytes long; a new queue's name is at most {limit} bytes")
 
 
+def too_many_queues(most: int) -> CommandError:
+    return err(f"this database holds the most queues it can ({most:,}); no new queue can be made")
+
+
+def queue_rows_used(rows: int) -> CommandError:
+    return err(f"this queue has used all of its {rows:,} row ids; push to a new queue")
+
+
 def worker_name_too_long(size: int, limit: int) -> CommandError:
     return err(f"consumer name is {size} bytes long; EZRA takes at most {limit} "
                "(it is stored with every task the consumer holds)")

@@ -11,11 +11,12 @@ growth; nothing checkpoints during a phase) and the CPU of the statements and th
     python3 scripts/pages.py --size 100 --tasks 2000 --backlog 20000 --rounds 3
     python3 scripts/pages.py --size 1000000 --tasks 30 --backlog 0 --rounds 1
 
-Variants: base (schema.sql as it is: schema 8, no tasks_available; the claim names the head's
-id, as the broker's order in memory does), with_available_index (schema 7's tasks_available
-index added back, the claim reading the head from it), with_in_flight_index (schema 11's
-tasks_in_flight added back), without_rowid (tasks keyed by its primary
-key, no separate index for it), without_rowid with the index, integer_queue (queue INTEGER
+Variants: base (schema.sql as it is: schema 14, each queue's tasks a range of row ids, no
+tasks_available; the claim names the head's row id, as the broker's order in memory does),
+with_available_index (schema 7's tasks_available index added back, the claim reading the head
+from it), with_in_flight_index (schema 11's tasks_in_flight added back), primary_key (schema 13's
+key on (queue, id_ms, id_seq) and its index, rows found by it), without_rowid (tasks keyed by that
+primary key, no separate index for it), without_rowid with the index, integer_queue (queue INTEGER
 instead of the name), no_auto_vacuum (for comparison: what pointer-map pages add when the file
 grows).
 
@@ -60,13 +61,17 @@ IN_FLIGHT_INDEX = ("CREATE INDEX IF NOT EXISTS tasks_in_flight ON tasks (queue, 
                    "WHERE state = 'in_flight';")
 INDEX_ANCHOR = "CREATE INDEX IF NOT EXISTS tasks_retained"  # added indexes go before it
 PHASES = ("push", "claim", "ack")
+ROW_BITS = 40  # ezra/storage/row_ranges.py: queue number n's tasks have row ids from n << 40
+ROWID_COLUMN = "    rowid         INTEGER PRIMARY KEY,  -- storage/row_ranges.py; `rowid` in a query reads it\n"
+TABLE_END = "    reserved      BLOB\n);"
 
 
 class Variant:
     def __init__(self, name: str, without_rowid=False, available_index=False, integer_queue=False,
-                 auto_vacuum=True, in_flight_index=False):
+                 auto_vacuum=True, in_flight_index=False, primary_key=False):
         self.name = name
         self.without_rowid = without_rowid
+        self.primary_key = primary_key or without_rowid  # schema 13's key: rows found by (queue, id)
         self.available_index = available_index
         self.in_flight_index = in_flight_index
         self.integer_queue = integer_queue
@@ -74,16 +79,17 @@ class Variant:
 
     def schema(self) -> str:
         text = SCHEMA
-        if self.without_rowid:
-            text = replaced(text, "PRIMARY KEY (queue, id_ms, id_seq)\n);",
-                            "PRIMARY KEY (queue, id_ms, id_seq)\n) WITHOUT ROWID;")
+        if self.primary_key:
+            text = replaced(text, ROWID_COLUMN, "")
+            text = replaced(text, TABLE_END, TABLE_END[:-3] + ",\n    PRIMARY KEY (queue, id_ms, id_seq)\n)"
+                            + (" WITHOUT ROWID;" if self.without_rowid else ";"))
         if self.available_index:
             text = replaced(text, INDEX_ANCHOR, AVAILABLE_INDEX + "\n" + INDEX_ANCHOR)
         if self.in_flight_index:
             text = replaced(text, INDEX_ANCHOR, IN_FLIGHT_INDEX + "\n" + INDEX_ANCHOR)
         if self.integer_queue:
-            text = replaced(text, "CREATE TABLE IF NOT EXISTS tasks (\n    queue         TEXT    NOT NULL,",
-                            "CREATE TABLE IF NOT EXISTS tasks (\n    queue         INTEGER NOT NULL,")
+            text = replaced(text, ROWID_COLUMN + "    queue         TEXT    NOT NULL,",
+                            ROWID_COLUMN + "    queue         INTEGER NOT NULL,")
         return text
 
 
@@ -98,6 +104,7 @@ VARIANTS = [
     Variant("base"),
     Variant("with_available_index", available_index=True),
     Variant("with_in_flight_index", in_flight_index=True),
+    Variant("primary_key", primary_key=True),
     Variant("without_rowid", without_rowid=True),
     Variant("without_rowid + with_available_index", without_rowid=True, available_index=True),
     Variant("integer_queue", integer_queue=True),
@@ -122,6 +129,7 @@ class Run:
             self.conn.execute("PRAGMA auto_vacuum = NONE")
         self.conn.executescript(variant.schema())
         self.queue = 1 if variant.integer_queue else "emails.outbound"
+        self.backlog = backlog
         self.fields = json.dumps(["body", "x" * size])
         self._fill(backlog, size)
         self.wal_fd = os.open(self.path + "-wal", os.O_RDONLY)
@@ -131,24 +139,40 @@ class Run:
         old_fields = self.fields if size <= 10_000 else '["body", "x"]'
         self.conn.execute("BEGIN")
         for i in range(backlog):
-            self.conn.execute("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, "
-                              "finished_at) VALUES (?, ?, 0, 'done', ?, 0, 0, ?)", (self.queue, i, old_fields, i))
-            self.conn.execute("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-                              "VALUES (?, ?, 0, 'available', ?, 0, 0)", (other, i, '["f", "v"]'))
+            self.insert(self.rowid(1, i), "queue, id_ms, id_seq, state, fields, created_at, available_at, "
+                        "finished_at", "?, ?, 0, 'done', ?, 0, 0, ?", (self.queue, i, old_fields, i))
+            self.insert(self.rowid(2, i), "queue, id_ms, id_seq, state, fields, created_at, available_at",
+                        "?, ?, 0, 'available', ?, 0, 0", (other, i, '["f", "v"]'))
         self.conn.execute("COMMIT")
         self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
+    def rowid(self, number: int, i: int) -> int | None:
+        """Task i's row id in queue number `number`'s range (None: a variant keyed by (queue, id))."""
+        return None if self.variant.primary_key else (number << ROW_BITS) + i
+
+    def where_task(self, i: int) -> tuple[str, tuple]:
+        """The WHERE of pushed task i: its row id, or (queue, id) where that is the key."""
+        if self.variant.primary_key:
+            return "queue = ? AND id_ms = ? AND id_seq = 0", (self.queue, BASE_MS + i)
+        return "rowid = ?", (self.rowid(1, self.backlog + i),)
+
+    def insert(self, rowid: int | None, columns: str, values: str, params: tuple) -> None:
+        """One row; its row id given where the variant has them (a WITHOUT ROWID table has none)."""
+        if self.variant.without_rowid:
+            self.conn.execute(f"INSERT INTO tasks ({columns}) VALUES ({values})", params)
+        else:
+            self.conn.execute(f"INSERT INTO tasks (rowid, {columns}) VALUES (?, {values})", (rowid, *params))
+
     def push(self, i: int) -> None:
-        self.conn.execute("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-                          "VALUES (?, ?, 0, 'available', ?, 1, 1)", (self.queue, BASE_MS + i, self.fields))
+        self.insert(self.rowid(1, self.backlog + i), "queue, id_ms, id_seq, state, fields, created_at, available_at",
+                    "?, ?, 0, 'available', ?, 1, 1", (self.queue, BASE_MS + i, self.fields))
 
     def claim(self, i: int) -> None:
         if not self.variant.available_index:
-            # The head's id comes from the order in memory: update it, read its fields.
-            self.conn.execute(CLAIM_SET + "queue = ? AND id_ms = ? AND id_seq = 0 AND state = 'available'",
-                              (5, 1, self.queue, BASE_MS + i))
-            self.conn.execute("SELECT fields, attempts FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = 0",
-                              (self.queue, BASE_MS + i)).fetchone()
+            # The head's row id (or id) comes from the order in memory: update it, read its fields.
+            where, params = self.where_task(i)
+            self.conn.execute(CLAIM_SET + where + " AND state = 'available'", (5, 1, *params))
+            self.conn.execute("SELECT fields, attempts FROM tasks WHERE " + where, params).fetchone()
             return
         key = "id_ms, id_seq" if self.variant.without_rowid else "rowid"
         # INDEXED BY: without it the planner walks the primary key of a WITHOUT ROWID table
@@ -163,9 +187,9 @@ class Run:
             self.conn.execute(CLAIM_SET + "rowid = ? AND state = 'available'", (5, 1, head[0]))
 
     def ack(self, i: int) -> None:
-        self.conn.execute("UPDATE tasks SET state = 'done', deadline = NULL, finished_at = ? "
-                          "WHERE queue = ? AND id_ms = ? AND id_seq = 0 AND state = 'in_flight'",
-                          (2, self.queue, BASE_MS + i))
+        where, params = self.where_task(i)
+        self.conn.execute("UPDATE tasks SET state = 'done', deadline = NULL, finished_at = ? WHERE "
+                          + where + " AND state = 'in_flight'", (2, *params))
 
     def phase(self, name: str) -> tuple[float, float]:
         """(WAL frames per command, median µs of CPU per command's statements and commit)."""
@@ -203,9 +227,9 @@ def rebuild(tasks: int) -> None:
     try:
         run.conn.execute("BEGIN")
         run.conn.executemany(
-            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-            "VALUES (?, ?, 0, ?, ?, 1, 1)",
-            ((run.queue, BASE_MS + i, "done" if i % 5 == 0 else "available", run.fields)
+            "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at) "
+            "VALUES (?, ?, ?, 0, ?, ?, 1, 1)",
+            ((run.rowid(1, i), run.queue, BASE_MS + i, "done" if i % 5 == 0 else "available", run.fields)
              for i in range(tasks + tasks // 4)))
         run.conn.execute("COMMIT")
         run.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -214,14 +238,15 @@ def rebuild(tasks: int) -> None:
         _set_pragmas(run.conn)
         before = rss_kb()
         start = time.perf_counter()
+        queue_rows = (1 << ROW_BITS, (2 << ROW_BITS) - 1)  # the queue's range of row ids, in id order
         first = run.conn.execute(
-            "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND state = 'available' "
-            "ORDER BY id_ms, id_seq LIMIT 1", (run.queue,)).fetchone()
+            "SELECT id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' "
+            "ORDER BY rowid LIMIT 1", queue_rows).fetchone()
         first_at = time.perf_counter() - start
         ms, seq = array("q"), array("q")
         for row in run.conn.execute(
-                "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND state = 'available' "
-                "ORDER BY id_ms, id_seq", (run.queue,)):
+                "SELECT id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' "
+                "ORDER BY rowid", queue_rows):
             ms.append(row[0])
             seq.append(row[1])
         took = time.perf_counter() - start
@@ -263,6 +288,9 @@ def by_btree(commits: int, per_commit: int) -> None:
         return result
 
     now = BASE_MS
+    db.begin()
+    db.insert_queue(b"bench", now)
+    db.commit()
     try:
         for batch in range(commits):
             tasks = [(now + batch, seq, stored([b"d", base64.b64encode(os.urandom(150))[:200]]))

@@ -165,7 +165,7 @@ def test_a_clean_restart_takes_the_done_counts_left_beside_the_file(ezra_factory
     three_done_two_held(server)
     assert server.stop() == 0
     counts_file = server.data_dir / "ezra.counts"
-    assert json.loads(counts_file.read_text())["done"] == {b"q".hex(): 3}
+    assert json.loads(counts_file.read_text())["queues"] == {b"q".hex(): [3, 2]}  # done, available (held: back)
     server.start()
     r = server.client()
     assert counts_of(r) == {"available": 2, "in-flight": 0, "done": 3, "dead": 0}  # the held went back
@@ -174,11 +174,11 @@ def test_a_clean_restart_takes_the_done_counts_left_beside_the_file(ezra_factory
     # The start believes the file, not the rows (the identity check is what guards it):
     assert server.stop() == 0
     record = json.loads(counts_file.read_text())
-    record["done"] = {b"q".hex(): 1}
+    record["queues"] = {b"q".hex(): [1, 4]}
     counts_file.write_text(json.dumps(record))
     server.start()
     r = server.client()
-    assert counts_of(r)["done"] == 1
+    assert counts_of(r) == {"available": 4, "in-flight": 0, "done": 1, "dead": 0}
     r.close()
 
 
@@ -193,7 +193,7 @@ def test_a_file_written_after_the_clean_stop_is_counted_row_by_row(ezra_factory)
     r = server.client()
     assert counts_of(r) == {"available": 0, "in-flight": 0, "done": 5, "dead": 0}
     r.close()
-    assert "changed after the last clean stop: counting the done tasks" in server.log()
+    assert "changed after the last clean stop: counting the tasks" in server.log()
 
 
 def test_a_crash_leaves_no_counts_and_the_start_reads_the_rows(ezra_factory):

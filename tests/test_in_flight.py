@@ -163,7 +163,7 @@ def test_a_clean_stop_gives_the_tasks_in_flight_back_and_the_next_start_reads_no
     broker.db.close()
     db = open_database(str(tmp_path / "data"))
     try:
-        assert db.done_at_close is not None  # a clean stop's file, unchanged since
+        assert db.counts_at_close is not None  # a clean stop's file, unchanged since
         assert db.conn.execute("SELECT count(*) FROM tasks WHERE state = 'in_flight'").fetchone()[0] == 0
         assert db.recover() == 0 and db.in_flight_recovered
     finally:

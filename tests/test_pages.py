@@ -38,7 +38,7 @@ def test_every_variant_runs_and_each_dropped_index_is_a_frame_of_the_moves_it_ho
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     table = frames_table(proc.stdout)
     assert set(table) == {"base", "without_rowid", "with_available_index", "without_rowid + with_available_index",
-                          "with_in_flight_index", "integer_queue", "no_auto_vacuum"}, proc.stdout
+                          "with_in_flight_index", "primary_key", "integer_queue", "no_auto_vacuum"}, proc.stdout
     no_index, with_index = table["base"], table["with_available_index"]
     assert all(frames >= 1 for frames in no_index.values()), table
     assert with_index["push"] - no_index["push"] >= 0.8, table
@@ -48,6 +48,7 @@ def test_every_variant_runs_and_each_dropped_index_is_a_frame_of_the_moves_it_ho
     assert with_index["push"] == no_index["push"], table
     assert with_index["claim"] - no_index["claim"] >= 0.8, table
     assert with_index["ack"] - no_index["ack"] >= 0.8, table
+    assert table["primary_key"]["push"] > no_index["push"], table  # schema 13's key index: pushes wrote it
 
 
 def test_the_start_up_rebuild_reads_every_available_task_in_order():

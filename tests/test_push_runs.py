@@ -143,8 +143,8 @@ def test_a_run_on_a_queue_whose_ids_are_exhausted_answers_each_push_the_error(ez
 # ---------------------------------------------------------------- in process: rows and a failed run
 
 def test_the_row_ids_a_run_gets_are_the_rows_it_wrote(tmp_path):
-    """insert_available's ids are the rows' own: after deletions at the top (row ids used again),
-    and after a hand edit put a row at the largest row id (SQLite then picks ids at random)."""
+    """insert_available's ids are the rows' own, in the queue's range of row ids: after deletions
+    at the top (row ids used again), and beside another queue's pushes."""
     from ezra.storage import open_database
 
     db = open_database(str(tmp_path / "data"))
@@ -157,14 +157,19 @@ def test_the_row_ids_a_run_gets_are_the_rows_it_wrote(tmp_path):
             tasks = [(ms, seq, b"*2\r\n$1\r\nn\r\n$1\r\nv\r\n") for seq in range(5)]
             db.begin()
             rowids = list(db.insert_available(b"q", tasks, 1))
+            db.insert_available(b"other", tasks, 1)
             db.commit()
             assert rowids == rows_of([task[:2] for task in tasks])
+            low, high = db.span(b"q")
+            assert all(low <= rowid <= high for rowid in rowids)
 
+        db.begin()
+        db.insert_queue(b"q", 1)
+        db.insert_queue(b"other", 1)
+        db.commit()
         push(1)
         db.conn.execute("DELETE FROM tasks WHERE id_seq >= 3")  # the top rows go: their ids come back
         push(2)
-        db.conn.execute("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at) "
-                        "VALUES (?, 'hand', 1, 1, 'done', x'', 0, 0)", (2 ** 63 - 1,))
         push(3)
     finally:
         db.close()

@@ -142,13 +142,14 @@ def test_a_plain_push_stores_the_row_the_full_insert_stores(tmp_path):
     db = storage.open_database(str(tmp_path))
     try:
         db.begin()
-        db.insert_task(b"q", (5, 1), stored([b"f", b"v"]), 100, 100)
+        db.insert_queue(b"q", 100)
+        rowid = db.insert_task(b"q", (5, 1), stored([b"f", b"v"]), 100, 100)
         db.conn.execute(
-            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-            "finished_at, ttl_ms, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            ("q", 5, 2, "available", stored([b"f", b"v"]), 0, 100, 100, None, None, claim_room("available")))
+            "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
+            "finished_at, ttl_ms, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (rowid + 1, "q", 5, 2, "available", stored([b"f", b"v"]), 0, 100, 100, None, None, claim_room("available")))
         db.commit()
-        short, full = db.conn.execute("SELECT * FROM tasks WHERE queue = 'q' ORDER BY id_seq").fetchall()
+        short, full = [row[1:] for row in db.conn.execute("SELECT * FROM tasks WHERE queue = 'q' ORDER BY id_seq")]
     finally:
         db.close()
     assert short[:2] == full[:2] and short[2] == 1 and full[2] == 2

@@ -189,7 +189,7 @@ def test_an_id_given_twice_is_moved_and_counted_once(db, apply):
 
 def test_recovery_at_start_moves_only_the_in_flight_task(db):
     before = rows(db)
-    assert db.done_at_close is None  # not a clean stop's file: recovery reads the rows
+    assert db.counts_at_close is None  # not a clean stop's file: recovery reads the rows
     assert db.recover() == 1
     after = rows(db)
     assert changed(before, after) == {IN_FLIGHT} and after[IN_FLIGHT][-1] == AVAILABLE

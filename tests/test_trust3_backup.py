@@ -18,6 +18,7 @@ import redis
 from ezra.storage import encode_fields
 
 from support_disk import leave_free
+from support_files import hand_rowids
 from support_servers import EzraProcess, wait_until
 
 BIG_TASKS = 1500
@@ -31,8 +32,9 @@ def fill_offline(data_dir, tasks: int, field_size: int) -> None:
     with conn:
         conn.execute("INSERT INTO queues (name, last_id_ms, last_id_seq, created_at) VALUES ('big', ?, 0, 0)",
                      (tasks,))
-        conn.executemany("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-                         "VALUES ('big', ?, 0, 'available', ?, 0, 0)", ((n, fields) for n in range(1, tasks + 1)))
+        conn.executemany("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                         "VALUES (?, 'big', ?, 0, 'available', ?, 0, 0)",
+                         ((rowid, n, fields) for n, rowid in enumerate(hand_rowids(conn, "big", tasks), 1)))
     conn.close()
 
 

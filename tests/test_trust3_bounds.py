@@ -17,6 +17,7 @@ import time
 
 import pytest
 import redis
+from support_files import hand_rowids
 from support_http import http, scrape
 from support_queue import claim, configure, pending
 from support_servers import ROOT, wait_until
@@ -99,9 +100,10 @@ def make_long_named_queue(data_dir, name: bytes, tasks: int) -> None:
     from ezra.storage import encode_fields, name_value
     with sqlite3.connect(data_dir / "ezra.db") as db:
         db.execute("INSERT INTO queues (name, created_at) VALUES (?, 1)", (name_value(name),))
-        db.executemany("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-                       "VALUES (?, ?, 0, 'available', ?, 1, 1)",
-                       [(name_value(name), n + 1, encode_fields([b"n", str(n).encode()])) for n in range(tasks)])
+        db.executemany("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                       "VALUES (?, ?, ?, 0, 'available', ?, 1, 1)",
+                       [(rowid, name_value(name), n + 1, encode_fields([b"n", str(n).encode()]))
+                        for n, rowid in enumerate(hand_rowids(db, name_value(name), tasks))])
 
 
 def test_queues_an_older_ezra_named_long_cost_little_and_can_be_drained(ezra_factory, protocol):
@@ -224,8 +226,9 @@ def available_tasks(queue: str, count: int):
     def fill(db):
         db.execute("INSERT INTO queues (name, created_at) VALUES (?, 1)", (queue,))
         fields = encode_fields([b"n", b"x"])
-        db.executemany("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-                       "VALUES (?, ?, 0, 'available', ?, 1, 1)", ((queue, n + 1, fields) for n in range(count)))
+        db.executemany("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                       "VALUES (?, ?, ?, 0, 'available', ?, 1, 1)",
+                       ((rowid, queue, n + 1, fields) for n, rowid in enumerate(hand_rowids(db, queue, count))))
     return fill
 
 

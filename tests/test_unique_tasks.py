@@ -221,10 +221,10 @@ def test_a_schema_4_database_gains_the_unique_key_column_and_index(tmp_path):
     database = open_database(str(data))
     try:
         assert database.unique_keys.holder(b"q", b"k") is None  # the index exists: INDEXED BY would fail
-        database.unique_keys.insert_task(b"q", (2, 0), stored([b"n", b"1"]), 0, 0, "available", None, 0, b"k")
+        database.insert_task(b"q", (2, 0), stored([b"n", b"1"]), 0, 0, "available", None, 0, unique_key=b"k")
         assert database.unique_keys.holder(b"q", b"k") == (2, 0)
         with pytest.raises(sqlite3.IntegrityError):  # the index itself refuses a second holder
-            database.unique_keys.insert_task(b"q", (3, 0), stored([]), 0, 0, "delayed", None, 0, b"k")
+            database.insert_task(b"q", (3, 0), stored([]), 0, 0, "delayed", None, 0, unique_key=b"k")
         assert database.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION >= 6
         assert database.conn.execute("SELECT count(*), count(unique_key) FROM tasks").fetchone() == (2, 1)
     finally:

@@ -13,7 +13,7 @@ import bisect
 import time
 
 from .. import errors, lifecycle
-from ..lifecycle import DONE
+from ..lifecycle import AVAILABLE, DONE
 from ..storage import SETTING_COLUMNS, Database, name_bytes
 from ..writer import Writer
 from .admin import Admin
@@ -56,7 +56,7 @@ class Broker:
         self._reload()
         if not db.in_flight_recovered:  # opened without start-up's recovery (tests, tools): read them once
             self.in_flight.load(self.db.in_flight_tasks())
-            self._reload(self.queues.done_before_batch())  # counted again, those in flight known
+            self._reload(self.queues.counts_before_batch()[0])  # counted again, those in flight known
         self.writer = Writer(db, fsync_durable=settings.durability == "full",
                              on_rollback=self._reload_after_rollback, after_batch=self._after_batch)
         self.reaper = Reaper(db, self.queues, self.in_flight, self.transitions, self.schedule, self.writer, clock)
@@ -91,7 +91,8 @@ class Broker:
         # next start takes them as a clean stop's, with no task in flight (Database.recover): if a
         # lease is left (the last batch failed), it reads the rows instead.
         if not any(queue.leases for queue in self.queues.values()):
-            self.db.done_to_save = {name: queue.counts[DONE] for name, queue in self.queues.items()}
+            self.db.counts_to_save = {name: (queue.counts[DONE], queue.counts[AVAILABLE])
+                                      for name, queue in self.queues.items()}
 
     def _tx_last_batch(self) -> None:
         """The stop's last writes: the removed-task counters, and the tasks in flight given back
@@ -353,12 +354,15 @@ class Broker:
 
     # ------------------------------------------------------------ the writer's hooks
 
-    def _reload(self, done: dict[bytes, int] | None = None) -> None:
-        """Rebuild the caches from the database (start-up, and after a rollback). `done`: each
-        queue's done tasks when known (they are in no index: without it every row is read)."""
+    def _reload(self, done: dict[bytes, int] | None = None, available: dict[bytes, int] | None = None) -> None:
+        """Rebuild the caches from the database (start-up, and after a rollback). `done`, `available`:
+        each queue's done and available tasks when known (they are in no index: without both every
+        row is read)."""
         queues, before = {}, dict(self.queues)  # a rollback's undo left each one's leases as the file has them
-        if done is None and self.db.done_at_close is not None:  # the start after a clean stop
-            done, self.db.done_at_close = self.db.done_at_close, None
+        if done is None and self.db.counts_at_close is not None:  # the start after a clean stop
+            counts, self.db.counts_at_close = self.db.counts_at_close, None
+            done = {name: pair[0] for name, pair in counts.items()}
+            available = {name: pair[1] for name, pair in counts.items()}
         for row in self.db.load_queues():
             key = name_bytes(row["name"])
             newest = None if row["newest_ms"] is None else (row["newest_ms"], row["newest_seq"])
@@ -376,7 +380,7 @@ class Broker:
             queue.max_deleted = (row["max_deleted_ms"], row["max_deleted_seq"])
             queues[key] = queue
         in_flight = {key: len(queue.leases) for key, queue in queues.items() if queue.leases}
-        for name, state, count in self.db.count_states(done, in_flight):
+        for name, state, count in self.db.count_states(done, in_flight, available):
             queue = queues.get(name_bytes(name))
             if queue is not None:
                 queue.counts[state] = count
@@ -384,17 +388,17 @@ class Broker:
         self.schedule.reset()  # the reaper looks again at everything it keeps a time for
 
     def _reload_after_rollback(self) -> None:
-        """The batch was rolled back: the file is as before it, and so are its done counts and,
+        """The batch was rolled back: the file is as before it, and so are its done and available counts and,
         once undone, its leases."""
         self.in_flight.roll_back()
-        self._reload(self.queues.done_before_batch())
+        self._reload(*self.queues.counts_before_batch())
 
     def _after_batch(self, committed: bool) -> bool:
-        """In the event loop, after a batch: its done moves are settled, then wake the waiters it
+        """In the event loop, after a batch: its count moves are settled, then wake the waiters it
         served, then the observers (XREAD) of the views it added entries to. Each only when the
         batch gave it something to do: nearly every batch gives none of them anything. True if
         it woke anyone (their wake-ups are callbacks to come)."""
-        if self.queues.done_moved:
+        if self.queues.moved:
             self.queues.batch_ended()
         if self.in_flight.journal:
             self.in_flight.batch_ended()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 
 from .. import errors, lifecycle, queue_settings
-from ..lifecycle import DONE, GONE
+from ..lifecycle import AVAILABLE, DONE, GONE
 from ..storage import SETTING_COLUMNS
 from .in_flight import QueueLeases
 
@@ -47,7 +47,7 @@ class QueueState:
     """What the broker remembers about one queue (settings as stored: None = the server's)."""
 
     __slots__ = ("name", "defaults", "last_id", "counts", "order", "leases", "group", "last_delivered", "next_purge",
-                 "trim_floor", "unmarked_done", "mark_from", "done_moved", "journal", "deleted", "max_deleted",
+                 "trim_floor", "unmarked_done", "mark_from", "done_moved", "available_moved", "journal", "deleted", "max_deleted",
                  "deleted_dirty", "iids_added", "iids_duplicates", "totals", *SETTING_COLUMNS)
 
     def __init__(self, name: bytes, defaults: Defaults, last_id=(0, 0), journal: set | None = None,
@@ -64,10 +64,11 @@ class QueueState:
         self.trim_floor = (0, 0)    # no done task has a lower id (trimming scans from here)
         self.unmarked_done = True   # done tasks may lack `retained` (queues.unmarked_done; a new queue's: 1)
         self.mark_from = (0, 0)     # where the marking walk goes on (Reaper._mark_retained)
-        # Done tasks counted in by the writer's batch under way, and the queues with some (`journal`,
-        # Queues.done_moved): a rollback takes them back out rather than read every row to count
-        # them (done tasks are in no index); the batch's end clears both.
+        # Done and available tasks counted in by the writer's batch under way, and the queues with
+        # some (`journal`, Queues.moved): a rollback takes them back out rather than read every row
+        # to count them (neither is in an index); the batch's end clears them.
         self.done_moved = 0
+        self.available_moved = 0
         self.journal = set() if journal is None else journal
         self.deleted = 0            # tasks removed for good, and the newest of them
         self.max_deleted = (0, 0)
@@ -92,6 +93,12 @@ class QueueState:
             self.journal.add(self)
         elif from_state == DONE:
             self.done_moved -= n
+            self.journal.add(self)
+        if to_state == AVAILABLE:
+            self.available_moved += n
+            self.journal.add(self)
+        elif from_state == AVAILABLE:
+            self.available_moved -= n
             self.journal.add(self)
 
     # ------------------------------------------------------------ the settings in force
@@ -141,27 +148,29 @@ class Queues(dict):
     part that holds it sees the new states."""
 
     # No instance dict: `queues.get` stays a plain dict's.
-    __slots__ = ("defaults", "names", "totals", "done_moved")
+    __slots__ = ("defaults", "names", "totals", "moved")
 
     def __init__(self, defaults: Defaults):
         super().__init__()
         self.defaults = defaults
         self.names: list[bytes] = []
         self.totals = dict.fromkeys(TALLIES, 0)
-        self.done_moved: set[QueueState] = set()  # queues whose done count the batch under way moved
+        self.moved: set[QueueState] = set()  # queues whose done or available count the batch under way moved
 
     def new(self, name: bytes, last_id=(0, 0), leases: QueueLeases | None = None) -> QueueState:
-        return QueueState(name, self.defaults, last_id, self.done_moved, leases)
+        return QueueState(name, self.defaults, last_id, self.moved, leases)
 
-    def done_before_batch(self) -> dict[bytes, int]:
-        """Each queue's done tasks before the batch under way (a rollback's reload counts from it)."""
-        return {name: queue.counts[DONE] - queue.done_moved for name, queue in self.items()}
+    def counts_before_batch(self) -> tuple[dict[bytes, int], dict[bytes, int]]:
+        """Each queue's done and available tasks before the batch under way: a rollback's reload
+        takes them, and reads no row to count them."""
+        return ({name: queue.counts[DONE] - queue.done_moved for name, queue in self.items()},
+                {name: queue.counts[AVAILABLE] - queue.available_moved for name, queue in self.items()})
 
     def batch_ended(self) -> None:
         """The batch committed or was rolled back: its done moves are the file's now, or undone."""
-        for queue in self.done_moved:
-            queue.done_moved = 0
-        self.done_moved.clear()
+        for queue in self.moved:
+            queue.done_moved = queue.available_moved = 0
+        self.moved.clear()
 
     def add(self, queue: QueueState) -> None:
         """A queue made in a batch: in the table, its name in order."""

@@ -91,11 +91,7 @@ class Tasks:
         state, available_at = (DELAYED, due_after(now, delay_ms)) if delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD
-        if unique is None:
-            rowid = self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts, failure)
-        else:
-            rowid = self.db.unique_keys.insert_task(name, task_id, fields, now, available_at, state, ttl_ms,
-                                                    attempts, unique, failure)
+        rowid = self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts, failure, unique)
         if idmp is not None:
             self.remember_push(queue, idmp, task_id, now)
         queue.last_id = task_id

@@ -66,7 +66,7 @@ class Transitions:
         if order is None:
             order = queue.order = AvailableOrder(complete=False)
         while not order.complete and len(order) < wanted:
-            after = None if order.read_to is None else order.read_to[:2]
+            after = None if order.read_to is None else order.read_to[2]
             rows = self.db.available_after(queue.name, after, ORDER_SLICE)
             order.read(rows, complete=len(rows) < ORDER_SLICE)
         return order

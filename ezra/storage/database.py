@@ -20,8 +20,8 @@ from itertools import chain, repeat
 
 from loguru import logger
 
-from .. import lifecycle
-from . import acks, done_counts, reads
+from .. import errors, lifecycle
+from . import acks, done_counts, reads, row_ranges
 from .reads import INSPECT_COLUMNS, tasks_by_id
 from .integrity import Integrity
 from .producers import IdempotentProducers
@@ -38,7 +38,10 @@ RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still co
 DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--disk-reserve), which servers use
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
-LARGEST_ROWID = 2 ** 63 - 1
+# A queue's tasks in a statement that reads its queues row beside them (storage/row_ranges.py).
+_QUEUE_ROWS = (f"tasks.rowid BETWEEN queues.number << {row_ranges.ROW_BITS} "
+               f"AND (queues.number << {row_ranges.ROW_BITS}) + {row_ranges.QUEUE_ROWS - 1}")
+NO_ROWS = (1, 0)  # the range of a queue not in the file: no row id is in it
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.DEAD: "id_ms, id_seq",
                  lifecycle.DELAYED: "available_at, id_ms, id_seq", lifecycle.DONE: "id_ms DESC, id_seq DESC"}
 
@@ -54,13 +57,12 @@ _SET_OUTCOME_WITH_FAILURE_SQL = (
 # A push run's rows go in as statements of 64, 32, ... 1 rows (50 = 32 + 16 + 2): one INSERT of many
 # rows costs 1.56 µs a row against executemany's 2.65, which binds, steps and resets each (measured).
 INSERT_ROWS = 64
-_INSERT_AVAILABLE_SQL = {rows: "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, "
-                         "reserved) VALUES " + ", ".join([f"(?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})"] * rows)
+_INSERT_AVAILABLE_SQL = {rows: "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, "
+                         "available_at, reserved) VALUES " + ", ".join([f"(?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})"] * rows)
                          for rows in (1 << power for power in range(INSERT_ROWS.bit_length()))}
-# A claim of many rows (Database.claim). +queue: a check of each row found by its id, not an index to
-# search (without the + SQLite walks the queue's whole primary-key range and tests each row against the
-# list). attempts + 1: this delivery counted (the broker counts redeliveries). reserved: schema.py.
-_CLAIMABLE = "rowid IN (SELECT value FROM json_each(?)) AND +queue = ? AND state = 'available'"
+# A claim of many rows (Database.claim): only the queue's own (its range of row ids), as a guard.
+# attempts + 1: this delivery counted (the broker counts redeliveries). reserved: schema.py.
+_CLAIMABLE = "rowid IN (SELECT value FROM json_each(?)) AND rowid BETWEEN ? AND ? AND state = 'available'"
 _CLAIMABLE_SQL = f"SELECT {TASK_COLUMNS}, attempts + 1, rowid FROM tasks WHERE {_CLAIMABLE}"
 _CLAIM_SQL = ("UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, attempts = attempts + 1, "
               f"finished_at = ?, retained = ?, reserved = NULL WHERE {_CLAIMABLE}")
@@ -91,16 +93,21 @@ class Database:
         self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
         self.unique_keys = UniqueKeys(conn)  # XADD UNIQUE (storage/unique_keys.py)
         self.producers = IdempotentProducers(conn)  # XADD IDMP (storage/producers.py)
-        # Each queue's done tasks (they are in no index): as the last clean stop left them (opening.py
-        # takes them from storage/done_counts.py's file), and as this server leaves them at `close`.
-        self.done_at_close: dict[bytes, int] | None = None
-        self.done_to_save: dict[bytes, int] | None = None
-        self.retention = Retention(conn)  # what goes: purges, trims, TTL (storage/retention.py)
+        # Each queue's done and available tasks, {queue: (done, available)} (they are in no index): as
+        # the last clean stop left them (opening.py takes them from storage/done_counts.py's file), and
+        # as this server leaves them at `close`.
+        self.counts_at_close: dict[bytes, tuple[int, int]] | None = None
+        self.counts_to_save: dict[bytes, tuple[int, int]] | None = None
+        self.retention = Retention(conn, self.span)  # what goes: purges, trims, TTL (storage/retention.py)
         # in_flight -> done: ack(rowids, now, retained) counts the rows finished; delete_acked(rowid)
         # under retention 0 (storage/acks.py). Bound here, not wrapped in methods: a call less per ack.
         self.ack = partial(acks.ack, conn)
         self.delete_acked = partial(acks.delete_acked, conn)
         self.in_flight_recovered = False  # `recover` ran: no task is in flight in the file
+        # Each queue's range of row ids (storage/row_ranges.py), and the row id its next push takes: read
+        # from the file once, forgotten at a rollback (a queue made in the batch is gone again).
+        self._spans: dict[bytes, tuple[int, int]] = {}
+        self._next_rows: dict[bytes, int] = {}
 
     # -- transactions (driven by writer.py)
 
@@ -111,6 +118,8 @@ class Database:
         self.conn.execute("COMMIT")
 
     def rollback(self) -> None:
+        self._spans.clear()
+        self._next_rows.clear()
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
 
@@ -119,8 +128,8 @@ class Database:
         if self._checkpointer is not None:
             self._checkpointer.close()
         self.conn.close()  # the last connection: SQLite checkpoints and removes the WAL
-        if self.done_to_save is not None and not self.integrity.corrupt:
-            done_counts.save(os.path.dirname(self.path), self.path, self.done_to_save)
+        if self.counts_to_save is not None and not self.integrity.corrupt:
+            done_counts.save(os.path.dirname(self.path), self.path, self.counts_to_save)
 
     def wal_size(self) -> int:
         """Bytes in the WAL file (one fstat): above `wal_limit`, time for a checkpoint."""
@@ -186,9 +195,9 @@ class Database:
         """Every in_flight task back to available (start-up, before the port opens). Tasks in
         flight have no index (schema 12), so this reads every row of the table, as the counts do
         after a crash. After a clean stop there is nothing to do: the stopping server gave its
-        tasks in flight back (`give_back`), and the file is unchanged since (done_at_close)."""
+        tasks in flight back (`give_back`), and the file is unchanged since (counts_at_close)."""
         self.in_flight_recovered = True
-        if self.done_at_close is not None:
+        if self.counts_at_close is not None:
             return 0
         return self.conn.execute(
             "UPDATE tasks SET state = 'available', worker = NULL, deadline = NULL "
@@ -215,60 +224,93 @@ class Database:
 
     def load_queues(self) -> list[dict]:
         """Every queue's row, with `newest_id`: the newest task's id (or None)."""
-        newest = ("(SELECT {} FROM tasks WHERE tasks.queue = queues.name "
-                  "ORDER BY id_ms DESC, id_seq DESC LIMIT 1)")
+        newest = (f"(SELECT {{}} FROM tasks WHERE {_QUEUE_ROWS} ORDER BY rowid DESC LIMIT 1)")
         cur = self.conn.execute(
             f"SELECT *, {newest.format('id_ms')} AS newest_ms, {newest.format('id_seq')} AS newest_seq "
             "FROM queues")
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row)) for row in cur.fetchall()]
 
-    def count_states(self, done: dict[bytes, int] | None = None, in_flight: dict | None = None) -> list[tuple]:
+    def count_states(self, done: dict[bytes, int] | None = None, in_flight: dict | None = None,
+                     available: dict[bytes, int] | None = None) -> list[tuple]:
         """(queue, state, count) for every queue; start-up and a rollback build the counters from it.
 
         Delayed and dead tasks have a partial index each, already in queue order: counted there,
         with no sort of the whole table. Tasks in flight are the broker's to count (`in_flight`:
         {queue name: count}, broker/in_flight.py). Available and done tasks have no index
-        (schemas 8 and 10: each would cost every push, claim or ack a B-tree write). `done` gives
-        each queue's done tasks when they are known (the last clean stop's counts, the counts
-        before a rolled-back batch): the primary key alone then counts each queue's tasks (index
-        only: 0.07 s a million), and the available ones are the rest. Without it one pass reads
-        every row for its state (0.25 s a million, cached); one GROUP BY queue, state would sort
-        the table (0.7 s and +45 MB).
+        (schemas 8 and 10: each would cost every push, claim or ack a B-tree write), nor has a
+        queue's count of tasks (schema 14). After a clean stop `done` and `available` give them
+        (storage/done_counts.py), and no row is read. Otherwise every row is: with `done` (the
+        counts before a rolled-back batch) each queue's rows are counted and the available are the
+        rest; without it each row's state is read too (0.25 s a million, cached). Queue by queue,
+        each its range of row ids: one GROUP BY queue would sort the table (0.7 s and +45 MB).
         """
-        indexed = (lifecycle.DELAYED, lifecycle.DEAD)
-        every = ("SELECT queue, '', count(*), 0 FROM tasks GROUP BY queue" if done is not None else
-                 "SELECT queue, '', count(*), sum(state = 'done') FROM tasks GROUP BY queue")
         rows = self.conn.execute(" UNION ALL ".join(
-            [f"SELECT queue, '{state}', count(*), 0 FROM tasks INDEXED BY tasks_{state} "
-             f"WHERE state = '{state}' GROUP BY queue" for state in indexed] + [every])).fetchall()
+            f"SELECT queue, '{state}', count(*) FROM tasks INDEXED BY tasks_{state} "
+            f"WHERE state = '{state}' GROUP BY queue" for state in (lifecycle.DELAYED, lifecycle.DEAD))).fetchall()
+        rows += [(name_value(name), lifecycle.IN_FLIGHT, n) for name, n in (in_flight or {}).items() if n]
+        if done is not None and available is not None:
+            return rows + [(name_value(name), state, n) for state, counts in
+                           ((lifecycle.DONE, done), (lifecycle.AVAILABLE, available)) for name, n in counts.items() if n]
         others: dict = {}
-        counts = []
-        rows += [(name_value(name), lifecycle.IN_FLIGHT, n, 0) for name, n in (in_flight or {}).items() if n]
-        for queue, state, count, _ in rows:
-            if state:
-                others[queue] = others.get(queue, 0) + count
-                counts.append((queue, state, count))
-        for queue, state, count, done_here in rows:
-            if not state:
-                if done is not None:
-                    done_here = done.get(name_bytes(queue), 0)
-                    if done_here > count - others.get(queue, 0):  # not these rows' counts: read the rows
-                        logger.warning("queue {!r}: {} done tasks given, more than its {} tasks not in "
-                                       "flight, delayed or dead; counting them", queue, done_here, count)
-                        return self.count_states(None, in_flight)
-                if done_here:
-                    counts.append((queue, lifecycle.DONE, done_here))
-                available = count - done_here - others.get(queue, 0)
-                if available > 0:
-                    counts.append((queue, lifecycle.AVAILABLE, available))
+        for queue, _, count in rows:
+            others[queue] = others.get(queue, 0) + count
+        counts = list(rows)
+        for queue, count, done_here in self.conn.execute(
+                f"SELECT name, count(*), {'0' if done is not None else 'sum(state = ' + repr('done') + ')'} "
+                f"FROM queues INDEXED BY queues_number JOIN tasks ON {_QUEUE_ROWS} "
+                "WHERE number IS NOT NULL GROUP BY number"):
+            if done is not None:
+                done_here = done.get(name_bytes(queue), 0)
+                if done_here > count - others.get(queue, 0):  # not these rows' counts: read the rows
+                    logger.warning("queue {!r}: {} done tasks given, more than its {} tasks not in "
+                                   "flight, delayed or dead; counting them", queue, done_here, count)
+                    return self.count_states(None, in_flight)
+            if done_here:
+                counts.append((queue, lifecycle.DONE, done_here))
+            if count - done_here - others.get(queue, 0) > 0:
+                counts.append((queue, lifecycle.AVAILABLE, count - done_here - others.get(queue, 0)))
         return counts
 
     # -- queues
 
     def insert_queue(self, name: bytes, now: int) -> None:
-        self.conn.execute("INSERT OR IGNORE INTO queues (name, created_at) VALUES (?, ?)",
-                          (name_value(name), now))
+        """A new queue's row, with the next number (its range of row ids, storage/row_ranges.py)."""
+        number = self._next_queue_number()
+        self.conn.execute("INSERT OR IGNORE INTO queues (name, created_at, number) VALUES (?, ?, ?)",
+                          (name_value(name), now, number))
+
+    def _next_queue_number(self) -> int:
+        number = self.conn.execute("SELECT coalesce(max(number), 0) + 1 FROM queues").fetchone()[0]
+        if number > row_ranges.MAX_QUEUE_NUMBER:
+            raise errors.too_many_queues(row_ranges.MAX_QUEUE_NUMBER)
+        return number
+
+    def span(self, queue: bytes) -> tuple[int, int]:
+        """The queue's range of row ids (storage/row_ranges.py); an empty range for a queue not in the file."""
+        span = self._spans.get(queue)
+        if span is None:
+            row = self.conn.execute("SELECT number FROM queues WHERE name = ?", (name_value(queue),)).fetchone()
+            if row is None:
+                return NO_ROWS
+            number = row[0]
+            if number is None:  # a row made by hand (the sqlite3 shell): it gets its number now
+                number = self._next_queue_number()
+                self.conn.execute("UPDATE queues SET number = ? WHERE name = ?", (number, name_value(queue)))
+            span = self._spans[queue] = row_ranges.span(number)
+        return span
+
+    def _new_rows(self, queue: bytes, n: int) -> int:
+        """The first of the n row ids the queue's next n pushes take (the rows after its last)."""
+        first = self._next_rows.get(queue)
+        if first is None:
+            low, high = self.span(queue)
+            last = self.conn.execute("SELECT rowid FROM tasks WHERE rowid BETWEEN ? AND ? ORDER BY rowid DESC "
+                                     "LIMIT 1", (low, high)).fetchone()
+            first = low if last is None else last[0] + 1
+        if first + n - 1 > self.span(queue)[1]:
+            raise errors.queue_rows_used(row_ranges.QUEUE_ROWS)
+        return first
 
     def save_last_id(self, name: bytes, last_id: tuple) -> None:
         self.conn.execute("UPDATE queues SET last_id_ms = ?, last_id_seq = ? WHERE name = ?",
@@ -294,49 +336,45 @@ class Database:
 
     def insert_task(self, queue: bytes, task_id: tuple, fields: bytes | str, now: int,
                     available_at: int, state: str = lifecycle.AVAILABLE, ttl_ms: int | None = None,
-                    attempts: int = 0, failure: dict | None = None) -> int:
-        """A pushed task, its row id; `fields` as stored (task_fields.py: a push's RESP bytes, or a
-        schedule's JSON text), written as given; `attempts`, `failure` and a dead `state` come
-        from imports (XADD ATTEMPTS, FAILURE, XADD q::dead)."""
-        if failure is not None:
-            return self.conn.execute(
-                "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-                "finished_at, ttl_ms, failure, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
-                 now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure), claim_room(state))).lastrowid
-        if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None:
-            # Nearly every push: the other columns' defaults are the schema's, so 6 values are
-            # bound instead of 10 (0.8 µs less per push, measured: 5.4 -> 4.6 µs a statement).
-            return self.conn.execute(
-                "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
-                f"VALUES (?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})",
-                (name_value(queue), task_id[0], task_id[1], fields, now, available_at)).lastrowid
-        return self.conn.execute(
-            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-            "finished_at, ttl_ms, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (name_value(queue), task_id[0], task_id[1], state, fields, attempts, now,
-             available_at, now if state == lifecycle.DEAD else None, ttl_ms, claim_room(state))).lastrowid
+                    attempts: int = 0, failure: dict | None = None, unique_key: bytes | None = None) -> int:
+        """A pushed task, its row id (the queue's next); `fields` as stored (task_fields.py: a push's
+        RESP bytes, or a schedule's JSON text), written as given; `attempts`, `failure` and a dead
+        `state` come from imports (XADD ATTEMPTS, FAILURE, XADD q::dead); `unique_key` from XADD
+        UNIQUE (storage/unique_keys.py: the caller asked for the key's holder first)."""
+        rowid = self._new_rows(queue, 1)
+        if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None and failure is None and unique_key is None:
+            # Nearly every push: the other columns' defaults are the schema's, so 7 values are
+            # bound instead of 14 (0.8 µs less per push, measured: 5.4 -> 4.6 µs a statement).
+            self.conn.execute(
+                "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
+                f"VALUES (?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})",
+                (rowid, name_value(queue), task_id[0], task_id[1], fields, now, available_at))
+        else:
+            self.conn.execute(
+                "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
+                "finished_at, ttl_ms, failure, unique_key, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (rowid, name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
+                 now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure),
+                 None if unique_key is None else name_value(unique_key), claim_room(state)))
+        self._next_rows[queue] = rowid + 1
+        return rowid
 
-    def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range | list[int]:
-        """Pushed tasks, (id_ms, id_seq, fields as stored) each, available now: their row ids.
-
-        Statements of many rows each (INSERT_ROWS). SQLite gives each new row, in the order listed,
-        the largest row id plus one unless that is the largest there can be (then a random one):
-        the largest before, read once, says which ids the rows got.
-        """
-        before = self.conn.execute("SELECT max(rowid) FROM tasks").fetchone()[0] or 0
-        if before > LARGEST_ROWID - len(tasks):  # only a hand edit gets here: a statement a row, each its id
-            return [self.insert_task(queue, (ms, seq), fields, now, now) for ms, seq, fields in tasks]
+    def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range:
+        """Pushed tasks, (id_ms, id_seq, fields as stored) each, available now: their row ids, the
+        queue's next ones. Statements of many rows each (INSERT_ROWS)."""
+        first = self._new_rows(queue, len(tasks))
         name, start = name_value(queue), 0
         mss, seqs, fields = zip(*tasks)  # by column: each statement's parameters made in C, no loop
         while start < len(tasks):  # a statement of the most rows that fit, down to one row
             rows = min(INSERT_ROWS, 1 << (len(tasks) - start).bit_length() - 1)
             end = start + rows
-            params = list(chain.from_iterable(zip(repeat(name, rows), mss[start:end], seqs[start:end],
-                                                  fields[start:end], repeat(now, rows), repeat(now, rows))))
+            params = list(chain.from_iterable(zip(range(first + start, first + end), repeat(name, rows),
+                                                  mss[start:end], seqs[start:end], fields[start:end],
+                                                  repeat(now, rows), repeat(now, rows))))
             self.conn.execute(_INSERT_AVAILABLE_SQL[rows], params)
             start = end
-        return range(before + 1, before + 1 + len(tasks))
+        self._next_rows[queue] = first + len(tasks)
+        return range(first, first + len(tasks))
 
     def claim(self, queue: bytes, rowids: list[int], worker: bytes, now: int, deadline: int | None,
               state: str = lifecycle.IN_FLIGHT, retained: int | None = None) -> list[tuple]:
@@ -344,14 +382,16 @@ class Database:
         fields, attempts, rowid) of each that is still an available task of the queue, in no set
         order (the broker sorts what its passes gathered), attempts counting this delivery. Others
         (a stale entry of the order) are left alone. NOACK (state done): `retained` as `ack`'s."""
-        q = name_value(queue)
         finished = now if state == lifecycle.DONE else None
+        low, high = self.span(queue)
         # The rows, then the guarded update of them: UPDATE ... RETURNING costs more than the SELECT
         # it saves (1 row: 27.6 against 14.5 µs; 50 rows: 2.5 against 2.1 µs a row, measured).
         if len(rowids) == 1:  # workers' usual COUNT 1: the row by its id
+            if not low <= rowids[0] <= high:
+                return []
             row = self.conn.execute(
-                "SELECT id_ms, id_seq, fields, attempts FROM tasks WHERE rowid = ? AND +queue = ? "
-                "AND state = 'available'", (rowids[0], q)).fetchone()
+                "SELECT id_ms, id_seq, fields, attempts FROM tasks WHERE rowid = ? AND state = 'available'",
+                (rowids[0],)).fetchone()
             if row is None or not self.conn.execute(
                     "UPDATE tasks SET state = ?, worker = ?, deadline = ?, delivered_at = ?, "
                     "attempts = attempts + 1, finished_at = ?, retained = ?, reserved = NULL "
@@ -360,21 +400,20 @@ class Database:
                 return []
             return [(row[0], row[1], row[2], row[3] + 1, rowids[0])]
         listed = row_list(rowids)
-        rows = self.conn.execute(_CLAIMABLE_SQL, (listed, q)).fetchall()
+        rows = self.conn.execute(_CLAIMABLE_SQL, (listed, low, high)).fetchall()
         if rows:
-            self.conn.execute(_CLAIM_SQL, (state, name_value(worker), deadline, now, finished, retained, listed, q))
+            self.conn.execute(_CLAIM_SQL, (state, name_value(worker), deadline, now, finished, retained, listed,
+                                           low, high))
         return rows
 
-    def available_after(self, queue: bytes, after: tuple | None, limit: int) -> list[tuple]:
+    def available_after(self, queue: bytes, after: int | None, limit: int) -> list[tuple]:
         """A slice of the queue's available order: (rowid, id_ms, id_seq) of up to `limit` available
-        tasks after the id `after` (None: from the start), in id order: the primary key's range of
-        the queue, no sort."""
-        sql = "SELECT rowid, id_ms, id_seq FROM tasks WHERE queue = ? AND state = 'available'"
-        params = (name_value(queue),)
-        if after is not None:
-            sql += " AND (id_ms, id_seq) > (?, ?)"
-            params += (after[0], after[1])
-        return self.conn.execute(sql + " ORDER BY id_ms, id_seq LIMIT ?", (*params, limit)).fetchall()
+        tasks after the row id `after` (None: from the start), in id order: the queue's range of row
+        ids, no sort."""
+        low, high = self.span(queue)
+        return self.conn.execute(
+            "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' "
+            "ORDER BY rowid LIMIT ?", (low if after is None else after + 1, high, limit)).fetchall()
 
     def renew(self, rowids: list[int], now: int, deadline: int) -> list[tuple]:
         """XREADGROUP with an id: these in-flight tasks (a worker's own, broker/in_flight.py) are
@@ -389,10 +428,9 @@ class Database:
 
     def delete_finished(self, queue: bytes, task_id: tuple) -> str | None:
         """XACKDEL: delete one in-flight or done task; its former state, or None."""
-        row = self.conn.execute(
-            "DELETE FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ? "
-            "AND state IN ('in_flight', 'done') RETURNING state",
-            (name_value(queue), task_id[0], task_id[1])).fetchone()
+        rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
+        row = None if rowid is None else self.conn.execute(
+            "DELETE FROM tasks WHERE rowid = ? AND state IN ('in_flight', 'done') RETURNING state", (rowid,)).fetchone()
         return row[0] if row else None
 
     def unfinished_attempts(self, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
@@ -402,16 +440,16 @@ class Database:
                 in self._tasks_by_id("rowid, attempts, state, worker, id_ms, id_seq", queue, ids, states)]
 
     def _tasks_by_id(self, columns: str, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
-        """`columns` of the given tasks (each once, in the order given) that are in one of `states`."""
-        q = name_value(queue)
+        """`columns` of the given tasks (each once, in the order given) that are in one of `states`:
+        each found by a search of the queue's row ids (storage/row_ranges.py)."""
         sql = _BY_ID_SQL.get((columns, states))
         if sql is None:  # built once per shape (a handful: XNACK's, XCLAIM's), not per call
             marks = ",".join("?" * len(states))
-            sql = _BY_ID_SQL[columns, states] = (f"SELECT {columns} FROM tasks WHERE queue = ? AND id_ms = ? "
-                                                 f"AND id_seq = ? AND state IN ({marks})")
-        rows = []
-        for ms, seq in dict.fromkeys(ids):
-            row = self.conn.execute(sql, (q, ms, seq, *states)).fetchone()
+            sql = _BY_ID_SQL[columns, states] = f"SELECT {columns} FROM tasks WHERE rowid = ? AND state IN ({marks})"
+        span, rows = self.span(queue), []
+        for task_id in dict.fromkeys(ids):
+            rowid = row_ranges.row_of(self.conn, span, task_id)
+            row = None if rowid is None else self.conn.execute(sql, (rowid, *states)).fetchone()
             if row:
                 rows.append(row)
         return rows
@@ -484,31 +522,34 @@ class Database:
 
     def range(self, queue: bytes, states: tuple, start: tuple, end: tuple, count: int | None,
               reverse: bool) -> list[tuple]:
+        """XRANGE, XREVRANGE: tasks in `states` with ids from `start` to `end`, in id order (`reverse`:
+        newest first), up to `count`."""
+        if start > end:
+            return []
+        low, high = row_ranges.rows_between(self.conn, self.span(queue), start, end)
         marks = ",".join("?" * len(states))
-        order = "DESC" if reverse else "ASC"
         return self.conn.execute(
-            f"SELECT {TASK_COLUMNS} FROM tasks WHERE queue = ? AND state IN ({marks}) "
-            f"AND (id_ms, id_seq) >= (?, ?) AND (id_ms, id_seq) <= (?, ?) "
-            f"ORDER BY id_ms {order}, id_seq {order} LIMIT ?",
-            (name_value(queue), *states, start[0], start[1], end[0], end[1],
-             -1 if count is None else count)).fetchall()
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({marks}) "
+            f"ORDER BY rowid {'DESC' if reverse else 'ASC'} LIMIT ?",
+            (low, high, *states, -1 if count is None else count)).fetchall()
 
     def entries_after(self, queue: bytes, states: tuple, after: tuple, count: int) -> list[tuple]:
         """XREAD: up to `count` tasks in `states` with ids above `after`, oldest first."""
-        if states == (lifecycle.DEAD,):  # a literal, so the dead view's partial index serves it
-            where, params = "state = 'dead'", ()
-        else:
-            where, params = f"state IN ({','.join('?' * len(states))})", states
+        if states == (lifecycle.DEAD,):  # the dead view's partial index serves it, in id order
+            return self.conn.execute(
+                f"SELECT {TASK_COLUMNS} FROM tasks WHERE queue = ? AND (id_ms, id_seq) > (?, ?) AND state = 'dead' "
+                "ORDER BY id_ms, id_seq LIMIT ?", (name_value(queue), after[0], after[1], count)).fetchall()
+        span = self.span(queue)
+        low = span[0] if after == (0, 0) else row_ranges.lowest_row(self.conn, span, after, above=True)
         return self.conn.execute(
-            f"SELECT {TASK_COLUMNS} FROM tasks WHERE queue = ? AND (id_ms, id_seq) > (?, ?) AND {where} "
-            f"ORDER BY id_ms, id_seq LIMIT ?",
-            (name_value(queue), after[0], after[1], *params, count)).fetchall()
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({','.join('?' * len(states))}) "
+            "ORDER BY rowid LIMIT ?", (low, span[1], *states, count)).fetchall()
 
     def last_delivered(self, queue: bytes) -> tuple | None:
         """The newest id ever delivered (XINFO GROUPS last-delivered-id after a restart)."""
         return self.conn.execute(
-            "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND attempts > 0 "
-            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1", (name_value(queue),)).fetchone()
+            "SELECT id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND attempts > 0 "
+            "ORDER BY rowid DESC LIMIT 1", self.span(queue)).fetchone()
 
     # -- inspection (the dashboard, /metrics, XINFO TASKS)
 
@@ -522,9 +563,13 @@ class Database:
         order = INSPECT_ORDER[state]  # KeyError for anything but a known state: never user text
         if state == lifecycle.DONE:
             return reads.newest_done(self.conn, queue, count, head)
-        # Available tasks have no index of their own (schema 8): the primary key's range of the queue.
-        index = "" if state == lifecycle.AVAILABLE else f" INDEXED BY tasks_{state}"
-        sql = f"SELECT {INSPECT_COLUMNS} FROM tasks{index} WHERE queue = ? AND state = '{state}'"
+        if state == lifecycle.AVAILABLE:  # no index of its own (schema 8): the queue's range of row ids
+            span = self.span(queue)
+            low = span[0] if after == (0, 0) else row_ranges.lowest_row(self.conn, span, after, above=True)
+            return self.conn.execute(
+                f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' "
+                "ORDER BY rowid LIMIT ?", (low, span[1], count)).fetchall()
+        sql = f"SELECT {INSPECT_COLUMNS} FROM tasks INDEXED BY tasks_{state} WHERE queue = ? AND state = '{state}'"
         params: list = [name_value(queue)]
         if order.startswith("id_ms"):
             sql += " AND (id_ms, id_seq) > (?, ?)"

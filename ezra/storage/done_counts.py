@@ -1,6 +1,8 @@
-"""Each queue's count of done tasks, left beside a cleanly closed ezra.db for the next start.
+"""Each queue's count of done and of available tasks, left beside a cleanly closed ezra.db for
+the next start.
 
-Done tasks are in no index (schema 10: an ack writes one B-tree less), so counting them means
+Done and available tasks are in no index (schemas 8 and 10: a push, a claim and an ack write
+one B-tree less each; schema 14 dropped the primary key's index too), so counting them means
 reading every row of the tasks table: 0.25 s a million tasks when the pages are cached, about
 1 s when they are not, and a start that reads every page of the table is refused by any damaged
 one. A server that stops cleanly knows the counts: it writes them to `ezra.counts` once the
@@ -21,7 +23,7 @@ import os
 from loguru import logger
 
 COUNTS_FILENAME = "ezra.counts"
-FORMAT = 1
+FORMAT = 2  # 2: {queue: [done, available]} (1 had the done counts only: an older EZRA's file is counted)
 
 
 def _identity(db_path: str) -> list[int]:
@@ -38,11 +40,12 @@ def _wal_bytes(db_path: str) -> int:
         return 0
 
 
-def save(data_dir: str, db_path: str, done: dict[bytes, int]) -> None:
-    """Write the counts beside the closed database (written whole, then renamed into place)."""
+def save(data_dir: str, db_path: str, counts: dict[bytes, tuple[int, int]]) -> None:
+    """Write the counts, {queue: (done, available)}, beside the closed database (written whole,
+    then renamed into place)."""
     path = os.path.join(data_dir, COUNTS_FILENAME)
     record = {"format": FORMAT, "database": _identity(db_path),
-              "done": {name.hex(): count for name, count in done.items() if count}}
+              "queues": {name.hex(): list(pair) for name, pair in counts.items() if any(pair)}}
     temporary = path + ".new"
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -55,31 +58,32 @@ def save(data_dir: str, db_path: str, done: dict[bytes, int]) -> None:
         logger.warning("could not save the done-task counts to {}: {} (the next start counts them)", path, exc)
 
 
-def take(data_dir: str, db_path: str) -> dict[bytes, int] | None:
-    """The counts a clean stop left, if ezra.db is still the file they were taken of; removes them
-    either way. None: count the rows."""
+def take(data_dir: str, db_path: str) -> dict[bytes, tuple[int, int]] | None:
+    """The counts a clean stop left, {queue: (done, available)}, if ezra.db is still the file they
+    were taken of; removes them either way. None: count the rows."""
     path = os.path.join(data_dir, COUNTS_FILENAME)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        logger.warning("cannot read {}: {}; counting the done tasks instead", path, exc)
+        logger.warning("cannot read {}: {}; counting the tasks instead", path, exc)
         return None
     try:
         with os.fdopen(fd) as f:
             text = f.read()
         os.unlink(path)
     except OSError as exc:
-        logger.warning("cannot read or remove {}: {}; counting the done tasks instead", path, exc)
+        logger.warning("cannot read or remove {}: {}; counting the tasks instead", path, exc)
         return None
     try:
         record = json.loads(text)
         if _wal_bytes(db_path) or record.get("format") != FORMAT \
                 or record.get("database") != _identity(db_path):
-            logger.info("{} was changed after the last clean stop: counting the done tasks", db_path)
+            logger.info("{} was changed after the last clean stop: counting the tasks", db_path)
             return None
-        return {bytes.fromhex(name): int(count) for name, count in record["done"].items()}
+        return {bytes.fromhex(name): (int(done), int(available))
+                for name, (done, available) in record["queues"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        logger.warning("ignoring {} ({}): counting the done tasks instead", path, exc)
+        logger.warning("ignoring {} ({}): counting the tasks instead", path, exc)
         return None

@@ -18,10 +18,11 @@ import os
 import re
 import sqlite3
 import stat
+import time
 
 from loguru import logger
 
-from . import done_counts
+from . import done_counts, row_ranges
 from .database import DEFAULT_RESERVE_BYTES, RESERVE_FILENAME, Database
 from .dirlock import LOCK_FILENAME
 from .schema import APPLICATION_ID, SCHEMA, SCHEMA_STATEMENTS, SCHEMA_VERSION, StorageError
@@ -61,13 +62,14 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
                            "interrupted copy or restore, not a database; put the backup you meant to restore in "
                            "its place, or, if this is a new install, delete it and start EZRA again (it creates "
                            "the database)")
-    done_at_close = done_counts.take(data_dir, path)  # before anything writes to the file
+    counts_at_close = done_counts.take(data_dir, path)  # before anything writes to the file
     conn = connect(path)
     try:
         version = _check_owner(conn, path)
         _set_pragmas(conn)
         if version < SCHEMA_VERSION and _has_table(conn, "tasks"):
             _migrate(conn, version, path)
+            counts_at_close = None  # a migration may move tasks between states (schema 12's): count them
         conn.executescript(SCHEMA)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -80,7 +82,7 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
         raise
     fsync_directory(data_dir)  # the new files' names are durable too
     db = Database(conn, path, reserve_bytes)
-    db.done_at_close = done_at_close
+    db.counts_at_close = counts_at_close
     return db
 
 
@@ -217,6 +219,8 @@ def _migrate(conn, version: int, path: str) -> None:
             _migrate_to_v12(conn)
         if version < 13:
             _migrate_to_v13(conn)
+        if version < 14:
+            _migrate_to_v14(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -274,6 +278,46 @@ def _migrate_to_v13(conn) -> None:
     if "id" in {row[1] for row in conn.execute("PRAGMA table_xinfo(tasks)")}:  # table_info hides it
         conn.execute("ALTER TABLE tasks DROP COLUMN id")
     conn.execute(SCHEMA_STATEMENTS["tasks_readable"])
+
+
+def _migrate_to_v14(conn) -> None:
+    """Each queue takes a range of row ids, and its tasks are renumbered into it in id order
+    (storage/row_ranges.py); the primary key on (queue, id_ms, id_seq) and its index go. The
+    table is copied once (SQLite's way to change a table's key): with a million tasks, seconds."""
+    started = time.monotonic()
+    _add_queue_columns(conn, {"number": "INTEGER"})
+    # A task of a queue with no row (a hand edit) gets one, so that it has a range too.
+    conn.execute("INSERT OR IGNORE INTO queues (name, created_at) SELECT DISTINCT queue, ? FROM tasks",
+                 (int(time.time() * 1000),))
+    # Numbers in name order: then the tasks' old key order, (queue, id), is the new row ids' order.
+    conn.execute("UPDATE queues SET number = ordered.n FROM (SELECT rowid AS r, row_number() OVER "
+                 "(ORDER BY name) AS n FROM queues) AS ordered WHERE queues.rowid = ordered.r")
+    conn.execute("DROP VIEW IF EXISTS tasks_readable")
+    for (index,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
+                                 "AND tbl_name = 'tasks' AND sql IS NOT NULL").fetchall():
+        conn.execute(f'DROP INDEX "{index}"')
+    conn.execute("ALTER TABLE tasks RENAME TO tasks_v13")
+    conn.execute(SCHEMA_STATEMENTS["tasks"])
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(tasks)") if row[1] != "rowid"]
+    # The new row ids first, small rows numbered in (queue, id) order; then the copy, in their order.
+    conn.execute("CREATE TEMP TABLE renumbered (new INTEGER PRIMARY KEY, old INTEGER NOT NULL)")
+    conn.execute(f"INSERT INTO renumbered (new, old) SELECT (queues.number << {row_ranges.ROW_BITS}) + "
+                 "row_number() OVER (PARTITION BY old.queue ORDER BY old.id_ms, old.id_seq) - 1, old.rowid "
+                 "FROM tasks_v13 AS old JOIN queues ON queues.name = old.queue")
+    conn.execute(f"INSERT INTO tasks (rowid, {', '.join(columns)}) SELECT renumbered.new, "
+                 f"{', '.join('old.' + column for column in columns)} FROM renumbered "
+                 "JOIN tasks_v13 AS old ON old.rowid = renumbered.old ORDER BY renumbered.new")
+    copied = conn.execute("SELECT count(*) FROM renumbered").fetchone()[0]
+    had = conn.execute("SELECT count(*) FROM tasks_v13").fetchone()[0]
+    if copied != had:  # every task has its queue's row by now: never reached, and never a task lost
+        raise StorageError(f"schema 14: {had} tasks, but {copied} found their queue; the file is left as it was")
+    conn.execute("DROP TABLE renumbered")
+    conn.execute("DROP TABLE tasks_v13")
+    for name, statement in SCHEMA_STATEMENTS.items():  # tasks' indexes and view, queues_number
+        if name.startswith("tasks_") or name == "queues_number":
+            conn.execute(statement)
+    logger.info("schema 14: {} tasks renumbered into their queues' ranges of row ids in {:.1f} s",
+                copied, time.monotonic() - started)
 
 
 def _migrate_to_v2(conn) -> None:

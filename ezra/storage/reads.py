@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from . import row_ranges
 from .schema import name_value
 
 
@@ -23,28 +24,26 @@ def newest_done(conn, queue: bytes, count: int, head: int | None) -> list[tuple]
     """Up to `count` done tasks (INSPECT_COLUMNS rows), newest id first: the done among the
     queue's DONE_LOOK_BACK newest tasks, then, if that is not enough, among as many below `head`
     (the row id of its oldest available task): a backlog sits above the tasks done last."""
-    q = name_value(queue)
-    rows, floor = _done_down_from(conn, q, None, count)
+    span = row_ranges.queue_span(conn, queue)
+    if span is None:
+        return []
+    rows, floor = _done_down_from(conn, span[0], span[1], count)
     if len(rows) < count and floor is not None and head is not None:
-        start = conn.execute("SELECT id_ms, id_seq FROM tasks WHERE rowid = ?", (head,)).fetchone()
-        if start is not None:
-            rows += _done_down_from(conn, q, min(floor, tuple(start)), count - len(rows))[0]
+        rows += _done_down_from(conn, span[0], min(floor, head) - 1, count - len(rows))[0]
     return rows
 
 
-def _done_down_from(conn, q, top: tuple | None, count: int) -> tuple[list[tuple], tuple | None]:
-    """The done tasks among the DONE_LOOK_BACK tasks below `top` (None: from the newest), newest
-    first, and the lowest id looked at (None: the walk reached the queue's first task). Down the
-    primary key, each row's state read, until `count` are found."""
-    below, params = ("", (q,)) if top is None else (" AND (id_ms, id_seq) < (?, ?)", (q, *top))
-    floor = conn.execute(  # the id DONE_LOOK_BACK tasks down: found on the index alone
-        f"SELECT id_ms, id_seq FROM tasks WHERE queue = ?{below} ORDER BY id_ms DESC, id_seq DESC "
-        "LIMIT 1 OFFSET ?", (*params, DONE_LOOK_BACK - 1)).fetchone()
+def _done_down_from(conn, low: int, top: int, count: int) -> tuple[list[tuple], int | None]:
+    """The done tasks among the DONE_LOOK_BACK tasks from row id `top` down (to `low`, the queue's
+    first), newest first, and the lowest row id looked at (None: the walk reached the queue's first
+    task). Down the queue's range of row ids, each row's state read, until `count` are found."""
+    floor = conn.execute(  # the row DONE_LOOK_BACK tasks down
+        "SELECT rowid FROM tasks WHERE rowid BETWEEN ? AND ? ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+        (low, top, DONE_LOOK_BACK - 1)).fetchone()
     rows = conn.execute(
-        f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE queue = ?{below} AND (id_ms, id_seq) >= (?, ?) "
-        "AND state = 'done' ORDER BY id_ms DESC, id_seq DESC LIMIT ?",
-        (*params, *(floor or (0, 0)), count)).fetchall()
-    return rows, None if floor is None else tuple(floor)
+        f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'done' "
+        "ORDER BY rowid DESC LIMIT ?", (low if floor is None else floor[0], top, count)).fetchall()
+    return rows, None if floor is None else floor[0]
 
 
 def idmp_tracked(conn, queue: bytes, now: int) -> tuple[int, int]:
@@ -71,16 +70,22 @@ def read_apart(path: str, query, *args):
 
 def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
     """INSPECT_COLUMNS + state of a queue's tasks in `states`, in id order after `after`
-    (the primary key's order: pages of any size, no sort). Shared by the server's
+    (the order of the queue's row ids: pages of any size, no sort). Shared by the server's
     Database and the export's Snapshot."""
+    span = row_ranges.queue_span(conn, queue)
+    if span is None:
+        return []
+    low = span[0] if after == (0, 0) else row_ranges.lowest_row(conn, span, after, above=True)
     marks = ",".join("?" * len(states))
     return conn.execute(
-        f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE queue = ? AND state IN ({marks}) "
-        "AND (id_ms, id_seq) > (?, ?) ORDER BY id_ms, id_seq LIMIT ?",
-        (name_value(queue), *states, after[0], after[1], count)).fetchall()
+        f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({marks}) "
+        "ORDER BY rowid LIMIT ?", (low, span[1], *states, count)).fetchall()
 
 
 def task_by_id(conn, queue: bytes, task_id: tuple) -> tuple | None:
-    """INSPECT_COLUMNS + state of one task (the dashboard's task page), or None: a primary-key look."""
-    return conn.execute(f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ?",
-                        (name_value(queue), *task_id)).fetchone()
+    """INSPECT_COLUMNS + state of one task (the dashboard's task page), or None: a search of the
+    queue's row ids."""
+    span = row_ranges.queue_span(conn, queue)
+    rowid = None if span is None else row_ranges.row_of(conn, span, task_id)
+    return None if rowid is None else conn.execute(
+        f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE rowid = ?", (rowid,)).fetchone()

@@ -9,14 +9,17 @@ sit in tasks_retained by finish time, which the purge reads oldest first.
 
 from __future__ import annotations
 
+from ..stream_ids import TOP
+from .row_ranges import lowest_row
 from .schema import name_value
 
 
 class Retention:
     """The tasks table seen by when tasks leave it."""
 
-    def __init__(self, conn):
+    def __init__(self, conn, span):
         self.conn = conn
+        self.span = span  # a queue's range of row ids (Database.span)
 
     def purge_done(self, queue: bytes, finished_before: int, limit: int) -> list[tuple]:
         """Delete up to `limit` retained done tasks (without their own TTL) finished before the
@@ -31,26 +34,28 @@ class Retention:
         """Mark the done tasks among the queue's next `rows` tasks from id `start` (in id order) as
         retained: a retention limit applies to those done while the queue kept them for ever. The
         id to go on from, or None when the walk reached the queue's end."""
-        q = name_value(queue)
+        span = self.span(queue)
+        low = span[0] if start == (0, 0) else lowest_row(self.conn, span, start)
         end = self.conn.execute(
-            "SELECT id_ms, id_seq FROM tasks WHERE queue = ? AND (id_ms, id_seq) >= (?, ?) "
-            "ORDER BY id_ms, id_seq LIMIT 1 OFFSET ?", (q, *start, rows)).fetchone()
-        below = "" if end is None else " AND (id_ms, id_seq) < (?, ?)"
+            "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? ORDER BY rowid LIMIT 1 OFFSET ?",
+            (low, span[1], rows)).fetchone()
         self.conn.execute(
-            "UPDATE tasks SET retained = 1 WHERE queue = ? AND (id_ms, id_seq) >= (?, ?)" + below
-            + " AND state = 'done' AND retained IS NULL", (q, *start, *(end or ())))
-        return None if end is None else tuple(end)
+            "UPDATE tasks SET retained = 1 WHERE rowid BETWEEN ? AND ? AND state = 'done' AND retained IS NULL",
+            (low, span[1] if end is None else end[0] - 1))
+        return None if end is None else (end[1], end[2])
 
     def save_unmarked_done(self, name: bytes, unmarked: bool) -> None:
         self.conn.execute("UPDATE queues SET unmarked_done = ? WHERE name = ?", (int(unmarked), name_value(name)))
 
     def trim_done(self, queue: bytes, start: tuple, below: tuple, limit: int) -> list[tuple]:
         """Trimming: delete up to `limit` done tasks with ids from `start` to below `below`, lowest
-        first (in the primary key's order: the scan starts at `start`); their ids, in order."""
+        first (in the order of the queue's row ids: the scan starts at `start`); their ids, in order."""
+        span = self.span(queue)
+        low = span[0] if start == (0, 0) else lowest_row(self.conn, span, start)
+        high = span[1] if below >= TOP else lowest_row(self.conn, span, below) - 1
         return sorted(self.conn.execute(
-            "DELETE FROM tasks WHERE rowid IN (SELECT rowid FROM tasks WHERE queue = ? AND state = 'done' "
-            "AND (id_ms, id_seq) >= (?, ?) AND (id_ms, id_seq) < (?, ?) ORDER BY id_ms, id_seq LIMIT ?) "
-            "RETURNING id_ms, id_seq", (name_value(queue), *start, *below, limit)).fetchall())
+            "DELETE FROM tasks WHERE rowid IN (SELECT rowid FROM tasks WHERE rowid BETWEEN ? AND ? "
+            "AND state = 'done' ORDER BY rowid LIMIT ?) RETURNING id_ms, id_seq", (low, high, limit)).fetchall())
 
     def oldest_done(self, queue: bytes) -> int | None:
         """When the oldest retained done task (without its own TTL) of a queue finished."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .row_ranges import queue_span, row_of
 from .schema import decode_fields, encode_fields, name_bytes, name_value
 
 COLUMNS = ("name, queue, cron, zone, fields, skip_unfinished, slot_field, origin, next_at, last_slot, "
@@ -102,6 +103,7 @@ class Schedules:
 
     def unfinished(self, queue: bytes, task_id: tuple) -> bool:
         """Is this task still available, delayed or in flight?"""
-        return self.conn.execute(
-            "SELECT 1 FROM tasks WHERE queue = ? AND id_ms = ? AND id_seq = ? AND state IN (?, ?, ?)",
-            (name_value(queue), task_id[0], task_id[1], *UNFINISHED)).fetchone() is not None
+        span = queue_span(self.conn, queue)
+        rowid = None if span is None else row_of(self.conn, span, task_id)
+        return rowid is not None and self.conn.execute(
+            "SELECT 1 FROM tasks WHERE rowid = ? AND state IN (?, ?, ?)", (rowid, *UNFINISHED)).fetchone() is not None

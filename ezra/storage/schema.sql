@@ -23,8 +23,12 @@ CREATE TABLE IF NOT EXISTS queues (
     created_at            INTEGER NOT NULL,  -- ms since the epoch
     -- 1: some done tasks may lack tasks.retained (acked while the queue kept them for ever); a
     -- retention limit marks them before it purges (Reaper._mark_retained). 0: all are marked.
-    unmarked_done         INTEGER NOT NULL DEFAULT 1
+    unmarked_done         INTEGER NOT NULL DEFAULT 1,
+    -- The queue's tasks are the rows of tasks with row ids from number << 40 to that plus
+    -- 2^40 - 1, in id order (storage/row_ranges.py). Given once, when the queue is made; never reused.
+    number                INTEGER
 );
+CREATE UNIQUE INDEX IF NOT EXISTS queues_number ON queues (number);
 
 -- The state CHECK is written as comparisons, not IN (...): for an IN list of constants SQLite
 -- builds a temporary table each time a statement checks it (1.7 µs of every push, claim and
@@ -33,7 +37,12 @@ CREATE TABLE IF NOT EXISTS queues (
 -- computes a table's generated columns on every INSERT and UPDATE of a row, used or not (2.2k
 -- instructions each: a push, a claim and an ack paid it three times a task, measured). Schema 13
 -- dropped the VIRTUAL column `id` older files have.
+-- A task's row id is its queue's range (queues.number << 40) plus its push order in the queue,
+-- so the queue's tasks are one range of the table's B-tree, in id order: no index on (queue, id)
+-- (before schema 14, the primary key; its index cost every push 3.5 WAL pages a commit of 50).
+-- Named as a column so that VACUUM keeps the values (it may renumber an implicit row id).
 CREATE TABLE IF NOT EXISTS tasks (
+    rowid         INTEGER PRIMARY KEY,  -- storage/row_ranges.py; `rowid` in a query reads it
     queue         TEXT    NOT NULL,
     id_ms         INTEGER NOT NULL,  -- the Redis stream id is id_ms-id_seq
     id_seq        INTEGER NOT NULL,
@@ -53,16 +62,18 @@ CREATE TABLE IF NOT EXISTS tasks (
     unique_key    TEXT,              -- XADD UNIQUE key (BLOB if not UTF-8); NULL: pushed without one
     failure       TEXT,              -- its last failure, JSON {"cause", "reason", "worker", "at"};
                                      -- NULL: never failed (only failures write it, v5)
-    retained      INTEGER,           -- 1: done while its queue had a retention limit: in tasks_retained,
-                                     -- which the purge reads; NULL: kept for ever (the default), in no index
-    reserved      BLOB,              -- zeros while the task waits for its first claim: room for the columns
-                                     -- the claim fills, so its row keeps its size (schema.py RESERVED_BYTES)
-    PRIMARY KEY (queue, id_ms, id_seq)
+    -- retained: 1 if done while its queue had a retention limit (in tasks_retained, which the purge
+    -- reads); NULL: kept for ever (the default), in no index. reserved: zeros while the task waits
+    -- for its first claim, room for the columns the claim fills, so its row keeps its size
+    -- (schema.py RESERVED_BYTES). Their comments come first: ALTER TABLE DROP COLUMN of the last
+    -- column (tests make older files with it) cuts the text back to the last comma before it.
+    retained      INTEGER,
+    reserved      BLOB
 );
 
 -- Few indexes on purpose: every index costs a page write per state change. Available tasks
 -- have none: the broker keeps each queue's available order in memory (claims take the oldest)
--- and builds it from the primary key after a start; schema 8 dropped tasks_available. Tasks in
+-- and builds it from the queue's range of row ids after a start; schema 8 dropped tasks_available. Tasks in
 -- flight have none either: the broker keeps their leases in memory (broker/in_flight.py), and
 -- a start makes every one available again; schema 12 dropped tasks_in_flight.
 -- Retention purges a queue's done tasks, oldest first: only those finished under a retention limit

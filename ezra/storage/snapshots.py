@@ -15,6 +15,7 @@ from loguru import logger
 from .. import lifecycle
 from .opening import BUSY_TIMEOUT_MS, connect, fsync_directory, fsync_file
 from .reads import tasks_by_id
+from .row_ranges import queue_span
 from .schema import APPLICATION_ID, SCHEMA_VERSION, StorageError, name_bytes, name_value
 
 
@@ -151,17 +152,17 @@ class Snapshot:
     def queue_facts(self, queue: bytes) -> dict | None:
         """{"group": name or None, "last_id": (ms, seq), "counts": {state: n}}; None: no such queue."""
         q = name_value(queue)
-        row = self.conn.execute(
-            "SELECT group_name, last_id_ms, last_id_seq, (SELECT id_ms FROM tasks WHERE queue = ?1 "
-            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1), (SELECT id_seq FROM tasks WHERE queue = ?1 "
-            "ORDER BY id_ms DESC, id_seq DESC LIMIT 1) FROM queues WHERE name = ?1", (q,)).fetchone()
+        row = self.conn.execute("SELECT group_name, last_id_ms, last_id_seq FROM queues WHERE name = ?",
+                                (q,)).fetchone()
         if row is None:
             return None
-        group, last_ms, last_seq, newest_ms, newest_seq = row
+        group, last_ms, last_seq = row
+        rows = queue_span(self.conn, queue) or (1, 0)
+        newest = self.conn.execute("SELECT id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? "
+                                   "ORDER BY rowid DESC LIMIT 1", rows).fetchone() or (0, 0)
         counts = dict.fromkeys(lifecycle.STATES, 0)
-        counts.update(self.conn.execute("SELECT state, count(*) FROM tasks WHERE queue = ? GROUP BY state",
-                                        (q,)).fetchall())
-        newest = (0, 0) if newest_ms is None else (newest_ms, newest_seq)
+        counts.update(self.conn.execute("SELECT state, count(*) FROM tasks WHERE rowid BETWEEN ? AND ? "
+                                        "GROUP BY state", rows).fetchall())
         return {"group": None if group is None else name_bytes(group),
                 "last_id": max((last_ms, last_seq), newest), "counts": counts}
 

@@ -8,7 +8,7 @@ tasks keep their key in the row (XINFO TASKS shows it) but hold nothing.
 
 from __future__ import annotations
 
-from .schema import claim_room, encode_failure, name_value
+from .schema import name_value
 
 # The index's own WHERE, repeated word for word: SQLite uses a partial index only for a query
 # whose WHERE implies the index's.
@@ -30,16 +30,6 @@ class UniqueKeys:
         return self.conn.execute(
             f"SELECT id_ms, id_seq FROM tasks INDEXED BY tasks_unique WHERE queue = ? AND unique_key = ? "
             f"AND unique_key IS NOT NULL AND {UNFINISHED}", (queue, key)).fetchone()
-
-    def insert_task(self, queue: bytes, task_id: tuple, fields: bytes | str, now: int, available_at: int,
-                    state: str, ttl_ms: int | None, attempts: int, key: bytes, failure: dict | None = None) -> int:
-        """A pushed task holding `key`, its row id (Database.insert_task's, with the key: plain pushes
-        never come here); `failure` as Database.insert_task takes it (ezra import)."""
-        return self.conn.execute(
-            "INSERT INTO tasks (queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-            "ttl_ms, unique_key, failure, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (name_value(queue), task_id[0], task_id[1], state, fields, attempts, now,
-             available_at, ttl_ms, name_value(key), encode_failure(failure), claim_room(state))).lastrowid
 
     def release_all_dead(self, queue: bytes) -> list[tuple]:
         """Before XREQUEUE ALL: the dead tasks whose key another task would hold once they are all
