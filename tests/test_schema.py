@@ -92,10 +92,27 @@ def test_a_schema_1_file_is_migrated_to_the_schema_a_new_file_gets(ezra_factory,
     assert schema_of(server.data_dir / "ezra.db") == schema_of(fresh.data_dir / "ezra.db")
 
 
-def schema_12_text() -> str:
-    """Schema 12 as EZRA wrote it: today's, with the generated column tasks.id the view read."""
+def schema_13_text() -> str:
+    """Schema 13 as EZRA wrote it: today's, with tasks keyed by (queue, id_ms, id_seq) (its index
+    found a queue's tasks) and row ids SQLite chose, and no queues.number."""
     from ezra.storage.schema import SCHEMA
-    old = SCHEMA.replace("    id_seq        INTEGER NOT NULL,\n",
+    old = SCHEMA
+    for new_text, old_text in [
+            ("    rowid         INTEGER PRIMARY KEY,  -- storage/row_ranges.py; `rowid` in a query reads it\n", ""),
+            ("    reserved      BLOB\n);", "    reserved      BLOB,\n    PRIMARY KEY (queue, id_ms, id_seq)\n);"),
+            ("    unmarked_done         INTEGER NOT NULL DEFAULT 1,\n", "    unmarked_done         INTEGER NOT NULL DEFAULT 1\n"),
+            ("CREATE UNIQUE INDEX IF NOT EXISTS queues_number ON queues (number);\n", "")]:
+        assert old.count(new_text) == 1, new_text
+        old = old.replace(new_text, old_text)
+    start = old.index("    -- The queue's tasks are the rows of tasks")
+    old = old[:start] + old[old.index(");", start):]  # queues.number and its comment
+    assert "    number " not in old and "queues_number" not in old
+    return old
+
+
+def schema_12_text() -> str:
+    """Schema 12 as EZRA wrote it: schema 13's, with the generated column tasks.id the view read."""
+    old = schema_13_text().replace("    id_seq        INTEGER NOT NULL,\n",
                          "    id_seq        INTEGER NOT NULL,\n"
                          "    id            TEXT    GENERATED ALWAYS AS (id_ms || '-' || id_seq) VIRTUAL,\n", 1)
     old = old.replace("SELECT queue, id_ms || '-' || id_seq AS id, id_ms", "SELECT queue, id, id_ms", 1)
@@ -148,5 +165,60 @@ def test_a_schema_12_file_loses_tasks_id_and_its_view_gives_the_same_ids(ezra_fa
         # 1000-0 back to available: a clean stop gives the tasks in flight back
         assert db.execute("SELECT id, state FROM tasks_readable ORDER BY id_seq").fetchall() == [
             ("1000-0", "available"), ("1000-1", "done"), ("1000-2", "dead")]
+    db.close()
+    assert schema_of(server.data_dir / "ezra.db") == schema_of(fresh.data_dir / "ezra.db")
+
+
+def write_old_file(data_dir, schema: str, version: int):
+    """An empty file of an older schema, as that EZRA made it; open for the caller to fill."""
+    data_dir.mkdir(mode=0o700)
+    db = sqlite3.connect(data_dir / "ezra.db")
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a new file gets it (before the first table)
+    db.executescript(schema)
+    db.execute("PRAGMA application_id = 1163547201")
+    db.execute(f"PRAGMA user_version = {version}")
+    return db
+
+
+def test_a_schema_13_file_gives_each_queue_a_range_of_row_ids_in_id_order(ezra_factory, tmp_path):
+    """Schema 14 finds a queue's tasks as a range of row ids, in id order (storage/row_ranges.py):
+    a schema 13 file's rows, in whatever order SQLite numbered them, are renumbered so, every
+    task kept with its id, fields and state; a task whose queue has no row gets one."""
+    fresh = ezra_factory()
+    fresh.stop()
+    db = write_old_file(tmp_path / "old", schema_13_text(), 13)
+    db.executemany("INSERT INTO queues (name, last_id_ms, last_id_seq, created_at) VALUES (?, 2000, 0, 1000)",
+                   [("mail",), ("jobs",)])
+    rows = [("jobs", ms, seq, state) for ms in (1000, 1500, 1999) for seq in (0, 7)
+            for state in ("available",)] + [("mail", 1200, 0, "done"), ("mail", 1300, 0, "available"),
+                                            ("mail", 1100, 0, "dead"), ("orphan", 5, 5, "available")]
+    rows[1] = ("jobs", 1000, 7, "done")
+    for rowid, (queue, ms, seq, state) in zip(range(900, 0, -50), rows):  # row ids against id order
+        db.execute("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, "
+                   "finished_at) VALUES (?, ?, ?, ?, ?, ?, 1000, 1000, ?)",
+                   (rowid, queue, ms, seq, state, f'["n", "{queue}-{ms}-{seq}"]', 1500 if state != "available" else None))
+    db.commit()
+    db.close()
+    server = ezra_factory(data_dir=tmp_path / "old")
+    assert f"from schema 13 to {SCHEMA_VERSION}" in server.log()
+    r = server.client()
+    assert [i for i, _ in r.xrange("jobs")] == [b"1000-0", b"1000-7", b"1500-0", b"1500-7", b"1999-0", b"1999-7"]
+    assert [i for i, _ in r.xrange("jobs", "1000-1", "1999-0")] == [b"1000-7", b"1500-0", b"1500-7", b"1999-0"]
+    assert [i for i, _ in r.xrevrange("jobs", "1999", "1500-7", count=2)] == [b"1999-7", b"1999-0"]
+    assert [(i, f) for i, f in r.xrange("mail")] == [(b"1200-0", {b"n": b"mail-1200-0"}),
+                                                    (b"1300-0", {b"n": b"mail-1300-0"})]
+    assert [i for i, _ in r.xrange("mail::dead")] == [b"1100-0"]
+    assert [i for i, _ in claim(r, "jobs", count=10)] == [b"1000-0", b"1500-0", b"1500-7", b"1999-0", b"1999-7"]
+    assert [i for i, _ in claim(r, "orphan")] == [b"5-5"]
+    new = r.xadd("mail", {"n": "new"})  # after its last id, in its range
+    assert [i for i, _ in r.xrange("mail")] == [b"1200-0", b"1300-0", new]
+    r.close()
+    server.stop()
+    with sqlite3.connect(server.data_dir / "ezra.db") as db:
+        for name, number in db.execute("SELECT name, number FROM queues").fetchall():
+            rowids = [row[0] for row in db.execute("SELECT rowid FROM tasks WHERE queue = ? ORDER BY id_ms, id_seq",
+                                                   (name,))]
+            assert rowids == sorted(rowids) and all(rowid >> 40 == number for rowid in rowids), (name, rowids)
+        assert sorted(number for (number,) in db.execute("SELECT number FROM queues")) == [1, 2, 3]
     db.close()
     assert schema_of(server.data_dir / "ezra.db") == schema_of(fresh.data_dir / "ezra.db")

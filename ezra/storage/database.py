@@ -107,7 +107,7 @@ class Database:
         # Each queue's range of row ids (storage/row_ranges.py), and the row id its next push takes: read
         # from the file once, forgotten at a rollback (a queue made in the batch is gone again).
         self._spans: dict[bytes, tuple[int, int]] = {}
-        self._next_rows: dict[bytes, int] = {}
+        self._next_rows: dict[bytes, tuple[int, int]] = {}  # (next row id, the range's last)
 
     # -- transactions (driven by writer.py)
 
@@ -239,9 +239,10 @@ class Database:
         with no sort of the whole table. Tasks in flight are the broker's to count (`in_flight`:
         {queue name: count}, broker/in_flight.py). Available and done tasks have no index
         (schemas 8 and 10: each would cost every push, claim or ack a B-tree write), nor has a
-        queue's count of tasks (schema 14). After a clean stop `done` and `available` give them
-        (storage/done_counts.py), and no row is read. Otherwise every row is: with `done` (the
-        counts before a rolled-back batch) each queue's rows are counted and the available are the
+        queue's count of tasks (schema 14). After a clean stop and after a rolled-back batch,
+        `done` and `available` give them (storage/done_counts.py, Queues.counts_before_batch), and
+        no row is read. Otherwise every row is: with `done` alone (a start without recovery, once
+        it knows the tasks in flight) each queue's rows are counted and the available are the
         rest; without it each row's state is read too (0.25 s a million, cached). Queue by queue,
         each its range of row ids: one GROUP BY queue would sort the table (0.7 s and +45 MB).
         """
@@ -300,17 +301,18 @@ class Database:
             span = self._spans[queue] = row_ranges.span(number)
         return span
 
-    def _new_rows(self, queue: bytes, n: int) -> int:
-        """The first of the n row ids the queue's next n pushes take (the rows after its last)."""
-        first = self._next_rows.get(queue)
-        if first is None:
+    def _new_rows(self, queue: bytes, n: int) -> tuple[int, int]:
+        """The first of the n row ids the queue's next n pushes take (the rows after its last), and
+        the last of its range; the caller marks them taken (`_next_rows`) once written."""
+        next_row = self._next_rows.get(queue)
+        if next_row is None:
             low, high = self.span(queue)
             last = self.conn.execute("SELECT rowid FROM tasks WHERE rowid BETWEEN ? AND ? ORDER BY rowid DESC "
                                      "LIMIT 1", (low, high)).fetchone()
-            first = low if last is None else last[0] + 1
-        if first + n - 1 > self.span(queue)[1]:
+            next_row = self._next_rows[queue] = (low if last is None else last[0] + 1, high)
+        if next_row[0] + n - 1 > next_row[1]:
             raise errors.queue_rows_used(row_ranges.QUEUE_ROWS)
-        return first
+        return next_row
 
     def save_last_id(self, name: bytes, last_id: tuple) -> None:
         self.conn.execute("UPDATE queues SET last_id_ms = ?, last_id_seq = ? WHERE name = ?",
@@ -341,7 +343,7 @@ class Database:
         RESP bytes, or a schedule's JSON text), written as given; `attempts`, `failure` and a dead
         `state` come from imports (XADD ATTEMPTS, FAILURE, XADD q::dead); `unique_key` from XADD
         UNIQUE (storage/unique_keys.py: the caller asked for the key's holder first)."""
-        rowid = self._new_rows(queue, 1)
+        rowid, high = self._new_rows(queue, 1)
         if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None and failure is None and unique_key is None:
             # Nearly every push: the other columns' defaults are the schema's, so 7 values are
             # bound instead of 14 (0.8 µs less per push, measured: 5.4 -> 4.6 µs a statement).
@@ -356,13 +358,13 @@ class Database:
                 (rowid, name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
                  now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure),
                  None if unique_key is None else name_value(unique_key), claim_room(state)))
-        self._next_rows[queue] = rowid + 1
+        self._next_rows[queue] = (rowid + 1, high)
         return rowid
 
     def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range:
         """Pushed tasks, (id_ms, id_seq, fields as stored) each, available now: their row ids, the
         queue's next ones. Statements of many rows each (INSERT_ROWS)."""
-        first = self._new_rows(queue, len(tasks))
+        first, high = self._new_rows(queue, len(tasks))
         name, start = name_value(queue), 0
         mss, seqs, fields = zip(*tasks)  # by column: each statement's parameters made in C, no loop
         while start < len(tasks):  # a statement of the most rows that fit, down to one row
@@ -373,7 +375,7 @@ class Database:
                                                   repeat(now, rows), repeat(now, rows))))
             self.conn.execute(_INSERT_AVAILABLE_SQL[rows], params)
             start = end
-        self._next_rows[queue] = first + len(tasks)
+        self._next_rows[queue] = (first + len(tasks), high)
         return range(first, first + len(tasks))
 
     def claim(self, queue: bytes, rowids: list[int], worker: bytes, now: int, deadline: int | None,
