@@ -110,9 +110,12 @@ class Leases:
             return []
         now = self.clock()
         delivered_at = delivery_time(now, idle_ms, time_ms)
-        states = (IN_FLIGHT, AVAILABLE) if force else (IN_FLIGHT,)
+        # Without FORCE only tasks in flight are taken: their leases know their rows. FORCE takes
+        # available ones too, found in the file by their ids (a search each: storage/row_ranges.py).
+        rows = (self.db.lease_rows(name, ids, (IN_FLIGHT, AVAILABLE)) if force
+                else self._lease_rows(self.in_flight.held(queue, ids)))
         claimed = []
-        for row in self.db.lease_rows(name, ids, states):
+        for row in rows:
             state, delivered = row[3], row[5]
             if (state == IN_FLIGHT and now - delivered < min_idle) or not self._may_claim(queue, row, worker):
                 continue
