@@ -126,3 +126,31 @@ def test_queues_made_in_a_rolled_back_batch_leave_no_number_taken(tmp_path):
         assert db.conn.execute("SELECT rowid FROM tasks").fetchone()[0] == span(1)[0]
     finally:
         db.close()
+
+
+def test_tasks_written_by_hand_outside_their_queues_range_are_put_in_place_at_the_next_start(ezra_factory):
+    """SQLite gives a row inserted without its row id the largest plus one: inside the last queue's
+    range, whatever its queue. A start that reads every row (here: the file changed after its clean
+    stop) finds such rows and renumbers the table, so each task is served by its own queue."""
+    server = ezra_factory()
+    r = server.client()
+    a = [r.xadd("a", {"n": str(n)}) for n in range(3)]
+    b = [r.xadd("b", {"n": str(n)}) for n in range(3)]  # b's range is above a's
+    r.close()
+    server.stop()
+    with sqlite3.connect(server.data_dir / "ezra.db") as db:
+        for queue, ms in (("a", 1), ("new", 7)):  # an older id of a, and a queue with no row
+            db.execute("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                       "VALUES (?, ?, 0, 'available', ?, 0, 0)", (queue, ms, f'["n", "{queue}-hand"]'))
+    db.close()
+    server.start()
+    r = server.client()
+    assert [i for i, _ in r.xrange("a")] == [b"1-0", *a]
+    assert [i for i, _ in r.xrange("b")] == b
+    r.xgroup_create("a", "g", id="0")
+    r.xgroup_create("b", "g", id="0")
+    assert [i for i, _ in r.xreadgroup("g", "w", {"b": ">"}, count=10)[0][1]] == b
+    assert [i for i, _ in r.xreadgroup("g", "w", {"a": ">"}, count=10)[0][1]] == [b"1-0", *a]
+    assert r.xrange("new") == [(b"7-0", {b"n": b"new-hand"})]
+    r.close()
+    assert "not in their queue's range of row ids" in server.log()
