@@ -345,8 +345,8 @@ class Database:
         UNIQUE (storage/unique_keys.py: the caller asked for the key's holder first)."""
         rowid, high = self._new_rows(queue, 1)
         if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None and failure is None and unique_key is None:
-            # Nearly every push: the other columns' defaults are the schema's, so 7 values are
-            # bound instead of 14 (0.8 µs less per push, measured: 5.4 -> 4.6 µs a statement).
+            # Nearly every push: the other columns' defaults are the schema's, so 7 values are bound,
+            # not 14 (when it was 6 against 10: 0.8 µs less per push, 5.4 -> 4.6 µs a statement).
             self.conn.execute(
                 "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
                 f"VALUES (?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})",
