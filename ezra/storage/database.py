@@ -38,10 +38,6 @@ RESERVE_FILENAME = "ezra.reserve"  # space set aside so acks and claims still co
 DEFAULT_RESERVE_BYTES = 4 * 1024 * 1024  # as config.Settings.disk_reserve (--disk-reserve), which servers use
 
 TASK_COLUMNS = "id_ms, id_seq, fields"
-# A queue's tasks in a statement that reads its queues row beside them (storage/row_ranges.py).
-_QUEUE_ROWS = (f"tasks.rowid BETWEEN queues.number << {row_ranges.ROW_BITS} "
-               f"AND (queues.number << {row_ranges.ROW_BITS}) + {row_ranges.QUEUE_ROWS - 1}")
-NO_ROWS = (1, 0)  # the range of a queue not in the file: no row id is in it
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.DEAD: "id_ms, id_seq",
                  lifecycle.DELAYED: "available_at, id_ms, id_seq", lifecycle.DONE: "id_ms DESC, id_seq DESC"}
 
@@ -224,7 +220,7 @@ class Database:
 
     def load_queues(self) -> list[dict]:
         """Every queue's row, with `newest_id`: the newest task's id (or None)."""
-        newest = (f"(SELECT {{}} FROM tasks WHERE {_QUEUE_ROWS} ORDER BY rowid DESC LIMIT 1)")
+        newest = f"(SELECT {{}} FROM tasks WHERE {row_ranges.IN_QUEUE_RANGE} ORDER BY rowid DESC LIMIT 1)"
         cur = self.conn.execute(
             f"SELECT *, {newest.format('id_ms')} AS newest_ms, {newest.format('id_seq')} AS newest_seq "
             "FROM queues")
@@ -257,10 +253,10 @@ class Database:
         for queue, _, count in rows:
             others[queue] = others.get(queue, 0) + count
         counts = list(rows)
+        done_rows = "0" if done is not None else "sum(state = 'done')"  # given, or read from each row
         for queue, count, done_here in self.conn.execute(
-                f"SELECT name, count(*), {'0' if done is not None else 'sum(state = ' + repr('done') + ')'} "
-                f"FROM queues INDEXED BY queues_number JOIN tasks ON {_QUEUE_ROWS} "
-                "WHERE number IS NOT NULL GROUP BY number"):
+                f"SELECT name, count(*), {done_rows} FROM queues INDEXED BY queues_number "
+                f"JOIN tasks ON {row_ranges.IN_QUEUE_RANGE} WHERE number IS NOT NULL GROUP BY number"):
             if done is not None:
                 done_here = done.get(name_bytes(queue), 0)
                 if done_here > count - others.get(queue, 0):  # not these rows' counts: read the rows
@@ -293,7 +289,7 @@ class Database:
         if span is None:
             row = self.conn.execute("SELECT number FROM queues WHERE name = ?", (name_value(queue),)).fetchone()
             if row is None:
-                return NO_ROWS
+                return row_ranges.NO_ROWS
             number = row[0]
             if number is None:  # a row made by hand (the sqlite3 shell): it gets its number now
                 number = self._next_queue_number()
@@ -542,7 +538,7 @@ class Database:
                 f"SELECT {TASK_COLUMNS} FROM tasks WHERE queue = ? AND (id_ms, id_seq) > (?, ?) AND state = 'dead' "
                 "ORDER BY id_ms, id_seq LIMIT ?", (name_value(queue), after[0], after[1], count)).fetchall()
         span = self.span(queue)
-        low = span[0] if after == (0, 0) else row_ranges.lowest_row(self.conn, span, after, above=True)
+        low = row_ranges.lowest_row(self.conn, span, after, above=True)
         return self.conn.execute(
             f"SELECT {TASK_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({','.join('?' * len(states))}) "
             "ORDER BY rowid LIMIT ?", (low, span[1], *states, count)).fetchall()
@@ -567,7 +563,7 @@ class Database:
             return reads.newest_done(self.conn, queue, count, head)
         if state == lifecycle.AVAILABLE:  # no index of its own (schema 8): the queue's range of row ids
             span = self.span(queue)
-            low = span[0] if after == (0, 0) else row_ranges.lowest_row(self.conn, span, after, above=True)
+            low = row_ranges.lowest_row(self.conn, span, after, above=True)
             return self.conn.execute(
                 f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' "
                 "ORDER BY rowid LIMIT ?", (low, span[1], count)).fetchall()

@@ -71,8 +71,8 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
         if migrated:
             _migrate(conn, version, path)
             counts_at_close = None  # a migration may move tasks between states (schema 12's): count them
-        elif counts_at_close is None and version and _misplaced_tasks(conn):
-            _put_tasks_in_place(conn, path)
+        elif counts_at_close is None and version and (misplaced := _misplaced_tasks(conn)):
+            _put_tasks_in_place(conn, path, misplaced)
         conn.executescript(SCHEMA)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -296,16 +296,15 @@ def _misplaced_tasks(conn) -> int:
     when the start reads every row anyway (after a crash, or a file changed since its clean stop):
     0.25 s a million tasks."""
     return conn.execute(
-        "SELECT (SELECT count(*) FROM tasks) - (SELECT count(*) FROM queues JOIN tasks ON tasks.rowid "
-        f"BETWEEN queues.number << {row_ranges.ROW_BITS} AND (queues.number << {row_ranges.ROW_BITS}) + "
-        f"{row_ranges.QUEUE_ROWS - 1} AND tasks.queue = queues.name)").fetchone()[0]
+        "SELECT (SELECT count(*) FROM tasks) - (SELECT count(*) FROM queues JOIN tasks "
+        f"ON {row_ranges.IN_QUEUE_RANGE} AND tasks.queue = queues.name)").fetchone()[0]
 
 
-def _put_tasks_in_place(conn, path: str) -> None:
+def _put_tasks_in_place(conn, path: str, misplaced: int) -> None:
     """Tasks written by hand outside their queue's range: the table is renumbered, in one
     transaction, as schema 14's migration does, so that the server sees each task in its queue."""
     logger.warning("{}: {} tasks are not in their queue's range of row ids (written by hand?); renumbering "
-                   "the tasks table", path, _misplaced_tasks(conn))
+                   "the tasks table", path, misplaced)
     conn.execute("BEGIN IMMEDIATE")
     try:
         _renumber_tasks(conn)
@@ -329,9 +328,7 @@ def _renumber_tasks(conn) -> None:
     conn.execute("UPDATE queues SET number = ordered.n FROM (SELECT rowid AS r, ? + row_number() OVER (ORDER BY name) "
                  "AS n FROM queues WHERE number IS NULL) AS ordered WHERE queues.rowid = ordered.r", (numbered,))
     conn.execute("DROP VIEW IF EXISTS tasks_readable")
-    for (index,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
-                                 "AND tbl_name = 'tasks' AND sql IS NOT NULL").fetchall():
-        conn.execute(f'DROP INDEX "{index}"')
+    _drop_task_indexes(conn)
     conn.execute("ALTER TABLE tasks RENAME TO tasks_old")
     conn.execute(SCHEMA_STATEMENTS["tasks"])
     columns = [row[1] for row in conn.execute("PRAGMA table_info(tasks)") if row[1] != "rowid"]
@@ -356,15 +353,20 @@ def _renumber_tasks(conn) -> None:
                 copied, time.monotonic() - started)
 
 
+def _drop_task_indexes(conn) -> None:
+    """The tasks table's own indexes (not SQLite's automatic ones), before it is copied."""
+    for (index,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
+                                 "AND tbl_name = 'tasks' AND sql IS NOT NULL").fetchall():
+        conn.execute(f'DROP INDEX "{index}"')
+
+
 def _migrate_to_v2(conn) -> None:
     _add_queue_columns(conn, QUEUE_COLUMNS_V2)
     task_sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()[0]
     if "'delayed'" in task_sql:
         return
     # SQLite's documented way to change a table's constraints: build the new table, copy, swap.
-    for (index,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' "
-                                 "AND tbl_name = 'tasks' AND sql IS NOT NULL").fetchall():
-        conn.execute(f'DROP INDEX "{index}"')
+    _drop_task_indexes(conn)
     conn.execute("ALTER TABLE tasks RENAME TO tasks_v1")
     conn.execute(SCHEMA_STATEMENTS["tasks"])
     conn.execute(f"INSERT INTO tasks ({TASK_COLUMNS_V1}) SELECT {TASK_COLUMNS_V1} FROM tasks_v1")

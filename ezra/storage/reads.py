@@ -75,7 +75,7 @@ def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> 
     span = row_ranges.queue_span(conn, queue)
     if span is None:
         return []
-    low = span[0] if after == (0, 0) else row_ranges.lowest_row(conn, span, after, above=True)
+    low = row_ranges.lowest_row(conn, span, after, above=True)
     marks = ",".join("?" * len(states))
     return conn.execute(
         f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({marks}) "

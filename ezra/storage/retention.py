@@ -35,7 +35,7 @@ class Retention:
         retained: a retention limit applies to those done while the queue kept them for ever. The
         id to go on from, or None when the walk reached the queue's end."""
         span = self.span(queue)
-        low = span[0] if start == (0, 0) else lowest_row(self.conn, span, start)
+        low = lowest_row(self.conn, span, start)
         end = self.conn.execute(
             "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? ORDER BY rowid LIMIT 1 OFFSET ?",
             (low, span[1], rows)).fetchone()
@@ -51,7 +51,7 @@ class Retention:
         """Trimming: delete up to `limit` done tasks with ids from `start` to below `below`, lowest
         first (in the order of the queue's row ids: the scan starts at `start`); their ids, in order."""
         span = self.span(queue)
-        low = span[0] if start == (0, 0) else lowest_row(self.conn, span, start)
+        low = lowest_row(self.conn, span, start)
         high = span[1] if below >= TOP else lowest_row(self.conn, span, below) - 1
         return sorted(self.conn.execute(
             "DELETE FROM tasks WHERE rowid IN (SELECT rowid FROM tasks WHERE rowid BETWEEN ? AND ? "

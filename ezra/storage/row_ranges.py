@@ -22,6 +22,11 @@ ROW_BITS = 40  # rows a queue can hold over its life: 2^40, 1.1e12 pushes (255 d
 QUEUE_ROWS = 1 << ROW_BITS
 MAX_QUEUE_NUMBER = (1 << (63 - ROW_BITS)) - 1  # 8,388,607 queues: a row id is 63 bits and positive
 
+NO_ROWS = (1, 0)  # the range of a queue not in the file: no row id is in it
+# A queue's tasks, in a statement that reads its queues row beside them.
+IN_QUEUE_RANGE = (f"tasks.rowid BETWEEN queues.number << {ROW_BITS} "
+                  f"AND (queues.number << {ROW_BITS}) + {QUEUE_ROWS - 1}")
+
 _FIRST = "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? ORDER BY rowid LIMIT 1"
 _LAST = "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? ORDER BY rowid DESC LIMIT 1"
 
@@ -44,7 +49,10 @@ def lowest_row(conn, rows: tuple[int, int], task_id: tuple, above: bool = False)
     """The row id that splits the range `rows` at `task_id`: tasks with ids at or above it (`above`:
     strictly above) are at that row id or after it, the others before it. A binary search of the
     B-tree, a probe per step, over the rows the range holds: rows can be missing anywhere (deleted
-    tasks), so each probe reads the first row at or after its row id."""
+    tasks), so each probe reads the first row at or after its row id. The id (0, 0) is below every
+    task (XADD refuses 0-0): the range's start, no search."""
+    if task_id <= (0, 0):
+        return rows[0]
     first = conn.execute(_FIRST, rows).fetchone()
     if first is None or _after(first, task_id, above):
         return rows[0]
@@ -74,7 +82,7 @@ def _after(row: tuple, task_id: tuple, above: bool) -> bool:
 def rows_between(conn, rows: tuple[int, int], start: tuple, end: tuple) -> tuple[int, int]:
     """The part of `rows` holding ids from `start` to `end`, both included; a bound at the range's
     end (the ids (0, 0) and TOP) is no search."""
-    low = rows[0] if start == (0, 0) else lowest_row(conn, rows, start)
+    low = lowest_row(conn, rows, start)
     high = rows[1] if end >= TOP else lowest_row(conn, rows, end, above=True) - 1
     return low, high
 

@@ -15,7 +15,7 @@ from loguru import logger
 from .. import lifecycle
 from .opening import BUSY_TIMEOUT_MS, connect, fsync_directory, fsync_file
 from .reads import tasks_by_id
-from .row_ranges import queue_span
+from .row_ranges import NO_ROWS, queue_span
 from .schema import APPLICATION_ID, SCHEMA_VERSION, StorageError, name_bytes, name_value
 
 
@@ -157,7 +157,7 @@ class Snapshot:
         if row is None:
             return None
         group, last_ms, last_seq = row
-        rows = queue_span(self.conn, queue) or (1, 0)
+        rows = queue_span(self.conn, queue) or NO_ROWS
         newest = self.conn.execute("SELECT id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? "
                                    "ORDER BY rowid DESC LIMIT 1", rows).fetchone() or (0, 0)
         counts = dict.fromkeys(lifecycle.STATES, 0)
