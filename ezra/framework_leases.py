@@ -32,6 +32,37 @@ def visibility_timeout(client, queue: str) -> float:
     return float(value.decode() if isinstance(value, bytes) else value)
 
 
+PENDING_SLACK = 10_000  # XPENDING may list this many of the worker's tasks beyond those it holds
+
+
+def as_text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def id_order(task_id: str) -> tuple[int, int]:
+    ms, _, seq = task_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def pending_query(ids: list[str]) -> tuple[str, str, int]:
+    """XPENDING's start, end and count that list the worker's tasks among `ids` (held in one queue)."""
+    ordered = sorted(ids, key=id_order)
+    return ordered[0], ordered[-1], len(ids) + PENDING_SLACK
+
+
+def split_held(ids: list[str], leased) -> tuple[list[str], list[str]]:
+    """`ids` split into those still leased to the worker and those it lost.
+
+    `leased` is what the server says the worker holds: XPENDING's entries for the worker (dicts
+    with message_id) or the ids an XCLAIM JUSTID renewed. A lost task was given back by a
+    server restart or a run-out lease and will be delivered again, maybe to another worker
+    already: renewing it (XCLAIM with min-idle 0) would take it over from that worker, so it
+    would run twice at once. So a heartbeat renews only the tasks XPENDING says are the
+    worker's, and the worker drops the rest."""
+    kept = {as_text(entry["message_id"] if isinstance(entry, dict) else entry) for entry in leased or ()}
+    return [i for i in ids if i in kept], [i for i in ids if i not in kept]
+
+
 class LeaseKeeper:
     """The (queue, id) a worker holds; a daemon thread renews their leases every `period` seconds."""
 
@@ -78,10 +109,24 @@ class LeaseKeeper:
             by_queue.setdefault(queue, []).append(task_id)
         for queue, ids in by_queue.items():
             try:
-                self.client.execute_command("XCLAIM", queue, self.group, self.worker, 0, *ids, "JUSTID")
+                start, end, count = pending_query(ids)
+                ours, lost = split_held(ids, self.client.xpending_range(queue, self.group, start, end, count,
+                                                                        consumername=self.worker))
+                if ours:  # xclaim(justid=True): redis-py parses the reply in RESP2 and RESP3 alike
+                    ours, gone = split_held(ours, self.client.xclaim(queue, self.group, self.worker, 0, ours,
+                                                                     justid=True))
+                    lost += gone
             except Exception:
                 logger.warning("renewing the leases of %d tasks of %s for %s failed; trying again in %.1fs",
                                len(ids), queue, self.worker, self.period, exc_info=True)
+                continue
+            if lost:
+                with self._lock:
+                    for task_id in lost:
+                        self._held.pop((queue, task_id), None)
+                logger.warning("%d tasks of %s held by %s are no longer leased to it (a server restart or a "
+                               "run-out lease gave them back): not renewed, delivered again",
+                               len(lost), queue, self.worker)
 
     def _run(self) -> None:
         while not self._stopped.wait(self.period):

@@ -27,9 +27,12 @@ from redis.asyncio import Redis
 from taskiq import AckableMessage, BrokerMessage
 from taskiq_redis import RedisStreamBroker
 
+from .framework_leases import pending_query, split_held
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0  # EZRA's --visibility-timeout default, if XINFO STREAM does not say
+WAITING, STARTED = "waiting", "started"  # a held task before and after taskiq takes it
 
 
 def visibility_timeout(info: dict) -> float:
@@ -44,7 +47,7 @@ class EzraStreamBroker(RedisStreamBroker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._held: dict[tuple[str, str], None] = {}  # (stream, id) of the messages read and not yet acked
+        self._held: dict[tuple[str, str], str] = {}  # (stream, id) read and not yet acked: WAITING or STARTED
         self._renewer: asyncio.Task | None = None
         # Pushes and acks: a lone one (a sequential producer, a worker's acks one at a time) goes on
         # a connection kept out of the pool, skipping the pool's check-out and its check of the
@@ -79,7 +82,14 @@ class EzraStreamBroker(RedisStreamBroker):
         return ack
 
     async def listen(self) -> AsyncGenerator[AckableMessage, None]:
-        """XREADGROUP > across the broker's streams, blocking `xread_block` ms; an AckableMessage per task."""
+        """XREADGROUP > across the broker's streams, blocking `xread_block` ms; an AckableMessage per task.
+
+        taskiq takes the messages one at a time, as its slots free up, so most of a read waits
+        here before taskiq starts it: every task read is held (its lease renewed) from the read
+        on, not from the moment taskiq takes it. A waiting task whose lease was lost meanwhile
+        (the renewal no longer finds it ours: a server restart gave it back) is skipped, since
+        it will be read again; a task read again while this process still holds it is skipped
+        too, since the copy held runs it and its ack settles the new delivery."""
         streams = {self.queue_name: ">", **self.additional_streams}
         async with Redis(connection_pool=self.connection_pool) as redis:
             if self._renewer is None:
@@ -88,13 +98,24 @@ class EzraStreamBroker(RedisStreamBroker):
             while True:
                 fetched = await redis.xreadgroup(self.consumer_group_name, self.consumer_name, streams,
                                                  block=self.block, count=self.count)
-                for stream, messages in fetched or []:
-                    stream = stream.decode() if isinstance(stream, bytes) else stream
-                    for message_id, fields in messages:
-                        message_id = message_id.decode() if isinstance(message_id, bytes) else message_id
-                        self._held[(stream, message_id)] = None
-                        yield AckableMessage(data=fields[b"data"],
-                                             ack=self._ack_generator(id=message_id, queue_name=stream))
+                for stream, message_id, data in self._hold(fetched):
+                    if (stream, message_id) not in self._held:
+                        continue  # its lease was lost while it waited: it is read again
+                    self._held[(stream, message_id)] = STARTED
+                    yield AckableMessage(data=data, ack=self._ack_generator(id=message_id, queue_name=stream))
+
+    def _hold(self, fetched) -> list[tuple[str, str, bytes]]:
+        """(stream, id, data) of each task of a read that this process does not hold yet, now held."""
+        read = []
+        for stream, messages in fetched or []:
+            stream = stream.decode() if isinstance(stream, bytes) else stream
+            for message_id, fields in messages:
+                message_id = message_id.decode() if isinstance(message_id, bytes) else message_id
+                if (stream, message_id) in self._held:
+                    continue
+                self._held[(stream, message_id)] = WAITING
+                read.append((stream, message_id, fields[b"data"]))
+        return read
 
     async def shutdown(self) -> None:
         if self._renewer is not None:
@@ -128,10 +149,22 @@ class EzraStreamBroker(RedisStreamBroker):
                     by_stream.setdefault(stream, []).append(message_id)
                 for stream, ids in by_stream.items():
                     try:
-                        await redis.execute_command("XCLAIM", stream, self.consumer_group_name, self.consumer_name,
-                                                    0, *ids, "JUSTID")
+                        start, end, count = pending_query(ids)
+                        ours, lost = split_held(ids, await redis.xpending_range(
+                            stream, self.consumer_group_name, start, end, count, consumername=self.consumer_name))
+                        if ours:  # renew only the worker's own: see framework_leases.split_held
+                            ours, gone = split_held(ours, await redis.xclaim(
+                                stream, self.consumer_group_name, self.consumer_name, 0, ours, justid=True))
+                            lost += gone
                     except asyncio.CancelledError:
                         raise
                     except Exception:
                         logger.warning("renewing the leases of %d tasks of %s failed; retrying in %.1fs",
                                        len(ids), stream, period, exc_info=True)
+                        continue
+                    for message_id in lost:
+                        self._held.pop((stream, message_id), None)
+                    if lost:
+                        logger.warning("%d tasks of %s held by %s are no longer leased to it (a server restart "
+                                       "or a run-out lease gave them back): not renewed, delivered again",
+                                       len(lost), stream, self.consumer_name)

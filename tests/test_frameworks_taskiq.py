@@ -25,8 +25,9 @@ def server(ezra_factory):
     return ezra_factory("--max-attempts", "3")
 
 
-def taskiq_worker(workers, python, env, processes: int):
-    return workers.start([python, "-m", "taskiq", "worker", "taskiq_app:broker", "--workers", str(processes)], env)
+def taskiq_worker(workers, python, env, processes: int, *options: str):
+    return workers.start([python, "-m", "taskiq", "worker", "taskiq_app:broker", "--workers", str(processes),
+                          *options], env)
 
 
 def test_tasks_longer_than_the_lease_run_once_each(server, queue, python, workers):
@@ -55,6 +56,29 @@ def test_tasks_longer_than_the_lease_run_once_each(server, queue, python, worker
                       "visibility timeout). `taskiq worker` with two processes: 20 tasks of 3 s on a 2 s lease "
                       "each ran once; a worker killed mid-task: its task ran again after the lease; see "
                       "docs/taskiq.md")
+
+
+def test_tasks_read_and_waiting_for_a_slot_keep_their_leases(server, queue, python, workers):
+    """One slot (--max-async-tasks 1), 60 tasks of 0.1 s on a 2 s lease: one XREADGROUP reads them
+    all, and taskiq starts them one after another for 6 s. The tasks still waiting for the slot
+    are held too (their leases renewed), so none runs out and none is delivered twice."""
+    client = server.client()
+    configure(client, queue, "VISIBILITY-TIMEOUT", LEASE)
+    env = app_env(server, queue)
+    assert produce(python, "taskiq_app", "produce(60, 0.1)", env) == {"pushed": 60}
+    worker = taskiq_worker(workers, python, env, 1, "--max-async-tasks", "1")
+    settled = lambda: (lambda c: c["done"] + c["dead"] == 60 and c["available"] + c["in-flight"] == 0)(
+        counts(client, queue))
+    wait_until(settled, 120, message=f"every task settled ({worker.log})")
+    wait_until(lambda: len(worker.lines("DONE")) >= len(worker.lines("START")), 30,
+               message=f"every task started to finish ({worker.log})")
+    started = sorted(n for n, _ in worker.lines("START"))
+    twice = sorted({n for n in started if started.count(n) > 1})
+    assert started == list(range(60)), f"{len(twice)} of 60 tasks started more than once: {twice}"
+    assert counts(client, queue) == {"available": 0, "delayed": 0, "in-flight": 0, "done": 60, "dead": 0}
+    wait_until(lambda: "is no longer leased" not in worker.output() and worker.alive(), 1,
+               message="no lease was lost")
+    client.close()
 
 
 def test_a_killed_workers_task_runs_again_after_the_lease(server, queue, python, workers):
