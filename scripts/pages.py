@@ -1,6 +1,6 @@
 """WAL frames and SQLite CPU per state change, for the tasks table's schema and variants of it.
 
-Issue 22, "The pages (round three)" in BENCHMARKS.md: what each B-tree of the tasks table costs
+BENCHMARKS.md, "Budget per command" and its findings: what each B-tree of the tasks table costs
 a push, a claim and an ack, measured with sqlite3 alone. Each variant gets a fresh file with
 EZRA's own schema.sql and pragmas, a backlog (done tasks of this queue, available tasks of
 another), then three phases of one command kind, each command its own transaction, the WAL
@@ -26,7 +26,7 @@ grows).
 --by-btree: cycle-batched's shape through EZRA's own storage calls (Database.insert_available,
 claim, ack), 50 tasks a commit (--per-commit) of 200-byte fields as bench.py sends: WAL frames per
 commit, by the B-tree each frame's page belongs to (SQLite's dbstat), the pointer-map pages of
-auto_vacuum as "ptrmap". Issue 22, eighteenth session: the primary key's index held 3.5 of a push
+auto_vacuum as "ptrmap". Before schema 14 the primary key's index held 3.5 of a push
 commit's 11.4 frames.
 
 --rebuild N: what the order kept in memory costs to build without tasks_available: N

@@ -1,4 +1,4 @@
-"""scripts/pages.py, the pages each state change writes (BENCHMARKS.md, "The pages (round three)").
+"""scripts/pages.py, the pages each state change writes (BENCHMARKS.md, "Budget per command").
 
 A smoke run with tiny counts so the measurement cannot rot: its variants are edits of
 ezra/storage/schema.sql, and a schema change that leaves one of them with nothing to edit

@@ -7,7 +7,8 @@ its row id above every row id there). So the table needs no index on (queue, id)
 tasks in id order are a range of its B-tree, and the row of a task id is found by a binary
 search of that range (`lowest_row`). Before schema 14 a primary key on (queue, id_ms, id_seq)
 did that, and every push wrote its index: 3.5 of a commit's 11.4 WAL pages (BENCHMARKS.md,
-eighteenth session), as SQLite rebalances an index's rightmost leaf where a table appends.
+"SQLite: pages and statements"), as SQLite rebalances an index's rightmost leaf where a table
+appends.
 
 The search is for commands that name ids (XRANGE's bounds, XCLAIM, XACKDEL...), never for a
 push, a claim or an ack, which know their rows: ~20 probes of the B-tree among a million tasks.

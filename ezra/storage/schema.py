@@ -83,7 +83,8 @@ class StorageError(Exception):
 
 def row_list(rowids) -> str:
     """Row ids as the JSON array a statement reads with json_each(?): one bound value for a batch
-    (a list of `?` costs a bind each, and was slower: BENCHMARKS.md, eighteenth session)."""
+    (a list of `?` costs a bind each, and was slower: BENCHMARKS.md, "A batch of rows is one
+    statement")."""
     return "[%s]" % ",".join(map(str, rowids))
 
 
