@@ -3,6 +3,7 @@ for other redis-py versions and libraries, and the Node.js clients in build/node
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -41,7 +42,22 @@ def KEY(entry: dict) -> tuple:
     return entry["client"], entry["version"], entry["protocol"], entry["settings"].split(", node")[0]
 
 
+@contextlib.contextmanager
+def building(name: str):
+    """Held while build/<name> is checked and made: pytest-xdist workers (-n 4) that need it at
+    once wait for the first to finish, rather than install over each other."""
+    (ROOT / "build").mkdir(exist_ok=True)
+    with open(ROOT / "build" / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def python_venv(name: str, requirements: list[str]) -> Path:
+    with building(name):
+        return make_python_venv(name, requirements)
+
+
+def make_python_venv(name: str, requirements: list[str]) -> Path:
     """build/<name>/bin/python, a virtual environment with `requirements`, made on first use.
 
     Another redis-py (or a library pinning one) cannot share this interpreter, so it gets
@@ -67,6 +83,11 @@ def node_modules() -> Path:
     """build/node/node_modules from tests/node/package-lock.json (npm ci when missing)."""
     if shutil.which("node") is None:
         pytest.skip("Node.js is not installed (apt-get install nodejs npm; scripts/test.sh does)")
+    with building("node"):
+        return make_node_modules()
+
+
+def make_node_modules() -> Path:
     modules = NODE_DIR / "node_modules"
     lock = NODE_SRC / "package-lock.json"
     installed_lock = NODE_DIR / "package-lock.json"
@@ -80,6 +101,7 @@ def node_modules() -> Path:
         result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR,
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
+            installed_lock.unlink()  # not installed: the next test tries again
             pytest.skip(f"npm ci failed in build/node (offline?): {result.stderr[-500:]}")
     return modules
 

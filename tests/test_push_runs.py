@@ -179,19 +179,28 @@ def test_a_run_whose_batch_rolls_back_answers_each_push_the_error(clocked_broker
     """A run is one request: when its batch fails, the error is the reply of every push in it."""
     from support_queue import submit_broken_request
 
-    from types import SimpleNamespace
+    import socket
+
+    from gevent import socket as gevent_socket
 
     from ezra.commands import Deferred
     from ezra.connection import Connection
+    from ezra.gate import Gate
     from ezra.resp import Replies
+    from ezra.session import ServerState
 
     request = clocked_broker.push_run(b"q", [b"*2\r\n$1\r\nn\r\n$1\r\nv\r\n"] * 3)
     submit_broken_request(clocked_broker)  # the same batch: it rolls back whole
-    sent = []
-    conn = Connection.__new__(Connection)  # its flush alone: the replies go to `sent`, not a socket
-    conn.replies, conn.reads = [(2, Deferred(request, Replies, replies=3)), (2, 7)], 0
-    conn._raw = SimpleNamespace(send=lambda data: sent.append(data) or len(data))  # the socket it sends on
-    conn.flush()
+    server_end, client_end = gevent_socket.socketpair()  # a connection's socket is gevent's
+    with server_end, client_end:
+        settings = clocked_broker.settings
+        conn = Connection(ServerState(clocked_broker, settings), server_end, "test:1", Gate(settings))
+        conn.replies, conn.reads = [(2, Deferred(request, Replies, replies=3)), (2, 7)], 0
+        conn.flush()  # waits for the batch, then sends the replies on the socket
+        server_end.shutdown(socket.SHUT_WR)
+        sent = []
+        while chunk := client_end.recv(65536):
+            sent.append(chunk)
     error = re.escape(b"-ERR storage error")
     assert re.match(rb"^(%s[^\r\n]*\r\n){3}:7\r\n$" % error, b"".join(sent)), sent
     assert clocked_broker.db.conn.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import socket
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -249,11 +251,35 @@ def test_broken_frames_get_an_error_and_the_connection_closes(shared_server, fra
     assert shared_server.client().ping(), "other clients are unaffected"
 
 
-def test_huge_declared_length_allocates_nothing(shared_server):
-    """A client declaring a 1 MiB bulk but sending little keeps the server serving others."""
-    with socket.create_connection(("127.0.0.1", shared_server.port), timeout=10) as slow:
-        slow.sendall(b"*3\r\n$4\r\nXADD\r\n$1\r\nq\r\n$1000000\r\nabc")
-        assert shared_server.client().ping()
+def virtual_memory_kb(pid: int) -> int:
+    """VmSize: what the process has allocated, touched or not (a bytearray of zeros is not resident)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmSize:\s+(\d+) kB", status, re.M).group(1))
+
+
+def test_huge_declared_length_allocates_nothing(ezra_factory):
+    """Eight clients each declaring a 500 MB argument (under the 512 MiB frame cap, so the
+    connection stays open) but sending three bytes of it: the server allocates nothing for
+    what has not arrived, and keeps serving others."""
+    server = ezra_factory("--max-task-size", str(600_000_000))
+    client = server.client()
+    before = virtual_memory_kb(server.proc.pid)
+    slow = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(8)]
+    try:
+        for sock in slow:
+            sock.sendall(b"*3\r\n$4\r\nXADD\r\n$1\r\nq\r\n$500000000\r\nabc")
+        # The positive control: the eight are connected and their frames still pending, not refused.
+        wait_until(lambda: client.info("clients")["connected_clients"] == 9, 10, message="eight slow clients")
+        assert client.ping()
+        for sock in slow:
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)  # no reply (no error) yet: the server waits for the rest
+        grown_mb = (virtual_memory_kb(server.proc.pid) - before) / 1024
+        assert grown_mb < 400, f"{grown_mb:.0f} MB allocated for 4,000 MB declared and 24 bytes sent"
+    finally:
+        for sock in slow:
+            sock.close()
 
 
 def test_password_protects_every_command(ezra_factory):

@@ -81,6 +81,7 @@ def read_until_closed(sock: socket.socket) -> bytes:
 # ---------------------------------------------------------------- item 2: idle sockets lock nobody out
 
 @pytest.mark.parametrize("protocol", [2, 3])
+@pytest.mark.slow  # it bounds latencies in wall-clock time: the slow family measures those
 def test_right_password_gets_in_while_1000_idle_unauthenticated_sockets_are_held(ezra_factory, tmp_path, protocol):
     """Before: the 101st connection from the address, the right password's, got `-ERR too many
     connections ... not authenticated yet` and was closed, for as long as the idle sockets stayed."""
@@ -265,6 +266,7 @@ def seconds_for_dashboard(http_port: int, source: str) -> float:
         conn.close()
 
 
+@pytest.mark.slow  # it bounds latencies in wall-clock time: the slow family measures those
 def test_wrong_guesses_from_a_network_are_bounded_across_both_listeners(ezra_factory):
     """Before (501f4c7): 10 addresses x 20 RESP connections x 10 HTTP keep-alive connections, each
     guessing as fast as it was answered, got several hundred answers a second (the HTTP listener had

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from reliability import report
 from support_servers import wait_until
 
@@ -39,6 +41,7 @@ def timed_pushes(client, count: int) -> list[float]:
     return latencies
 
 
+@pytest.mark.slow  # it bounds latencies in wall-clock time: the slow family measures those
 def test_writes_keep_their_pace_while_a_reader_holds_a_snapshot(ezra_factory):
     server = ezra_factory("--disk-reserve", str(2 * 1024 * 1024))  # the WAL limit: 1 MB
     wal = server.data_dir / "ezra.db-wal"

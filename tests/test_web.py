@@ -112,6 +112,7 @@ def test_password_guards_everything_but_healthz(ezra_factory):
 
 
 def test_http_is_off_by_default(ezra_factory):
+    assert "dashboard on" in ezra_factory("--http-port", "0").log(), "the phrase a listener logs"
     server = ezra_factory()
     assert "dashboard on" not in server.log()
 
