@@ -18,6 +18,8 @@ A firing pushes as XADD does (Tasks.tx_push: the queue made, counts, waiters wok
 records the slot in the same transaction, so a crash leaves both or neither: a slot never
 fires twice. It then moves the schedule's next slot past the later of the slot and now:
 after downtime the one slot that came first is fired, once, not one per slot missed.
+On a full disk a firing is refused as a push is (disk_space.py): its slot waits, as through
+downtime, and fires once when there is room again.
 """
 
 from __future__ import annotations
@@ -95,7 +97,9 @@ class Scheduler:
         earliest = self.broker.writer.call(self.db.schedules.earliest, durable=False)
         if earliest is None or earliest > now:  # a look, not a firing: no fsync for it
             return False, earliest
-        return self.broker.writer.call(self._tx_fire, now)
+        # A firing adds rows, as a push does: on a full disk it is refused (DISK_FULL) before it
+        # runs, and its slots wait; it must not use the reserve the workers' claims and acks need.
+        return self.broker.writer.submit(self._tx_fire, now, grows=True).wait()
 
     # ------------------------------------------------------------ the greenlet
 
@@ -116,8 +120,7 @@ class Scheduler:
                     more, earliest = self.fire_due()
             except Exception as exc:  # a storage error, a full disk: tried again shortly
                 if not self._failing:  # once per episode: a full disk would log it every second
-                    logger.opt(exception=not isinstance(exc, errors.CommandError)).error(
-                        "firing schedules failed (tried again every {} s until it works): {}", RETRY_MS / 1000, exc)
+                    self._log_failure(exc)
                 self._failing = True
                 more, earliest = False, self.clock() + RETRY_MS
             else:
@@ -128,6 +131,16 @@ class Scheduler:
                 gevent.sleep(0)
                 continue
             self._wake.wait(None if earliest is None else min(max(earliest - self.clock(), 0) / 1000, MAX_SLEEP))
+
+    @staticmethod
+    def _log_failure(exc: Exception) -> None:
+        """A firing failed: logged when an episode starts (the greenlet tries again every RETRY_MS)."""
+        if isinstance(exc, errors.DISK_FULL):  # refused before it ran: nothing fired, the slots wait
+            logger.warning("schedules wait: the disk is full; each schedule fires the slot it has due once "
+                           "there is room again (tried every {} s)", RETRY_MS / 1000)
+            return
+        logger.opt(exception=not isinstance(exc, errors.CommandError)).error(
+            "firing schedules failed (tried again every {} s until it works): {}", RETRY_MS / 1000, exc)
 
     # ------------------------------------------------------------ transaction scripts
 
