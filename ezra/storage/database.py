@@ -278,8 +278,7 @@ class Database:
                           (name_value(name), now, number))
 
     def check_room_for_push(self, queue: bytes) -> None:
-        """Raise what the queue's next push would for want of room: no number left for a new
-        queue, or no row id left in its range (XSCHEDULE SET checks its queue so)."""
+        """Raise what the queue's next push would for want of a queue number or a row id (XSCHEDULE SET)."""
         if self.span(queue) == row_ranges.NO_ROWS:
             self._next_queue_number()
         else:
