@@ -391,6 +391,11 @@ def too_many_schedules(most: int) -> CommandError:
     return err(f"too many schedules (at most {most}): XSCHEDULE DEL some first")
 
 
+def schedule_queue_refused(queue: bytes, why: str) -> CommandError:
+    """XSCHEDULE SET into a queue that a push would be refused now: `why`, the push's error."""
+    return err(f"schedule not set: a push to its queue {_text(queue, 60)!r} is refused: {why.removeprefix('ERR ')}")
+
+
 # ---------------------------------------------------------------- the HTTP listener (web/server.py)
 # Its refusals carry an HTTP status instead of a Redis prefix; the dashboard's error page shows
 # the text. Fixed ones are classes too (`raise errors.HTTP_NO_SUCH_QUEUE`), for the same reason.

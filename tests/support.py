@@ -6,7 +6,7 @@
 - support_resp.py: the suite's one RESP reply parser, a raw TCP connection, encode_command;
 - support_http.py: the dashboard and /metrics;
 - support_disk.py: a small tmpfs for the disk-full tests;
-- support_files.py: tasks written by hand into a stopped server's file;
+- support_files.py: tasks written by hand into a stopped server's file, old-schema files;
 - support_compat.py: the compatibility rows, venvs and the Node.js clients;
 - support_worker_libs.py: the worker libraries' rows and refusals.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from support_compat import (COMPAT, KEY, NODE_DIR, NODE_SRC, node_env, node_modules,  # noqa: F401
                             node_version, python_venv, record_results, run_examples)
 from support_disk import leave_free, mount_small_tmpfs, tmpfs  # noqa: F401
-from support_files import hand_rowids  # noqa: F401
+from support_files import hand_rowids, schema_13_text, write_old_file  # noqa: F401
 from support_http import OPENER, NoRedirect, basic, form_token, http, scrape, value  # noqa: F401
 from support_queue import (OK_REPLIES, claim, configure, entries_of, pending, queue_figures,  # noqa: F401
                            submit_broken_request, text)

@@ -1,6 +1,11 @@
-"""Tasks written by hand into a stopped server's ezra.db, laid out as the server lays them out."""
+"""Tasks written by hand into a stopped server's ezra.db, laid out as the server lays them out;
+files of an older schema, as that EZRA wrote them (the upgrade tests)."""
 
 from __future__ import annotations
+
+import sqlite3
+
+from ezra.storage.schema import SCHEMA
 
 
 def hand_rowids(conn, queue, count: int) -> range:
@@ -19,3 +24,31 @@ def hand_rowids(conn, queue, count: int) -> range:
     last = conn.execute("SELECT max(rowid) FROM tasks WHERE rowid BETWEEN ? AND ?", (low, high)).fetchone()[0]
     first = low if last is None else last + 1
     return range(first, first + count)
+
+
+def schema_13_text() -> str:
+    """Schema 13 as EZRA wrote it: today's, with tasks keyed by (queue, id_ms, id_seq) (its index
+    found a queue's tasks) and row ids SQLite chose, and no queues.number."""
+    old = SCHEMA
+    for new_text, old_text in [
+            ("    rowid         INTEGER PRIMARY KEY,  -- storage/row_ranges.py; `rowid` in a query reads it\n", ""),
+            ("    reserved      BLOB\n);", "    reserved      BLOB,\n    PRIMARY KEY (queue, id_ms, id_seq)\n);"),
+            ("    unmarked_done         INTEGER NOT NULL DEFAULT 1,\n", "    unmarked_done         INTEGER NOT NULL DEFAULT 1\n"),
+            ("CREATE UNIQUE INDEX IF NOT EXISTS queues_number ON queues (number);\n", "")]:
+        assert old.count(new_text) == 1, new_text
+        old = old.replace(new_text, old_text)
+    start = old.index("    -- The queue's tasks are the rows of tasks")
+    old = old[:start] + old[old.index(");", start):]  # queues.number and its comment
+    assert "    number " not in old and "queues_number" not in old
+    return old
+
+
+def write_old_file(data_dir, schema: str, version: int):
+    """An empty file of an older schema, as that EZRA made it; open for the caller to fill."""
+    data_dir.mkdir(mode=0o700)
+    db = sqlite3.connect(data_dir / "ezra.db")
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a new file gets it (before the first table)
+    db.executescript(schema)
+    db.execute("PRAGMA application_id = 1163547201")
+    db.execute(f"PRAGMA user_version = {version}")
+    return db

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 
 from support_queue import claim, text
+from support_files import schema_13_text, write_old_file
 from ezra.storage import SCHEMA_VERSION  # 4 since schedules (test_schedules.py)
 
 # Schema 1 as EZRA wrote it (storage.py before schema 2), comments left out.
@@ -92,24 +93,6 @@ def test_a_schema_1_file_is_migrated_to_the_schema_a_new_file_gets(ezra_factory,
     assert schema_of(server.data_dir / "ezra.db") == schema_of(fresh.data_dir / "ezra.db")
 
 
-def schema_13_text() -> str:
-    """Schema 13 as EZRA wrote it: today's, with tasks keyed by (queue, id_ms, id_seq) (its index
-    found a queue's tasks) and row ids SQLite chose, and no queues.number."""
-    from ezra.storage.schema import SCHEMA
-    old = SCHEMA
-    for new_text, old_text in [
-            ("    rowid         INTEGER PRIMARY KEY,  -- storage/row_ranges.py; `rowid` in a query reads it\n", ""),
-            ("    reserved      BLOB\n);", "    reserved      BLOB,\n    PRIMARY KEY (queue, id_ms, id_seq)\n);"),
-            ("    unmarked_done         INTEGER NOT NULL DEFAULT 1,\n", "    unmarked_done         INTEGER NOT NULL DEFAULT 1\n"),
-            ("CREATE UNIQUE INDEX IF NOT EXISTS queues_number ON queues (number);\n", "")]:
-        assert old.count(new_text) == 1, new_text
-        old = old.replace(new_text, old_text)
-    start = old.index("    -- The queue's tasks are the rows of tasks")
-    old = old[:start] + old[old.index(");", start):]  # queues.number and its comment
-    assert "    number " not in old and "queues_number" not in old
-    return old
-
-
 def schema_12_text() -> str:
     """Schema 12 as EZRA wrote it: schema 13's, with the generated column tasks.id the view read."""
     old = schema_13_text().replace("    id_seq        INTEGER NOT NULL,\n",
@@ -167,17 +150,6 @@ def test_a_schema_12_file_loses_tasks_id_and_its_view_gives_the_same_ids(ezra_fa
             ("1000-0", "available"), ("1000-1", "done"), ("1000-2", "dead")]
     db.close()
     assert schema_of(server.data_dir / "ezra.db") == schema_of(fresh.data_dir / "ezra.db")
-
-
-def write_old_file(data_dir, schema: str, version: int):
-    """An empty file of an older schema, as that EZRA made it; open for the caller to fill."""
-    data_dir.mkdir(mode=0o700)
-    db = sqlite3.connect(data_dir / "ezra.db")
-    db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # as a new file gets it (before the first table)
-    db.executescript(schema)
-    db.execute("PRAGMA application_id = 1163547201")
-    db.execute(f"PRAGMA user_version = {version}")
-    return db
 
 
 def test_a_schema_13_file_gives_each_queue_a_range_of_row_ids_in_id_order(ezra_factory, tmp_path):

@@ -18,6 +18,8 @@ A firing pushes as XADD does (Tasks.tx_push: the queue made, counts, waiters wok
 records the slot in the same transaction, so a crash leaves both or neither: a slot never
 fires twice. It then moves the schedule's next slot past the later of the slot and now:
 after downtime the one slot that came first is fired, once, not one per slot missed.
+On a full disk a firing is refused as a push is (disk_space.py): its slot waits, as through
+downtime, and fires once when there is room again.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Scheduler:
         self._wake = Event()
         self._greenlet = None
         self._failing = False  # the last firing failed (logged once until one works)
+        self._refused: set[bytes] = set()  # schedules whose last push was refused (logged once until one works)
 
     # ------------------------------------------------------------ verbs
 
@@ -95,7 +98,9 @@ class Scheduler:
         earliest = self.broker.writer.call(self.db.schedules.earliest, durable=False)
         if earliest is None or earliest > now:  # a look, not a firing: no fsync for it
             return False, earliest
-        return self.broker.writer.call(self._tx_fire, now)
+        # A firing adds rows, as a push does: on a full disk it is refused (DISK_FULL) before it
+        # runs, and its slots wait; it must not use the reserve the workers' claims and acks need.
+        return self.broker.writer.submit(self._tx_fire, now, grows=True).wait()
 
     # ------------------------------------------------------------ the greenlet
 
@@ -116,8 +121,7 @@ class Scheduler:
                     more, earliest = self.fire_due()
             except Exception as exc:  # a storage error, a full disk: tried again shortly
                 if not self._failing:  # once per episode: a full disk would log it every second
-                    logger.opt(exception=not isinstance(exc, errors.CommandError)).error(
-                        "firing schedules failed (tried again every {} s until it works): {}", RETRY_MS / 1000, exc)
+                    self._log_failure(exc)
                 self._failing = True
                 more, earliest = False, self.clock() + RETRY_MS
             else:
@@ -128,6 +132,16 @@ class Scheduler:
                 gevent.sleep(0)
                 continue
             self._wake.wait(None if earliest is None else min(max(earliest - self.clock(), 0) / 1000, MAX_SLEEP))
+
+    @staticmethod
+    def _log_failure(exc: Exception) -> None:
+        """A firing failed: logged when an episode starts (the greenlet tries again every RETRY_MS)."""
+        if isinstance(exc, errors.DISK_FULL):  # refused before it ran: nothing fired, the slots wait
+            logger.warning("schedules wait: the disk is full; each schedule fires the slot it has due once "
+                           "there is room again (tried every {} s)", RETRY_MS / 1000)
+            return
+        logger.opt(exception=not isinstance(exc, errors.CommandError)).error(
+            "firing schedules failed (tried again every {} s until it works): {}", RETRY_MS / 1000, exc)
 
     # ------------------------------------------------------------ transaction scripts
 
@@ -146,8 +160,7 @@ class Scheduler:
             if row.origin != origin:
                 schedules.set_origin(definition.name, origin)
             return False
-        if len(definition.queue) > MAX_QUEUE_NAME and definition.queue not in self.broker.queues:
-            raise errors.queue_name_too_long(len(definition.queue), MAX_QUEUE_NAME)  # as a push would, but now
+        self._check_queue(definition.queue)
         if row is None and schedules.count() >= MAX_SCHEDULES:
             raise errors.too_many_schedules(MAX_SCHEDULES)
         now = self.clock()
@@ -157,7 +170,21 @@ class Scheduler:
                        NEVER if next_at is None else next_at, now)
         return True
 
+    def _check_queue(self, name: bytes) -> None:
+        """SET into a queue a push would be refused (its name, its ids or rows used up, no queue
+        number left) is refused now, with the push's reason: every firing would be refused."""
+        queue = self.broker.queues.get(name)
+        try:
+            if queue is None and len(name) > MAX_QUEUE_NAME:
+                raise errors.queue_name_too_long(len(name), MAX_QUEUE_NAME)
+            if queue is not None:
+                stream_ids.new_id(b"*", queue.last_id, self.clock())
+            self.db.check_room_for_push(name)
+        except errors.CommandError as exc:
+            raise errors.schedule_queue_refused(name, exc.message) from None
+
     def _tx_delete(self, name: bytes) -> int:
+        self._refused.discard(name)
         return self.db.schedules.delete(name)
 
     def _tx_fire(self, now: int) -> tuple[bool, int | None]:
@@ -184,12 +211,25 @@ class Scheduler:
             try:  # stored as JSON, the schedules table's form (task_fields.py reads both forms)
                 pushed = self.broker.tasks.tx_push(row.queue, b"*", encode_fields(fields), False, 0, None, None)
             except errors.CommandError as exc:  # refused before it wrote anything: the slot passes
-                logger.error("schedule {!r}: the push to {!r} was refused, slot {} passed over: {}", text(row.name),
-                             text(row.queue), cron.local(slot), exc)
+                self._log_refused(row, cron.local(slot), exc)
                 self.db.schedules.move_next(row.name, next_at)
                 return
             task_id = stream_ids.parse_id(pushed)
+            if row.name in self._refused:
+                self._refused.discard(row.name)
+                logger.info("schedule {!r} pushes to {!r} again", text(row.name), text(row.queue))
         self.db.schedules.record_firing(row.name, slot, next_at, now, task_id)
+
+    def _log_refused(self, row, slot: str, exc: errors.CommandError) -> None:
+        """Logged once per episode, from the first refusal until a push works: an every-second
+        schedule into a queue that refuses pushes logged 86,400 errors a day."""
+        if row.name in self._refused:
+            logger.debug("schedule {!r}: slot {} passed over: {}", text(row.name), slot, exc)
+            return
+        self._refused.add(row.name)
+        logger.error("schedule {!r}: pushes to {!r} are refused ({}); its slots pass over until one works "
+                     "(logged again then), from slot {}", text(row.name), text(row.queue),
+                     exc.message.removeprefix("ERR "), slot)
 
 
 def text(name: bytes) -> str:

@@ -277,6 +277,13 @@ class Database:
         self.conn.execute("INSERT OR IGNORE INTO queues (name, created_at, number) VALUES (?, ?, ?)",
                           (name_value(name), now, number))
 
+    def check_room_for_push(self, queue: bytes) -> None:
+        """Raise what the queue's next push would for want of a queue number or a row id (XSCHEDULE SET)."""
+        if self.span(queue) == row_ranges.NO_ROWS:
+            self._next_queue_number()
+        else:
+            self._new_rows(queue, 1)
+
     def _next_queue_number(self) -> int:
         number = self.conn.execute("SELECT coalesce(max(number), 0) + 1 FROM queues").fetchone()[0]
         if number > row_ranges.MAX_QUEUE_NUMBER:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import sqlite3
 import stat
 import time
@@ -79,6 +80,8 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a fresh WAL; the file exists from here on
     except sqlite3.Error as exc:
         conn.close()
+        if Database.is_disk_full(exc):  # never "not usable": one may restore a backup over a good file
+            raise StorageError(_disk_full_at_start(path, exc)) from exc
         raise StorageError(f"{path} is not a usable SQLite database: {exc}") from exc
     except StorageError:
         conn.close()
@@ -87,6 +90,17 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
     db = Database(conn, path, reserve_bytes)
     db.counts_at_close = counts_at_close
     return db
+
+
+def _disk_full_at_start(path: str, exc: sqlite3.Error) -> str:
+    """What a start that met a full disk says: each step writes in one transaction, so the file
+    is as it was before the step (an upgrade rolled back whole), and how much room would do
+    (schema 14's copy of 10 MB of tasks failed with 1.6 times the file's size free, passed with 2)."""
+    return (f"the disk is full ({exc}): {path} is intact, as it was before this start (a schema upgrade is "
+            f"one transaction, rolled back whole; nothing is lost, do not restore a backup over it). "
+            f"Free space on its file system ({shutil.disk_usage(os.path.dirname(path)).free:,} bytes free; an "
+            f"upgrade that copies the tasks table needs twice the file's size, {2 * os.path.getsize(path):,} bytes) "
+            "and start EZRA again")
 
 
 def _create_database(data_dir: str, path: str) -> None:
@@ -227,9 +241,16 @@ def _migrate(conn, version: int, path: str) -> None:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        _roll_back(conn)
         raise
     logger.info("migrated {} from schema {} to {}", path, version, SCHEMA_VERSION)
+
+
+def _roll_back(conn) -> None:
+    """Undo a failed step's transaction. SQLite may have rolled it back itself (a full disk, an
+    I/O error): a ROLLBACK then fails, "no transaction is active", and would hide the reason."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
 
 
 def _add_queue_columns(conn, columns: dict) -> None:
@@ -310,7 +331,7 @@ def _put_tasks_in_place(conn, path: str, misplaced: int) -> None:
         _renumber_tasks(conn)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        _roll_back(conn)
         raise
 
 
