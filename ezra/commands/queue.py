@@ -410,12 +410,13 @@ def xnack(session, args):
 
 @command("XDEL", -3)
 def xdel(session, args):
-    """XDEL queue id...: a failure report (the task is kept for retry); on queue::dead, delete."""
+    """XDEL queue id...: deletes a task nobody holds (available, delayed); of one in flight, a
+    failure report (kept for retry); on queue::dead, deletes dead tasks. How many of each."""
     ids = ids_of(args[2:])
     queue, dead = split_queue(args[1])
     if dead:
         return Deferred(broker_of(session).delete_dead(queue, ids))
-    return Deferred(broker_of(session).fail(queue, ids, cause=lifecycle.XDEL_REPORT))
+    return Deferred(broker_of(session).xdel(queue, ids))
 
 
 @command("XLEN", 2)

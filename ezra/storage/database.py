@@ -426,10 +426,19 @@ class Database:
 
     def delete_finished(self, queue: bytes, task_id: tuple) -> str | None:
         """XACKDEL: delete one in-flight or done task; its former state, or None."""
-        rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
-        row = None if rowid is None else self.conn.execute(
-            "DELETE FROM tasks WHERE rowid = ? AND state IN ('in_flight', 'done') RETURNING state", (rowid,)).fetchone()
+        row = self._delete_one(queue, task_id, ("in_flight", "done"))
         return row[0] if row else None
+
+    def delete_waiting(self, queue: bytes, ids: list[tuple]) -> list[tuple]:
+        """XDEL, the dashboard: delete tasks nobody holds (available, delayed) for good; (id,
+        former state, rowid) of each deleted."""
+        return [(task_id, *row) for task_id in dict.fromkeys(ids)
+                if (row := self._delete_one(queue, task_id, ("available", "delayed")))]
+
+    def _delete_one(self, queue: bytes, task_id: tuple, states: tuple) -> tuple | None:
+        rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
+        return None if rowid is None else self.conn.execute(
+            "DELETE FROM tasks WHERE rowid = ? AND state IN (?, ?) RETURNING state, rowid", (rowid, *states)).fetchone()
 
     def unfinished_attempts(self, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
         """(rowid, attempts, state, worker, (id_ms, id_seq)) of the given tasks that are in one of

@@ -238,8 +238,8 @@ class WebApp:
             raise errors.HTTP_NO_SUCH_QUEUE
         lists = {state: self.broker.tasks_in(name, state, dashboard.ROWS_SHOWN).wait()
                  for state in dashboard.LISTED_STATES}
-        page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token,
-                                    params.get("done", [b""])[0].decode("utf-8", "replace"))
+        flash = dashboard.done_message(params.get("done", [b""])[0], params.get("n", [b"0"])[0])
+        page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token, flash)
         return "200 OK", [], page
 
     def task_page(self, environ, params):
@@ -259,13 +259,16 @@ class WebApp:
         ids = None if form.get("all") else [task_id(form)]
         moved = self.broker.requeue(name, ids).wait()
         logger.info("dashboard: requeued {} dead task(s) of {!r}", moved, name.decode("utf-8", "replace"))
-        return see_other(name, f"requeued {moved} task{'s' if moved != 1 else ''}")
+        return see_other(name, "requeued", moved)
 
     def delete(self, environ, form):
+        """A dead task deleted for good, or one nobody holds (available, delayed) cancelled, as
+        XDEL does; a task in flight is its worker's, and stays."""
         name = required(form, "name")
-        deleted = self.broker.delete_dead(name, [task_id(form)]).wait()
-        logger.info("dashboard: deleted {} dead task(s) of {!r}", deleted, name.decode("utf-8", "replace"))
-        return see_other(name, f"deleted {deleted} dead task{'s' if deleted != 1 else ''}")
+        ids = [task_id(form)]
+        deleted = self.broker.delete_dead(name, ids).wait() or self.broker.cancel(name, ids).wait()
+        logger.info("dashboard: deleted {} task(s) of {!r}", deleted, name.decode("utf-8", "replace"))
+        return see_other(name, "deleted", deleted)
 
 
     def pause(self, environ, form):
@@ -277,7 +280,7 @@ class WebApp:
         if name not in self.broker.queues:  # XCFGSET would create it: the dashboard only changes queues it shows
             raise errors.HTTP_NO_SUCH_QUEUE
         self.broker.configure(name, {"paused": int(paused)}).wait()
-        return see_other(name, "paused: workers get nothing until it is resumed" if paused == b"1" else "resumed")
+        return see_other(name, "paused" if paused == b"1" else "resumed")
 
 
 def query_params(text: str) -> dict[str, list[bytes]]:
@@ -304,9 +307,10 @@ def task_id(form: dict) -> tuple:
         raise errors.HTTP_BAD_TASK_ID from None
 
 
-def see_other(name: bytes, message: str):
-    """Back to the queue page after a change (POST/redirect/GET: a reload does not repeat it)."""
-    location = dashboard.queue_url(name) + "&done=" + dashboard.quote(message.encode())
+def see_other(name: bytes, done: str, count: int = 0):
+    """Back to the queue page after a change (POST/redirect/GET: a reload does not repeat it),
+    saying what was done: a code of dashboard.DONE_MESSAGES and a count, never text."""
+    location = f"{dashboard.queue_url(name)}&done={done}&n={count}"
     return "303 See Other", [("Location", location)], b""
 
 
