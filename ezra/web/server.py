@@ -4,8 +4,9 @@ A gevent WSGI server in the same process and event loop as the Redis-protocol
 port, with the same rules: the same --bind, TLS when the main port has it, and
 with --password, HTTP Basic authentication (any user name, that password;
 the answer to a wrong one is held back by the RESP port's GuessThrottle: one
-bound for both listeners). Only /healthz answers without a password: it
-tells nothing but "up" or "down".
+bound for both listeners). Only /healthz and /static/* answer without a password:
+the first tells nothing but "up" or "down", the others are the dashboard's own
+script and style, files of the package that hold nothing of the queues.
 
 Without a password, only requests addressed to an IP address, `localhost` or
 this machine's name are served: a web page whose DNS name an attacker points at
