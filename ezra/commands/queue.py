@@ -170,14 +170,18 @@ def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
 
 
 XTRIM_TRIMMING = take_trimming("xtrim")
-XTRIM_OPTIONS = Options(MAXLEN=XTRIM_TRIMMING, MINID=XTRIM_TRIMMING, LIMIT=XTRIM_TRIMMING)
+XTRIM_OPTIONS = Options(MAXLEN=XTRIM_TRIMMING, MINID=XTRIM_TRIMMING, LIMIT=XTRIM_TRIMMING,
+                        KEEPREF=REFERENCES, DELREF=REFERENCES, ACKED=REFERENCES)
 
 
 @command("XTRIM", -4)
 def xtrim(session, args):
-    """XTRIM queue MAXLEN|MINID ~ threshold [LIMIT n]: how many done tasks went (trimming.py)."""
+    """XTRIM queue MAXLEN|MINID ~ threshold [LIMIT n] [KEEPREF | DELREF | ACKED]: how many done
+    tasks went (trimming.py; the reference policies as XADD's)."""
     queue = live_queue(args[1])
-    (trimming,), _ = parse_options(args, 2, XTRIM_OPTIONS)  # arity: one option at least, or a syntax error
+    (trimming, _), _ = parse_options(args, 2, XTRIM_OPTIONS)  # arity: one option at least, or a syntax error
+    if trimming is None:  # a reference policy alone
+        raise errors.XTRIM_WITHOUT_STRATEGY
     trimming.check()
     return Deferred(broker_of(session).trim(queue, trimming.trim()))
 
