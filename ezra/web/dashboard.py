@@ -335,9 +335,11 @@ DONE_MESSAGES = {
 
 
 def done_message(code: bytes, count: bytes) -> str:
-    """The message of a DONE_MESSAGES code with its count; "" for anything else."""
+    """The message of a DONE_MESSAGES code, with its count where it has one; "" for anything else."""
     message = DONE_MESSAGES.get(code)
-    if message is None or not count.isdigit() or len(count) > 9:
+    if message is None or "{n}" not in message:
+        return message or ""
+    if not count.isdigit() or len(count) > 9:
         return ""
     n = int(count)
     return message.format(n=n, s="" if n == 1 else "s")

@@ -239,7 +239,7 @@ class WebApp:
             raise errors.HTTP_NO_SUCH_QUEUE
         lists = {state: self.broker.tasks_in(name, state, dashboard.ROWS_SHOWN).wait()
                  for state in dashboard.LISTED_STATES}
-        flash = dashboard.done_message(params.get("done", [b""])[0], params.get("n", [b"0"])[0])
+        flash = dashboard.done_message(params.get("done", [b""])[0], params.get("n", [b""])[0])
         page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token, flash)
         return "200 OK", [], page
 
@@ -308,10 +308,10 @@ def task_id(form: dict) -> tuple:
         raise errors.HTTP_BAD_TASK_ID from None
 
 
-def see_other(name: bytes, done: str, count: int = 0):
+def see_other(name: bytes, done: str, count: int | None = None):
     """Back to the queue page after a change (POST/redirect/GET: a reload does not repeat it),
-    saying what was done: a code of dashboard.DONE_MESSAGES and a count, never text."""
-    location = f"{dashboard.queue_url(name)}&done={done}&n={count}"
+    saying what was done: a code of dashboard.DONE_MESSAGES (and a count), never text."""
+    location = f"{dashboard.queue_url(name)}&done={done}" + ("" if count is None else f"&n={count}")
     return "303 See Other", [("Location", location)], b""
 
 
