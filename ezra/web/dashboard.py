@@ -328,6 +328,7 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
 # only, so that a link cannot make the dashboard say anything else.
 DONE_MESSAGES = {
     b"requeued": "requeued {n} task{s}",
+    b"deleted-dead": "deleted {n} dead task{s}",
     b"deleted": "deleted {n} task{s}",
     b"paused": "paused: workers get nothing until it is resumed",
     b"resumed": "resumed",

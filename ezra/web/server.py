@@ -267,9 +267,11 @@ class WebApp:
         XDEL does; a task in flight is its worker's, and stays."""
         name = required(form, "name")
         ids = [task_id(form)]
-        deleted = self.broker.delete_dead(name, ids).wait() or self.broker.cancel(name, ids).wait()
-        logger.info("dashboard: deleted {} task(s) of {!r}", deleted, name.decode("utf-8", "replace"))
-        return see_other(name, "deleted", deleted)
+        dead = self.broker.delete_dead(name, ids).wait()
+        deleted = dead or self.broker.cancel(name, ids).wait()
+        logger.info("dashboard: deleted {} {}task(s) of {!r}", deleted, "dead " if dead else "",
+                    name.decode("utf-8", "replace"))
+        return see_other(name, "deleted-dead" if dead else "deleted", deleted)
 
 
     def pause(self, environ, form):
