@@ -103,6 +103,21 @@ def test_xdel_of_a_done_task_keeps_its_record(r, queue):
     assert [entry[0] for entry in r.xrange(queue)] == [task]
 
 
+def test_xnack_force_reaches_a_delayed_task(r, queue):
+    """The other documented ways to a task nobody holds: XNACK ... FORCE runs a delayed task now
+    (SILENT) or sends it to the dead queue (FATAL), freeing its key; without FORCE, 0."""
+    later = push(r, queue, "DELAY", TEN_YEARS, "UNIQUE", "later")
+    doomed = push(r, queue, "DELAY", TEN_YEARS, "UNIQUE", "doomed")
+    assert r.execute_command("XNACK", queue, "g", "FATAL", "IDS", 1, doomed) == 0  # nobody holds it
+    assert r.execute_command("XACK", queue, "g", later) == 0
+    assert claim(r, queue) == []  # positive control: both still wait for their time
+    assert r.execute_command("XNACK", queue, "g", "SILENT", "IDS", 1, later, "FORCE") == 1
+    assert claim(r, queue) == [later]  # due now
+    assert r.execute_command("XNACK", queue, "g", "FATAL", "IDS", 1, doomed, "FORCE") == 1
+    assert [entry[0] for entry in r.xrange(f"{queue}::dead")] == [doomed]
+    assert push(r, queue, "UNIQUE", "doomed") != doomed  # a dead task holds no key
+
+
 def test_the_deletes_survive_a_restart(ezra_factory, tmp_path):
     server = ezra_factory(data_dir=tmp_path / "data")
     client = server.client()
