@@ -282,14 +282,17 @@ class Tasks:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        deleted = self.db.delete_waiting(name, ids)
-        if not deleted:
-            return 0
-        for _, state, _ in deleted:
-            queue.move(state, GONE)
-        if queue.order is not None:
-            queue.order.forget({rowid for _, state, rowid in deleted if state == AVAILABLE})
-        self.transitions.note_deleted(queue, [task_id for task_id, _, _ in deleted])
+        deleted, available = [], set()
+        for task_id in dict.fromkeys(ids):
+            row = self.db.delete_by_id(name, task_id, (AVAILABLE, DELAYED))
+            if row is not None:
+                queue.move(row[0], GONE)
+                deleted.append(task_id)
+                if row[0] == AVAILABLE:
+                    available.add(row[1])
+        if available and queue.order is not None:
+            queue.order.forget(available)
+        self.transitions.note_deleted(queue, deleted)
         return len(deleted)
 
     def tx_delete_dead(self, name: bytes, ids: list[tuple]) -> int:

@@ -424,18 +424,9 @@ class Database:
         rows.sort()
         return rows
 
-    def delete_finished(self, queue: bytes, task_id: tuple) -> str | None:
-        """XACKDEL: delete one in-flight or done task; its former state, or None."""
-        row = self._delete_one(queue, task_id, ("in_flight", "done"))
-        return row[0] if row else None
-
-    def delete_waiting(self, queue: bytes, ids: list[tuple]) -> list[tuple]:
-        """XDEL, the dashboard: delete tasks nobody holds (available, delayed) for good; (id,
-        former state, rowid) of each deleted."""
-        return [(task_id, *row) for task_id in dict.fromkeys(ids)
-                if (row := self._delete_one(queue, task_id, ("available", "delayed")))]
-
-    def _delete_one(self, queue: bytes, task_id: tuple, states: tuple) -> tuple | None:
+    def delete_by_id(self, queue: bytes, task_id: tuple, states: tuple) -> tuple | None:
+        """Delete one task if it is in one of two `states` (XACKDEL: in flight or done; XDEL: available
+        or delayed, nobody holds it): (its former state, its row id), or None."""
         rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
         return None if rowid is None else self.conn.execute(
             "DELETE FROM tasks WHERE rowid = ? AND state IN (?, ?) RETURNING state, rowid", (rowid, *states)).fetchone()
