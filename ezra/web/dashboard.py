@@ -407,12 +407,16 @@ def waiting_table(name: bytes, title: str, rows: list, total: int, now: int, whe
     if not rows:
         return head + '<p class="muted">None.</p>'
     key_head, key_cell = key_cells(rows)
+
+    def delete(row) -> str:
+        return form("/queue/delete", name, csrf, {"id": stream_ids.format_id(row[:2])}, "Delete", "delete",
+                    confirm="Delete this task for good? It will not run.")
+
     cells = "".join(
         f'<tr><td class="id">{task_link(name, row)}</td><td class="num">{text(duration(age(row)))}</td>'
         f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row[2])}</td>'
-        f'<td class="failure">{failure_text(row[FAILURE], now)}</td>'
-        f'<td class="actions">{form("/queue/delete", name, csrf, {"id": stream_ids.format_id(row[:2])}, "Delete", "delete", confirm="Delete this task for good? It will not run.")}'
-        f'</td></tr>' for row in rows)
+        f'<td class="failure">{failure_text(row[FAILURE], now)}</td><td class="actions">{delete(row)}</td></tr>'
+        for row in rows)
     return (head + f'<table class="tasks"><thead><tr><th>id</th><th class="num">{when}</th>'
             f'<th class="num">attempts</th>{key_head}<th>fields</th><th>last failure</th><th></th></tr></thead>'
             f'<tbody>{cells}</tbody></table>')
