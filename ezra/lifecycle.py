@@ -6,6 +6,7 @@
                                                                delayed while the queue's backoff runs)
                            in_flight -> dead        (nack or timeout: no attempts left)
               dead -> available (requeue) ; done/dead -> purged (retention / TTL; done: trimming)
+              available/delayed -> cancelled (XDEL: deleted, nobody held it)
 
     transition   from                 to                                  attempts
     push         -                    available | delayed | dead (q::dead: ezra import)   0
@@ -23,14 +24,15 @@
     release      in_flight            = fail (the worker's last connection closed)
     recover      in_flight            available (server restart, never dead)   =
     requeue      dead                 available                           0
+    cancel       available | delayed  - (XDEL, the dashboard's delete: nobody holds it)   -
     purge        done | dead          - (retention, TTL; done: trimming, XACKDEL; dead: XDEL on q::dead)
 
-Every failure (fail, fatal, expire, release; XDEL and XGROUP DELCONSUMER fail too) records
-why on the task, replacing the record before: `failure_record`'s cause, reason, worker and
-time. A silent nack records only the REASON it is given. Push and ack never write it.
+Every failure (fail, fatal, expire, release; XDEL of a task in flight and XGROUP DELCONSUMER
+fail too) records why on the task, replacing the record before: `failure_record`'s cause,
+reason, worker and time. A silent nack records only the REASON it is given. Push and ack never write it.
 
 A paused queue (XCFGSET PAUSED 1) makes no claim and no take over; its other
-transitions go on (push, promote, renew, ack, fail, expire, release, requeue).
+transitions go on (push, promote, renew, ack, fail, expire, release, requeue, cancel).
 
 Times are integer milliseconds since the epoch and always passed in (`now`),
 so tests move time instead of waiting.
@@ -69,6 +71,8 @@ MOVES = {
     (DELAYED, DELAYED): "nack FORCE",
     (DELAYED, DEAD): "nack FORCE",
     (DEAD, AVAILABLE): "requeue",
+    (AVAILABLE, GONE): "cancel (XDEL)",
+    (DELAYED, GONE): "cancel (XDEL)",
     (DONE, GONE): "purge (retention, TTL); trim; XACKDEL",
     (DEAD, GONE): "purge (retention, TTL); XDEL on q::dead",
 }

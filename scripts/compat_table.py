@@ -132,6 +132,41 @@ def parity_part(parity: dict) -> list[str]:
     return out
 
 
+def commands_part() -> list[str]:
+    """The differences in single commands that the scenarios above do not script (issue 45)."""
+    return ["", "### Redis differences in single commands", "",
+            "**XDEL cancels a task nobody holds, and reports a failure of one in flight.** An",
+            "available or delayed task (never delivered, or given back for a retry; in a running or a",
+            "paused queue) is deleted for good, as Redis deletes the entry: `XDEL` answers 1, the task",
+            "never runs, and its `UNIQUE` key is free (the `xdel_cancels_a_waiting_task` scenario, byte",
+            "for byte as Redis). A task in flight is not deleted: its worker is running it, and `XDEL` of",
+            "it is a failure report, as `XNACK ... FAIL` (the `xdel_is_a_failure` scenario); Redis deletes",
+            "the entry and leaves its id pending. A done task's `XDEL` answers 0 and keeps its record",
+            "(Redis answers 1): `MULTI; XACK; XDEL; EXEC` answers `1 0`, and retention, trimming or",
+            "`XACKDEL` remove done tasks. To cancel a task on EZRA: `XDEL q id` (or the dashboard's",
+            "Delete button) while nobody holds it; once a worker holds it, the worker decides (`XACK`, or",
+            "`XNACK ... FATAL`, then `XDEL q::dead id` deletes the dead task). `XNACK ... FORCE` reaches a",
+            "task nobody holds too: `SILENT` makes a delayed task available now, `FATAL` makes it dead.",
+            "docs/usage.md, \"Cancelling a task\", has the table.", "",
+            "**`entries-read` is an integer.** `XINFO GROUPS` and `XINFO STREAM FULL` answer the number of",
+            "tasks the queue's group delivered, `0` for a group that was never delivered anything, where",
+            "Redis answers nil until the group reads.", "",
+            "**`XGROUP CREATE ... ENTRIESREAD n`** (and `SETID ... ENTRIESREAD n`) is checked as Redis",
+            "checks it, then ignored: the queue's one group counts what it delivered itself.", "",
+            "**`KEEPREF | DELREF | ACKED`** (Redis 8.2) are taken by `XADD`, `XTRIM` (redis-py 8's",
+            "`xtrim(ref_policy=...)`) and `XACKDEL`, and change nothing: EZRA trims only acked tasks,",
+            "which is what `ACKED` asks, and a done task has no pending reference to keep or drop.", "",
+            "**`INFO`** answers Redis 7's default sections with the fields tools read (`tests/test_info_fields.py`",
+            "checks them against redis-server): `# Server` (`redis_mode:standalone`, `run_id`, `tcp_port`,",
+            "`uptime_in_seconds`...), `# Clients`, `# Memory` (with the `_human` figures,",
+            "`maxmemory_policy:noeviction`), `# Persistence` (`loading:0`, `rdb_last_bgsave_status:ok`:",
+            "every durable reply waits for its commit), `# Stats`, `# Replication` (`role:master`, no",
+            "replicas), `# CPU` and `# Cluster` (`cluster_enabled:0`), then EZRA's `# Queues` and",
+            "`# Schedules`. Figures of things EZRA does not have (keys expired or evicted, keyspace hits,",
+            "pub/sub channels) are 0; the `# Keyspace`, `# Modules` and `# Errorstats` sections are not",
+            "sent."]
+
+
 def render() -> str | None:
     paths = {name: COMPAT / f"{name}.json" for name in ("clients", "worker_libs", "parity")}
     missing = [str(p) for p in paths.values() if not p.exists()]
@@ -140,7 +175,8 @@ def render() -> str | None:
               "tests/test_parity.py first", file=sys.stderr)
         return None
     data = {name: json.loads(path.read_text()) for name, path in paths.items()}
-    lines = clients_part(data["clients"]) + worker_libs_part(data["worker_libs"]) + parity_part(data["parity"])
+    lines = (clients_part(data["clients"]) + worker_libs_part(data["worker_libs"]) + parity_part(data["parity"])
+             + commands_part())
     return "\n".join(lines) + "\n"
 
 

@@ -21,6 +21,17 @@ from support_servers import wait_until
 
 # ---------------------------------------------------------------- the order alone
 
+def test_forget_takes_cancelled_tasks_out_of_the_head_only():
+    """XDEL (issue 45 item 6): cancelled tasks at the head go, so the head is a task's (the oldest
+    waiting's age); one further in stays, a stale entry a claim steps over."""
+    order = AvailableOrder([3, 5, 9])
+    order.add(1)
+    order.forget({1, 3, 9})
+    assert order.head() == 5 and order.take(5) == [5, 9]
+    order.forget({42})  # not at the head: nothing changes
+    assert order.head() is None and len(order) == 0
+
+
 def test_pushes_and_returns_come_out_oldest_first():
     order = AvailableOrder([3, 5, 9])
     order.add(12)  # a push: after everything

@@ -242,6 +242,17 @@ SCENARIOS: dict[str, list[Step]] = {
         S("w2", "XACK", "{k}", "g", "9-1"),
         S("p", "XPENDING", "{k}", "g"),
     ],
+    "xdel_cancels_a_waiting_task": [  # issue 45 item 6: a task nobody holds is deleted, as on Redis
+        S("p", "XGROUP", "CREATE", "{k}", "g", "0", "MKSTREAM"),
+        S("p", "XADD", "{k}", "9-1", "n", "1"),
+        S("p", "XADD", "{k}", "9-2", "n", "2"),
+        S("p", "XDEL", "{k}", "9-1"),
+        S("p", "XLEN", "{k}"),
+        S("p", "XRANGE", "{k}", "-", "+"),
+        S("w1", "XREADGROUP", "GROUP", "g", "w1", "STREAMS", "{k}", ">"),
+        S("w1", "XACK", "{k}", "g", "9-2"),
+        S("p", "XPENDING", "{k}", "g"),
+    ],
     "xnack": [
         S("p", "XGROUP", "CREATE", "{k}", "g", "0", "MKSTREAM"),
         S("p", "XADD", "{k}", "9-1", "n", "1"),

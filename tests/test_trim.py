@@ -358,3 +358,22 @@ def test_walrus_destroy_reports_true(shared_server, queue):
     assert group.create(ensure_keys_exist=False, mkstream=True) == {queue: True}
     assert group.destroy() == {queue: True}
     db.close()
+
+
+@pytest.mark.parametrize("policy", ["KEEPREF", "DELREF", "ACKED"])
+def test_xtrim_takes_the_reference_policies_as_xadd_does(r, queue, policy):
+    """Issue 45 item 12: redis-py 8's xtrim(ref_policy=...) sends Redis 8.2's KEEPREF | DELREF |
+    ACKED after the threshold; EZRA trims only done tasks, which is what each of them leaves."""
+    ids = push(r, queue, 4)
+    assert claim(r, queue, 3) == ids[:3]
+    assert r.xack(queue, "g", *ids[:2]) == 2
+    assert r.xtrim(queue, maxlen=0, approximate=True, ref_policy=policy) == 2  # the two done ones
+    assert entry_ids(r, queue) == ids[2:]  # the in-flight and the available one stay
+    ids += push(r, queue, 1)
+    assert r.xack(queue, "g", ids[2]) == 1
+    assert r.execute_command("XTRIM", queue, "MINID", "~", ids[4], policy, "LIMIT", 10) == 1  # any order
+    assert entry_ids(r, queue) == ids[3:]
+    assert r.xlen(queue) == 2
+    with pytest.raises(redis.ResponseError, match="XTRIM must be called with a trimming strategy"):
+        r.execute_command("XTRIM", queue, policy, policy)  # a policy alone trims nothing: Redis's error
+    assert entry_ids(r, queue) == ids[3:]

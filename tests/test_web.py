@@ -109,6 +109,26 @@ def test_password_guards_everything_but_healthz(ezra_factory):
     assert http(server.http_url + "/", headers=basic("s3cret", user="default"))[0] == 200
     assert http(server.http_url + "/healthz")[0] == 200
     assert http(server.http_url + "/", headers={"Authorization": "Basic !!notbase64"})[0] == 401
+    # The dashboard's own script and style are public assets (files of the package, nothing of
+    # the queues), as documented in docs/operations.md: a login page could not load them otherwise.
+    status, _, body = http(server.http_url + "/static/dashboard.js")
+    assert status == 200 and b"setInterval" in body
+    assert http(server.http_url + "/static/nothing.js")[0] == 404
+
+
+def test_the_status_message_is_the_servers_own(web):
+    """Issue 45 item 10: ?done= names one of the server's messages (a code and a count); any other
+    text, such as a phishing line in a link, is not shown."""
+    web.client().xadd("jobs", {"n": "1"})
+    page = f"{web.http_url}/queue?name=jobs"
+    status, _, body = http(page + "&done=" + quote("call support at +1 555 0100"))
+    assert status == 200 and b"call support" not in body and b'class="flash"' not in body
+    status, _, body = http(page + "&done=deleted&n=" + quote("2 tasks; call support at +1 555 0100"))
+    assert status == 200 and b"call support" not in body and b'class="flash"' not in body
+    status, _, body = http(page + "&done=deleted&n=2")  # positive control: the server's own message
+    assert status == 200 and b'<p class="flash" role="status">deleted 2 tasks</p>' in body
+    status, _, body = http(page + "&done=requeued&n=1")
+    assert b'<p class="flash" role="status">requeued 1 task</p>' in body
 
 
 def test_http_is_off_by_default(ezra_factory):

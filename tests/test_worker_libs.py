@@ -181,19 +181,18 @@ def test_walrus_consumer_group(shared_server, queue):
     fresh = db.consumer_group("workers", [queue + "-fresh"])
     assert fresh.create(ensure_keys_exist=False, mkstream=True) == {queue + "-fresh": True}
     assert fresh.read(count=10) == []
-    # ... the default create() adds a placeholder {'': ''} and XDELs it: XDEL is a failure
-    # report in EZRA, so the placeholder stays a task (measured here, told in the README).
+    # ... and so is the default create(): it adds a placeholder {'': ''} and XDELs it, and XDEL
+    # deletes a task nobody holds (as Redis deletes the entry), so no placeholder is left.
     placeholder = db.consumer_group("workers", [queue + "-default"])
     placeholder.create()
-    [(_, tasks)] = placeholder.read(count=10)
-    assert tasks == [(b"0-1", {b"": b""})], tasks
-    placeholder.streams[queue + "-default"].ack(b"0-1")
+    assert db.exists(queue + "-default") == 1  # the placeholder's XADD made the queue
+    assert placeholder.read(count=10) == [] and db.xlen(queue + "-default") == 0
     db.close()
     row.done("works", "ConsumerGroup: create(), consumer(), read(count, block), ack: two consumers, "
                       "every task once, nothing pending; a blocking read wakes on a push. On a queue "
-                      "nobody pushed to yet, use create(ensure_keys_exist=False, mkstream=True): the "
-                      "default create() adds a placeholder entry {'': ''} and XDELs it, and EZRA's XDEL "
-                      "is a failure report, so the placeholder stays a task")
+                      "nobody pushed to yet, the default create() adds a placeholder entry {'': ''} and "
+                      "XDELs it: EZRA's XDEL deletes a task nobody holds, so, as on Redis, nothing is left "
+                      "(create(ensure_keys_exist=False, mkstream=True) makes no placeholder at all)")
 
 
 # ------------------------------------------------------------------ FastStream (PyPI, own venv)

@@ -9,7 +9,9 @@ greenlet and submits one part's `tx_*` transaction to the writer):
     claim, unblock       XREADGROUP > BLOCK       claim, or a Waiter in line for the front to wait on
     claim_own            XREADGROUP <id>          claim the worker's own tasks in flight again
     ack                  XACK                     a task is done
-    fail                 XNACK / XDEL             a delivery failed: back (with backoff) or dead
+    fail                 XNACK                    a delivery failed: back (with backoff) or dead
+    xdel                 XDEL                     cancel tasks nobody holds; fail those in flight
+    cancel               (dashboard delete)       cancel available or delayed tasks
     delete_dead          XDEL q::dead             remove dead letters
     create_queue         XGROUP CREATE            make the queue (and name its group)
     destroy_group        XGROUP DESTROY           forget the group name; tasks stay

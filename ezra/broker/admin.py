@@ -277,7 +277,7 @@ class Admin:
             return [False] * len(ids)
         replies, deleted = [], []
         for task_id in ids:
-            state = self.db.delete_finished(name, task_id)
+            state = (self.db.delete_by_id(name, task_id, (IN_FLIGHT, DONE)) or (None,))[0]
             if state is None:
                 replies.append(False)
                 continue

@@ -9,8 +9,9 @@ id above every task id of its queue), and a task keeps its row for life.
 Pushes append to `_tail`, in order. A task that comes back with an older id (a nack, a lease
 expiring, a delayed task coming due, XREQUEUE, a gone worker's release) goes to `_returns`, a
 heap; `take` merges the two heads. Ways out of available other than a claim (XCLAIM FORCE,
-XNACK FORCE) leave their entry behind: the claim's UPDATE is guarded by the state (and the
-queue: a row id can be reused once its row is deleted), so a stale entry is stepped over.
+XNACK FORCE, XDEL) leave their entry behind (XDEL takes those at the head out): the claim's
+UPDATE is guarded by the state (and the queue: a row id can be reused once its row is
+deleted), so a stale entry is stepped over.
 
 An order is read from the file after start-up and after a rollback (the broker's reload makes
 new queue states), a slice at a time as claims need it (Transitions.order): the first claim
@@ -101,6 +102,12 @@ class AvailableOrder:
             del tail[:head]
             self._head = 0
         return taken
+
+    def forget(self, rowids: set) -> None:
+        """These tasks left available other than by a claim (XDEL): those at the head go now, so
+        that the head (the oldest waiting's age) is a task's; the others are stepped over later."""
+        while (head := self.head()) is not None and head in rowids:
+            self.take_one()
 
     def head(self) -> int | None:
         """The oldest row id in the order (perhaps a stale entry), without taking it."""

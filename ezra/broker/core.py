@@ -157,8 +157,16 @@ class Broker:
     def fail(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
              retry_count: int | None = None, force: bool = False, reason: bytes | None = None,
              cause: str = lifecycle.NACKED):
-        """XNACK (and XDEL on a live queue, cause XDEL_REPORT): report failed attempts, and why."""
+        """XNACK: report failed attempts, and why."""
         return self.writer.submit(self.tasks.tx_fail, queue, ids, mode, retry_count, force, reason, cause)
+
+    def xdel(self, queue: bytes, ids: list[tuple]):
+        """XDEL on a live queue: cancel (delete) the tasks nobody holds, fail those in flight."""
+        return self.writer.submit(self.tasks.tx_xdel, queue, ids)
+
+    def cancel(self, queue: bytes, ids: list[tuple]):
+        """The dashboard's delete of an available or delayed task: how many went."""
+        return self.writer.submit(self.tasks.tx_cancel, queue, ids)
 
     def delete_dead(self, queue: bytes, ids: list[tuple]):
         return self.writer.submit(self.tasks.tx_delete_dead, queue, ids)

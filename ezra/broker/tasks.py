@@ -1,4 +1,4 @@
-"""The task verbs' transactions: push, ack, nack, delete, and the reads of a queue's tasks.
+"""The task verbs' transactions: push, ack, nack, cancel, delete, and the reads of a queue's tasks.
 
 Each `tx_*` method runs in a writer's batch (the Broker submits it); only batches change the
 queues' states, so no locks are needed.
@@ -269,6 +269,31 @@ class Tasks:
         if mode != lifecycle.SILENT:  # SILENT: given back unsent, not a failure report
             self.transitions.tally(queue, "failed", len(rows))
         return len(rows)
+
+    def tx_xdel(self, name: bytes, ids: list[tuple]) -> int:
+        """XDEL on a live queue: the tasks nobody holds are cancelled (deleted), then a failure of
+        those in flight is reported (in that order: a failed task that goes back stays)."""
+        cancelled = self.tx_cancel(name, ids)
+        return cancelled + self.tx_fail(name, ids, lifecycle.FAIL, None, False, cause=lifecycle.XDEL_REPORT)
+
+    def tx_cancel(self, name: bytes, ids: list[tuple]) -> int:
+        """Delete available and delayed tasks for good (their UNIQUE keys free with their rows);
+        how many went. Tasks in flight, done or dead are left alone."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0
+        deleted, available = [], set()
+        for task_id in dict.fromkeys(ids):
+            row = self.db.delete_by_id(name, task_id, (AVAILABLE, DELAYED))
+            if row is not None:
+                queue.move(row[0], GONE)
+                deleted.append(task_id)
+                if row[0] == AVAILABLE:
+                    available.add(row[1])
+        if available and queue.order is not None:
+            queue.order.forget(available)
+        self.transitions.note_deleted(queue, deleted)
+        return len(deleted)
 
     def tx_delete_dead(self, name: bytes, ids: list[tuple]) -> int:
         queue = self.queues.get(name)

@@ -256,7 +256,8 @@ def info(session, args):
     for name, build in INFO_SECTIONS:
         if everything or name in wanted:
             lines = build(session.state, figures)
-            sections.append(f"# {name.capitalize()}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in lines))
+            title = INFO_TITLES.get(name, name.capitalize())
+            sections.append(f"# {title}\r\n" + "".join(f"{k}:{v}\r\n" for k, v in lines))
     return Verbatim("\r\n".join(sections))
 
 
@@ -266,9 +267,16 @@ def info_server(state: ServerState, figures):
     return [("redis_version", REDIS_COMPAT_VERSION), ("ezra_version", __version__),
             ("redis_mode", "standalone"), ("os", f"{system.sysname} {system.release} {system.machine}"),
             ("arch_bits", 64), ("multiplexing_api", "gevent"), ("python_version", "%d.%d.%d" % sys.version_info[:3]),
-            ("process_id", os.getpid()), ("tcp_port", state.port), ("uptime_in_seconds", uptime),
-            ("uptime_in_days", uptime // 86400), ("executable", sys.argv[0]),
+            ("process_id", os.getpid()), ("run_id", RUN_ID), ("tcp_port", state.port),
+            ("server_time_usec", time.time_ns() // 1000), ("uptime_in_seconds", uptime),
+            ("uptime_in_days", uptime // 86400), ("hz", 10), ("executable", sys.argv[0]),
             ("config_file", state.settings.config or "")]
+
+
+# Redis's run_id and master_replid: 40 hex digits made at each start (a tool that sees it change
+# knows the server restarted). One server per process, so one per process.
+RUN_ID = os.urandom(20).hex()
+REPLICATION_ID = os.urandom(20).hex()
 
 
 def info_clients(state: ServerState, figures):
@@ -284,8 +292,18 @@ def info_memory(state: ServerState, figures):
             current = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         pass  # not Linux: the peak is the best figure we have
-    return [("used_memory", current), ("used_memory_rss", current), ("used_memory_peak", rss),
-            ("maxmemory", 0)]
+    return [("used_memory", current), ("used_memory_human", human_bytes(current)), ("used_memory_rss", current),
+            ("used_memory_rss_human", human_bytes(current)), ("used_memory_peak", rss),
+            ("used_memory_peak_human", human_bytes(rss)), ("maxmemory", 0), ("maxmemory_human", "0B"),
+            ("maxmemory_policy", "noeviction")]
+
+
+def human_bytes(n: int) -> str:
+    """Redis's *_human figures: 943.74K, 11.26M (bytesToHuman)."""
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n}B"
 
 
 def info_persistence(state: ServerState, figures):
@@ -293,7 +311,10 @@ def info_persistence(state: ServerState, figures):
     return [("loading", 0), ("database_file", state.broker.db.path), ("database_bytes", figures.database_bytes),
             ("durability", state.settings.durability), ("commit_batches", figures.batches),
             ("wal_fsyncs", figures.fsyncs),
-            ("committed_requests", figures.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0),
+            ("committed_requests", figures.committed_requests), ("aof_enabled", 0), ("aof_rewrite_in_progress", 0),
+            # every reply that promises durability waits for its commit: nothing is ever unsaved
+            ("rdb_changes_since_last_save", 0), ("rdb_bgsave_in_progress", 0),
+            ("rdb_last_save_time", int(time.time())), ("rdb_last_bgsave_status", "ok"),
             ("database_integrity", integrity.state),
             *([("database_corruption", integrity.reason)] if integrity.corrupt else [])]
 
@@ -303,6 +324,9 @@ def info_stats(state: ServerState, figures):
     return [("total_connections_received", state.total_connections),
             ("total_commands_processed", state.total_commands),
             ("rejected_connections", state.rejected_connections),
+            # Redis's key figures, for tools that read them: EZRA expires, evicts and looks up no keys
+            ("expired_keys", 0), ("evicted_keys", 0), ("keyspace_hits", 0), ("keyspace_misses", 0),
+            ("pubsub_channels", 0), ("pubsub_patterns", 0),
             ("tasks_pushed", totals["pushed"]), ("tasks_delivered", totals["delivered"]),
             ("tasks_acked", totals["acked"]), ("tasks_failed", totals["failed"]),
             ("tasks_expired", totals["expired"]), ("tasks_dead", totals["dead"]),
@@ -342,6 +366,27 @@ def info_schedules(state: ServerState, figures):
             ("schedule_next_run", min(upcoming, default=0))]
 
 
+def info_replication(state: ServerState, figures):
+    """A single node: always a master without replicas (clients and tools check the role)."""
+    return [("role", "master"), ("connected_slaves", 0), ("master_failover_state", "no-failover"),
+            ("master_replid", REPLICATION_ID), ("master_repl_offset", 0), ("repl_backlog_active", 0)]
+
+
+def info_cpu(state: ServerState, figures):
+    usage, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return [("used_cpu_sys", f"{usage.ru_stime:.6f}"), ("used_cpu_user", f"{usage.ru_utime:.6f}"),
+            ("used_cpu_sys_children", f"{children.ru_stime:.6f}"),
+            ("used_cpu_user_children", f"{children.ru_utime:.6f}")]
+
+
+def info_cluster(state: ServerState, figures):
+    return [("cluster_enabled", 0)]  # single node; redis-py's test session and cluster-aware tools ask
+
+
+# Redis's default sections in its order (server, clients, memory, persistence, stats, replication,
+# cpu, cluster), then EZRA's own.
 INFO_SECTIONS = [("server", info_server), ("clients", info_clients), ("memory", info_memory),
-                 ("persistence", info_persistence), ("stats", info_stats), ("queues", info_queues)]
+                 ("persistence", info_persistence), ("stats", info_stats), ("replication", info_replication),
+                 ("cpu", info_cpu), ("cluster", info_cluster), ("queues", info_queues)]
+INFO_TITLES = {"cpu": "CPU"}
 INFO_SECTIONS.append(("schedules", info_schedules))  # XSCHEDULE (an EZRA extension)

@@ -170,14 +170,18 @@ def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
 
 
 XTRIM_TRIMMING = take_trimming("xtrim")
-XTRIM_OPTIONS = Options(MAXLEN=XTRIM_TRIMMING, MINID=XTRIM_TRIMMING, LIMIT=XTRIM_TRIMMING)
+XTRIM_OPTIONS = Options(MAXLEN=XTRIM_TRIMMING, MINID=XTRIM_TRIMMING, LIMIT=XTRIM_TRIMMING,
+                        KEEPREF=REFERENCES, DELREF=REFERENCES, ACKED=REFERENCES)
 
 
 @command("XTRIM", -4)
 def xtrim(session, args):
-    """XTRIM queue MAXLEN|MINID ~ threshold [LIMIT n]: how many done tasks went (trimming.py)."""
+    """XTRIM queue MAXLEN|MINID ~ threshold [LIMIT n] [KEEPREF | DELREF | ACKED]: how many done
+    tasks went (trimming.py; the reference policies as XADD's)."""
     queue = live_queue(args[1])
-    (trimming,), _ = parse_options(args, 2, XTRIM_OPTIONS)  # arity: one option at least, or a syntax error
+    (trimming, _), _ = parse_options(args, 2, XTRIM_OPTIONS)  # arity: one option at least, or a syntax error
+    if trimming is None:  # a reference policy alone
+        raise errors.XTRIM_WITHOUT_STRATEGY
     trimming.check()
     return Deferred(broker_of(session).trim(queue, trimming.trim()))
 
@@ -410,12 +414,13 @@ def xnack(session, args):
 
 @command("XDEL", -3)
 def xdel(session, args):
-    """XDEL queue id...: a failure report (the task is kept for retry); on queue::dead, delete."""
+    """XDEL queue id...: deletes a task nobody holds (available, delayed); of one in flight, a
+    failure report (kept for retry); on queue::dead, deletes dead tasks. How many of each."""
     ids = ids_of(args[2:])
     queue, dead = split_queue(args[1])
     if dead:
         return Deferred(broker_of(session).delete_dead(queue, ids))
-    return Deferred(broker_of(session).fail(queue, ids, cause=lifecycle.XDEL_REPORT))
+    return Deferred(broker_of(session).xdel(queue, ids))
 
 
 @command("XLEN", 2)

@@ -431,12 +431,12 @@ class Database:
         rows.sort()
         return rows
 
-    def delete_finished(self, queue: bytes, task_id: tuple) -> str | None:
-        """XACKDEL: delete one in-flight or done task; its former state, or None."""
+    def delete_by_id(self, queue: bytes, task_id: tuple, states: tuple) -> tuple | None:
+        """Delete one task if it is in one of two `states` (XACKDEL: in flight or done; XDEL: available
+        or delayed, nobody holds it): (its former state, its row id), or None."""
         rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
-        row = None if rowid is None else self.conn.execute(
-            "DELETE FROM tasks WHERE rowid = ? AND state IN ('in_flight', 'done') RETURNING state", (rowid,)).fetchone()
-        return row[0] if row else None
+        return None if rowid is None else self.conn.execute(
+            "DELETE FROM tasks WHERE rowid = ? AND state IN (?, ?) RETURNING state, rowid", (rowid, *states)).fetchone()
 
     def unfinished_attempts(self, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
         """(rowid, attempts, state, worker, (id_ms, id_seq)) of the given tasks that are in one of

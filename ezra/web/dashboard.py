@@ -317,10 +317,33 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
              in_flight_table(name, lists[IN_FLIGHT], counts[IN_FLIGHT], now),
              dead_table(name, lists[DEAD], counts[DEAD], now, csrf),
              waiting_table(name, "Next available", lists[AVAILABLE], counts[AVAILABLE], now, "waiting for",
-                           lambda row: now - row[6]),
-             waiting_table(name, "Delayed", lists[DELAYED], counts[DELAYED], now, "due in", lambda row: row[6] - now),
+                           lambda row: now - row[6], csrf),
+             waiting_table(name, "Delayed", lists[DELAYED], counts[DELAYED], now, "due in", lambda row: row[6] - now,
+                           csrf),
              "</main>"]
     return page(shown_name(name).decode("utf-8", "replace"), "".join(body))
+
+
+# What the queue page may say after a change (?done=<code>&n=<count>): the server's own words
+# only, so that a link cannot make the dashboard say anything else.
+DONE_MESSAGES = {
+    b"requeued": "requeued {n} task{s}",
+    b"deleted-dead": "deleted {n} dead task{s}",
+    b"deleted": "deleted {n} task{s}",
+    b"paused": "paused: workers get nothing until it is resumed",
+    b"resumed": "resumed",
+}
+
+
+def done_message(code: bytes, count: bytes) -> str:
+    """The message of a DONE_MESSAGES code, with its count where it has one; "" for anything else."""
+    message = DONE_MESSAGES.get(code)
+    if message is None or "{n}" not in message:
+        return message or ""
+    if not count.isdigit() or len(count) > 9:
+        return ""
+    n = int(count)
+    return message.format(n=n, s="" if n == 1 else "s")
 
 
 PAUSED_BADGE = ' <span class="badge paused" title="XCFGSET PAUSED 1: pushes land, nothing is handed out">paused</span>'
@@ -378,17 +401,24 @@ def dead_table(name: bytes, rows: list, total: int, now: int, csrf: str) -> str:
             f'<tbody>{cells}</tbody></table>')
 
 
-def waiting_table(name: bytes, title: str, rows: list, total: int, now: int, when: str, age) -> str:
+def waiting_table(name: bytes, title: str, rows: list, total: int, now: int, when: str, age, csrf: str) -> str:
+    """Available or delayed tasks, each with the button that cancels it (deleted, as XDEL does)."""
     head = f'<h2>{title}{shown_of(rows, total)}</h2>'
     if not rows:
         return head + '<p class="muted">None.</p>'
     key_head, key_cell = key_cells(rows)
+
+    def delete(row) -> str:
+        return form("/queue/delete", name, csrf, {"id": stream_ids.format_id(row[:2])}, "Delete", "delete",
+                    confirm="Delete this task for good? It will not run.")
+
     cells = "".join(
         f'<tr><td class="id">{task_link(name, row)}</td><td class="num">{text(duration(age(row)))}</td>'
         f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row[2])}</td>'
-        f'<td class="failure">{failure_text(row[FAILURE], now)}</td></tr>' for row in rows)
+        f'<td class="failure">{failure_text(row[FAILURE], now)}</td><td class="actions">{delete(row)}</td></tr>'
+        for row in rows)
     return (head + f'<table class="tasks"><thead><tr><th>id</th><th class="num">{when}</th>'
-            f'<th class="num">attempts</th>{key_head}<th>fields</th><th>last failure</th></tr></thead>'
+            f'<th class="num">attempts</th>{key_head}<th>fields</th><th>last failure</th><th></th></tr></thead>'
             f'<tbody>{cells}</tbody></table>')
 
 

@@ -4,8 +4,9 @@ A gevent WSGI server in the same process and event loop as the Redis-protocol
 port, with the same rules: the same --bind, TLS when the main port has it, and
 with --password, HTTP Basic authentication (any user name, that password;
 the answer to a wrong one is held back by the RESP port's GuessThrottle: one
-bound for both listeners). Only /healthz answers without a password: it
-tells nothing but "up" or "down".
+bound for both listeners). Only /healthz and /static/* answer without a password:
+the first tells nothing but "up" or "down", the others are the dashboard's own
+script and style, files of the package that hold nothing of the queues.
 
 Without a password, only requests addressed to an IP address, `localhost` or
 this machine's name are served: a web page whose DNS name an attacker points at
@@ -238,8 +239,8 @@ class WebApp:
             raise errors.HTTP_NO_SUCH_QUEUE
         lists = {state: self.broker.tasks_in(name, state, dashboard.ROWS_SHOWN).wait()
                  for state in dashboard.LISTED_STATES}
-        page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token,
-                                    params.get("done", [b""])[0].decode("utf-8", "replace"))
+        flash = dashboard.done_message(params.get("done", [b""])[0], params.get("n", [b""])[0])
+        page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token, flash)
         return "200 OK", [], page
 
     def task_page(self, environ, params):
@@ -259,13 +260,18 @@ class WebApp:
         ids = None if form.get("all") else [task_id(form)]
         moved = self.broker.requeue(name, ids).wait()
         logger.info("dashboard: requeued {} dead task(s) of {!r}", moved, name.decode("utf-8", "replace"))
-        return see_other(name, f"requeued {moved} task{'s' if moved != 1 else ''}")
+        return see_other(name, "requeued", moved)
 
     def delete(self, environ, form):
+        """A dead task deleted for good, or one nobody holds (available, delayed) cancelled, as
+        XDEL does; a task in flight is its worker's, and stays."""
         name = required(form, "name")
-        deleted = self.broker.delete_dead(name, [task_id(form)]).wait()
-        logger.info("dashboard: deleted {} dead task(s) of {!r}", deleted, name.decode("utf-8", "replace"))
-        return see_other(name, f"deleted {deleted} dead task{'s' if deleted != 1 else ''}")
+        ids = [task_id(form)]
+        dead = self.broker.delete_dead(name, ids).wait()
+        deleted = dead or self.broker.cancel(name, ids).wait()
+        logger.info("dashboard: deleted {} {}task(s) of {!r}", deleted, "dead " if dead else "",
+                    name.decode("utf-8", "replace"))
+        return see_other(name, "deleted-dead" if dead else "deleted", deleted)
 
 
     def pause(self, environ, form):
@@ -277,7 +283,7 @@ class WebApp:
         if name not in self.broker.queues:  # XCFGSET would create it: the dashboard only changes queues it shows
             raise errors.HTTP_NO_SUCH_QUEUE
         self.broker.configure(name, {"paused": int(paused)}).wait()
-        return see_other(name, "paused: workers get nothing until it is resumed" if paused == b"1" else "resumed")
+        return see_other(name, "paused" if paused == b"1" else "resumed")
 
 
 def query_params(text: str) -> dict[str, list[bytes]]:
@@ -304,9 +310,10 @@ def task_id(form: dict) -> tuple:
         raise errors.HTTP_BAD_TASK_ID from None
 
 
-def see_other(name: bytes, message: str):
-    """Back to the queue page after a change (POST/redirect/GET: a reload does not repeat it)."""
-    location = dashboard.queue_url(name) + "&done=" + dashboard.quote(message.encode())
+def see_other(name: bytes, done: str, count: int | None = None):
+    """Back to the queue page after a change (POST/redirect/GET: a reload does not repeat it),
+    saying what was done: a code of dashboard.DONE_MESSAGES (and a count), never text."""
+    location = f"{dashboard.queue_url(name)}&done={done}" + ("" if count is None else f"&n={count}")
     return "303 See Other", [("Location", location)], b""
 
 

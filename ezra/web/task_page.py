@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from .. import stream_ids
-from ..lifecycle import DEAD, MAX_REASON_BYTES
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, MAX_REASON_BYTES
 from ..storage import decode_failure
 from ..task_fields import listed
 from . import shown_name
@@ -111,10 +111,13 @@ def fields_section(stored_fields: bytes | str) -> str:
             f'<tbody>{cells}</tbody></table>')
 
 
-def actions(queue: bytes, task_id: str, csrf: str) -> str:
-    """A dead task's requeue and delete buttons: the queue page's forms (they return to the queue page)."""
-    return ('<div class="task-actions">'
-            + form("/queue/requeue", queue, csrf, {"id": task_id}, "Requeue", "requeue")
+def actions(queue: bytes, task_id: str, state: str, csrf: str) -> str:
+    """A dead task's requeue and delete buttons, a waiting task's delete (cancel) button: the queue
+    page's forms (they return to the queue page). A task in flight or done has none."""
+    if state not in (DEAD, AVAILABLE, DELAYED):
+        return ""
+    requeue = form("/queue/requeue", queue, csrf, {"id": task_id}, "Requeue", "requeue") if state == DEAD else ""
+    return ('<div class="task-actions">' + requeue
             + form("/queue/delete", queue, csrf, {"id": task_id}, "Delete", "delete",
                    confirm="Delete this task for good?")
             + "</div>")
@@ -127,7 +130,7 @@ def render(state, queue: bytes, row: tuple, figures, csrf: str) -> bytes:
     body = [header(state, figures),
             f'<main><p><a href="/">← queues</a> · queue {queue_link(queue)}</p>'
             f'<h1>task <span class="id">{text(task_id)}</span></h1>',
-            actions(queue, task_id, csrf) if row[STATE] == DEAD else "",
+            actions(queue, task_id, row[STATE], csrf),
             facts_table(row, now), failure_section(row[FAILURE], now), fields_section(row[2]), "</main>"]
     title = f"{task_id} in {shown_name(queue).decode('utf-8', 'replace')}"
     return page(title, "".join(body), refresh=False)  # a still page: the reason stays put while it is read
