@@ -370,7 +370,7 @@ def table_flags(doc) -> set[str]:
             for cell in line.split("|") if (match := re.match(r"\s*`(--[a-z][a-z-]*)", cell))}
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/usage.md"])
+@pytest.mark.parametrize("doc", ["docs/reference/options.md", "docs/usage.md"])
 def test_every_option_of_ezra_help_has_a_row_in_the_options_tables(doc):
     flags = help_flags()
     assert len(flags) > 20 and "--disk-reserve" in flags
@@ -554,7 +554,7 @@ def test_every_metric_the_alerts_name_is_served(ezra_factory):
 # ------------------------------------------------------------------ what a restore loses
 
 def test_a_restore_loses_what_came_after_the_backup_and_redelivers_what_was_acked_since(ezra_factory, tmp_path):
-    """The README's restore steps, as docs/operations.md counts them: tasks pushed after the
+    """The restore steps (docs/guides/backups.md), as docs/operations.md counts them: tasks pushed after the
     backup are gone; tasks acked after it are delivered again (at-least-once)."""
     import shutil
     server = ezra_factory()

@@ -177,7 +177,7 @@ def test_hadolint():
 
 def docker_run_commands() -> list[list[str]]:
     commands = []
-    for doc in (ROOT / "README.md", ROOT / "docs" / "usage.md"):
+    for doc in (ROOT / "README.md", ROOT / "docs" / "getting-started.md", ROOT / "docs" / "usage.md"):
         for line in doc.read_text().splitlines():
             if "docker run " in line:
                 command = line[line.index("docker run "):].split("`")[0].split("#")[0]
@@ -354,7 +354,7 @@ def help_defaults() -> dict[str, str]:
 def documented_defaults() -> list[tuple[str, str, str]]:
     """(document, flag, default) for each table row that gives a default in backticks."""
     rows = []
-    for doc in (ROOT / "README.md", ROOT / "docs" / "usage.md"):
+    for doc in (ROOT / "docs" / "reference" / "options.md", ROOT / "docs" / "usage.md"):
         for line in doc.read_text().splitlines():
             cells = [cell.strip() for cell in line.split("|")]
             flags = [i for i, cell in enumerate(cells) if re.fullmatch(r"`--[a-z-]+`", cell)]
