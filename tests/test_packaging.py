@@ -256,6 +256,16 @@ def test_release_publishes_binaries_with_checksums_and_an_image(workflow):
     assert set(push[0]["with"]["platforms"].split(",")) == {"linux/amd64", "linux/arm64"}
 
 
+
+def test_release_publishes_the_sdist_and_wheel_to_pypi_by_trusted_publishing(workflow):
+    """Issue 48: beside the binaries and the image; no token, an OIDC id-token instead."""
+    job = workflow["jobs"]["pypi"]
+    assert job["needs"] == "binary" and job["permissions"] == {"id-token": "write"}
+    text = steps_text(job)
+    assert "python -m build" in text and "twine check" in text
+    assert any(step.get("uses", "").startswith("pypa/gh-action-pypi-publish@") for step in job["steps"])
+    assert "password" not in text, "trusted publishing takes no token"
+
 # ------------------------------------------------------------------ docs, systemd, entry points
 
 def test_usage_doc_covers_every_option():
