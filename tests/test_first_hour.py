@@ -210,10 +210,33 @@ def ezra(*args: str, cwd=ROOT, timeout: float = 60) -> subprocess.CompletedProce
 def test_help_lists_every_other_command_and_no_dead_link():
     result = ezra("--help")
     assert result.returncode == 0, result.stderr
-    epilog = " ".join(result.stdout.split("other commands", 1)[1].split())
+    commands = result.stdout.split("commands (each has --help):", 1)[1].split("options:", 1)[0]
     for command in ("ping", "backup", "stats", "ls", "requeue", "export", "import"):
-        assert f"'ezra {command}" in epilog, command
+        assert re.search(rf"^  {command} .*ezra {command}", commands, flags=re.M), command
+    epilog = " ".join(result.stdout.split())
     assert "goo.gl" not in result.stdout and "config file (--config FILE)" in epilog
+
+
+def test_help_is_short_usage_then_commands_then_options_by_group():
+    """Issue 48: the usage line was 20 lines and the commands came last (174 lines in all)."""
+    out = ezra("--help").stdout
+    usage = out.split("\n\n", 1)[0]
+    assert usage.startswith("usage: ezra") and len(usage.splitlines()) <= 3, usage
+    assert out.index("commands (each has --help):") < out.index("\noptions:") < out.index("\nserver:")
+    from ezra.config import OPTION_GROUPS, build_parser
+    grouped = {flag for flags in OPTION_GROUPS.values() for flag in flags}
+    every = {flag for action in build_parser()._actions for flag in action.option_strings if flag.startswith("--")}
+    assert every - grouped == {"--help", "--config", "--version"}, "a new option needs its group in OPTION_GROUPS"
+    for title in OPTION_GROUPS:
+        assert f"\n{title}:\n" in out, title
+
+
+@pytest.mark.parametrize("command", ["ping", "backup", "stats", "ls", "requeue", "export", "import"])
+def test_each_command_has_its_own_short_help(command):
+    result = ezra(command, "--help")
+    assert result.returncode == 0, result.stderr
+    usage = result.stdout.split("\n\n", 1)[0]
+    assert usage.startswith(f"usage: ezra {command}") and len(usage.splitlines()) <= 5, usage
 
 
 def test_a_mistyped_command_suggests_the_near_one():
