@@ -4,6 +4,7 @@ page left out of mkdocs.yml's nav. scripts/test.sh builds it too, into build/sit
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -37,3 +38,29 @@ def test_the_nav_has_the_issues_sections_and_every_page():
     listed = set(pages(config["nav"]))
     on_disk = {str(path.relative_to(ROOT / "docs")) for path in (ROOT / "docs").rglob("*.md")} - {"README.md"}
     assert listed == on_disk
+
+
+def fragments(text: str) -> list[str]:
+    """Prose lines that start in lower case right after a line that ended a sentence: the tail
+    of a sentence whose start was edited away (docs/dramatiq.md ended in one)."""
+    found, fence, previous = [], False, ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence, previous = not fence, ""
+            continue
+        if fence or line.startswith(("|", "#")):
+            previous = ""
+            continue
+        end = previous.rstrip()
+        if end.endswith(".") and not end.endswith("..") and re.match(r"[a-z]", line) \
+                and not re.search(r"\b(e\.g|i\.e|etc|vs)\.$", end):
+            found.append(line)
+        previous = line
+    return found
+
+
+def test_no_page_has_a_sentence_fragment():
+    assert fragments("The runs were interleaved.\nthe same evening, so the gap is the server's.\n"), "control"
+    pages = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+    found = {str(page.relative_to(ROOT)): fragments(page.read_text()) for page in pages}
+    assert {page: lines for page, lines in found.items() if lines} == {}

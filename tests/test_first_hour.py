@@ -590,9 +590,14 @@ def test_a_restore_loses_what_came_after_the_backup_and_redelivers_what_was_acke
     acked = [task_id for _, tasks in client.xreadgroup("g", "w", {"emails": ">"}, count=2) for task_id, _ in tasks]
     assert client.xack("emails", "g", *acked) == 2
     assert server.stop() == 0
+    left = {path.name for path in server.data_dir.iterdir()}
+    assert "ezra.counts" in left and not left & {"ezra.db-wal", "ezra.db-shm"}, \
+        f"the guide says what a clean stop leaves: {left}"
+    steps = (ROOT / "docs" / "guides" / "backups.md").read_text()
+    assert "`ezra.counts`" in steps and "if they are there" in steps
     aside = tmp_path / "aside"
     aside.mkdir()
-    for name in ("ezra.db", "ezra.db-wal", "ezra.db-shm"):  # "move ezra.db, -wal and -shm out"
+    for name in ("ezra.db", "ezra.counts", "ezra.db-wal", "ezra.db-shm"):  # the guide's step 2
         if (server.data_dir / name).exists():
             shutil.move(str(server.data_dir / name), str(aside / name))
     shutil.copyfile(copy, server.data_dir / "ezra.db")
