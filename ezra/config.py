@@ -194,8 +194,12 @@ def group_options(parser: configargparse.ArgParser) -> None:
             group._group_actions.append(action)
 
 
-class HelpFormatter(configargparse.ArgumentDefaultsHelpFormatter, configargparse.RawDescriptionHelpFormatter):
-    """Defaults after each option's help; the description and epilog laid out as written."""
+def help_formatter() -> type:
+    """Defaults after each option's help; the description and epilog laid out as written. Made
+    per parser: the parser's modules are let go once the options are parsed (lean_imports.py),
+    and a class made at import would hold the first argparse's classes."""
+    return type("HelpFormatter", (configargparse.ArgumentDefaultsHelpFormatter,
+                                  configargparse.RawDescriptionHelpFormatter), {})
 
 
 def build_parser() -> configargparse.ArgParser:
@@ -203,7 +207,7 @@ def build_parser() -> configargparse.ArgParser:
         prog="ezra", usage=USAGE, description=COMMANDS_HELP, epilog=EPILOG,
         # configargparse's own notes end in a dead short link and repeat the epilog's precedence
         add_config_file_help=False, add_env_var_help=False,
-        formatter_class=HelpFormatter,
+        formatter_class=help_formatter(),
     )
     add = parser.add_argument
     add("--config", is_config_file=True, env_var="EZRA_CONFIG",
