@@ -22,7 +22,8 @@
 
 Routing keys name queues (direct exchanges only). EZRA has no fanout or pub/sub, so the
 transport does not offer them: Celery then leaves remote control, mingle and gossip out, and
-the events it would publish (worker -E, heartbeats) are dropped with a warning.
+the events it would publish are dropped: task events (worker -E) with a warning, the worker's
+own online/heartbeat events (sent with events off too) with a debug line.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ import threading
 import uuid
 from datetime import datetime, timezone
 from queue import Empty
+from urllib.parse import quote
 
 import redis
 from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.utils.json import dumps, loads
+from kombu.utils.url import as_url
 
 from .framework_leases import LeaseKeeper, visibility_timeout
 
@@ -180,8 +183,13 @@ class Channel(virtual.Channel):
     def basic_publish(self, message, exchange, routing_key, **kwargs):
         kind = self.state.exchanges.get(exchange, {}).get("type", "direct") if exchange else "direct"
         if kind != "direct":  # Celery's events and remote control: no fanout or pub/sub on EZRA
-            warn_once(f"a message to the {kind} exchange {exchange!r} (Celery's events or remote control) "
-                      "was dropped: EZRA has no fanout or pub/sub; see docs/celery.md")
+            text = (f"a message to the {kind} exchange {exchange!r} (Celery's events or remote control) "
+                    "was dropped: EZRA has no fanout or pub/sub; see docs/celery.md")
+            if exchange == "celeryev" and str(routing_key).startswith("worker."):
+                # every worker sends its own online/heartbeat events, events on or off: not worth a warning
+                debug_once(f"{text} (routing key {routing_key})")
+            else:
+                warn_once(text)
             return None
         return super().basic_publish(message, exchange, routing_key, **kwargs)
 
@@ -315,6 +323,12 @@ def warn_once(text: str) -> None:
         logger.warning(text)
 
 
+def debug_once(text: str) -> None:
+    if text not in WARNED:
+        WARNED.add(text)
+        logger.debug(text)
+
+
 class Transport(virtual.Transport):
     """kombu's transport for `ezra://host:port` and `ezras://` (TLS); a password as in redis://."""
 
@@ -330,6 +344,18 @@ class Transport(virtual.Transport):
     def __init__(self, client, **kwargs):
         super().__init__(client, **kwargs)
         self.consumers_changed = threading.Event()
+        # kombu parses the URL (the class says can_parse_url = False); this instance's True only
+        # makes Connection.as_uri ask as_uri below for the URL that logs and Celery's banner show
+        self.can_parse_url = True
+
+    def as_uri(self, uri, include_password=False, mask="**"):
+        """The URL for logs, with the password masked if there is one (kombu's own masks a missing
+        one too: `ezra://:**@127.0.0.1:42002//` for a server with no password)."""
+        client = self.client
+        scheme = client.transport_cls if isinstance(client.transport_cls, str) else "ezra"
+        return as_url(scheme, client.hostname or "localhost", client.port or DEFAULT_PORT, client.userid,
+                      client.password or None, quote(client.virtual_host or "/"),
+                      sanitize=not include_password, mask=mask)
 
     def driver_version(self):
         return redis.__version__

@@ -147,23 +147,67 @@ def schedule_line(text: str) -> str:
     return text
 
 
+USAGE = """ezra [OPTION ...]                 run the server (the options below)
+       ezra COMMAND [OPTION ...]         one of the commands below; ezra COMMAND --help"""
+
+COMMANDS_HELP = """EZRA: a persistent task queue that speaks the Redis protocol (XADD / XREADGROUP /
+XACK / XNACK), stored in one SQLite file.
+
+commands (each has --help):
+  ping       check that a running server answers (exit 0 if it does): ezra ping --port N
+  stats      every queue's counts on a running server: ezra stats [--watch]
+  ls         a queue's tasks by state: ezra ls QUEUE [--state dead]
+  requeue    move dead tasks back: ezra requeue QUEUE --all
+  backup     copy the live database: ezra backup DEST.db
+  export     move queues to Redis: ezra export --to redis://HOST
+  import     bring queues from Redis: ezra import --from redis://HOST"""
+
+EPILOG = """Every option can also be set in a config file (--config FILE), one 'option = value'
+line each (e.g. 'visibility-timeout = 60'; lists as 'queue = [a ..., b ...]'). A flag
+beats its EZRA_* environment variable, which beats the file, which beats the default."""
+
+
+# --help shows the options by group, in this order; --help, --version and --config stay first.
+OPTION_GROUPS = {
+    "server": ("--port", "--bind", "--data-dir", "--log-level", "--max-clients"),
+    "queues and tasks (XCFGSET sets them per queue)": (
+        "--visibility-timeout", "--max-attempts", "--retention-seconds", "--backoff",
+        "--release-on-disconnect", "--max-task-size", "--queue", "--schedule"),
+    "durability and the data directory": ("--durability", "--disk-reserve", "--backup-dir", "--lock-timeout"),
+    "security: password, TLS, protected mode": (
+        "--password", "--protected-mode", "--tls-cert-file", "--tls-key-file", "--tls-ca-cert-file",
+        "--max-unauthenticated-per-host", "--auth-timeout"),
+    "slow and silent clients": ("--client-send-timeout", "--client-frame-timeout", "--tcp-keepalive"),
+    "HTTP: /metrics, /healthz and the dashboard": ("--http-port", "--metrics-queues", "--http-request-timeout"),
+}
+
+
+def group_options(parser: configargparse.ArgParser) -> None:
+    """Move each option of OPTION_GROUPS from the parser's one list into its group (help only:
+    parsing does not look at groups)."""
+    by_flag = {flag: action for action in parser._optionals._group_actions for flag in action.option_strings}
+    for title, flags in OPTION_GROUPS.items():
+        group = parser.add_argument_group(title)
+        for flag in flags:
+            action = by_flag[flag]
+            parser._optionals._group_actions.remove(action)
+            group._group_actions.append(action)
+
+
+def help_formatter() -> type:
+    """Defaults after each option's help; the description and epilog laid out as written. Made
+    per parser: the parser's modules are let go once the options are parsed (lean_imports.py),
+    and a class made at import would hold the first argparse's classes."""
+    return type("HelpFormatter", (configargparse.ArgumentDefaultsHelpFormatter,
+                                  configargparse.RawDescriptionHelpFormatter), {})
+
+
 def build_parser() -> configargparse.ArgParser:
     parser = configargparse.ArgParser(
-        prog="ezra",
-        description="EZRA: a persistent task queue that speaks the Redis protocol "
-                    "(XADD / XREADGROUP / XACK / XNACK), stored in one SQLite file.",
-        epilog="other commands (each has --help): 'ezra ping [--port N]' checks a running server (exit 0 "
-               "if it answers); 'ezra backup DEST.db' copies the live database; 'ezra stats [--watch]', "
-               "'ezra ls QUEUE [--state dead]' and 'ezra requeue QUEUE --all' inspect a running server; "
-               "'ezra export --to redis://HOST' and 'ezra import --from redis://HOST' move queues to and "
-               "from Redis. "
-               "Every option can also be set in a config file (--config FILE), one 'option = value' "
-               "line each (e.g. 'visibility-timeout = 60'; lists as 'queue = [a ..., b ...]'). "
-               "A flag beats its EZRA_* environment variable, which beats the file, which beats the "
-               "default.",
+        prog="ezra", usage=USAGE, description=COMMANDS_HELP, epilog=EPILOG,
         # configargparse's own notes end in a dead short link and repeat the epilog's precedence
         add_config_file_help=False, add_env_var_help=False,
-        formatter_class=configargparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=help_formatter(),
     )
     add = parser.add_argument
     add("--config", is_config_file=True, env_var="EZRA_CONFIG",
@@ -271,6 +315,7 @@ def build_parser() -> configargparse.ArgParser:
     for action in parser._actions:  # what add_env_var_help did, without its closing sentence
         if getattr(action, "env_var", None):
             action.help = f"{action.help or ''}   [env var: {action.env_var}]"
+    group_options(parser)
     return parser
 
 

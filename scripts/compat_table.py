@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Turn what the compatibility tests ran into Markdown: docs/compatibility.md and the
-README's "## Compatibility" section (the same text).
+"""Turn what the compatibility tests ran into Markdown: docs/compatibility.md (the README
+links to it).
 
 tests/test_clients.py writes build/compat/clients.json (client, version, protocol,
 settings, status per case), tests/test_worker_libs.py, tests/test_worker_libs_trim.py and
@@ -11,7 +11,7 @@ version, scenarios, graduation, intended differences with both replies).
 
     python -m pytest tests/test_clients.py tests/test_worker_libs.py tests/test_worker_libs_trim.py \
         tests/test_parity.py
-    python scripts/compat_table.py --write    # docs/compatibility.md and README.md
+    python scripts/compat_table.py --write    # docs/compatibility.md
     python scripts/compat_table.py            # or just print it
 """
 
@@ -23,7 +23,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPAT = ROOT / "build" / "compat"
-SECTION, NEXT_SECTION = "## Compatibility", "## Decisions where the spec is silent"
 
 
 def cell(text: str) -> str:
@@ -181,14 +180,7 @@ def render() -> str | None:
 
 
 def write(text: str) -> None:
-    """docs/compatibility.md, and the README's section from its heading to the next one."""
     (ROOT / "docs" / "compatibility.md").write_text(text)
-    readme = ROOT / "README.md"
-    before, found, rest = readme.read_text().partition(SECTION + "\n")
-    _, found_next, after = rest.partition(NEXT_SECTION + "\n")
-    if not (found and found_next):
-        raise SystemExit(f"README.md: no '{SECTION}' section followed by '{NEXT_SECTION}'")
-    readme.write_text(before + text + "\n" + NEXT_SECTION + "\n" + after)
 
 
 def main(argv: list[str]) -> int:

@@ -125,7 +125,7 @@ def test_idle_half_frame_is_closed_after_the_frame_timeout(ezra_factory):
 HOSTILE_NAMES = [
     b'q"uote', b"q'uote", b"back`tick", b"a\x00b", b"a", b"\x00", b"::dead", b"::dead::x", b"x::dead:dead",
     b"::deadx", b"tasks; DROP TABLE tasks; --", b"' OR '1'='1", b"%_*?[]", b"\xff\xfe invalid utf-8",
-    b"\\", b"\r\n*1\r\n$4\r\nPING", b"n" * 256,  # the longest name a new queue may have (README, "Limits")
+    b"\\", b"\r\n*1\r\n$4\r\nPING", b"n" * 256,  # the longest name a new queue may have (docs/reference/limits.md)
 ]
 
 

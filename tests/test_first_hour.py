@@ -210,10 +210,33 @@ def ezra(*args: str, cwd=ROOT, timeout: float = 60) -> subprocess.CompletedProce
 def test_help_lists_every_other_command_and_no_dead_link():
     result = ezra("--help")
     assert result.returncode == 0, result.stderr
-    epilog = " ".join(result.stdout.split("other commands", 1)[1].split())
+    commands = result.stdout.split("commands (each has --help):", 1)[1].split("options:", 1)[0]
     for command in ("ping", "backup", "stats", "ls", "requeue", "export", "import"):
-        assert f"'ezra {command}" in epilog, command
+        assert re.search(rf"^  {command} .*ezra {command}", commands, flags=re.M), command
+    epilog = " ".join(result.stdout.split())
     assert "goo.gl" not in result.stdout and "config file (--config FILE)" in epilog
+
+
+def test_help_is_short_usage_then_commands_then_options_by_group():
+    """Issue 48: the usage line was 20 lines and the commands came last (174 lines in all)."""
+    out = ezra("--help").stdout
+    usage = out.split("\n\n", 1)[0]
+    assert usage.startswith("usage: ezra") and len(usage.splitlines()) <= 3, usage
+    assert out.index("commands (each has --help):") < out.index("\noptions:") < out.index("\nserver:")
+    from ezra.config import OPTION_GROUPS, build_parser
+    grouped = {flag for flags in OPTION_GROUPS.values() for flag in flags}
+    every = {flag for action in build_parser()._actions for flag in action.option_strings if flag.startswith("--")}
+    assert every - grouped == {"--help", "--config", "--version"}, "a new option needs its group in OPTION_GROUPS"
+    for title in OPTION_GROUPS:
+        assert f"\n{title}:\n" in out, title
+
+
+@pytest.mark.parametrize("command", ["ping", "backup", "stats", "ls", "requeue", "export", "import"])
+def test_each_command_has_its_own_short_help(command):
+    result = ezra(command, "--help")
+    assert result.returncode == 0, result.stderr
+    usage = result.stdout.split("\n\n", 1)[0]
+    assert usage.startswith(f"usage: ezra {command}") and len(usage.splitlines()) <= 5, usage
 
 
 def test_a_mistyped_command_suggests_the_near_one():
@@ -370,7 +393,7 @@ def table_flags(doc) -> set[str]:
             for cell in line.split("|") if (match := re.match(r"\s*`(--[a-z][a-z-]*)", cell))}
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/usage.md"])
+@pytest.mark.parametrize("doc", ["docs/reference/options.md", "docs/usage.md"])
 def test_every_option_of_ezra_help_has_a_row_in_the_options_tables(doc):
     flags = help_flags()
     assert len(flags) > 20 and "--disk-reserve" in flags
@@ -554,7 +577,7 @@ def test_every_metric_the_alerts_name_is_served(ezra_factory):
 # ------------------------------------------------------------------ what a restore loses
 
 def test_a_restore_loses_what_came_after_the_backup_and_redelivers_what_was_acked_since(ezra_factory, tmp_path):
-    """The README's restore steps, as docs/operations.md counts them: tasks pushed after the
+    """The restore steps (docs/guides/backups.md), as docs/operations.md counts them: tasks pushed after the
     backup are gone; tasks acked after it are delivered again (at-least-once)."""
     import shutil
     server = ezra_factory()
@@ -567,9 +590,14 @@ def test_a_restore_loses_what_came_after_the_backup_and_redelivers_what_was_acke
     acked = [task_id for _, tasks in client.xreadgroup("g", "w", {"emails": ">"}, count=2) for task_id, _ in tasks]
     assert client.xack("emails", "g", *acked) == 2
     assert server.stop() == 0
+    left = {path.name for path in server.data_dir.iterdir()}
+    assert "ezra.counts" in left and not left & {"ezra.db-wal", "ezra.db-shm"}, \
+        f"the guide says what a clean stop leaves: {left}"
+    steps = (ROOT / "docs" / "guides" / "backups.md").read_text()
+    assert "`ezra.counts`" in steps and "if they are there" in steps
     aside = tmp_path / "aside"
     aside.mkdir()
-    for name in ("ezra.db", "ezra.db-wal", "ezra.db-shm"):  # "move ezra.db, -wal and -shm out"
+    for name in ("ezra.db", "ezra.counts", "ezra.db-wal", "ezra.db-shm"):  # the guide's step 2
         if (server.data_dir / name).exists():
             shutil.move(str(server.data_dir / name), str(aside / name))
     shutil.copyfile(copy, server.data_dir / "ezra.db")

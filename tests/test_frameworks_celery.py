@@ -194,3 +194,25 @@ def test_ezras_speaks_tls(ezra_factory, certificates, queue, python, workers):
     wait_until(lambda: counts(client, queue)["done"] == 5, 30, message=f"5 tasks done over TLS ({worker.log})")
     once(worker.lines("DONE"), 5)
     client.close()
+
+
+@pytest.mark.parametrize("password", [None, "s3cret"], ids=["no-password", "password"])
+def test_a_worker_without_events_starts_without_a_warning_and_its_banner_shows_no_missing_password(
+        ezra_factory, queue, python, workers, password):
+    """Issue 48: every worker start logged a WARNING that a celeryev message was dropped (its own
+    online/heartbeat events, sent with events off), and the banner read ezra://:**@ with no
+    password. Now those events go to the debug log, and ** stands only for a real password.
+    (test_500_tasks_run_exactly_once's solo worker, with -E, still gets the warning.)"""
+    server = ezra_factory(*(["--password", password] if password else []))
+    client = server.client(password=password)
+    env = app_env(server, queue, **({"PASSWORD": password} if password else {}))
+    worker = celery_worker(workers, python, env, "solo")
+    ready(worker, client)
+    produce(python, "celery_app", "produce(3)", env)
+    wait_until(lambda: counts(client, queue)["done"] == 3, 30, message=f"3 tasks done ({worker.log})")
+    output = worker.output()
+    assert "was dropped" not in output, output[-3000:]
+    expected = f"ezra://{':**@' if password else ''}127.0.0.1:{server.port}//"
+    assert f"transport:   {expected}" in output and f"Connected to {expected}" in output, output[:3000]
+    assert password is None or f":{password}@" not in output
+    client.close()

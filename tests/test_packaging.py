@@ -177,7 +177,7 @@ def test_hadolint():
 
 def docker_run_commands() -> list[list[str]]:
     commands = []
-    for doc in (ROOT / "README.md", ROOT / "docs" / "usage.md"):
+    for doc in (ROOT / "README.md", ROOT / "docs" / "getting-started.md", ROOT / "docs" / "usage.md"):
         for line in doc.read_text().splitlines():
             if "docker run " in line:
                 command = line[line.index("docker run "):].split("`")[0].split("#")[0]
@@ -255,6 +255,16 @@ def test_release_publishes_binaries_with_checksums_and_an_image(workflow):
     assert push and push[0]["with"]["push"] is True
     assert set(push[0]["with"]["platforms"].split(",")) == {"linux/amd64", "linux/arm64"}
 
+
+
+def test_release_publishes_the_sdist_and_wheel_to_pypi_by_trusted_publishing(workflow):
+    """Issue 48: beside the binaries and the image; no token, an OIDC id-token instead."""
+    job = workflow["jobs"]["pypi"]
+    assert job["needs"] == "binary" and job["permissions"] == {"id-token": "write"}
+    text = steps_text(job)
+    assert "python -m build" in text and "twine check" in text
+    assert any(step.get("uses", "").startswith("pypa/gh-action-pypi-publish@") for step in job["steps"])
+    assert "password" not in text, "trusted publishing takes no token"
 
 # ------------------------------------------------------------------ docs, systemd, entry points
 
@@ -354,7 +364,7 @@ def help_defaults() -> dict[str, str]:
 def documented_defaults() -> list[tuple[str, str, str]]:
     """(document, flag, default) for each table row that gives a default in backticks."""
     rows = []
-    for doc in (ROOT / "README.md", ROOT / "docs" / "usage.md"):
+    for doc in (ROOT / "docs" / "reference" / "options.md", ROOT / "docs" / "usage.md"):
         for line in doc.read_text().splitlines():
             cells = [cell.strip() for cell in line.split("|")]
             flags = [i for i, cell in enumerate(cells) if re.fullmatch(r"`--[a-z-]+`", cell)]

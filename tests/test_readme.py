@@ -32,3 +32,20 @@ def test_readme_first_lines_are_the_setup_commands():
     assert block[0].startswith("pip install . && ezra")
     assert block[1].startswith("./scripts/test.sh")
     assert (ROOT / ".ci" / "run").read_text().count("scripts/test.sh") == 1
+
+
+def test_readme_is_a_front_door_with_the_example_on_its_first_screen():
+    """Issue 48: at most 250 lines, the producer+worker block within the first 80."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, len(lines)
+    example_end = next(i for i, line in enumerate(lines) if "r.xreadgroup(" in line)
+    assert example_end < 80, example_end
+
+
+def test_readme_links_lead_to_files_that_exist():
+    text = (ROOT / "README.md").read_text()
+    targets = [target.split("#")[0] for target in re.findall(r"\]\(([^)]+)\)", text)
+               if not target.startswith(("http", "#"))]
+    assert len(targets) > 20
+    missing = sorted({target for target in targets if not (ROOT / target).exists()})
+    assert missing == [], missing

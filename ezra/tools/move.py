@@ -3,7 +3,7 @@
     ezra export --to redis://host:port[/db] [--port N | --data-dir DIR] [--dry-run] [QUEUE ...]
     ezra import --from redis://host:port[/db] [--port N | --data-dir DIR] [--dry-run] QUEUE ...
 
-What maps to what (README "Moving to Redis (and back)", docs/usage.md):
+What maps to what (docs/guides/moving-to-redis.md, docs/usage.md):
 
     EZRA queue q                        Redis
     available, delayed, in-flight  ->   entries of stream q, same id and fields, new to the group

@@ -53,6 +53,8 @@ def build_ping_parser():
     """The server's parser (same flags, environment and config file) plus --timeout."""
     parser = build_parser()
     parser.prog = "ezra ping"
+    parser.usage = "ezra ping [--port N] [--bind ADDRESS] [--password P] [--timeout S] [OPTION ...]"
+    parser.epilog = None
     parser.description = ("Check that the EZRA server configured by these options answers PING: "
                           "exit 0 if it does, 1 if not. Options not about reaching the server are ignored.")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,

@@ -389,7 +389,12 @@ class Handler(WSGIHandler):
 
     def read_requestline(self):
         self.reader.start_request()  # the deadline runs until the body has been read
-        return super().read_requestline()
+        # Between requests (a browser's keep-alive connection): nothing to finish at a stop
+        self.server.between_requests.add(self.socket)
+        try:
+            return super().read_requestline()
+        finally:
+            self.server.between_requests.discard(self.socket)
 
     def _handle_client_error(self, ex):
         """pywsgi's hook for bad client input: one log line, never a traceback. A stall or a
@@ -416,6 +421,21 @@ class TimedWSGIServer(WSGIServer):
     client_timeout: float | None = None
     request_timeout: float = 5.0
     handler_class = Handler
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.between_requests: set = set()  # sockets waiting for their next request line
+
+    def stop(self, timeout=None):
+        """Close the connections that wait between requests at once (the dashboard keeps one
+        open: a stop waited the whole `timeout` for it, 1 s); requests under way get `timeout`."""
+        self.close()  # no new connection meanwhile
+        for sock in list(self.between_requests):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # its read ends: the handler returns and closes it
+            except OSError as exc:
+                logger.debug("http: closing an idle connection at stop: {}", exc)
+        super().stop(timeout)
 
     def wrap_socket_and_handle(self, client_socket, address):
         """TLS: the handshake within the request deadline; a failed one (plain HTTP, a scan) is one line."""
