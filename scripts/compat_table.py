@@ -146,7 +146,7 @@ def commands_part() -> list[str]:
             "Delete button) while nobody holds it; once a worker holds it, the worker decides (`XACK`, or",
             "`XNACK ... FATAL`, then `XDEL q::dead id` deletes the dead task). `XNACK ... FORCE` reaches a",
             "task nobody holds too: `SILENT` makes a delayed task available now, `FATAL` makes it dead.",
-            "docs/usage.md, \"Cancelling a task\", has the table.", "",
+            "The table is in [Running EZRA](usage.md#cancelling-a-task-xdel), \"Cancelling a task\".", "",
             "**`entries-read` is an integer.** `XINFO GROUPS` and `XINFO STREAM FULL` answer the number of",
             "tasks the queue's group delivered, `0` for a group that was never delivered anything, where",
             "Redis answers nil until the group reads.", "",
