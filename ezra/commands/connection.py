@@ -294,7 +294,7 @@ def info_persistence(state: ServerState, figures):
             ("durability", state.settings.durability), ("commit_batches", figures.batches),
             ("wal_fsyncs", figures.fsyncs),
             ("committed_requests", figures.committed_requests), ("aof_enabled", 0), ("rdb_changes_since_last_save", 0),
-            ("database_integrity", integrity.state),
+            ("database_integrity", integrity.state), ("unreadable_tasks", figures.unreadable_tasks),
             *([("database_corruption", integrity.reason)] if integrity.corrupt else [])]
 
 

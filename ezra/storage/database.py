@@ -21,7 +21,7 @@ from itertools import chain, repeat
 from loguru import logger
 
 from .. import errors, lifecycle
-from . import acks, done_counts, reads, row_ranges
+from . import acks, done_counts, hand_rows, reads, row_ranges
 from .reads import INSPECT_COLUMNS, tasks_by_id
 from .integrity import Integrity
 from .producers import IdempotentProducers
@@ -104,6 +104,11 @@ class Database:
         # from the file once, forgotten at a rollback (a queue made in the batch is gone again).
         self._spans: dict[bytes, tuple[int, int]] = {}
         self._next_rows: dict[bytes, tuple[int, int]] = {}  # (next row id, the range's last)
+        # Writes by other connections (the sqlite3 shell) while the server runs: SQLite's count of
+        # them, which a stop compares (`close`), and whether a push met a row it did not write.
+        self._data_version = conn.execute("PRAGMA data_version").fetchone()[0]
+        self.rows_written_by_others = False
+        self.unreadable_set_aside = hand_rows.count(conn)  # tasks in unreadable_tasks (storage/hand_rows.py)
 
     # -- transactions (driven by writer.py)
 
@@ -120,12 +125,47 @@ class Database:
             self.conn.execute("ROLLBACK")
 
     def close(self) -> None:
+        if self.counts_to_save is not None and self.written_by_others():
+            # Not the counts of what the next start finds: it reads every row, and puts in place the
+            # rows written meanwhile (storage/hand_rows.py).
+            logger.warning("{} was written by another connection while the server ran (the sqlite3 shell?): "
+                           "the next start checks every task's row", self.path)
+            self.counts_to_save = None
         self.wal.close()
         if self._checkpointer is not None:
             self._checkpointer.close()
         self.conn.close()  # the last connection: SQLite checkpoints and removes the WAL
         if self.counts_to_save is not None and not self.integrity.corrupt:
             done_counts.save(os.path.dirname(self.path), self.path, self.counts_to_save)
+
+    def written_by_others(self) -> bool:
+        """Whether another connection wrote to the file since it was opened (PRAGMA data_version
+        counts others' commits: not this connection's, nor a checkpoint's)."""
+        if self.rows_written_by_others:
+            return True
+        try:
+            return self.conn.execute("PRAGMA data_version").fetchone()[0] != self._data_version
+        except sqlite3.Error as exc:
+            logger.warning("cannot tell whether {} was written by another connection ({}): the next start "
+                           "checks every task's row", self.path, exc)
+            return True
+
+    def _row_taken(self, queue: bytes, rowids: tuple[int, int], exc: sqlite3.IntegrityError) -> bool:
+        """A push met a row at a row id its queue's next: one written by another connection while
+        the server runs (the sqlite3 shell gives a row the largest row id plus one). True: the
+        queue's next row id is read again (after that row) and the push goes on; the next start
+        puts the row in its own queue (`close`). False: another constraint, the caller's error."""
+        if "tasks.rowid" not in str(exc):
+            return False
+        row = self.conn.execute("SELECT rowid, queue, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? LIMIT 1",
+                                rowids).fetchone()
+        logger.warning("a push to queue {!r} found row {} taken by a row it did not write (task {}; written by "
+                       "hand while the server runs?): the push takes the next free row id, and the next start "
+                       "puts that row in its own queue", queue, rowids[0] if row is None else row[0],
+                       None if row is None else f"{row[2]}-{row[3]} of queue {row[1]!r}")
+        self.rows_written_by_others = True
+        self._next_rows.pop(queue, None)
+        return True
 
     def wal_size(self) -> int:
         """Bytes in the WAL file (one fstat): above `wal_limit`, time for a checkpoint."""
@@ -340,26 +380,33 @@ class Database:
         `state` come from imports (XADD ATTEMPTS, FAILURE, XADD q::dead); `unique_key` from XADD
         UNIQUE (storage/unique_keys.py: the caller asked for the key's holder first)."""
         rowid, high = self._new_rows(queue, 1)
-        if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None and failure is None and unique_key is None:
-            # Nearly every push: the other columns' defaults are the schema's, so 7 values are bound,
-            # not 14 (when it was 6 against 10: 0.8 µs less per push, 5.4 -> 4.6 µs a statement).
-            self.conn.execute(
-                "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
-                f"VALUES (?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})",
-                (rowid, name_value(queue), task_id[0], task_id[1], fields, now, available_at))
-        else:
-            self.conn.execute(
-                "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-                "finished_at, ttl_ms, failure, unique_key, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (rowid, name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
-                 now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure),
-                 None if unique_key is None else name_value(unique_key), claim_room(state)))
+        try:
+            if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None and failure is None and unique_key is None:
+                # Nearly every push: the other columns' defaults are the schema's, so 7 values are bound,
+                # not 14 (when it was 6 against 10: 0.8 µs less per push, 5.4 -> 4.6 µs a statement).
+                self.conn.execute(
+                    "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
+                    f"VALUES (?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})",
+                    (rowid, name_value(queue), task_id[0], task_id[1], fields, now, available_at))
+            else:
+                self.conn.execute(
+                    "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
+                    "finished_at, ttl_ms, failure, unique_key, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (rowid, name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
+                     now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure),
+                     None if unique_key is None else name_value(unique_key), claim_room(state)))
+        except sqlite3.IntegrityError as exc:
+            if not self._row_taken(queue, (rowid, rowid), exc):
+                raise
+            return self.insert_task(queue, task_id, fields, now, available_at, state, ttl_ms, attempts, failure,
+                                    unique_key)
         self._next_rows[queue] = (rowid + 1, high)
         return rowid
 
-    def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range:
+    def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range | list[int]:
         """Pushed tasks, (id_ms, id_seq, fields as stored) each, available now: their row ids, the
-        queue's next ones. Statements of many rows each (INSERT_ROWS)."""
+        queue's next ones (a list, not a range, when a row written by hand was in the way).
+        Statements of many rows each (INSERT_ROWS)."""
         first, high = self._new_rows(queue, len(tasks))
         name, start = name_value(queue), 0
         mss, seqs, fields = zip(*tasks)  # by column: each statement's parameters made in C, no loop
@@ -369,7 +416,12 @@ class Database:
             params = list(chain.from_iterable(zip(range(first + start, first + end), repeat(name, rows),
                                                   mss[start:end], seqs[start:end], fields[start:end],
                                                   repeat(now, rows), repeat(now, rows))))
-            self.conn.execute(_INSERT_AVAILABLE_SQL[rows], params)
+            try:
+                self.conn.execute(_INSERT_AVAILABLE_SQL[rows], params)
+            except sqlite3.IntegrityError as exc:  # the statement wrote nothing; those before it stay
+                if not self._row_taken(queue, (first + start, first + end - 1), exc):
+                    raise
+                return [*range(first, first + start), *self.insert_available(queue, tasks[start:], now)]
             start = end
         self._next_rows[queue] = (first + len(tasks), high)
         return range(first, first + len(tasks))
@@ -409,9 +461,9 @@ class Database:
         tasks after the row id `after` (None: from the start), in id order: the queue's range of row
         ids, no sort."""
         low, high = self.span(queue)
-        return self.conn.execute(
-            "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' "
-            "ORDER BY rowid LIMIT ?", (low if after is None else after + 1, high, limit)).fetchall()
+        return self.conn.execute(  # queue = ?: a row written by hand in its range meanwhile is not its task
+            "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' AND queue = ? "
+            "ORDER BY rowid LIMIT ?", (low if after is None else after + 1, high, name_value(queue), limit)).fetchall()
 
     def renew(self, rowids: list[int], now: int, deadline: int) -> list[tuple]:
         """XREADGROUP with an id: these in-flight tasks (a worker's own, broker/in_flight.py) are
@@ -526,10 +578,10 @@ class Database:
             return []
         low, high = row_ranges.rows_between(self.conn, self.span(queue), start, end)
         marks = ",".join("?" * len(states))
-        return self.conn.execute(
-            f"SELECT {TASK_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({marks}) "
+        return self.conn.execute(  # queue = ?: as available_after's
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({marks}) AND queue = ? "
             f"ORDER BY rowid {'DESC' if reverse else 'ASC'} LIMIT ?",
-            (low, high, *states, -1 if count is None else count)).fetchall()
+            (low, high, *states, name_value(queue), -1 if count is None else count)).fetchall()
 
     def entries_after(self, queue: bytes, states: tuple, after: tuple, count: int) -> list[tuple]:
         """XREAD: up to `count` tasks in `states` with ids above `after`, oldest first."""
@@ -539,9 +591,9 @@ class Database:
                 "ORDER BY id_ms, id_seq LIMIT ?", (name_value(queue), after[0], after[1], count)).fetchall()
         span = self.span(queue)
         low = row_ranges.lowest_row(self.conn, span, after, above=True)
-        return self.conn.execute(
+        return self.conn.execute(  # queue = ?: as available_after's
             f"SELECT {TASK_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({','.join('?' * len(states))}) "
-            "ORDER BY rowid LIMIT ?", (low, span[1], *states, count)).fetchall()
+            "AND queue = ? ORDER BY rowid LIMIT ?", (low, span[1], *states, name_value(queue), count)).fetchall()
 
     def last_delivered(self, queue: bytes) -> tuple | None:
         """The newest id ever delivered (XINFO GROUPS last-delivered-id after a restart)."""

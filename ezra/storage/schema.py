@@ -113,13 +113,20 @@ def encode_fields(fields: list[bytes]) -> str:
 
 
 def decode_fields(text: str) -> list[bytes]:
+    """The names and values of a JSON array of text; ValueError, saying why, for any other text
+    (written by hand: storage/hand_rows.py)."""
     try:
         values, end = _scan(text, 0)
     except (StopIteration, ValueError):
         values, end = None, -1
     if end != len(text) or type(values) is not list:
         values = json.loads(text)  # a clear error for text that is not JSON
-    return [f.encode("utf-8", "surrogateescape") for f in values]
+        if type(values) is not list:
+            raise ValueError(f"JSON {type(values).__name__}, not an array of names and values")
+    try:
+        return [f.encode("utf-8", "surrogateescape") for f in values]
+    except AttributeError:
+        raise ValueError("an item that is not text") from None
 
 
 def encode_failure(failure: dict | None) -> str | None:
