@@ -161,9 +161,14 @@ def test_a_row_of_text_that_is_not_json_written_while_running_breaks_no_reply(ez
                    tuple(int(part) for part in ids[1].split(b"-")))
     db.close()
     assert [i for i, _ in r.xrange("jobs")] == [ids[0], ids[2]]  # the unreadable one left out
+    r.xgroup_create("jobs", "g", id="0")
+    assert claim_all(r, "jobs") == [ids[0], ids[2]]  # claimed and not sent: its lease runs out
     assert r.ping() is True
     assert info_figure(r, "unreadable_tasks") == 1
     status, _, _ = http(f"{server.http_url}/queue?name=jobs")
     assert status == 200
     r.close()
+    result = subprocess.run([sys.executable, "-m", "ezra", "ls", "jobs", "--port", str(server.port)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "unreadable" in result.stdout, result.stderr
     assert "cannot be read" in server.log()

@@ -237,7 +237,7 @@ class Admin:
             queue_count=len(self.queues), totals=dict(self.queues.totals), blocked=self.waiters.count() + self.observers.count(),
             database_bytes=self.db.bytes_on_disk(), batches=writer.batches,
             committed_requests=writer.committed_requests, fsyncs=writer.fsyncs, disk_full=writer.disk_full,
-            unreadable_tasks=self.db.unreadable_set_aside + UNREADABLE.count,
+            unreadable_tasks=self.db.hand_rows.set_aside + UNREADABLE.count,
             batch_sizes=_copy(writer.batch_sizes), commit_seconds=_copy(writer.commit_seconds),
             fsync_seconds=None if writer.fsync_seconds is None else _copy(writer.fsync_seconds))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from operator import itemgetter
 
 from ..resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, PairsMap, WrittenMap
-from ..task_fields import listed, readable, readable_resp
+from ..task_fields import as_resp, listed, readable, readable_resp
 from ..stream_ids import format_id
 
 FIELDS = itemgetter(2)  # a claimed row's stored fields
@@ -75,21 +75,26 @@ def written_entries(rows) -> bytes:
     if len(rows) == 1:  # a worker's COUNT 1: one format, no list
         row = rows[0]
         task_id, fields = b"%d-%d" % (row[0], row[1]), row[2]
-        if type(fields) is not bytes and (fields := readable_resp(row)) is None:
-            return b"*0\r\n"
-        return b"*1\r\n*2\r\n$%d\r\n%s\r\n%s" % (len(task_id), task_id, fields)
+        try:
+            return b"*1\r\n*2\r\n$%d\r\n%s\r\n%s" % (len(task_id), task_id,
+                                                       fields if type(fields) is bytes else as_resp(fields))
+        except (ValueError, TypeError):  # text written by hand that cannot be read: not sent
+            return written_entries(_readable(rows))
     out = [ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)]
-    left_out = 0
-    for row in rows:
-        task_id = b"%d-%d" % (row[0], row[1])  # format_id(row[:2]), inlined: once per task
-        fields = row[2]  # a push's stored RESP, sent on as it is (task_fields.py)
-        if type(fields) is not bytes and (fields := readable_resp(row)) is None:
-            left_out += 1  # its fields cannot be read (written by hand): not sent
-            continue
-        out += (b"*2\r\n", BULK_PREFIXES[len(task_id)], task_id, CRLF, fields)
-    if left_out:
-        out[0] = b"*%d\r\n" % (len(rows) - left_out)
+    try:
+        for row in rows:
+            task_id = b"%d-%d" % (row[0], row[1])  # format_id(row[:2]), inlined: once per task
+            fields = row[2]  # a push's stored RESP, sent on as it is (task_fields.py)
+            out += (b"*2\r\n", BULK_PREFIXES[len(task_id)], task_id, CRLF,
+                    fields if type(fields) is bytes else as_resp(fields))
+    except (ValueError, TypeError):  # as above: the reply is written again without those rows
+        return written_entries(_readable(rows))
     return b"".join(out)
+
+
+def _readable(rows) -> list:
+    """The rows whose id and fields can be read (the others are logged and counted)."""
+    return [row for row in rows if type(row[0]) is int and type(row[1]) is int and readable_resp(row) is not None]
 
 
 def claim_reply(found: dict, claim_idle: int | None) -> PairsMap:

@@ -89,9 +89,8 @@ class Database:
         self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
         self.unique_keys = UniqueKeys(conn)  # XADD UNIQUE (storage/unique_keys.py)
         self.producers = IdempotentProducers(conn)  # XADD IDMP (storage/producers.py)
-        # Each queue's done and available tasks, {queue: (done, available)} (they are in no index): as
-        # the last clean stop left them (opening.py takes them from storage/done_counts.py's file), and
-        # as this server leaves them at `close`.
+        # Each queue's done and available tasks, {queue: (done, available)} (in no index): as the last clean
+        # stop left them (opening.py, storage/done_counts.py), and as this server leaves them at `close`.
         self.counts_at_close: dict[bytes, tuple[int, int]] | None = None
         self.counts_to_save: dict[bytes, tuple[int, int]] | None = None
         self.retention = Retention(conn, self.span)  # what goes: purges, trims, TTL (storage/retention.py)
@@ -104,11 +103,7 @@ class Database:
         # from the file once, forgotten at a rollback (a queue made in the batch is gone again).
         self._spans: dict[bytes, tuple[int, int]] = {}
         self._next_rows: dict[bytes, tuple[int, int]] = {}  # (next row id, the range's last)
-        # Writes by other connections (the sqlite3 shell) while the server runs: SQLite's count of
-        # them, which a stop compares (`close`), and whether a push met a row it did not write.
-        self._data_version = conn.execute("PRAGMA data_version").fetchone()[0]
-        self.rows_written_by_others = False
-        self.unreadable_set_aside = hand_rows.count(conn)  # tasks in unreadable_tasks (storage/hand_rows.py)
+        self.hand_rows = hand_rows.HandRows(conn, path)  # rows set aside at start; the sqlite3 shell meanwhile
 
     # -- transactions (driven by writer.py)
 
@@ -125,47 +120,13 @@ class Database:
             self.conn.execute("ROLLBACK")
 
     def close(self) -> None:
-        if self.counts_to_save is not None and self.written_by_others():
-            # Not the counts of what the next start finds: it reads every row, and puts in place the
-            # rows written meanwhile (storage/hand_rows.py).
-            logger.warning("{} was written by another connection while the server ran (the sqlite3 shell?): "
-                           "the next start checks every task's row", self.path)
-            self.counts_to_save = None
+        written_by_others = self.counts_to_save is not None and self.hand_rows.written_meanwhile()
         self.wal.close()
         if self._checkpointer is not None:
             self._checkpointer.close()
         self.conn.close()  # the last connection: SQLite checkpoints and removes the WAL
         if self.counts_to_save is not None and not self.integrity.corrupt:
-            done_counts.save(os.path.dirname(self.path), self.path, self.counts_to_save)
-
-    def written_by_others(self) -> bool:
-        """Whether another connection wrote to the file since it was opened (PRAGMA data_version
-        counts others' commits: not this connection's, nor a checkpoint's)."""
-        if self.rows_written_by_others:
-            return True
-        try:
-            return self.conn.execute("PRAGMA data_version").fetchone()[0] != self._data_version
-        except sqlite3.Error as exc:
-            logger.warning("cannot tell whether {} was written by another connection ({}): the next start "
-                           "checks every task's row", self.path, exc)
-            return True
-
-    def _row_taken(self, queue: bytes, rowids: tuple[int, int], exc: sqlite3.IntegrityError) -> bool:
-        """A push met a row at a row id its queue's next: one written by another connection while
-        the server runs (the sqlite3 shell gives a row the largest row id plus one). True: the
-        queue's next row id is read again (after that row) and the push goes on; the next start
-        puts the row in its own queue (`close`). False: another constraint, the caller's error."""
-        if "tasks.rowid" not in str(exc):
-            return False
-        row = self.conn.execute("SELECT rowid, queue, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? LIMIT 1",
-                                rowids).fetchone()
-        logger.warning("a push to queue {!r} found row {} taken by a row it did not write (task {}; written by "
-                       "hand while the server runs?): the push takes the next free row id, and the next start "
-                       "puts that row in its own queue", queue, rowids[0] if row is None else row[0],
-                       None if row is None else f"{row[2]}-{row[3]} of queue {row[1]!r}")
-        self.rows_written_by_others = True
-        self._next_rows.pop(queue, None)
-        return True
+            done_counts.save(os.path.dirname(self.path), self.path, self.counts_to_save, written_by_others)
 
     def wal_size(self) -> int:
         """Bytes in the WAL file (one fstat): above `wal_limit`, time for a checkpoint."""
@@ -248,8 +209,7 @@ class Database:
 
     def in_flight_tasks(self) -> list[tuple]:
         """(queue, id_ms, id_seq, rowid, worker, deadline, delivered_at, attempts) of every task in
-        flight: a start without recovery (tests, tools) reads them once; no index, a pass over the
-        table."""
+        flight: a start without recovery (tests, tools) reads them once, a pass over the table."""
         return self.conn.execute(
             "SELECT queue, id_ms, id_seq, rowid, worker, deadline, delivered_at, attempts FROM tasks "
             "WHERE state = 'in_flight'").fetchall()
@@ -395,18 +355,15 @@ class Database:
                     (rowid, name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
                      now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure),
                      None if unique_key is None else name_value(unique_key), claim_room(state)))
-        except sqlite3.IntegrityError as exc:
-            if not self._row_taken(queue, (rowid, rowid), exc):
-                raise
-            return self.insert_task(queue, task_id, fields, now, available_at, state, ttl_ms, attempts, failure,
-                                    unique_key)
+        except sqlite3.IntegrityError as exc:  # a row written by hand meanwhile? (or raises exc)
+            self.hand_rows.make_way(queue, (rowid, rowid), exc, self._next_rows)
+            return self.insert_task(queue, task_id, fields, now, available_at, state, ttl_ms, attempts, failure, unique_key)
         self._next_rows[queue] = (rowid + 1, high)
         return rowid
 
     def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range | list[int]:
         """Pushed tasks, (id_ms, id_seq, fields as stored) each, available now: their row ids, the
-        queue's next ones (a list, not a range, when a row written by hand was in the way).
-        Statements of many rows each (INSERT_ROWS)."""
+        queue's next ones (a list if a hand-written row was in the way). Statements of INSERT_ROWS."""
         first, high = self._new_rows(queue, len(tasks))
         name, start = name_value(queue), 0
         mss, seqs, fields = zip(*tasks)  # by column: each statement's parameters made in C, no loop
@@ -419,8 +376,7 @@ class Database:
             try:
                 self.conn.execute(_INSERT_AVAILABLE_SQL[rows], params)
             except sqlite3.IntegrityError as exc:  # the statement wrote nothing; those before it stay
-                if not self._row_taken(queue, (first + start, first + end - 1), exc):
-                    raise
+                self.hand_rows.make_way(queue, (first + start, first + end - 1), exc, self._next_rows)
                 return [*range(first, first + start), *self.insert_available(queue, tasks[start:], now)]
             start = end
         self._next_rows[queue] = (first + len(tasks), high)
@@ -627,8 +583,7 @@ class Database:
         return self.conn.execute(f"{sql} ORDER BY {order} LIMIT ?", (*params, count)).fetchall()
 
     def tasks_by_rowid(self, rowids: list[int]) -> list[tuple]:
-        """These rows (tasks in flight the broker chose: the dashboard, XINFO TASKS), INSPECT_COLUMNS,
-        in id order."""
+        """These rows, tasks in flight the broker chose (the dashboard, XINFO TASKS): INSPECT_COLUMNS, by id."""
         return self.conn.execute(
             f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid IN (SELECT value FROM json_each(?)) "
             "ORDER BY id_ms, id_seq", (row_list(rowids),)).fetchall()

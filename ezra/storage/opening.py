@@ -62,7 +62,7 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
                            "interrupted copy or restore, not a database; put the backup you meant to restore in "
                            "its place, or, if this is a new install, delete it and start EZRA again (it creates "
                            "the database)")
-    counts_at_close = done_counts.take(data_dir, path)  # before anything writes to the file
+    counts_at_close, written_since = done_counts.take(data_dir, path)  # before anything writes to the file
     conn = connect(path)
     try:
         version = _check_owner(conn, path)
@@ -73,7 +73,7 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
             counts_at_close = None  # a migration may move tasks between states (schema 12's): count them
         conn.executescript(SCHEMA)
         if counts_at_close is None and version:  # the start reads every row anyway: rows written by hand
-            hand_rows.check(conn, path, _renumber_tasks)
+            hand_rows.check(conn, path, _renumber_tasks, blob_bytes=written_since)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a fresh WAL; the file exists from here on
