@@ -10,13 +10,15 @@ the next start, however cleanly the server stopped.
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import subprocess
 import sys
 
 import pytest
-import redis
 
+from ezra.storage import open_database
+from ezra.storage.row_ranges import span
 from support import ROOT, http
 
 HAND_INSERT = ("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
@@ -92,25 +94,30 @@ def test_a_second_row_with_an_id_its_queue_has_is_set_aside_not_served(ezra_fact
     assert [row[:3] for row in kept] == [("jobs", 1005, 0)] and "id" in kept[0][3]
 
 
-@pytest.mark.parametrize("protocol", [2, 3])
+@pytest.mark.parametrize("protocol,pushes", [(2, 1), (3, 1), (2, 40), (3, 40)],
+                         ids=["resp2-one-push", "resp3-one-push", "resp2-a-run-of-pushes", "resp3-a-run-of-pushes"])
 def test_a_row_written_while_the_server_runs_breaks_no_push_and_finds_its_queue_at_the_next_start(
-        ezra_factory, protocol):
+        ezra_factory, protocol, pushes):
     server = ezra_factory()
     r = server.client(protocol)
     first = [r.xadd("first", {"n": str(n)}) for n in range(3)]
     last = [r.xadd("last", {"n": str(n)}) for n in range(3)]  # last's range of row ids is above first's
     write_by_hand(server, [("first", 1, 0, '["n", "hand"]')])  # SQLite gives it last's next row id
-    pushed = r.xadd("last", {"n": "after"})  # the push that met the row: it takes the next free row id
-    assert [i for i, _ in r.xrange("last")] == [*last, pushed]
+    pipe = r.pipeline(transaction=False)  # the pushes that meet the row: they take the next free row ids
+    for n in range(pushes):
+        pipe.xadd("last", {"n": f"after-{n}"})
+    pushed = pipe.execute()
+    assert all(isinstance(task_id, bytes) for task_id in pushed), pushed
+    assert [i for i, _ in r.xrange("last")] == [*last, *pushed]
     r.close()
     assert server.stop() == 0  # a clean stop
     assert "written by another connection" in server.log()
     server.start()
     r = server.client(protocol)
     assert [i for i, _ in r.xrange("first")] == [b"1-0", *first]
-    assert [i for i, _ in r.xrange("last")] == [*last, pushed]
+    assert [i for i, _ in r.xrange("last")] == [*last, *pushed]
     r.xgroup_create("last", "g", id="0")
-    assert claim_all(r, "last") == [*last, pushed]
+    assert claim_all(r, "last") == [*last, *pushed]
     assert r.xadd("last", {"n": "more"})
     r.close()
     assert "out of place" in server.log()
@@ -172,3 +179,45 @@ def test_a_row_of_text_that_is_not_json_written_while_running_breaks_no_reply(ez
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "unreadable" in result.stdout, result.stderr
     assert "cannot be read" in server.log()
+
+
+def test_the_start_finds_every_row_out_of_place_wherever_it_was_written(tmp_path):
+    """Storage level, against a scan: rows written with and without row ids, in gaps left by deleted
+    tasks, in other queues' ranges, below and between ids, as repeats; after the start's check
+    each queue's range holds its tasks, once each, in id order, and nothing else is lost."""
+    rng = random.Random(5)
+    for trial in range(12):
+        data = tmp_path / f"data{trial}"
+        db = open_database(str(data))
+        db.begin()
+        for name in (b"a", b"b", b"c"):
+            db.insert_queue(name, 1)
+            db.insert_available(name, [(1000 + n, 0, b"*2\r\n$1\r\nn\r\n$1\r\nv\r\n") for n in range(30)], 1)
+        db.commit()
+        db.conn.execute("DELETE FROM tasks WHERE rowid % 7 = 3")  # gaps, as acked-and-deleted tasks leave
+        db.close()
+        conn = sqlite3.connect(data / "ezra.db")
+        with conn:
+            for _ in range(rng.randrange(1, 6)):
+                queue, ms = rng.choice("abc"), rng.choice([rng.randrange(1, 2000), 1000 + rng.randrange(30)])
+                rowid = rng.choice([None, (rng.randrange(1, 4) << 40) + rng.randrange(40)])
+                if rowid is not None and conn.execute("SELECT 1 FROM tasks WHERE rowid = ?", (rowid,)).fetchone():
+                    rowid = None
+                conn.execute("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                             "VALUES (?, ?, ?, 0, 'available', '[\"n\", \"hand\"]', 0, 0)", (rowid, queue, ms))
+        expected = {queue: sorted(set(conn.execute("SELECT id_ms, id_seq FROM tasks WHERE queue = ?", (queue,))))
+                    for queue in "abc"}
+        total = conn.execute("SELECT count(*) FROM tasks").fetchone()[0]
+        conn.close()
+        db = open_database(str(data))  # no counts left beside the file: the check runs
+        try:
+            for number, queue in enumerate("abc", 1):
+                low, high = span(number)
+                rows = db.conn.execute("SELECT queue, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? "
+                                       "ORDER BY rowid", (low, high)).fetchall()
+                assert {row[0] for row in rows} <= {queue}, trial
+                assert [row[1:] for row in rows] == expected[queue], trial
+            set_aside = db.conn.execute("SELECT count(*) FROM unreadable_tasks").fetchone()[0]
+            assert db.conn.execute("SELECT count(*) FROM tasks").fetchone()[0] + set_aside == total
+        finally:
+            db.close()

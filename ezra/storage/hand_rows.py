@@ -47,11 +47,12 @@ _BLOB_BYTES = (f"substr(t.fields, 1, 1) != x'2a' OR {_ITEMS} <= 0 OR {_ITEMS} % 
 # Out of place: a row not of the queue of the row just below it (b), or not above its id; a row with no
 # row just below it in its range (its first, or the first after deleted tasks) not of the range's
 # queue (queues.number = rowid >> 40), or not above the row before it there.
+# (A first row has no row before it: the comparison is NULL, which coalesce makes 0.)
 _OUT_OF_PLACE = (
-    "CASE WHEN b.rowid IS NOT NULL THEN t.queue IS NOT b.queue OR (t.id_ms, t.id_seq) <= (b.id_ms, b.id_seq) "
+    "coalesce(CASE WHEN b.rowid IS NOT NULL THEN t.queue IS NOT b.queue OR (t.id_ms, t.id_seq) <= (b.id_ms, b.id_seq) "
     "ELSE t.queue IS NOT (SELECT name FROM queues WHERE number = t.rowid >> 40) "
     "OR (t.id_ms, t.id_seq) <= (SELECT id_ms, id_seq FROM tasks AS p WHERE p.rowid BETWEEN (t.rowid >> 40) << 40 "
-    "AND t.rowid - 1 ORDER BY p.rowid DESC LIMIT 1) END")
+    "AND t.rowid - 1 ORDER BY p.rowid DESC LIMIT 1) END, 0)")
 _CHECK = ("SELECT t.rowid, t.queue, t.id_ms, t.id_seq, t.fields, typeof(t.fields) = 'blob', {suspect}, {out} "
           "FROM tasks AS t LEFT JOIN tasks AS b ON b.rowid = t.rowid - 1 AND b.rowid >> 40 = t.rowid >> 40 "
           "WHERE {suspect} OR {out}")
