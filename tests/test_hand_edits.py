@@ -2,7 +2,7 @@
 
 While the server is stopped, a hand-written task of any id, anywhere in the table, is taken in at
 the next start and put in its queue's id order; a second row with an id its queue has, and a row
-whose fields cannot be read, are moved to the table tasks_unreadable, reported (the log, INFO's
+whose fields cannot be read, are moved to the table unreadable_tasks, reported (the log, INFO's
 unreadable_tasks, the dashboard) and never served. While it runs the file is read-only to people:
 a row written then is survived (the next push takes the next free row id) and put in place by
 the next start, however cleanly the server stopped.
