@@ -61,8 +61,8 @@ class UnreadableTasks:
         if len(self._seen) < self.KEPT:
             self._seen.add(key)
         logger.warning("task {}-{}: its fields cannot be read ({}; written by hand?), so it is left out of "
-                       "replies; the next start moves it to the table unreadable_tasks: {!r}",
-                       task_id[0], task_id[1], exc, fields[:200])
+                       "replies; the next start moves it to the table unreadable_tasks: {}",
+                       task_id[0], task_id[1], exc, repr(fields)[:200])
 
 
 UNREADABLE = UnreadableTasks()

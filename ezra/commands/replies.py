@@ -93,8 +93,8 @@ def written_entries(rows) -> bytes:
 
 
 def _readable(rows) -> list:
-    """The rows whose id and fields can be read (the others are logged and counted)."""
-    return [row for row in rows if type(row[0]) is int and type(row[1]) is int and readable_resp(row) is not None]
+    """The rows whose fields can be read (the others are logged and counted: task_fields.UNREADABLE)."""
+    return [row for row in rows if readable_resp(row) is not None]
 
 
 def claim_reply(found: dict, claim_idle: int | None) -> PairsMap:
