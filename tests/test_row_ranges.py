@@ -153,4 +153,4 @@ def test_tasks_written_by_hand_outside_their_queues_range_are_put_in_place_at_th
     assert [i for i, _ in r.xreadgroup("g", "w", {"a": ">"}, count=10)[0][1]] == [b"1-0", *a]
     assert r.xrange("new") == [(b"7-0", {b"n": b"new-hand"})]
     r.close()
-    assert "not in their queue's range of row ids" in server.log()
+    assert "tasks are out of place" in server.log()

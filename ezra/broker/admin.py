@@ -28,6 +28,7 @@ from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
 from ..queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, reads
 from ..storage.reads import task_by_id
+from ..task_fields import UNREADABLE
 from ..stream_ids import TOP
 from .in_flight import ATTEMPTS, DELIVERED_AT, ROWID, WORKER
 
@@ -87,6 +88,7 @@ class Figures:
     committed_requests: int     # requests in them
     fsyncs: int                 # fsyncs of the WAL
     disk_full: bool             # pushes are refused until there is room
+    unreadable_tasks: int       # tasks whose rows cannot be read: set aside at start, or left out of replies
     batch_sizes: tuple          # histograms, each (cumulative buckets, sum): requests per batch,
     commit_seconds: tuple       # seconds per COMMIT,
     fsync_seconds: tuple | None  # seconds per fsync (None: --durability normal does not fsync per commit)
@@ -235,6 +237,7 @@ class Admin:
             queue_count=len(self.queues), totals=dict(self.queues.totals), blocked=self.waiters.count() + self.observers.count(),
             database_bytes=self.db.bytes_on_disk(), batches=writer.batches,
             committed_requests=writer.committed_requests, fsyncs=writer.fsyncs, disk_full=writer.disk_full,
+            unreadable_tasks=self.db.hand_rows.set_aside + UNREADABLE.count,
             batch_sizes=_copy(writer.batch_sizes), commit_seconds=_copy(writer.commit_seconds),
             fsync_seconds=None if writer.fsync_seconds is None else _copy(writer.fsync_seconds))
 

@@ -315,7 +315,7 @@ def info_persistence(state: ServerState, figures):
             # every reply that promises durability waits for its commit: nothing is ever unsaved
             ("rdb_changes_since_last_save", 0), ("rdb_bgsave_in_progress", 0),
             ("rdb_last_save_time", int(time.time())), ("rdb_last_bgsave_status", "ok"),
-            ("database_integrity", integrity.state),
+            ("database_integrity", integrity.state), ("unreadable_tasks", figures.unreadable_tasks),
             *([("database_corruption", integrity.reason)] if integrity.corrupt else [])]
 
 

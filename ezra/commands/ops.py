@@ -21,7 +21,7 @@ from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, split_queue
 from ..options import Flag, Options, Value, parse_options
 from ..resp import OK, SimpleString
 from ..storage import StorageError, decode_failure, name_bytes
-from ..task_fields import listed
+from ..task_fields import shown as shown_fields
 from ..stream_ids import format_id, parse_id
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
 from .replies import entries, entry_or_none, taken_over
@@ -257,7 +257,7 @@ def task_reply(row, state: str) -> dict:
     return {"id": stream_ids.format_id((ms, seq)), "state": state, "attempts": attempts,
             "worker": None if worker is None else name_bytes(worker), "created-at": created,
             "available-at": available, "delivered-at": delivered, "deadline": deadline,
-            "finished-at": finished, "fields": listed(fields),
+            "finished-at": finished, "fields": shown_fields(fields, (ms, seq)),
             "unique-key": None if unique_key is None else name_bytes(unique_key),
             # its last failure (EZRA's XNACK REASON...): all None if it never failed
             "failure-cause": failure.get("cause"), "failure-reason": failure.get("reason"),

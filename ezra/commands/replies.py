@@ -12,19 +12,24 @@ from __future__ import annotations
 from operator import itemgetter
 
 from ..resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, PairsMap, WrittenMap
-from ..task_fields import as_resp, listed
+from ..task_fields import as_resp, listed, readable, readable_resp
 from ..stream_ids import format_id
 
 FIELDS = itemgetter(2)  # a claimed row's stored fields
 
 
-def entry(row) -> list:
-    """A task row as a Redis stream entry [id, [f, v, ...]]."""
-    return [format_id(row[:2]), listed(row[2])]
+def entry(row) -> list | None:
+    """A task row as a Redis stream entry [id, [f, v, ...]]; None if its fields cannot be read."""
+    fields = readable(row)
+    return None if fields is None else [format_id(row[:2]), fields]
 
 
 def entries(rows) -> list:
-    return [[format_id(row[:2]), listed(row[2])] for row in rows]
+    """Task rows as entries; a row whose fields cannot be read (written by hand) is left out."""
+    try:
+        return [[format_id(row[:2]), listed(row[2])] for row in rows]
+    except (ValueError, TypeError):
+        return [[format_id(row[:2]), fields] for row in rows if (fields := readable(row)) is not None]
 
 
 def entry_or_none(row):
@@ -33,7 +38,7 @@ def entry_or_none(row):
 
 def idle_entries(rows) -> list:
     """XREADGROUP CLAIM's entries: [id, fields, idle ms, deliveries before this one]."""
-    return [[format_id(row[:2]), listed(row[2]), row[3], row[4]] for row in rows]
+    return [[format_id(row[:2]), fields, row[3], row[4]] for row in rows if (fields := readable(row)) is not None]
 
 
 def read_reply(found: dict) -> PairsMap:
@@ -70,15 +75,26 @@ def written_entries(rows) -> bytes:
     if len(rows) == 1:  # a worker's COUNT 1: one format, no list
         row = rows[0]
         task_id, fields = b"%d-%d" % (row[0], row[1]), row[2]
-        return b"*1\r\n*2\r\n$%d\r\n%s\r\n%s" % (len(task_id), task_id,
-                                                   fields if type(fields) is bytes else as_resp(fields))
+        try:
+            return b"*1\r\n*2\r\n$%d\r\n%s\r\n%s" % (len(task_id), task_id,
+                                                       fields if type(fields) is bytes else as_resp(fields))
+        except (ValueError, TypeError):  # text written by hand that cannot be read: not sent
+            return written_entries(_readable(rows))
     out = [ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)]
-    for row in rows:
-        task_id = b"%d-%d" % (row[0], row[1])  # format_id(row[:2]), inlined: once per task
-        fields = row[2]  # a push's stored RESP, sent on as it is (task_fields.py)
-        out += (b"*2\r\n", BULK_PREFIXES[len(task_id)], task_id, CRLF,
-                fields if type(fields) is bytes else as_resp(fields))
+    try:
+        for row in rows:
+            task_id = b"%d-%d" % (row[0], row[1])  # format_id(row[:2]), inlined: once per task
+            fields = row[2]  # a push's stored RESP, sent on as it is (task_fields.py)
+            out += (b"*2\r\n", BULK_PREFIXES[len(task_id)], task_id, CRLF,
+                    fields if type(fields) is bytes else as_resp(fields))
+    except (ValueError, TypeError):  # as above: the reply is written again without those rows
+        return written_entries(_readable(rows))
     return b"".join(out)
+
+
+def _readable(rows) -> list:
+    """The rows whose fields can be read (the others are logged and counted: task_fields.UNREADABLE)."""
+    return [row for row in rows if readable_resp(row) is not None]
 
 
 def claim_reply(found: dict, claim_idle: int | None) -> PairsMap:

@@ -14,11 +14,13 @@ Database carries as `db.schedules`; unique_keys.py those of XADD UNIQUE
 ack's statements, by row id (`db.ack`, `db.delete_acked`); wal_file.py the WAL file's own
 descriptor (fdatasync, size, zeros kept ahead; `db.wal`). row_ranges.py says where a queue's
 tasks sit (a range of row ids, in id order: schema 14) and finds an id's row by a binary search
-of it. reads.py holds the
+of it. hand_rows.py finds rows written by hand at a start (out of place, unreadable: set aside in
+unreadable_tasks) and notices the sqlite3 shell writing while the server runs (`db.hand_rows`).
+reads.py holds the
 reads whose cost grows with the data (XINFO's idempotency counts, the done listing), which
 the Database runs in its transaction and the broker on a native thread
 (`read_apart`). The modules import one another in that order (schema <- row_ranges <- dirlock,
-integrity, reads, acks <- database <- opening <- snapshots);
+integrity, reads, acks, hand_rows <- database <- opening <- snapshots);
 the package imports nothing of EZRA but lifecycle (the states), stream_ids (the largest id)
 and errors (a push past its queue's range), so the broker, the writer, web/ and tools/
 import it and it imports none of them.

@@ -21,7 +21,7 @@ from itertools import chain, repeat
 from loguru import logger
 
 from .. import errors, lifecycle
-from . import acks, done_counts, reads, row_ranges
+from . import acks, done_counts, hand_rows, reads, row_ranges
 from .reads import INSPECT_COLUMNS, tasks_by_id
 from .integrity import Integrity
 from .producers import IdempotentProducers
@@ -73,15 +73,12 @@ class Database:
         self.path = path
         self.wal_path = path + "-wal"
         self.reserve_bytes = reserve_bytes  # the disk reserve's size (ezra/disk_space.py holds the file)
-        # The WAL's size tells how much a checkpoint would copy: with journal_size_limit,
-        # SQLite cuts the file back to `wal_limit` when the WAL starts over, so a larger
-        # file means more than that many bytes since the last checkpoint (or the zeros
-        # WalFile.extend_ahead keeps past its end while a reader pins it).
+        # The WAL's size tells what a checkpoint would copy: SQLite cuts it back to `wal_limit` when it starts
+        # over (journal_size_limit), so more is written since (or WalFile.extend_ahead's zeros past its end).
         self.wal_limit = max(reserve_bytes // 2, 1024 * 1024)
         conn.execute(f"PRAGMA journal_size_limit = {self.wal_limit}").fetchone()
         self.wal = WalFile(self.wal_path)
-        # fdatasync the WAL: everything committed before a call is durable after it. The file's
-        # own method, not one around it: a call less per fsync.
+        # fdatasync the WAL: what was committed before a call is durable after it (a call less per fsync).
         self.sync_wal = self.wal.sync
         self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]  # fixed once the file is in WAL mode
         self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
@@ -89,14 +86,12 @@ class Database:
         self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
         self.unique_keys = UniqueKeys(conn)  # XADD UNIQUE (storage/unique_keys.py)
         self.producers = IdempotentProducers(conn)  # XADD IDMP (storage/producers.py)
-        # Each queue's done and available tasks, {queue: (done, available)} (they are in no index): as
-        # the last clean stop left them (opening.py takes them from storage/done_counts.py's file), and
-        # as this server leaves them at `close`.
+        # Each queue's done and available tasks, {queue: (done, available)} (in no index): as the last clean
+        # stop left them (opening.py, storage/done_counts.py), and as this server leaves them at `close`.
         self.counts_at_close: dict[bytes, tuple[int, int]] | None = None
         self.counts_to_save: dict[bytes, tuple[int, int]] | None = None
         self.retention = Retention(conn, self.span)  # what goes: purges, trims, TTL (storage/retention.py)
-        # in_flight -> done: ack(rowids, now, retained) counts the rows finished; delete_acked(rowid)
-        # under retention 0 (storage/acks.py). Bound here, not wrapped in methods: a call less per ack.
+        # in_flight -> done (storage/acks.py), bound here, not wrapped in methods: a call less per ack.
         self.ack = partial(acks.ack, conn)
         self.delete_acked = partial(acks.delete_acked, conn)
         self.in_flight_recovered = False  # `recover` ran: no task is in flight in the file
@@ -104,6 +99,7 @@ class Database:
         # from the file once, forgotten at a rollback (a queue made in the batch is gone again).
         self._spans: dict[bytes, tuple[int, int]] = {}
         self._next_rows: dict[bytes, tuple[int, int]] = {}  # (next row id, the range's last)
+        self.hand_rows = hand_rows.HandRows(conn, path)  # rows set aside at start; the sqlite3 shell meanwhile
 
     # -- transactions (driven by writer.py)
 
@@ -120,12 +116,13 @@ class Database:
             self.conn.execute("ROLLBACK")
 
     def close(self) -> None:
+        written_by_others = self.counts_to_save is not None and self.hand_rows.written_meanwhile()
         self.wal.close()
         if self._checkpointer is not None:
             self._checkpointer.close()
         self.conn.close()  # the last connection: SQLite checkpoints and removes the WAL
         if self.counts_to_save is not None and not self.integrity.corrupt:
-            done_counts.save(os.path.dirname(self.path), self.path, self.counts_to_save)
+            done_counts.save(os.path.dirname(self.path), self.path, self.counts_to_save, written_by_others)
 
     def wal_size(self) -> int:
         """Bytes in the WAL file (one fstat): above `wal_limit`, time for a checkpoint."""
@@ -143,15 +140,11 @@ class Database:
         return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
 
     def checkpoint(self, mode: str = "PASSIVE") -> tuple[int, int, int]:
-        """Copy committed WAL frames into the database file (both fsynced), on a thread;
-        SQLite's (busy, frames in the WAL, frames copied).
-
-        Its own connection: PASSIVE never blocks the writer, which keeps
-        committing meanwhile. RESTART (run while the writer pauses) copies the
-        few frames left and makes the next commit start the WAL over, so the
-        file stops growing. Neither waits for readers (CHECKPOINT_WAIT_MS): a
-        reader's snapshot leaves frames uncopied (PASSIVE) or busy = 1 (RESTART).
-        """
+        """Copy committed WAL frames into the database file (both fsynced), on a thread, on its own
+        connection; SQLite's (busy, frames in the WAL, frames copied). PASSIVE never blocks the writer;
+        RESTART (while the writer pauses) copies the few frames left and makes the next commit start
+        the WAL over. Neither waits for readers (CHECKPOINT_WAIT_MS): a reader's snapshot leaves frames
+        uncopied (PASSIVE) or busy = 1 (RESTART)."""
         if self._checkpointer is None:
             self._checkpointer = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._checkpointer.execute(f"PRAGMA busy_timeout = {CHECKPOINT_WAIT_MS}")
@@ -208,8 +201,7 @@ class Database:
 
     def in_flight_tasks(self) -> list[tuple]:
         """(queue, id_ms, id_seq, rowid, worker, deadline, delivered_at, attempts) of every task in
-        flight: a start without recovery (tests, tools) reads them once; no index, a pass over the
-        table."""
+        flight: a start without recovery (tests, tools) reads them once, a pass over the table."""
         return self.conn.execute(
             "SELECT queue, id_ms, id_seq, rowid, worker, deadline, delivered_at, attempts FROM tasks "
             "WHERE state = 'in_flight'").fetchall()
@@ -347,26 +339,30 @@ class Database:
         `state` come from imports (XADD ATTEMPTS, FAILURE, XADD q::dead); `unique_key` from XADD
         UNIQUE (storage/unique_keys.py: the caller asked for the key's holder first)."""
         rowid, high = self._new_rows(queue, 1)
-        if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None and failure is None and unique_key is None:
-            # Nearly every push: the other columns' defaults are the schema's, so 7 values are bound,
-            # not 14 (when it was 6 against 10: 0.8 µs less per push, 5.4 -> 4.6 µs a statement).
-            self.conn.execute(
-                "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
-                f"VALUES (?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})",
-                (rowid, name_value(queue), task_id[0], task_id[1], fields, now, available_at))
-        else:
-            self.conn.execute(
-                "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-                "finished_at, ttl_ms, failure, unique_key, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (rowid, name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
-                 now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure),
-                 None if unique_key is None else name_value(unique_key), claim_room(state)))
+        try:
+            if state == lifecycle.AVAILABLE and not attempts and ttl_ms is None and failure is None and unique_key is None:
+                # Nearly every push: the other columns' defaults are the schema's, so 7 values are bound,
+                # not 14 (when it was 6 against 10: 0.8 µs less per push, 5.4 -> 4.6 µs a statement).
+                self.conn.execute(
+                    "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
+                    f"VALUES (?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})",
+                    (rowid, name_value(queue), task_id[0], task_id[1], fields, now, available_at))
+            else:
+                self.conn.execute(
+                    "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
+                    "finished_at, ttl_ms, failure, unique_key, reserved) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (rowid, name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
+                     now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure),
+                     None if unique_key is None else name_value(unique_key), claim_room(state)))
+        except sqlite3.IntegrityError as exc:  # a row written by hand meanwhile? (or raises exc)
+            self.hand_rows.make_way(queue, (rowid, rowid), exc, self._next_rows)
+            return self.insert_task(queue, task_id, fields, now, available_at, state, ttl_ms, attempts, failure, unique_key)
         self._next_rows[queue] = (rowid + 1, high)
         return rowid
 
-    def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range:
+    def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range | list[int]:
         """Pushed tasks, (id_ms, id_seq, fields as stored) each, available now: their row ids, the
-        queue's next ones. Statements of many rows each (INSERT_ROWS)."""
+        queue's next ones (a list if a hand-written row was in the way). Statements of INSERT_ROWS."""
         first, high = self._new_rows(queue, len(tasks))
         name, start = name_value(queue), 0
         mss, seqs, fields = zip(*tasks)  # by column: each statement's parameters made in C, no loop
@@ -376,7 +372,11 @@ class Database:
             params = list(chain.from_iterable(zip(range(first + start, first + end), repeat(name, rows),
                                                   mss[start:end], seqs[start:end], fields[start:end],
                                                   repeat(now, rows), repeat(now, rows))))
-            self.conn.execute(_INSERT_AVAILABLE_SQL[rows], params)
+            try:
+                self.conn.execute(_INSERT_AVAILABLE_SQL[rows], params)
+            except sqlite3.IntegrityError as exc:  # the statement wrote nothing; those before it stay
+                self.hand_rows.make_way(queue, (first + start, first + end - 1), exc, self._next_rows)
+                return [*range(first, first + start), *self.insert_available(queue, tasks[start:], now)]
             start = end
         self._next_rows[queue] = (first + len(tasks), high)
         return range(first, first + len(tasks))
@@ -416,9 +416,9 @@ class Database:
         tasks after the row id `after` (None: from the start), in id order: the queue's range of row
         ids, no sort."""
         low, high = self.span(queue)
-        return self.conn.execute(
-            "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' "
-            "ORDER BY rowid LIMIT ?", (low if after is None else after + 1, high, limit)).fetchall()
+        return self.conn.execute(  # queue = ?: a row written by hand in its range meanwhile is not its task
+            "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' AND queue = ? "
+            "ORDER BY rowid LIMIT ?", (low if after is None else after + 1, high, name_value(queue), limit)).fetchall()
 
     def renew(self, rowids: list[int], now: int, deadline: int) -> list[tuple]:
         """XREADGROUP with an id: these in-flight tasks (a worker's own, broker/in_flight.py) are
@@ -533,10 +533,10 @@ class Database:
             return []
         low, high = row_ranges.rows_between(self.conn, self.span(queue), start, end)
         marks = ",".join("?" * len(states))
-        return self.conn.execute(
-            f"SELECT {TASK_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({marks}) "
+        return self.conn.execute(  # queue = ?: as available_after's
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({marks}) AND queue = ? "
             f"ORDER BY rowid {'DESC' if reverse else 'ASC'} LIMIT ?",
-            (low, high, *states, -1 if count is None else count)).fetchall()
+            (low, high, *states, name_value(queue), -1 if count is None else count)).fetchall()
 
     def entries_after(self, queue: bytes, states: tuple, after: tuple, count: int) -> list[tuple]:
         """XREAD: up to `count` tasks in `states` with ids above `after`, oldest first."""
@@ -546,9 +546,9 @@ class Database:
                 "ORDER BY id_ms, id_seq LIMIT ?", (name_value(queue), after[0], after[1], count)).fetchall()
         span = self.span(queue)
         low = row_ranges.lowest_row(self.conn, span, after, above=True)
-        return self.conn.execute(
+        return self.conn.execute(  # queue = ?: as available_after's
             f"SELECT {TASK_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state IN ({','.join('?' * len(states))}) "
-            "ORDER BY rowid LIMIT ?", (low, span[1], *states, count)).fetchall()
+            "AND queue = ? ORDER BY rowid LIMIT ?", (low, span[1], *states, name_value(queue), count)).fetchall()
 
     def last_delivered(self, queue: bytes) -> tuple | None:
         """The newest id ever delivered (XINFO GROUPS last-delivered-id after a restart)."""
@@ -582,8 +582,7 @@ class Database:
         return self.conn.execute(f"{sql} ORDER BY {order} LIMIT ?", (*params, count)).fetchall()
 
     def tasks_by_rowid(self, rowids: list[int]) -> list[tuple]:
-        """These rows (tasks in flight the broker chose: the dashboard, XINFO TASKS), INSPECT_COLUMNS,
-        in id order."""
+        """These rows, tasks in flight the broker chose (the dashboard, XINFO TASKS): INSPECT_COLUMNS, by id."""
         return self.conn.execute(
             f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid IN (SELECT value FROM json_each(?)) "
             "ORDER BY id_ms, id_seq", (row_list(rowids),)).fetchall()

@@ -9,7 +9,8 @@ one. A server that stops cleanly knows the counts: it writes them to `ezra.count
 database is closed, with the file's identity (size, inode, modification time to the
 nanosecond). The next start takes them only if ezra.db is that file, unwritten since and with no
 WAL frames: anything that wrote to it meanwhile (the sqlite3 shell, a restore, a copy over it) moved
-its time or its inode. Otherwise, as after a crash, start-up counts the rows.
+its time or its inode (a stop that saw another connection write leaves counts that match no file).
+Otherwise, as after a crash, start-up counts the rows.
 
 The file is read and removed before the database is opened, so it never outlives the start it
 served: a crash later finds none and counts.
@@ -40,11 +41,12 @@ def _wal_bytes(db_path: str) -> int:
         return 0
 
 
-def save(data_dir: str, db_path: str, counts: dict[bytes, tuple[int, int]]) -> None:
+def save(data_dir: str, db_path: str, counts: dict[bytes, tuple[int, int]], written_by_others: bool = False) -> None:
     """Write the counts, {queue: (done, available)}, beside the closed database (written whole,
-    then renamed into place)."""
+    then renamed into place). `written_by_others`: another connection wrote to the file while the
+    server ran (the sqlite3 shell: storage/hand_rows.py), so the next start must find it changed."""
     path = os.path.join(data_dir, COUNTS_FILENAME)
-    record = {"format": FORMAT, "database": _identity(db_path),
+    record = {"format": FORMAT, "database": [0, 0, 0] if written_by_others else _identity(db_path),
               "queues": {name.hex(): list(pair) for name, pair in counts.items() if any(pair)}}
     temporary = path + ".new"
     try:
@@ -58,32 +60,33 @@ def save(data_dir: str, db_path: str, counts: dict[bytes, tuple[int, int]]) -> N
         logger.warning("could not save the done-task counts to {}: {} (the next start counts them)", path, exc)
 
 
-def take(data_dir: str, db_path: str) -> dict[bytes, tuple[int, int]] | None:
+def take(data_dir: str, db_path: str) -> tuple[dict[bytes, tuple[int, int]] | None, bool]:
     """The counts a clean stop left, {queue: (done, available)}, if ezra.db is still the file they
-    were taken of; removes them either way. None: count the rows."""
+    were taken of, else None (count the rows); and whether the file was written by another program
+    since that stop, or while the server ran (None and False: no clean stop, a crash). Removes them."""
     path = os.path.join(data_dir, COUNTS_FILENAME)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
-        return None
+        return None, False
     except OSError as exc:
         logger.warning("cannot read {}: {}; counting the tasks instead", path, exc)
-        return None
+        return None, True
     try:
         with os.fdopen(fd) as f:
             text = f.read()
         os.unlink(path)
     except OSError as exc:
         logger.warning("cannot read or remove {}: {}; counting the tasks instead", path, exc)
-        return None
+        return None, True
     try:
         record = json.loads(text)
         if _wal_bytes(db_path) or record.get("format") != FORMAT \
                 or record.get("database") != _identity(db_path):
             logger.info("{} was changed after the last clean stop: counting the tasks", db_path)
-            return None
+            return None, True
         return {bytes.fromhex(name): (int(done), int(available))
-                for name, (done, available) in record["queues"].items()}
+                for name, (done, available) in record["queues"].items()}, False
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         logger.warning("ignoring {} ({}): counting the tasks instead", path, exc)
-        return None
+        return None, True

@@ -23,10 +23,10 @@ import time
 
 from loguru import logger
 
-from . import done_counts, row_ranges
+from . import done_counts, hand_rows, row_ranges
 from .database import DEFAULT_RESERVE_BYTES, RESERVE_FILENAME, Database
 from .dirlock import LOCK_FILENAME
-from .schema import APPLICATION_ID, SCHEMA, SCHEMA_STATEMENTS, SCHEMA_VERSION, StorageError
+from .schema import APPLICATION_ID, SCHEMA, SCHEMA_STATEMENTS, SCHEMA_VERSION, StorageError, roll_back
 
 DB_FILENAME = "ezra.db"
 NEW_DB_FILENAME = DB_FILENAME + ".new"  # a new database until its schema is on disk
@@ -63,7 +63,7 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
                            "interrupted copy or restore, not a database; put the backup you meant to restore in "
                            "its place, or, if this is a new install, delete it and start EZRA again (it creates "
                            "the database)")
-    counts_at_close = done_counts.take(data_dir, path)  # before anything writes to the file
+    counts_at_close, written_since = done_counts.take(data_dir, path)  # before anything writes to the file
     conn = connect(path)
     try:
         version = _check_owner(conn, path)
@@ -72,9 +72,9 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
         if migrated:
             _migrate(conn, version, path)
             counts_at_close = None  # a migration may move tasks between states (schema 12's): count them
-        elif counts_at_close is None and version and (misplaced := _misplaced_tasks(conn)):
-            _put_tasks_in_place(conn, path, misplaced)
         conn.executescript(SCHEMA)
+        if counts_at_close is None and version:  # the start reads every row anyway: rows written by hand
+            hand_rows.check(conn, path, _renumber_tasks, blob_bytes=written_since)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a fresh WAL; the file exists from here on
@@ -241,16 +241,9 @@ def _migrate(conn, version: int, path: str) -> None:
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
-        _roll_back(conn)
+        roll_back(conn)
         raise
     logger.info("migrated {} from schema {} to {}", path, version, SCHEMA_VERSION)
-
-
-def _roll_back(conn) -> None:
-    """Undo a failed step's transaction. SQLite may have rolled it back itself (a full disk, an
-    I/O error): a ROLLBACK then fails, "no transaction is active", and would hide the reason."""
-    if conn.in_transaction:
-        conn.execute("ROLLBACK")
 
 
 def _add_queue_columns(conn, columns: dict) -> None:
@@ -309,30 +302,6 @@ def _migrate_to_v14(conn) -> None:
     (storage/row_ranges.py); the primary key on (queue, id_ms, id_seq) and its index go."""
     _add_queue_columns(conn, {"number": "INTEGER"})
     _renumber_tasks(conn)
-
-
-def _misplaced_tasks(conn) -> int:
-    """Tasks outside their queue's range of row ids: only rows written by hand (the sqlite3 shell)
-    get there, as SQLite gives a row inserted without its row id the largest plus one. Counted
-    when the start reads every row anyway (after a crash, or a file changed since its clean stop):
-    0.25 s a million tasks."""
-    return conn.execute(
-        "SELECT (SELECT count(*) FROM tasks) - (SELECT count(*) FROM queues JOIN tasks "
-        f"ON {row_ranges.IN_QUEUE_RANGE} AND tasks.queue = queues.name)").fetchone()[0]
-
-
-def _put_tasks_in_place(conn, path: str, misplaced: int) -> None:
-    """Tasks written by hand outside their queue's range: the table is renumbered, in one
-    transaction, as schema 14's migration does, so that the server sees each task in its queue."""
-    logger.warning("{}: {} tasks are not in their queue's range of row ids (written by hand?); renumbering "
-                   "the tasks table", path, misplaced)
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        _renumber_tasks(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        _roll_back(conn)
-        raise
 
 
 def _renumber_tasks(conn) -> None:

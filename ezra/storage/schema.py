@@ -114,13 +114,20 @@ def encode_fields(fields: list[bytes]) -> str:
 
 
 def decode_fields(text: str) -> list[bytes]:
+    """The names and values of a JSON array of text; ValueError, saying why, for any other text
+    (written by hand: storage/hand_rows.py)."""
     try:
         values, end = _scan(text, 0)
     except (StopIteration, ValueError):
         values, end = None, -1
     if end != len(text) or type(values) is not list:
         values = json.loads(text)  # a clear error for text that is not JSON
-    return [f.encode("utf-8", "surrogateescape") for f in values]
+        if type(values) is not list:
+            raise ValueError(f"JSON {type(values).__name__}, not an array of names and values")
+    try:
+        return [f.encode("utf-8", "surrogateescape") for f in values]
+    except AttributeError:
+        raise ValueError("an item that is not text") from None
 
 
 def encode_failure(failure: dict | None) -> str | None:
@@ -158,3 +165,9 @@ def decode_failure(text: str | None) -> dict | None:
         return {"cause": None, "reason": str(text), "worker": None, "at": None}
     return failure
 
+
+def roll_back(conn) -> None:
+    """Undo a failed step's transaction. SQLite may have rolled it back itself (a full disk, an
+    I/O error): a ROLLBACK then fails, "no transaction is active", and would hide the reason."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")

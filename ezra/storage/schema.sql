@@ -114,6 +114,18 @@ SELECT queue, id_ms || '-' || id_seq AS id, id_ms, id_seq, state,
        attempts, worker, created_at, available_at, deadline, delivered_at, finished_at, ttl_ms, unique_key, failure
 FROM tasks;
 
+-- Tasks the start found unreadable (fields that are neither a JSON array of text nor a RESP array,
+-- an id that is not two integers) or repeated (a second row with an id its queue has): rows written
+-- by hand (storage/hand_rows.py). Moved here, never served; each with why and when. Fix a row and
+-- INSERT it back into tasks while the server is stopped (docs/usage.md), or delete it.
+CREATE TABLE IF NOT EXISTS unreadable_tasks (
+    row           INTEGER,  -- its row id in tasks
+    queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, deadline,
+    delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved,  -- as tasks had them
+    reason        TEXT    NOT NULL,  -- why it was set aside
+    found_at      INTEGER NOT NULL   -- ms since the epoch
+);
+
 -- Idempotent producers (XADD IDMP / IDMPAUTO): a retried push returns the first id.
 CREATE TABLE IF NOT EXISTS idempotency (
     queue       TEXT    NOT NULL,

@@ -21,7 +21,7 @@ from ..storage.schedules import NEVER
 from ..cron import local_time
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from ..storage import decode_failure
-from ..task_fields import listed
+from ..task_fields import shown as shown_fields
 from . import NAME_SHOWN, shown_name
 
 SAMPLE_SECONDS = 5.0
@@ -131,9 +131,9 @@ def timestamp(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms / 1000)) + "Z"
 
 
-def fields_text(stored_fields: bytes | str, limit: int = FIELDS_SHOWN) -> str:
-    """A task's fields as 'name=value  name=value', cut at `limit` characters, escaped."""
-    values = [value.decode("utf-8", "replace") for value in listed(stored_fields)]
+def fields_text(row: tuple, limit: int = FIELDS_SHOWN) -> str:
+    """A task row's fields as 'name=value  name=value', cut at `limit` characters, escaped."""
+    values = [value.decode("utf-8", "replace") for value in shown_fields(row[2], row[:2])]
     shown = "  ".join(f"{values[i]}={values[i + 1]}" for i in range(0, len(values) - 1, 2))
     if len(shown) > limit:
         shown = shown[:limit] + "…"
@@ -260,8 +260,17 @@ def index_page(state, figures, history: History, page_number: int = 1, total: in
                '(<span class="pushes-key">pushes</span>, <span class="acks-key">acks</span>)</th></tr></thead>'
              f'<tbody>{"".join(rows)}</tbody></table>')
     nav = pages_nav(page_number, len(overview), total)
-    return page("queues", f'{header(state, figures)}<main><h1>Queues</h1>{nav}{table}{nav}'
+    return page("queues", f'{header(state, figures)}<main><h1>Queues</h1>{unreadable_note(figures)}{nav}{table}{nav}'
                           f'{schedules_section(schedules)}</main>')
+
+
+def unreadable_note(figures) -> str:
+    """A warning when tasks' rows cannot be read (written by hand: storage/hand_rows.py)."""
+    if not figures.unreadable_tasks:
+        return ""
+    return (f'<p class="paused-note">{plural(figures.unreadable_tasks, "task")} written by hand cannot be read and '
+            'are not served: they are in the table <code>unreadable_tasks</code> of ezra.db (or will be at the '
+            'next start); the server\'s log names each and says why.</p>')
 
 
 def schedules_section(schedules) -> str:
@@ -374,7 +383,7 @@ def in_flight_table(name: bytes, rows: list, total: int, now: int) -> str:
     cells = "".join(
         f'<tr><td class="id">{task_link(name, row)}</td><td>{text(row[4])}</td>'
         f'<td class="num">{text(duration(now - row[8]))}</td><td class="num">{text(duration(row[7] - now))}</td>'
-        f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row[2])}</td></tr>' for row in rows)
+        f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row)}</td></tr>' for row in rows)
     return (head + '<table class="tasks in-flight"><thead><tr><th>id</th><th>worker</th><th class="num">held for'
             f'</th><th class="num">lease left</th><th class="num">attempts</th>{key_head}<th>fields</th></tr></thead>'
             f'<tbody>{cells}</tbody></table>')
@@ -390,7 +399,7 @@ def dead_table(name: bytes, rows: list, total: int, now: int, csrf: str) -> str:
     key_head, key_cell = key_cells(rows)
     cells = "".join(
         f'<tr data-id="{text(stream_ids.format_id(row[:2]))}"><td class="id">{task_link(name, row)}</td>'
-        f'{key_cell(row)}<td class="fields">{fields_text(row[2], 1000)}</td><td class="num">{row[3]}</td>'
+        f'{key_cell(row)}<td class="fields">{fields_text(row, 1000)}</td><td class="num">{row[3]}</td>'
         f'<td>{text(timestamp(row[9]))} <span class="muted">({text(duration(now - row[9]))} ago)</span></td>'
         f'<td class="failure">{failure_text(row[FAILURE], now, 2000)}</td>'
         f'<td class="actions">{form("/queue/requeue", name, csrf, {"id": stream_ids.format_id(row[:2])}, "Requeue", "requeue")}'
@@ -414,7 +423,7 @@ def waiting_table(name: bytes, title: str, rows: list, total: int, now: int, whe
 
     cells = "".join(
         f'<tr><td class="id">{task_link(name, row)}</td><td class="num">{text(duration(age(row)))}</td>'
-        f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row[2])}</td>'
+        f'<td class="num">{row[3]}</td>{key_cell(row)}<td class="fields">{fields_text(row)}</td>'
         f'<td class="failure">{failure_text(row[FAILURE], now)}</td><td class="actions">{delete(row)}</td></tr>'
         for row in rows)
     return (head + f'<table class="tasks"><thead><tr><th>id</th><th class="num">{when}</th>'

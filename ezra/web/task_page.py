@@ -13,7 +13,7 @@ import time
 from .. import stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, MAX_REASON_BYTES
 from ..storage import decode_failure
-from ..task_fields import listed
+from ..task_fields import shown as shown_fields
 from . import shown_name
 from .dashboard import FAILURE, STATE_TITLES, UNIQUE_KEY, duration, form, header, page, queue_link, text
 
@@ -96,8 +96,8 @@ def failure_section(failure_json: str | None, now: int) -> str:
     return f'{head}<table class="facts failure">{cells}</table>'
 
 
-def fields_section(stored_fields: bytes | str) -> str:
-    values = listed(stored_fields)
+def fields_section(row: tuple) -> str:
+    values = shown_fields(row[2], row[:2])
     pairs = [(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
     shown = pairs[:FIELDS_LISTED]
     note = (f' <span class="muted">(first {len(shown)} of {len(pairs)}: XRANGE shows them all)</span>'
@@ -131,6 +131,6 @@ def render(state, queue: bytes, row: tuple, figures, csrf: str) -> bytes:
             f'<main><p><a href="/">← queues</a> · queue {queue_link(queue)}</p>'
             f'<h1>task <span class="id">{text(task_id)}</span></h1>',
             actions(queue, task_id, row[STATE], csrf),
-            facts_table(row, now), failure_section(row[FAILURE], now), fields_section(row[2]), "</main>"]
+            facts_table(row, now), failure_section(row[FAILURE], now), fields_section(row), "</main>"]
     title = f"{task_id} in {shown_name(queue).decode('utf-8', 'replace')}"
     return page(title, "".join(body), refresh=False)  # a still page: the reason stays put while it is read
