@@ -69,6 +69,7 @@ def test_a_lease_runs_out_after_its_length_when_the_clock_steps_back(ezra_factor
     assert [entry[0] for entry in redelivered] == [task_id]
     pending = client.xpending_range("jobs", "g", "-", "+", 10)
     assert [(row["consumer"], row["times_delivered"]) for row in pending] == [(b"w2", 2)]
+    assert client.info("server")["uptime_in_seconds"] >= 0  # -3600 when it was counted on the system clock
 
 
 def test_a_delay_keeps_its_remaining_time_when_the_clock_steps_back(ezra_factory, tmp_path, protocol):
