@@ -133,7 +133,7 @@ def retry_state(state: str, attempts: int, mode: str, backoff, now: int) -> tupl
 
 def due_after(now: int, delay_ms: int) -> int:
     """When a task held back `delay_ms` from `now` comes due (DELAY, backoff). The clock
-    (now_ms) rounds down, so up to 1 ms of `now` is already gone: due at now + delay, the
+    (broker/clock.py) rounds down, so up to 1 ms of `now` is already gone: due at now + delay, the
     task could come that much early. One more ms makes the delay a lower bound."""
     return now + delay_ms + 1
 

@@ -19,7 +19,7 @@ class ServerState:
         self.broker = broker
         self.settings = settings
         self.scheduler = scheduler  # XSCHEDULE's (broker/schedules.py); None: schedules not served
-        self.started = time.time()
+        self.started = time.monotonic()  # for the uptime: a step of the system clock leaves it
         self.client_ids = itertools.count(1)
         self.sessions: dict[int, "Session"] = {}
         self.total_connections = 0

@@ -47,7 +47,7 @@ class EzraProcess:
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-{uuid.uuid4().hex[:6]}.log"
 
     def start(self, timeout: float = 20.0) -> "EzraProcess":
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **(self.env or {}))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **(self.env or {})}  # a test may add to PYTHONPATH
         self.log_file = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ezra", "--port", "0", "--data-dir", str(self.data_dir), *self.args],

@@ -40,7 +40,7 @@ def test_retry_state():
 
 @pytest.mark.parametrize("nacked_at", [1000.0, 1000.3, 1000.999])
 def test_a_retry_never_comes_before_its_backoff(nacked_at):
-    """The server's clock reads whole ms rounded down (broker.core.now_ms): a task nacked at
+    """The server's clock reads whole ms rounded down (broker/clock.py): a task nacked at
     1000.999 ms reads 1000. Whatever part of that ms was gone, the first clock reading at which
     the retry is due must be at least the whole backoff after the nack (CI saw 0.59997 s for a
     0.6 s backoff when the due time was now + 600)."""

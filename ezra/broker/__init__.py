@@ -45,6 +45,8 @@ The parts are plain objects, each given what it uses when the Broker builds them
 back into the Broker but workers.py's release timer, which is handed the one function it
 calls. From the bottom up (a part imports only those below it):
 
+    clock.py        ServerClock: the time every part reads, the wall clock at start advanced by
+                    elapsed time (a step of the system clock moves no lease); the wall clock
     in_flight.py    QueueLeases: a queue's tasks in flight, by id (schema 12 keeps no index of
                     them); InFlight: their changes, undone with a rolled-back batch, their
                     deadlines for the reaper, and the reads XPENDING, XINFO and XAUTOCLAIM make

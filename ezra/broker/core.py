@@ -10,7 +10,6 @@ claimed or a registered Waiter, `watch` registers an Observer; `unblock` and `un
 from __future__ import annotations
 
 import bisect
-import time
 
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DONE
@@ -18,6 +17,7 @@ from ..storage import SETTING_COLUMNS, Database, name_bytes
 from ..writer import Writer
 from .admin import Admin
 from .claims import Claims
+from .clock import ServerClock
 from .in_flight import InFlight
 from .leases import Leases
 from .observers import Observer, Observers
@@ -34,17 +34,19 @@ DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA c
 MAX_READ_COUNT = 10000
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Broker:
     """The queue operations, as greenlets call them."""
 
-    def __init__(self, db: Database, settings, clock=now_ms):
+    def __init__(self, db: Database, settings, clock=None, wall_clock=None):
+        """`clock` (ms) times every duration (clock.py: the server's, by default); `wall_clock`
+        (ms) the schedules' slots: the system clock, by default; a test's `clock` alone is both."""
         self.db = db
         self.settings = settings
+        if clock is None:
+            server_clock = ServerClock()
+            clock, wall_clock = server_clock.now, server_clock.wall
         self.clock = clock
+        self.wall_clock = wall_clock or clock
         self.queues = Queues(Defaults(settings))
         self.waiters = Waiters()
         self.observers = Observers()

@@ -20,6 +20,16 @@ fires twice. It then moves the schedule's next slot past the later of the slot a
 after downtime the one slot that came first is fired, once, not one per slot missed.
 On a full disk a firing is refused as a push is (disk_space.py): its slot waits, as through
 downtime, and fires once when there is room again.
+
+Slots are the system clock's times; the greenlet sees it step by comparing it with the server's
+clock (clock.py), which only elapsed time moves. A step forward is as downtime: the slot that
+came first fires once. A step back (NTP correcting a fast clock) would leave each next slot that
+much further away: each schedule's next slot is moved back by the step, on to its expression's
+first slot from there (`_tx_realign`), so it keeps its pace. A step shorter than a schedule's
+period fires no slot twice; after a longer one, the times the clock shows a second time come
+round again, as an hourly schedule's do in the repeated hour of daylight saving. A step while
+the server was stopped is found at the first look: a schedule that fired (or was set) later
+than the clock's now is moved back by that much.
 """
 
 from __future__ import annotations
@@ -39,8 +49,9 @@ MAX_SCHEDULES = 1000   # LIST, /metrics and the dashboard show every one
 FIRE_BATCH = 100       # schedules fired per transaction
 RETRY_MS = 1000        # a firing that failed (disk full, storage error) is tried again after this
 # The timer is monotonic, slots are wall-clock times: a look at least this often (seconds) bounds
-# how late a slot fires after the system clock is set forward.
+# how late a slot fires after the system clock is set forward, and a step back is found.
 MAX_SLEEP = 60.0
+STEP_MS = 1000  # the system clock moving this far against elapsed time is a step (logged)
 COMMAND, CONFIG = "command", "config"  # who set a schedule last (origin column)
 
 
@@ -50,7 +61,9 @@ class Scheduler:
     def __init__(self, broker):
         self.broker = broker
         self.db = broker.db
-        self.clock = broker.clock
+        self.clock = broker.wall_clock  # slots are the system clock's times
+        self.server_clock = broker.clock
+        self._skew: int | None = None  # the system clock less the server's at the last look (None: none yet)
         self._crons: dict[tuple[str, str], Cron] = {}  # parsed once per (expression, zone)
         self._wake = Event()
         self._greenlet = None
@@ -95,12 +108,29 @@ class Scheduler:
     def fire_due(self) -> tuple[bool, int | None]:
         """Fire what is due at the clock's now: (more are due, the earliest next slot or None)."""
         now = self.clock()
+        self._follow_steps(now)
         earliest = self.broker.writer.call(self.db.schedules.earliest, durable=False)
         if earliest is None or earliest > now:  # a look, not a firing: no fsync for it
             return False, earliest
         # A firing adds rows, as a push does: on a full disk it is refused (DISK_FULL) before it
         # runs, and its slots wait; it must not use the reserve the workers' claims and acks need.
         return self.broker.writer.submit(self._tx_fire, now, grows=True).wait()
+
+    def _follow_steps(self, now: int) -> None:
+        """Realign the next slots at the first look and after the system clock stepped back."""
+        skew = now - self.server_clock()
+        if self._skew is None:  # the first look: a step while the server was stopped shows in the rows
+            self.broker.writer.call(self._tx_realign, now, None, durable=False)
+        elif abs(skew - self._skew) >= STEP_MS:
+            moved = (skew - self._skew) / 1000
+            logger.warning("the system clock stepped {} {:.3f} s: {}; leases, delays and the times EZRA records "
+                           "run on elapsed time ({:+.3f} s from the system clock until the next start)",
+                           "back" if moved < 0 else "forward", abs(moved),
+                           "schedules keep their pace" if moved < 0 else "each schedule fires the slot that came "
+                           "first, once", -skew / 1000)
+            if moved < 0:
+                self.broker.writer.call(self._tx_realign, now, self._skew - skew, durable=False)
+        self._skew = skew  # once realigned: a failed realignment is tried again at the next look
 
     # ------------------------------------------------------------ the greenlet
 
@@ -186,6 +216,21 @@ class Scheduler:
     def _tx_delete(self, name: bytes) -> int:
         self._refused.discard(name)
         return self.db.schedules.delete(name)
+
+    def _tx_realign(self, now: int, step: int | None) -> None:
+        """The system clock went back `step` ms (None: unknown, after a start): each next slot
+        moves back as far, on to the expression's first slot from there."""
+        schedules = self.db.schedules
+        for name, cron, zone, next_at, last_seen in schedules.timings():
+            back = step if step is not None else last_seen - now  # fired (or set) in what is now the future
+            if back <= 0 or next_at == NEVER:
+                continue
+            try:
+                moved = self._cron(cron, zone).next_after(next_at - back - 1)
+            except CronError:
+                continue  # _fire says why when its slot comes
+            if moved is not None and moved < next_at:
+                schedules.move_next(name, moved)
 
     def _tx_fire(self, now: int) -> tuple[bool, int | None]:
         schedules = self.db.schedules

@@ -262,7 +262,7 @@ def info(session, args):
 
 
 def info_server(state: ServerState, figures):
-    uptime = int(time.time() - state.started)
+    uptime = int(time.monotonic() - state.started)
     system = os.uname()  # what platform.system/release/machine read, without the platform module (0.2 MB)
     return [("redis_version", REDIS_COMPAT_VERSION), ("ezra_version", __version__),
             ("redis_mode", "standalone"), ("os", f"{system.sysname} {system.release} {system.machine}"),

@@ -68,6 +68,12 @@ class Schedules:
         """The next slot of all schedules (ms), or None without schedules."""
         return self.conn.execute("SELECT min(next_at) FROM schedules").fetchone()[0]
 
+    def timings(self) -> list[tuple[bytes, str, str, int, int]]:
+        """(name, cron, zone, next slot, when it last fired or else was set) of every schedule."""
+        return [(name_bytes(name), cron, zone, next_at, last_seen) for name, cron, zone, next_at, last_seen in
+                self.conn.execute("SELECT name, cron, zone, next_at, coalesce(last_fired_at, created_at) "
+                                  "FROM schedules ORDER BY name")]
+
     def save(self, name: bytes, queue: bytes, cron: str, zone: str, fields: list[bytes], skip_unfinished: bool,
              slot_field: bytes | None, origin: str, next_at: int, now: int) -> None:
         """A new definition under `name` (replacing any): nothing fired yet."""

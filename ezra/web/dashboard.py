@@ -218,7 +218,7 @@ def page(title: str, body: str, refresh: bool = True) -> bytes:
 
 
 def header(state, figures) -> str:
-    uptime = int(time.time() - state.started)
+    uptime = int(time.monotonic() - state.started)
     settings = state.settings
     return (f'<header><a class="brand" href="/">EZRA</a> <span class="muted">{text(__version__)} · '
             f'{text(settings.bind)}:{state.port} · up {text(duration(uptime * 1000))} · '
