@@ -303,6 +303,7 @@ def info_stats(state: ServerState, figures):
     return [("total_connections_received", state.total_connections),
             ("total_commands_processed", state.total_commands),
             ("rejected_connections", state.rejected_connections),
+            ("pipeline_yields", state.slice_yields),  # a long pipeline let the other clients in (connection.SLICE)
             ("tasks_pushed", totals["pushed"]), ("tasks_delivered", totals["delivered"]),
             ("tasks_acked", totals["acked"]), ("tasks_failed", totals["failed"]),
             ("tasks_expired", totals["expired"]), ("tasks_dead", totals["dead"]),
