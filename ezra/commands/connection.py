@@ -337,7 +337,7 @@ INFO_NAME_SAFE = str.maketrans({"\r": "?", "\n": "?", ",": "?"})
 
 def info_schedules(state: ServerState, figures):
     """XSCHEDULE's schedules in all: how many, tasks they pushed, the next run (ms; 0: none)."""
-    rows = [] if state.scheduler is None else state.scheduler.rows().wait()
+    rows = [] if state.scheduler is None else state.scheduler.shown().wait()
     upcoming = [row.next_at for row in rows if row.next_at < NEVER]
     return [("schedules", len(rows)), ("schedule_firings", sum(row.firings for row in rows)),
             ("schedule_next_run", min(upcoming, default=0))]

@@ -50,12 +50,18 @@ def xschedule(session, args):
     if sub == b"DEL" and len(args) == 3:
         return Deferred(scheduler_of(session).delete(args[2]))
     if sub == b"LIST" and len(args) == 2:
-        return Deferred(scheduler_of(session).rows(), lambda rows: [schedule_reply(row) for row in rows])
+        if session.in_exec:  # it cannot wait for a thread: read in the transaction
+            return Deferred(scheduler_of(session).rows(), list_reply)
+        return list_reply(scheduler_of(session).rows_apart())
     if sub == b"HELP" and len(args) == 2:
         return [SimpleString(line) for line in HELP]
     if sub in (b"SET", b"DEL", b"LIST"):
         raise errors.wrong_subcommand_arity("xschedule", sub)
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XSCHEDULE")
+
+
+def list_reply(rows) -> list:
+    return [schedule_reply(row) for row in rows]
 
 
 def schedule_reply(row) -> dict:
