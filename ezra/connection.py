@@ -38,7 +38,7 @@ from .batch import Request
 from .commands import Deferred, dispatch
 from .commands.runs import RUNS
 from .gate import Gate
-from .resp import ErrorReply, Replies, WrittenMap, encode
+from .resp import ErrorReply, Replies, WrittenMap, encode, encode_in_pieces
 from .request_reader import BulkTooLarge, ProtocolError, RequestReader
 from .session import ServerState, Session
 
@@ -61,6 +61,7 @@ DISCARD_LIMIT = 512 * 1024 * 1024
 # A connection that has run commands (or written replies) this long lets the loop serve the others
 # before it goes on: 64 pipelined XPENDINGs of 10,000 entries each held every other client 4.9-6.5 s.
 SLICE = 0.003  # seconds
+PIECE_ITEMS = 500  # a reply longer than this (XRANGE, XPENDING...) is encoded this many items at a time
 WRONGPASS = errors.WRONGPASS  # compared by type after each command: a global is the cheapest lookup
 AUTH_FAILURES_PER_CONNECTION = 10  # then the connection is closed
 # Before AUTH, as Redis (CVE-2021-32675): what a client that knows no password may make the server hold.
@@ -402,8 +403,7 @@ class Connection:
         gevent.idle()
         self.slice_start = perf_counter()
 
-    @staticmethod
-    def _written(proto: int, reply, kind) -> bytes:
+    def _written(self, proto: int, reply, kind) -> bytes:
         """A reply's bytes, once the writer answered it (a Request or a Deferred waits for it)."""
         if kind is Request:  # a push's or an ack's (see commands.Deferred)
             try:
@@ -420,8 +420,22 @@ class Connection:
                 reply = exc.as_reply() if reply.replies == 1 else Replies((exc.as_reply(),) * reply.replies)
             kind = type(reply)
         # A push's id and an ack's count, the most common replies, as encode writes them: no call
-        return b"$%d\r\n%s\r\n" % (len(reply), reply) if kind is bytes else (
-            b":%d\r\n" % reply if kind is int else encode(reply, proto))
+        if kind is bytes:
+            return b"$%d\r\n%s\r\n" % (len(reply), reply)
+        if kind is int:
+            return b":%d\r\n" % reply
+        if kind is list and len(reply) > PIECE_ITEMS:  # a long read's: others may come in between
+            return self._encoded_in_pieces(reply, proto)
+        return encode(reply, proto)
+
+    def _encoded_in_pieces(self, reply: list, proto: int) -> bytes:
+        """A long array's bytes, written a piece at a time: the slice is looked at between two."""
+        pieces = []
+        for piece in encode_in_pieces(reply, proto, PIECE_ITEMS):
+            pieces.append(piece)
+            if perf_counter() - self.slice_start >= SLICE:
+                self.let_others_in()
+        return b"".join(pieces)
 
     def _send(self, data: bytes) -> bool:
         """Send data; False if the client is gone or reads nothing (then the connection is closing)."""

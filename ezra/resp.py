@@ -127,6 +127,18 @@ def encode(value, proto: int) -> bytes:
     return b"".join(out)
 
 
+def encode_in_pieces(value: list, proto: int, items: int):
+    """A long array's encoding in pieces of `items` items each (the connection lets other clients
+    in between two): joined, they are `encode(value, proto)`."""
+    resp3 = proto == 3
+    yield b"*%d\r\n" % len(value)
+    for start in range(0, len(value), items):
+        out: list[bytes] = []
+        for item in value[start:start + items]:
+            _encode(item, resp3, out)
+        yield b"".join(out)
+
+
 def _encode(value, resp3: bool, out: list) -> None:
     kind = type(value)
     if kind is bytes:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ezra.request_reader import BULK_HEADERS, ProtocolError, RequestReader
-from ezra.resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString, Verbatim, encode
+from ezra.resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString, Verbatim, encode, encode_in_pieces
 from reliability import report
 
 CASES = {"round_trip": 0, "random_frames": 0}  # property-test examples run: the README's fuzz figures
@@ -370,3 +370,13 @@ def test_a_claim_of_one_queue_is_written_as_the_map_of_any_queues(proto):
     assert shortcut == b"".join(general)
     entries = PairsMap({b"jobs": [[b"1764612345678-0", [b"d", b"hi"]], [b"1764612345678-1", []]]})
     assert shortcut == encode(entries, proto)
+
+
+@pytest.mark.parametrize("proto", [2, 3])
+def test_a_long_array_in_pieces_is_its_encoding(proto):
+    """The connection writes a long read's reply a piece at a time (letting others in between):
+    joined, the pieces are the reply's bytes as encode writes them whole."""
+    value = [[b"%d-0" % i, [b"f", b"v" * (i % 7), b"n", str(i).encode()]] for i in range(1234)]
+    value += [None, 5, b"x" * 300, {b"k": [1, 2]}, SimpleString("OK"), [], NULL_ARRAY]
+    for items in (1, 7, 500, 5000):
+        assert b"".join(encode_in_pieces(value, proto, items)) == encode(value, proto)
