@@ -38,7 +38,7 @@ from .batch import Request
 from .commands import Deferred, dispatch
 from .commands.runs import RUNS
 from .gate import Gate
-from .resp import ErrorReply, Replies, WrittenMap, encode, encode_in_pieces
+from .resp import ErrorReply, Mapped, Replies, WrittenMap, encode, encode_in_pieces
 from .request_reader import BulkTooLarge, ProtocolError, RequestReader
 from .session import ServerState, Session
 
@@ -424,11 +424,11 @@ class Connection:
             return b"$%d\r\n%s\r\n" % (len(reply), reply)
         if kind is int:
             return b":%d\r\n" % reply
-        if kind is list and len(reply) > PIECE_ITEMS:  # a long read's: others may come in between
+        if (kind is list or kind is Mapped) and len(reply) > PIECE_ITEMS:  # a long read's: others come in between
             return self._encoded_in_pieces(reply, proto)
         return encode(reply, proto)
 
-    def _encoded_in_pieces(self, reply: list, proto: int) -> bytes:
+    def _encoded_in_pieces(self, reply: list | Mapped, proto: int) -> bytes:
         """A long array's bytes, written a piece at a time: the slice is looked at between two."""
         pieces = []
         for piece in encode_in_pieces(reply, proto, PIECE_ITEMS):
@@ -505,4 +505,4 @@ class Connection:
 
 # A read's reply (megabytes, perhaps), not a push's or an ack's small durable answer: a list or a
 # dict, or a Deferred whose request is not durable (EXEC's are all-replies: counted).
-LARGE = (list, dict, WrittenMap)  # (a blocked XREADGROUP's claims come written: counted as before)
+LARGE = (list, dict, WrittenMap, Mapped)  # (a blocked XREADGROUP's claims come written: counted as before)

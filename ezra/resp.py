@@ -43,6 +43,21 @@ class Replies(tuple):
     """Several replies, one after another: the commands of a pipeline worked as one (commands/runs.py)."""
 
 
+class Mapped:
+    """An array whose items are made as it is written: `make(row)` for each of `rows`. A long
+    read's reply (XRANGE, XPENDING): the connection makes and writes it in pieces, letting the
+    other clients in between two, where a list would be made whole first."""
+
+    __slots__ = ("rows", "make")
+
+    def __init__(self, rows: list, make):
+        self.rows = rows
+        self.make = make
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
 class ErrorReply(Exception):
     """An error reply. `message` starts with the Redis prefix (ERR, NOAUTH...)."""
 
@@ -127,14 +142,16 @@ def encode(value, proto: int) -> bytes:
     return b"".join(out)
 
 
-def encode_in_pieces(value: list, proto: int, items: int):
+def encode_in_pieces(value: list | Mapped, proto: int, items: int):
     """A long array's encoding in pieces of `items` items each (the connection lets other clients
     in between two): joined, they are `encode(value, proto)`."""
     resp3 = proto == 3
-    yield b"*%d\r\n" % len(value)
-    for start in range(0, len(value), items):
+    rows, make = (value.rows, value.make) if type(value) is Mapped else (value, None)
+    yield b"*%d\r\n" % len(rows)
+    for start in range(0, len(rows), items):
         out: list[bytes] = []
-        for item in value[start:start + items]:
+        piece = rows[start:start + items]
+        for item in (piece if make is None else map(make, piece)):
             _encode(item, resp3, out)
         yield b"".join(out)
 
@@ -162,6 +179,8 @@ def _encode(value, resp3: bool, out: list) -> None:
                         _encode(leaf, resp3, out)
             else:
                 _encode(item, resp3, out)
+    elif kind is Mapped:
+        _encode(list(map(value.make, value.rows)), resp3, out)
     elif kind is PairsMap:  # XREADGROUP's and XREAD's reply, before the isinstance checks
         _encode_map(value, resp3, out)
     elif kind is WrittenMap:  # as a PairsMap

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ezra.request_reader import BULK_HEADERS, ProtocolError, RequestReader
-from ezra.resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString, Verbatim, encode, encode_in_pieces
+from ezra.resp import (NULL_ARRAY, OK, ErrorReply, Mapped, PairsMap, SimpleString, Verbatim, encode,
+                       encode_in_pieces)
 from reliability import report
 
 CASES = {"round_trip": 0, "random_frames": 0}  # property-test examples run: the README's fuzz figures
@@ -380,3 +381,10 @@ def test_a_long_array_in_pieces_is_its_encoding(proto):
     value += [None, 5, b"x" * 300, {b"k": [1, 2]}, SimpleString("OK"), [], NULL_ARRAY]
     for items in (1, 7, 500, 5000):
         assert b"".join(encode_in_pieces(value, proto, items)) == encode(value, proto)
+    # Made while written (a long XRANGE's entries): the same bytes as the list made first, nested too
+    rows = list(range(1234))
+    make = lambda i: [b"%d-0" % i, [b"n", str(i).encode()]]  # noqa: E731
+    made = [make(i) for i in rows]
+    for items in (1, 500, 5000):
+        assert b"".join(encode_in_pieces(Mapped(rows, make), proto, items)) == encode(made, proto)
+    assert encode([Mapped(rows, make), 1], proto) == encode([made, 1], proto)
