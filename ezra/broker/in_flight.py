@@ -270,11 +270,7 @@ class InFlight:
                 delivered_before: int | None = None) -> list[tuple]:
         """XPENDING's extended form: (task id, lease) of tasks in flight from `start` to `end`, in id
         order, up to `limit` (-1: all); of one worker, delivered at or before a time, if given."""
-        leases = queue.leases
-        pairs = [(task_id, lease) for task_id, lease in leases.items() if start <= task_id <= end
-                 and (worker is None or lease[WORKER] == worker)
-                 and (delivered_before is None or lease[DELIVERED_AT] <= delivered_before)]
-        return leases.first(limit, pairs)
+        return entries_of(queue.leases, start, end, limit, worker, delivered_before)
 
     @staticmethod
     def summary(queue) -> tuple:
@@ -287,6 +283,23 @@ class InFlight:
         """XINFO CONSUMERS: (worker, tasks held, last delivery) of each worker holding some."""
         held, last = queue.leases.summed()[2], queue.leases.last_deliveries()
         return [(worker, n, last[worker]) for worker, n in sorted(held.items())]
+
+
+def entries_of(leases: dict, start: tuple, end: tuple, limit: int, worker: bytes | None = None,
+               delivered_before: int | None = None) -> list[tuple]:
+    """InFlight.entries of a queue's leases, or of a copy of them (on a thread: Broker.pending_entries)."""
+    pairs = [(task_id, lease) for task_id, lease in leases.items() if start <= task_id <= end
+             and (worker is None or lease[WORKER] == worker)
+             and (delivered_before is None or lease[DELIVERED_AT] <= delivered_before)]
+    return QueueLeases.first(leases, limit, pairs)
+
+
+def pending_of(leases: dict, now: int, start: tuple, end: tuple, count: int, worker: bytes | None,
+               min_idle_ms: int | None) -> list[tuple]:
+    """XPENDING's extended form: [(task id, worker, idle ms, deliveries)] of the leases at `now`."""
+    before = None if min_idle_ms is None else now - min_idle_ms
+    return [(task_id, lease[WORKER], max(now - lease[DELIVERED_AT], 0), lease[ATTEMPTS])
+            for task_id, lease in entries_of(leases, start, end, count, worker, before)]
 
 
 def failure_rows(pairs) -> list[tuple]:

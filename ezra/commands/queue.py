@@ -482,7 +482,8 @@ def xpending(session, args):
     worker = rest[3] if len(rest) == 4 else None
     if count <= 0 or start > end:
         return []
-    return Deferred(broker_of(session).pending_entries(queue, start, end, count, worker, min_idle), pending_reply)
+    pending = broker_of(session).pending_entries(queue, start, end, count, worker, min_idle, not session.in_exec)
+    return pending_reply(pending) if type(pending) is list else Deferred(pending, pending_reply)
 
 
 def pending_reply(pending: list):
