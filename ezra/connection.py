@@ -38,7 +38,7 @@ from .batch import Request
 from .commands import Deferred, dispatch
 from .commands.runs import RUNS
 from .gate import Gate
-from .resp import ErrorReply, Mapped, Replies, WrittenMap, encode, encode_in_pieces
+from .resp import ErrorReply, Mapped, Replies, WrittenMap, encode, encode_in_pieces, is_long
 from .request_reader import BulkTooLarge, ProtocolError, RequestReader
 from .session import ServerState, Session
 
@@ -102,8 +102,8 @@ class Connection:
     """One client: read commands, dispatch, write replies."""
 
     __slots__ = ("sock", "state", "gate", "auth_failures", "answer_held", "session", "reader", "replies",
-                 "reads", "busy", "send_timeout", "frame_timeout", "_raw", "greenlet",
-                 "awaiting_command", "quiet", "parked", "limited", "slice_start")  # an idle connection's memory: see the module doc
+                 "reads", "busy", "send_timeout", "frame_timeout", "_raw", "greenlet", "awaiting_command",
+                 "quiet", "parked", "limited", "slice_start")  # an idle connection's memory: see the module doc
 
     def __init__(self, state: ServerState, sock, addr: str, gate: Gate, tls: bool = False):
         """`addr`: the client's "host:port"."""
@@ -424,11 +424,11 @@ class Connection:
             return b"$%d\r\n%s\r\n" % (len(reply), reply)
         if kind is int:
             return b":%d\r\n" % reply
-        if (kind is list or kind is Mapped) and len(reply) > PIECE_ITEMS:  # a long read's: others come in between
+        if (kind is list or kind is Mapped or kind is dict) and is_long(reply, PIECE_ITEMS):  # others come in between
             return self._encoded_in_pieces(reply, proto)
         return encode(reply, proto)
 
-    def _encoded_in_pieces(self, reply: list | Mapped, proto: int) -> bytes:
+    def _encoded_in_pieces(self, reply, proto: int) -> bytes:
         """A long array's bytes, written a piece at a time: the slice is looked at between two."""
         pieces = []
         for piece in encode_in_pieces(reply, proto, PIECE_ITEMS):

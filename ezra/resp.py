@@ -142,17 +142,48 @@ def encode(value, proto: int) -> bytes:
     return b"".join(out)
 
 
-def encode_in_pieces(value: list | Mapped, proto: int, items: int):
-    """A long array's encoding in pieces of `items` items each (the connection lets other clients
-    in between two): joined, they are `encode(value, proto)`."""
-    resp3 = proto == 3
-    rows, make = (value.rows, value.make) if type(value) is Mapped else (value, None)
-    yield b"*%d\r\n" % len(rows)
-    for start in range(0, len(rows), items):
-        out: list[bytes] = []
-        piece = rows[start:start + items]
-        for item in (piece if make is None else map(make, piece)):
-            _encode(item, resp3, out)
+def is_long(value, items: int) -> bool:
+    """Is this reply written in pieces (encode_in_pieces)? An array of more than `items` items,
+    or a map holding one."""
+    kind = type(value)
+    if kind is list or kind is Mapped:
+        return len(value) > items
+    return kind is dict and any(is_long(item, items) for item in value.values())
+
+
+def encode_in_pieces(value, proto: int, items: int):
+    """A long reply's encoding in pieces (the connection lets other clients in between two): its
+    arrays cut every `items` items, its maps' values each apart. Joined, the pieces are
+    `encode(value, proto)`."""
+    yield from _pieces(value, proto == 3, items)
+
+
+def _pieces(value, resp3: bool, items: int):
+    kind = type(value)
+    if kind is list or kind is Mapped:
+        rows, make = (value.rows, value.make) if kind is Mapped else (value, None)
+        yield ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)
+        for start in range(0, len(rows), items):
+            out: list[bytes] = []
+            piece = rows[start:start + items]
+            for item in (piece if make is None else map(make, piece)):
+                if type(item) is dict or is_long(item, items):
+                    yield b"".join(out)
+                    out = []
+                    yield from _pieces(item, resp3, items)
+                else:
+                    _encode(item, resp3, out)
+            yield b"".join(out)
+    elif kind is dict:  # as _encode_map writes a plain dict
+        yield b"%%%d\r\n" % len(value) if resp3 else b"*%d\r\n" % (2 * len(value))
+        for key, item in value.items():
+            out = []
+            _encode(key, resp3, out)
+            yield b"".join(out)
+            yield from _pieces(item, resp3, items)
+    else:
+        out = []
+        _encode(value, resp3, out)
         yield b"".join(out)
 
 

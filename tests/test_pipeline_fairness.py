@@ -111,5 +111,4 @@ def test_a_ping_waits_for_one_big_read_not_the_whole_pipeline(ezra_factory):
         conn.close()
         assert without_idle(replies) == without_idle(single) * 64
         assert whole > 10 * one_read, (whole, one_read)  # the pipeline's work is long
-        print("FIG", read[0], round(pinger.worst * 1000), "ms of", round(whole * 1000), "ms; one read", round(one_read * 1000), "ms")
         assert pinger.worst < whole / 4, (read[0], pinger.worst, whole, one_read)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ezra.request_reader import BULK_HEADERS, ProtocolError, RequestReader
 from ezra.resp import (NULL_ARRAY, OK, ErrorReply, Mapped, PairsMap, SimpleString, Verbatim, encode,
-                       encode_in_pieces)
+                       encode_in_pieces, is_long)
 from reliability import report
 
 CASES = {"round_trip": 0, "random_frames": 0}  # property-test examples run: the README's fuzz figures
@@ -388,3 +388,9 @@ def test_a_long_array_in_pieces_is_its_encoding(proto):
     for items in (1, 500, 5000):
         assert b"".join(encode_in_pieces(Mapped(rows, make), proto, items)) == encode(made, proto)
     assert encode([Mapped(rows, make), 1], proto) == encode([made, 1], proto)
+    # Maps with long arrays inside, at any depth (XINFO STREAM FULL, XSCHEDULE LIST)
+    full = {"length": 3, "entries": Mapped(rows, make), "groups": [{"name": b"g", "pending": made}], "x": None}
+    whole = encode({**full, "entries": made}, proto)
+    assert is_long(full, 500) and not is_long({"entries": made[:10]}, 500)
+    for items in (1, 7, 500, 5000):
+        assert b"".join(encode_in_pieces(full, proto, items)) == whole

@@ -74,6 +74,5 @@ def test_info_metrics_and_the_dashboard_do_not_wait_for_the_fields(ezra_factory)
         with Pinger(server.port) as pinger:
             for _ in range(3):
                 assert shown in look()
-        print("FIG", name, round(pinger.worst * 1000), "ms of", round(fields_read * 1000), "ms")
         assert pinger.worst < fields_read / 8, (name, pinger.worst, fields_read)
     conn.close()

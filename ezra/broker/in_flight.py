@@ -291,7 +291,7 @@ def entries_of(leases: dict, start: tuple, end: tuple, limit: int, worker: bytes
     pairs = [(task_id, lease) for task_id, lease in leases.items() if start <= task_id <= end
              and (worker is None or lease[WORKER] == worker)
              and (delivered_before is None or lease[DELIVERED_AT] <= delivered_before)]
-    return QueueLeases.first(leases, limit, pairs)
+    return QueueLeases.first(leases, limit, pairs)  # (of the pairs given: a plain dict serves as well)
 
 
 def pending_of(leases: dict, now: int, start: tuple, end: tuple, count: int, worker: bytes | None,
