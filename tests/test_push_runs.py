@@ -190,6 +190,7 @@ def test_a_run_whose_batch_rolls_back_answers_each_push_the_error(clocked_broker
     sent = []
     conn = Connection.__new__(Connection)  # its flush alone: the replies go to `sent`, not a socket
     conn.replies, conn.reads = [(2, Deferred(request, Replies, replies=3)), (2, 7)], 0
+    conn.slice_start = float("inf")  # its time slice never runs out: no turn for others (no loop here)
     conn._raw = SimpleNamespace(send=lambda data: sent.append(data) or len(data))  # the socket it sends on
     conn.flush()
     error = re.escape(b"-ERR storage error")
