@@ -309,7 +309,11 @@ class Connection:
                 if (kind is Request or kind is Deferred) and count == 1 and not self.replies:
                     # The read's one command, nothing held before it (a client that awaits each
                     # reply, as most do): its reply goes out now, not through the list and flush.
-                    self._send(self._written(session.proto, reply, kind))
+                    answer = self._written(session.proto, reply, kind)  # (not `data`: the bytes read)
+                    if type(answer) is bytes:
+                        self._send(answer)
+                    else:  # a long read's pieces
+                        self._send_pieces(answer)
                     if type(commands) is tuple:
                         return  # take's one frame: nothing is buffered, no next_commands to ask
                     continue
@@ -378,15 +382,28 @@ class Connection:
         if not self.replies:
             return
         replies, self.replies, self.reads = self.replies, [], 0
-        out, size = [], 0
-        append = out.append
+        self._send_pieces(self._written_all(replies))
+
+    def _written_all(self, replies: list):
+        """The replies' bytes, one by one (a long one in its pieces), the slice looked at after each."""
         written = self._written
         for proto, reply in replies:
             data = written(proto, reply, type(reply))
-            append(data)
-            size += len(data)
+            if type(data) is bytes:
+                yield data
+            else:
+                yield from data
             if perf_counter() - self.slice_start >= SLICE:
                 self.let_others_in()
+
+    def _send_pieces(self, pieces) -> None:
+        """Send the pieces joined about SEND_CHUNK bytes at a time, as they come (a long reply is
+        never joined whole); stop if the client is gone."""
+        out, size = [], 0
+        append = out.append
+        for piece in pieces:
+            append(piece)
+            size += len(piece)
             if size >= SEND_CHUNK:
                 if not self._send(b"".join(out)):
                     return
@@ -403,8 +420,9 @@ class Connection:
         gevent.idle()
         self.slice_start = perf_counter()
 
-    def _written(self, proto: int, reply, kind) -> bytes:
-        """A reply's bytes, once the writer answered it (a Request or a Deferred waits for it)."""
+    def _written(self, proto: int, reply, kind):
+        """A reply's bytes, once the writer answered it (a Request or a Deferred waits for it); a
+        long reply's, an iterator of its pieces."""
         if kind is Request:  # a push's or an ack's (see commands.Deferred)
             try:
                 reply = reply.wait()
@@ -428,14 +446,13 @@ class Connection:
             return self._encoded_in_pieces(reply, proto)
         return encode(reply, proto)
 
-    def _encoded_in_pieces(self, reply, proto: int) -> bytes:
-        """A long array's bytes, written a piece at a time: the slice is looked at between two."""
-        pieces = []
+    def _encoded_in_pieces(self, reply, proto: int):
+        """A long reply's bytes, made a piece at a time as they are sent: the slice is looked at
+        between two, and the reply is never joined whole (300 MB of XSCHEDULE LIST, copied again)."""
         for piece in encode_in_pieces(reply, proto, PIECE_ITEMS):
-            pieces.append(piece)
+            yield piece
             if perf_counter() - self.slice_start >= SLICE:
                 self.let_others_in()
-        return b"".join(pieces)
 
     def _send(self, data: bytes) -> bool:
         """Send data; False if the client is gone or reads nothing (then the connection is closing)."""

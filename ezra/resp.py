@@ -143,10 +143,12 @@ def encode(value, proto: int) -> bytes:
 
 
 def is_long(value, items: int) -> bool:
-    """Is this reply written in pieces (encode_in_pieces)? An array of more than `items` items,
-    or a map holding one."""
+    """Is this reply written in pieces (encode_in_pieces)? A Mapped (its maker says it may be
+    large), an array of more than `items` items, or a map holding either."""
     kind = type(value)
-    if kind is list or kind is Mapped:
+    if kind is Mapped:
+        return True
+    if kind is list:
         return len(value) > items
     return kind is dict and any(is_long(item, items) for item in value.values())
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from .. import errors, schedule_settings, stream_ids
 from ..storage.schedules import NEVER
 from ..cron import local_time
-from ..resp import OK, SimpleString
+from ..resp import OK, Mapped, SimpleString
 from .args import live_queue
 from .table import Deferred, command
 
@@ -60,8 +60,9 @@ def xschedule(session, args):
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XSCHEDULE")
 
 
-def list_reply(rows) -> list:
-    return [schedule_reply(row) for row in rows]
+def list_reply(rows) -> Mapped:
+    """Made while it is written (resp.Mapped): a schedule's fields may be a megabyte."""
+    return Mapped(rows, schedule_reply)
 
 
 def schedule_reply(row) -> dict:
