@@ -112,3 +112,21 @@ def test_a_ping_waits_for_one_big_read_not_the_whole_pipeline(ezra_factory):
         assert without_idle(replies) == without_idle(single) * 64
         assert whole > 10 * one_read, (whole, one_read)  # the pipeline's work is long
         assert pinger.worst < whole / 4, (read[0], pinger.worst, whole, one_read)
+
+
+@pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
+def test_a_pick_among_many_leases_on_a_thread_answers_as_in_the_transaction(ezra_factory, protocol):
+    """Over 10,000 tasks in flight, XPENDING's extended form and XINFO STREAM FULL's pending list
+    are picked on a thread from a copy of the leases; inside EXEC (which cannot wait) in the
+    transaction. Both answer the same bytes (XPENDING's idle times aside)."""
+    server = ezra_factory("--visibility-timeout", "3600")
+    fill(server, 10_050)
+    conn = connect(server.port, protocol)
+    reads = [["XPENDING", "q", "g", "-", "+", "10000"], ["XPENDING", "q", "g", "5000", "+", "7", "w"],
+             ["XPENDING", "q", "g", "IDLE", "0", "-", "+", "3"], ["XINFO", "STREAM", "q", "FULL", "COUNT", "600"]]
+    apart = split_replies(pipelined(conn, reads))
+    in_exec = split_replies(pipelined(conn, [["MULTI"], *reads, ["EXEC"]]))
+    assert in_exec[:len(reads) + 1] == [b"+OK\r\n"] + [b"+QUEUED\r\n"] * len(reads)
+    assert without_idle(in_exec[-1]) == without_idle(b"*%d\r\n" % len(reads) + b"".join(apart))
+    assert apart[0].startswith(b"*10000\r\n") and apart[1].startswith(b"*7\r\n")
+    conn.close()

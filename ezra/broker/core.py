@@ -20,7 +20,7 @@ from ..storage import SETTING_COLUMNS, Database, name_bytes
 from ..writer import Writer
 from .admin import Admin
 from .claims import Claims
-from .in_flight import InFlight, pending_of
+from .in_flight import APART_LEASES, InFlight, pending_of
 from .leases import Leases
 from .observers import Observer, Observers
 from .queues import Defaults, Queues
@@ -34,7 +34,6 @@ from .workers import WorkerNames
 
 DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA caps it
 MAX_READ_COUNT = 10000
-APART_LEASES = 10_000  # XPENDING picks among more tasks in flight on a thread (Broker.pending_entries)
 
 
 def now_ms() -> int:
@@ -188,7 +187,7 @@ class Broker:
         85-150 ms of the loop per XPENDING; the copy, a few)."""
         held = self.queues.get(queue)  # a plain read between batches, as names_after's
         if apart and held is not None and len(held.leases) > APART_LEASES:
-            leases, now = self.writer.call(self.tasks.tx_leases_copy, queue, durable=False)
+            leases, now = self.writer.call(self.in_flight.copy, queue, durable=False)
             return get_hub().threadpool.apply(pending_of, (leases, now, start, end, count, worker, min_idle_ms))
         return self.writer.submit(self.tasks.tx_pending_entries, queue, start, end, count, worker, min_idle_ms,
                                   durable=False)

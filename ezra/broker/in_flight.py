@@ -34,10 +34,13 @@ from itertools import count
 from operator import itemgetter
 
 from ..lifecycle import IN_FLIGHT
+from ..stream_ids import TOP
 from ..storage import name_bytes
 
 # A lease's fields (the tuple's positions)
 ROWID, WORKER, DEADLINE, DELIVERED_AT, ATTEMPTS = range(5)
+# XPENDING's and XINFO STREAM FULL's pick among more leases runs on a thread, from a copy (`copy`)
+APART_LEASES = 10_000
 HORIZON_MS = 5000  # the deadline heap is built from every lease this often (while any is held)
 COMPACT_MIN = 1024  # ...or when it holds this many entries, twice as many as at its last build and queues
 
@@ -272,6 +275,12 @@ class InFlight:
         order, up to `limit` (-1: all); of one worker, delivered at or before a time, if given."""
         return entries_of(queue.leases, start, end, limit, worker, delivered_before)
 
+    def copy(self, name: bytes) -> tuple[dict, int]:
+        """In a writer's batch: a copy of the queue's leases, and the time it was taken (a pick among
+        them then runs on a thread: pending_of, pel_of)."""
+        queue = self.queues.get(name)
+        return ({} if queue is None else dict(queue.leases)), self.clock()
+
     @staticmethod
     def summary(queue) -> tuple:
         """XPENDING's summary: (first id, last id, [(worker, tasks held)] by worker name)."""
@@ -300,6 +309,13 @@ def pending_of(leases: dict, now: int, start: tuple, end: tuple, count: int, wor
     before = None if min_idle_ms is None else now - min_idle_ms
     return [(task_id, lease[WORKER], max(now - lease[DELIVERED_AT], 0), lease[ATTEMPTS])
             for task_id, lease in entries_of(leases, start, end, count, worker, before)]
+
+
+def pel_of(leases: dict, now: int, limit: int) -> list[tuple]:
+    """XINFO STREAM FULL's pending list: [(task id, worker, delivered at, deliveries)], the first
+    `limit` by id (-1: all)."""
+    return [(task_id, lease[WORKER], min(lease[DELIVERED_AT], now), lease[ATTEMPTS])
+            for task_id, lease in entries_of(leases, (0, 0), TOP, limit)]
 
 
 def failure_rows(pairs) -> list[tuple]:

@@ -10,7 +10,7 @@ from itertools import repeat
 
 from .. import errors, lifecycle, stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
-from .in_flight import ATTEMPTS, DELIVERED_AT, ROWID, WORKER, failure_rows, pending_of
+from .in_flight import ROWID, failure_rows, pending_of
 from .queues import QueueState
 
 
@@ -302,11 +302,6 @@ class Tasks:
         if queue is None:
             return []
         return pending_of(queue.leases, self.clock(), start, end, count, worker, min_idle_ms)
-
-    def tx_leases_copy(self, name: bytes) -> tuple[dict, int]:
-        """A copy of the queue's leases (the task ids they map stay put) and the time it was taken."""
-        queue = self.queues.get(name)
-        return ({} if queue is None else dict(queue.leases)), self.clock()
 
     def tx_existing(self, names: list[bytes]) -> set[bytes]:
         return {name for name in names if name in self.queues}
