@@ -5,7 +5,10 @@ it, then sends all the replies in one write. Replies that wait for the writer
 (Deferred) are resolved in order at that point, so a pipeline of XADDs costs
 one commit, not one per command; a run of plain XADDs to one queue is one
 request too, and so is a run of single-id XACKs, their replies written
-together (commands/runs.py). Large reads are sent in pieces; a client that
+together (commands/runs.py). No client holds the others long: after a slice of SLICE seconds
+running its commands or writing its replies, the connection lets the loop serve every other
+ready client first (let_others_in), and a long reply is made and sent in pieces, the slice
+looked at between two. Large reads are sent in pieces; a client that
 reads none of its replies, or stalls half-way through a command, is closed;
 the answer to a wrong password is held back (gate.GuessThrottle); a command
 that looks like HTTP closes the connection (cross-protocol scripting).
