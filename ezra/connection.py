@@ -5,7 +5,10 @@ it, then sends all the replies in one write. Replies that wait for the writer
 (Deferred) are resolved in order at that point, so a pipeline of XADDs costs
 one commit, not one per command; a run of plain XADDs to one queue is one
 request too, and so is a run of single-id XACKs, their replies written
-together (commands/runs.py). Large reads are sent in pieces; a client that
+together (commands/runs.py). No client holds the others long: after a slice of SLICE seconds
+running its commands or writing its replies, the connection lets the loop serve every other
+ready client first (let_others_in), and a long reply is made and sent in pieces, the slice
+looked at between two. Large reads are sent in pieces; a client that
 reads none of its replies, or stalls half-way through a command, is closed;
 the answer to a wrong password is held back (gate.GuessThrottle); a command
 that looks like HTTP closes the connection (cross-protocol scripting).
@@ -27,6 +30,7 @@ import itertools
 import socket
 import struct
 import time
+from time import perf_counter
 
 import gevent
 from gevent import get_hub, getcurrent
@@ -37,7 +41,7 @@ from .batch import Request
 from .commands import Deferred, dispatch
 from .commands.runs import RUNS
 from .gate import Gate
-from .resp import ErrorReply, Replies, WrittenMap, encode
+from .resp import ErrorReply, Mapped, Replies, WrittenMap, encode, encode_in_pieces, is_long
 from .request_reader import BulkTooLarge, ProtocolError, RequestReader
 from .session import ServerState, Session
 
@@ -57,6 +61,10 @@ BULK_SLACK = 64 * 1024  # a bulk may exceed the task limit a little (names, opti
 # the connection kept (beanstalkd's JOB_TOO_BIG); one above this is refused and the connection closed
 # (Redis's own proto-max-bulk-len: reading more would only let a client make the server read for it).
 DISCARD_LIMIT = 512 * 1024 * 1024
+# A connection that has run commands (or written replies) this long lets the loop serve the others
+# before it goes on: 64 pipelined XPENDINGs of 10,000 entries each held every other client 4.9-6.5 s.
+SLICE = 0.003  # seconds
+PIECE_ITEMS = 500  # a reply longer than this (XRANGE, XPENDING...) is encoded this many items at a time
 WRONGPASS = errors.WRONGPASS  # compared by type after each command: a global is the cheapest lookup
 AUTH_FAILURES_PER_CONNECTION = 10  # then the connection is closed
 # Before AUTH, as Redis (CVE-2021-32675): what a client that knows no password may make the server hold.
@@ -97,8 +105,8 @@ class Connection:
     """One client: read commands, dispatch, write replies."""
 
     __slots__ = ("sock", "state", "gate", "auth_failures", "answer_held", "session", "reader", "replies",
-                 "reads", "busy", "send_timeout", "frame_timeout", "_raw", "greenlet",
-                 "awaiting_command", "quiet", "parked", "limited")  # an idle connection's memory: see the module doc
+                 "reads", "busy", "send_timeout", "frame_timeout", "_raw", "greenlet", "awaiting_command",
+                 "quiet", "parked", "limited", "slice_start")  # an idle connection's memory: see the module doc
 
     def __init__(self, state: ServerState, sock, addr: str, gate: Gate, tls: bool = False):
         """`addr`: the client's "host:port"."""
@@ -118,6 +126,7 @@ class Connection:
         self.awaiting_command = False  # blocked in recv with no command begun: it may be parked
         self.quiet = False  # the last sweep found it awaiting a command; the next one parks it
         self.parked = None  # the I/O watcher that resumes it
+        self.slice_start = 0.0  # when it last took the loop (see SLICE)
         settings = state.settings
         self.send_timeout = settings.client_send_timeout or None
         self.frame_timeout = settings.client_frame_timeout or None
@@ -182,6 +191,7 @@ class Connection:
                 return False
             self.quiet = False
             self.busy = True
+            self.slice_start = perf_counter()
             try:
                 self._run_buffered_commands(data)
             except BulkTooLarge as exc:
@@ -302,7 +312,11 @@ class Connection:
                 if (kind is Request or kind is Deferred) and count == 1 and not self.replies:
                     # The read's one command, nothing held before it (a client that awaits each
                     # reply, as most do): its reply goes out now, not through the list and flush.
-                    self._send(self._written(session.proto, reply, kind))
+                    answer = self._written(session.proto, reply, kind)  # (not `data`: the bytes read)
+                    if type(answer) is bytes:
+                        self._send(answer)
+                    else:  # a long read's pieces
+                        self._send_pieces(answer)
                     if type(commands) is tuple:
                         return  # take's one frame: nothing is buffered, no next_commands to ask
                     continue
@@ -323,6 +337,8 @@ class Connection:
                         continue
                 if len(replies) >= MAX_PIPELINE:
                     self.flush()
+                elif i < count and perf_counter() - self.slice_start >= SLICE:
+                    self.let_others_in()
 
     def _refuse_read_past(self, exc: BulkTooLarge) -> ErrorReply:
         """A command with an argument over the cap, read past: the task limit's error, and a log line."""
@@ -369,13 +385,28 @@ class Connection:
         if not self.replies:
             return
         replies, self.replies, self.reads = self.replies, [], 0
-        out, size = [], 0
-        append = out.append
+        self._send_pieces(self._written_all(replies))
+
+    def _written_all(self, replies: list):
+        """The replies' bytes, one by one (a long one in its pieces), the slice looked at after each."""
         written = self._written
         for proto, reply in replies:
             data = written(proto, reply, type(reply))
-            append(data)
-            size += len(data)
+            if type(data) is bytes:
+                yield data
+            else:
+                yield from data
+            if perf_counter() - self.slice_start >= SLICE:
+                self.let_others_in()
+
+    def _send_pieces(self, pieces) -> None:
+        """Send the pieces joined about SEND_CHUNK bytes at a time, as they come (a long reply is
+        never joined whole); stop if the client is gone."""
+        out, size = [], 0
+        append = out.append
+        for piece in pieces:
+            append(piece)
+            size += len(piece)
             if size >= SEND_CHUNK:
                 if not self._send(b"".join(out)):
                     return
@@ -384,9 +415,17 @@ class Connection:
         if out:
             self._send(out[0] if len(out) == 1 else b"".join(out))
 
-    @staticmethod
-    def _written(proto: int, reply, kind) -> bytes:
-        """A reply's bytes, once the writer answered it (a Request or a Deferred waits for it)."""
+    def let_others_in(self) -> None:
+        """Its time slice is used: the loop serves every other client that is ready, then this
+        one goes on with its pipeline (no client holds the others longer than SLICE, bar one
+        command's own work)."""
+        self.state.slice_yields += 1
+        gevent.idle()
+        self.slice_start = perf_counter()
+
+    def _written(self, proto: int, reply, kind):
+        """A reply's bytes, once the writer answered it (a Request or a Deferred waits for it); a
+        long reply's, an iterator of its pieces."""
         if kind is Request:  # a push's or an ack's (see commands.Deferred)
             try:
                 reply = reply.wait()
@@ -402,8 +441,21 @@ class Connection:
                 reply = exc.as_reply() if reply.replies == 1 else Replies((exc.as_reply(),) * reply.replies)
             kind = type(reply)
         # A push's id and an ack's count, the most common replies, as encode writes them: no call
-        return b"$%d\r\n%s\r\n" % (len(reply), reply) if kind is bytes else (
-            b":%d\r\n" % reply if kind is int else encode(reply, proto))
+        if kind is bytes:
+            return b"$%d\r\n%s\r\n" % (len(reply), reply)
+        if kind is int:
+            return b":%d\r\n" % reply
+        if (kind is list or kind is Mapped or kind is dict) and is_long(reply, PIECE_ITEMS):  # others come in between
+            return self._encoded_in_pieces(reply, proto)
+        return encode(reply, proto)
+
+    def _encoded_in_pieces(self, reply, proto: int):
+        """A long reply's bytes, made a piece at a time as they are sent: the slice is looked at
+        between two, and the reply is never joined whole (300 MB of XSCHEDULE LIST, copied again)."""
+        for piece in encode_in_pieces(reply, proto, PIECE_ITEMS):
+            yield piece
+            if perf_counter() - self.slice_start >= SLICE:
+                self.let_others_in()
 
     def _send(self, data: bytes) -> bool:
         """Send data; False if the client is gone or reads nothing (then the connection is closing)."""
@@ -473,4 +525,4 @@ class Connection:
 
 # A read's reply (megabytes, perhaps), not a push's or an ack's small durable answer: a list or a
 # dict, or a Deferred whose request is not durable (EXEC's are all-replies: counted).
-LARGE = (list, dict, WrittenMap)  # (a blocked XREADGROUP's claims come written: counted as before)
+LARGE = (list, dict, WrittenMap, Mapped)  # (a blocked XREADGROUP's claims come written: counted as before)

@@ -43,6 +43,21 @@ class Replies(tuple):
     """Several replies, one after another: the commands of a pipeline worked as one (commands/runs.py)."""
 
 
+class Mapped:
+    """An array whose items are made as it is written: `make(row)` for each of `rows`. A long
+    read's reply (XRANGE, XPENDING): the connection makes and writes it in pieces, letting the
+    other clients in between two, where a list would be made whole first."""
+
+    __slots__ = ("rows", "make")
+
+    def __init__(self, rows: list, make):
+        self.rows = rows
+        self.make = make
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
 class ErrorReply(Exception):
     """An error reply. `message` starts with the Redis prefix (ERR, NOAUTH...)."""
 
@@ -127,6 +142,53 @@ def encode(value, proto: int) -> bytes:
     return b"".join(out)
 
 
+def is_long(value, items: int) -> bool:
+    """Is this reply written in pieces (encode_in_pieces)? A Mapped (its maker says it may be
+    large), an array of more than `items` items, or a map holding either."""
+    kind = type(value)
+    if kind is Mapped:
+        return True
+    if kind is list:
+        return len(value) > items
+    return kind is dict and any(is_long(item, items) for item in value.values())
+
+
+def encode_in_pieces(value, proto: int, items: int):
+    """A long reply's encoding in pieces (the connection lets other clients in between two): its
+    arrays cut every `items` items, its maps' values each apart. Joined, the pieces are
+    `encode(value, proto)`."""
+    yield from _pieces(value, proto == 3, items)
+
+
+def _pieces(value, resp3: bool, items: int):
+    kind = type(value)
+    if kind is list or kind is Mapped:
+        rows, make = (value.rows, value.make) if kind is Mapped else (value, None)
+        yield ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)
+        for start in range(0, len(rows), items):
+            out: list[bytes] = []
+            piece = rows[start:start + items]
+            for item in (piece if make is None else map(make, piece)):
+                if type(item) is dict or is_long(item, items):
+                    yield b"".join(out)
+                    out = []
+                    yield from _pieces(item, resp3, items)
+                else:
+                    _encode(item, resp3, out)
+            yield b"".join(out)
+    elif kind is dict:  # as _encode_map writes a plain dict
+        yield b"%%%d\r\n" % len(value) if resp3 else b"*%d\r\n" % (2 * len(value))
+        for key, item in value.items():
+            out = []
+            _encode(key, resp3, out)
+            yield b"".join(out)
+            yield from _pieces(item, resp3, items)
+    else:
+        out = []
+        _encode(value, resp3, out)
+        yield b"".join(out)
+
+
 def _encode(value, resp3: bool, out: list) -> None:
     kind = type(value)
     if kind is bytes:
@@ -150,6 +212,8 @@ def _encode(value, resp3: bool, out: list) -> None:
                         _encode(leaf, resp3, out)
             else:
                 _encode(item, resp3, out)
+    elif kind is Mapped:
+        _encode(list(map(value.make, value.rows)), resp3, out)
     elif kind is PairsMap:  # XREADGROUP's and XREAD's reply, before the isinstance checks
         _encode_map(value, resp3, out)
     elif kind is WrittenMap:  # as a PairsMap

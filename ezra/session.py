@@ -25,6 +25,7 @@ class ServerState:
         self.total_connections = 0
         self.total_commands = 0
         self.rejected_connections = 0
+        self.slice_yields = 0  # times a connection let the others in mid-pipeline (connection.SLICE)
         self.parked_clients = 0  # connections idle without a greenlet (see ezra/server.py)
         self.port = settings.port
         self.max_clients = settings.max_clients  # the server lowers it if the open-files limit is lower

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ezra.request_reader import BULK_HEADERS, ProtocolError, RequestReader
-from ezra.resp import NULL_ARRAY, OK, ErrorReply, PairsMap, SimpleString, Verbatim, encode
+from ezra.resp import (NULL_ARRAY, OK, ErrorReply, Mapped, PairsMap, SimpleString, Verbatim, encode,
+                       encode_in_pieces, is_long)
 from reliability import report
 
 CASES = {"round_trip": 0, "random_frames": 0}  # property-test examples run: the README's fuzz figures
@@ -370,3 +371,26 @@ def test_a_claim_of_one_queue_is_written_as_the_map_of_any_queues(proto):
     assert shortcut == b"".join(general)
     entries = PairsMap({b"jobs": [[b"1764612345678-0", [b"d", b"hi"]], [b"1764612345678-1", []]]})
     assert shortcut == encode(entries, proto)
+
+
+@pytest.mark.parametrize("proto", [2, 3])
+def test_a_long_array_in_pieces_is_its_encoding(proto):
+    """The connection writes a long read's reply a piece at a time (letting others in between):
+    joined, the pieces are the reply's bytes as encode writes them whole."""
+    value = [[b"%d-0" % i, [b"f", b"v" * (i % 7), b"n", str(i).encode()]] for i in range(1234)]
+    value += [None, 5, b"x" * 300, {b"k": [1, 2]}, SimpleString("OK"), [], NULL_ARRAY]
+    for items in (1, 7, 500, 5000):
+        assert b"".join(encode_in_pieces(value, proto, items)) == encode(value, proto)
+    # Made while written (a long XRANGE's entries): the same bytes as the list made first, nested too
+    rows = list(range(1234))
+    make = lambda i: [b"%d-0" % i, [b"n", str(i).encode()]]  # noqa: E731
+    made = [make(i) for i in rows]
+    for items in (1, 500, 5000):
+        assert b"".join(encode_in_pieces(Mapped(rows, make), proto, items)) == encode(made, proto)
+    assert encode([Mapped(rows, make), 1], proto) == encode([made, 1], proto)
+    # Maps with long arrays inside, at any depth (XINFO STREAM FULL, XSCHEDULE LIST)
+    full = {"length": 3, "entries": Mapped(rows, make), "groups": [{"name": b"g", "pending": made}], "x": None}
+    whole = encode({**full, "entries": made}, proto)
+    assert is_long(full, 500) and is_long(Mapped([], make), 500) and not is_long({"entries": made[:10]}, 500)
+    for items in (1, 7, 500, 5000):
+        assert b"".join(encode_in_pieces(full, proto, items)) == whole

@@ -30,7 +30,7 @@ from ..storage import StorageError, backup_database, reads
 from ..storage.reads import task_by_id
 from ..task_fields import UNREADABLE
 from ..stream_ids import TOP
-from .in_flight import ATTEMPTS, DELIVERED_AT, ROWID, WORKER
+from .in_flight import APART_LEASES, ROWID, pel_of
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
 STREAM_NODE_ENTRIES = 100  # Redis's stream-node-max-entries: XINFO's radix-tree figures estimate it
@@ -115,11 +115,16 @@ class Admin:
 
         The idempotent producers are counted row by row (300,000 producer ids: 123 ms), so they
         are read apart (storage.reads, on a native thread) unless `apart` is False (inside EXEC,
-        which cannot wait). The workers holding tasks are the leases' (in memory)."""
-        idmp = None
-        if apart and queue in self.queues:
+        which cannot wait). The workers holding tasks are the leases' (in memory); FULL's pending
+        list among more than APART_LEASES is picked on a thread too, from a copy of them."""
+        idmp = pel = None
+        held = self.queues.get(queue)  # a plain read between batches
+        if apart and held is not None:
             idmp = self.read_apart(reads.idmp_tracked, queue, self.clock())
-        return self.writer.submit(self.tx_stream_info, queue, full_count, idmp, durable=False)
+            if full_count is not None and len(held.leases) > APART_LEASES:
+                leases, now = self.writer.call(self.in_flight.copy, queue, durable=False)
+                pel = get_hub().threadpool.apply(pel_of, (leases, now, full_count or -1))
+        return self.writer.submit(self.tx_stream_info, queue, full_count, idmp, pel, durable=False)
 
     def tasks(self, queue: bytes, state: str, count: int, after: tuple = (0, 0)):
         """Up to `count` tasks of one state (storage.INSPECT_COLUMNS rows): XINFO TASKS, the dashboard.
@@ -293,7 +298,8 @@ class Admin:
         self.transitions.note_deleted(queue, deleted)
         return replies
 
-    def tx_stream_info(self, name: bytes, full_count: int | None, idmp: tuple | None) -> StreamInfo:
+    def tx_stream_info(self, name: bytes, full_count: int | None, idmp: tuple | None,
+                       pel: list | None = None) -> StreamInfo:
         queue = self.queues.get(name)
         if queue is None:
             raise errors.NO_SUCH_KEY
@@ -306,8 +312,7 @@ class Admin:
         if full_count is not None:  # XINFO STREAM FULL: the entries and the pending list too
             limit = full_count or None
             info.entries = self.db.range(name, LIVE_STATES, (0, 0), TOP, limit, False)
-            info.pel = [(task_id, lease[WORKER], min(lease[DELIVERED_AT], now), lease[ATTEMPTS])
-                        for task_id, lease in self.in_flight.entries(queue, (0, 0), TOP, limit or -1)]
+            info.pel = pel_of(queue.leases, now, limit or -1) if pel is None else pel
         return info
 
     def _stream_figures(self, queue) -> dict:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import bisect
 
+from gevent import get_hub
+
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DONE
 from ..storage import SETTING_COLUMNS, Database, name_bytes
@@ -18,7 +20,7 @@ from ..writer import Writer
 from .admin import Admin
 from .claims import Claims
 from .clock import ServerClock
-from .in_flight import InFlight
+from .in_flight import APART_LEASES, InFlight, pending_of
 from .leases import Leases
 from .observers import Observer, Observers
 from .queues import Defaults, Queues
@@ -188,8 +190,15 @@ class Broker:
         in memory: counted once per change of them, in_flight.py)."""
         return self.writer.submit(self.tasks.tx_pending_summary, queue, durable=False)
 
-    def pending_entries(self, queue: bytes, start, end, count, worker, min_idle_ms):
-        """XPENDING's extended form: [(id, worker, idle ms, deliveries)] of tasks in flight."""
+    def pending_entries(self, queue: bytes, start, end, count, worker, min_idle_ms, apart: bool = False):
+        """XPENDING's extended form: [(id, worker, idle ms, deliveries)] of tasks in flight: a request
+        for it, or, `apart` (outside EXEC, which cannot wait) and over APART_LEASES tasks in flight,
+        the list itself, picked on a native thread from a copy of the leases (200,000 of them took
+        85-150 ms of the loop per XPENDING; the copy, a few)."""
+        held = self.queues.get(queue)  # a plain read between batches, as names_after's
+        if apart and held is not None and len(held.leases) > APART_LEASES:
+            leases, now = self.writer.call(self.in_flight.copy, queue, durable=False)
+            return get_hub().threadpool.apply(pending_of, (leases, now, start, end, count, worker, min_idle_ms))
         return self.writer.submit(self.tasks.tx_pending_entries, queue, start, end, count, worker, min_idle_ms,
                                   durable=False)
 

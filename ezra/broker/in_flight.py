@@ -34,10 +34,13 @@ from itertools import count
 from operator import itemgetter
 
 from ..lifecycle import IN_FLIGHT
+from ..stream_ids import TOP
 from ..storage import name_bytes
 
 # A lease's fields (the tuple's positions)
 ROWID, WORKER, DEADLINE, DELIVERED_AT, ATTEMPTS = range(5)
+# XPENDING's and XINFO STREAM FULL's pick among more leases runs on a thread, from a copy (`copy`)
+APART_LEASES = 10_000
 HORIZON_MS = 5000  # the deadline heap is built from every lease this often (while any is held)
 COMPACT_MIN = 1024  # ...or when it holds this many entries, twice as many as at its last build and queues
 
@@ -270,11 +273,13 @@ class InFlight:
                 delivered_before: int | None = None) -> list[tuple]:
         """XPENDING's extended form: (task id, lease) of tasks in flight from `start` to `end`, in id
         order, up to `limit` (-1: all); of one worker, delivered at or before a time, if given."""
-        leases = queue.leases
-        pairs = [(task_id, lease) for task_id, lease in leases.items() if start <= task_id <= end
-                 and (worker is None or lease[WORKER] == worker)
-                 and (delivered_before is None or lease[DELIVERED_AT] <= delivered_before)]
-        return leases.first(limit, pairs)
+        return entries_of(queue.leases, start, end, limit, worker, delivered_before)
+
+    def copy(self, name: bytes) -> tuple[dict, int]:
+        """In a writer's batch: a copy of the queue's leases, and the time it was taken (a pick among
+        them then runs on a thread: pending_of, pel_of)."""
+        queue = self.queues.get(name)
+        return ({} if queue is None else dict(queue.leases)), self.clock()
 
     @staticmethod
     def summary(queue) -> tuple:
@@ -287,6 +292,30 @@ class InFlight:
         """XINFO CONSUMERS: (worker, tasks held, last delivery) of each worker holding some."""
         held, last = queue.leases.summed()[2], queue.leases.last_deliveries()
         return [(worker, n, last[worker]) for worker, n in sorted(held.items())]
+
+
+def entries_of(leases: dict, start: tuple, end: tuple, limit: int, worker: bytes | None = None,
+               delivered_before: int | None = None) -> list[tuple]:
+    """InFlight.entries of a queue's leases, or of a copy of them (on a thread: Broker.pending_entries)."""
+    pairs = [(task_id, lease) for task_id, lease in leases.items() if start <= task_id <= end
+             and (worker is None or lease[WORKER] == worker)
+             and (delivered_before is None or lease[DELIVERED_AT] <= delivered_before)]
+    return QueueLeases.first(leases, limit, pairs)  # (of the pairs given: a plain dict serves as well)
+
+
+def pending_of(leases: dict, now: int, start: tuple, end: tuple, count: int, worker: bytes | None,
+               min_idle_ms: int | None) -> list[tuple]:
+    """XPENDING's extended form: [(task id, worker, idle ms, deliveries)] of the leases at `now`."""
+    before = None if min_idle_ms is None else now - min_idle_ms
+    return [(task_id, lease[WORKER], max(now - lease[DELIVERED_AT], 0), lease[ATTEMPTS])
+            for task_id, lease in entries_of(leases, start, end, count, worker, before)]
+
+
+def pel_of(leases: dict, now: int, limit: int) -> list[tuple]:
+    """XINFO STREAM FULL's pending list: [(task id, worker, delivered at, deliveries)], the first
+    `limit` by id (-1: all)."""
+    return [(task_id, lease[WORKER], min(lease[DELIVERED_AT], now), lease[ATTEMPTS])
+            for task_id, lease in entries_of(leases, (0, 0), TOP, limit)]
 
 
 def failure_rows(pairs) -> list[tuple]:

@@ -10,7 +10,7 @@ from itertools import repeat
 
 from .. import errors, lifecycle, stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
-from .in_flight import ATTEMPTS, DELIVERED_AT, ROWID, WORKER, failure_rows
+from .in_flight import ROWID, failure_rows, pending_of
 from .queues import QueueState
 
 
@@ -326,10 +326,7 @@ class Tasks:
         queue = self.queues.get(name)
         if queue is None:
             return []
-        now = self.clock()
-        before = None if min_idle_ms is None else now - min_idle_ms
-        return [(task_id, lease[WORKER], max(now - lease[DELIVERED_AT], 0), lease[ATTEMPTS])
-                for task_id, lease in self.in_flight.entries(queue, start, end, count, worker, before)]
+        return pending_of(queue.leases, self.clock(), start, end, count, worker, min_idle_ms)
 
     def tx_existing(self, names: list[bytes]) -> set[bytes]:
         return {name for name in names if name in self.queues}

@@ -327,6 +327,7 @@ def info_stats(state: ServerState, figures):
             # Redis's key figures, for tools that read them: EZRA expires, evicts and looks up no keys
             ("expired_keys", 0), ("evicted_keys", 0), ("keyspace_hits", 0), ("keyspace_misses", 0),
             ("pubsub_channels", 0), ("pubsub_patterns", 0),
+            ("pipeline_yields", state.slice_yields),  # a long pipeline let the other clients in (connection.SLICE)
             ("tasks_pushed", totals["pushed"]), ("tasks_delivered", totals["delivered"]),
             ("tasks_acked", totals["acked"]), ("tasks_failed", totals["failed"]),
             ("tasks_expired", totals["expired"]), ("tasks_dead", totals["dead"]),
@@ -360,7 +361,7 @@ INFO_NAME_SAFE = str.maketrans({"\r": "?", "\n": "?", ",": "?"})
 
 def info_schedules(state: ServerState, figures):
     """XSCHEDULE's schedules in all: how many, tasks they pushed, the next run (ms; 0: none)."""
-    rows = [] if state.scheduler is None else state.scheduler.rows().wait()
+    rows = [] if state.scheduler is None else state.scheduler.shown().wait()
     upcoming = [row.next_at for row in rows if row.next_at < NEVER]
     return [("schedules", len(rows)), ("schedule_firings", sum(row.firings for row in rows)),
             ("schedule_next_run", min(upcoming, default=0))]

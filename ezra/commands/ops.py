@@ -24,7 +24,7 @@ from ..storage import StorageError, decode_failure, name_bytes
 from ..task_fields import shown as shown_fields
 from ..stream_ids import format_id, parse_id
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
-from .replies import entries, entry_or_none, taken_over
+from .replies import entry_or_none, long_entries, taken_over
 from .table import Deferred, command
 
 AUTOCLAIM_DEFAULT_COUNT = 100
@@ -299,7 +299,7 @@ def stream_full_reply(info) -> dict:
                                    if owner == worker]}
                       for worker, n, seen in info.consumers],
     }
-    reply.update(entries=entries(info.entries), groups=[group])
+    reply.update(entries=long_entries(info.entries), groups=[group])
     return reply | ezra_fields(info)
 
 

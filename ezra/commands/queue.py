@@ -12,12 +12,12 @@ from ..broker.waiters import Waiter
 from ..integers import to_int
 from ..lifecycle import split_queue
 from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
-from ..resp import NULL_ARRAY, OK, PairsMap, SimpleString
+from ..resp import NULL_ARRAY, OK, Mapped, PairsMap, SimpleString
 from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..task_fields import stored
 from ..trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
-from .replies import claim_reply, claimed_reply, claimed_size, entries, read_reply
+from .replies import LONG, claim_reply, claimed_reply, claimed_size, entries, long_entries, read_reply
 from .table import Block, Deferred, command
 
 
@@ -444,7 +444,7 @@ def range_command(session, args, reverse: bool):
         raise errors.SYNTAX
     if start > end:
         return []
-    return Deferred(broker_of(session).range(queue, dead, start, end, count, reverse), entries)
+    return Deferred(broker_of(session).range(queue, dead, start, end, count, reverse), long_entries)
 
 
 def entries_or_null_array(rows):
@@ -487,11 +487,19 @@ def xpending(session, args):
     worker = rest[3] if len(rest) == 4 else None
     if count <= 0 or start > end:
         return []
-    return Deferred(broker_of(session).pending_entries(queue, start, end, count, worker, min_idle), pending_reply)
+    pending = broker_of(session).pending_entries(queue, start, end, count, worker, min_idle, not session.in_exec)
+    return pending_reply(pending) if type(pending) is list else Deferred(pending, pending_reply)
 
 
-def pending_reply(pending: list) -> list:
+def pending_reply(pending: list):
+    if len(pending) > LONG:  # made while it is written (resp.Mapped)
+        return Mapped(pending, pending_item)
     return [[format_id(task_id), worker, idle, n] for task_id, worker, idle, n in pending]
+
+
+def pending_item(pending: tuple) -> list:
+    task_id, worker, idle, n = pending
+    return [format_id(task_id), worker, idle, n]
 
 
 def pending_summary_reply(summary) -> list:

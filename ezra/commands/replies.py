@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from operator import itemgetter
 
-from ..resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, PairsMap, WrittenMap
+from ..resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, Mapped, PairsMap, WrittenMap
 from ..task_fields import as_resp, listed, readable, readable_resp
 from ..stream_ids import format_id
 
 FIELDS = itemgetter(2)  # a claimed row's stored fields
+LONG = 500  # a reply of more rows is made while it is written (resp.Mapped)
 
 
 def entry(row) -> list | None:
@@ -30,6 +31,11 @@ def entries(rows) -> list:
         return [[format_id(row[:2]), listed(row[2])] for row in rows]
     except (ValueError, TypeError):
         return [[format_id(row[:2]), fields] for row in rows if (fields := readable(row)) is not None]
+
+
+def long_entries(rows):
+    """`entries`, made while they are written when there are many (a long XRANGE: resp.Mapped)."""
+    return Mapped(rows, entry) if len(rows) > LONG else entries(rows)
 
 
 def entry_or_none(row):

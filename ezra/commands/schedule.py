@@ -14,7 +14,7 @@ from __future__ import annotations
 from .. import errors, schedule_settings, stream_ids
 from ..storage.schedules import NEVER
 from ..cron import local_time
-from ..resp import OK, SimpleString
+from ..resp import OK, Mapped, SimpleString
 from .args import live_queue
 from .table import Deferred, command
 
@@ -50,12 +50,19 @@ def xschedule(session, args):
     if sub == b"DEL" and len(args) == 3:
         return Deferred(scheduler_of(session).delete(args[2]))
     if sub == b"LIST" and len(args) == 2:
-        return Deferred(scheduler_of(session).rows(), lambda rows: [schedule_reply(row) for row in rows])
+        if session.in_exec:  # it cannot wait for a thread: read in the transaction
+            return Deferred(scheduler_of(session).rows(), list_reply)
+        return list_reply(scheduler_of(session).rows_apart())
     if sub == b"HELP" and len(args) == 2:
         return [SimpleString(line) for line in HELP]
     if sub in (b"SET", b"DEL", b"LIST"):
         raise errors.wrong_subcommand_arity("xschedule", sub)
     raise errors.unknown_subcommand(args[1].decode("utf-8", "replace"), "XSCHEDULE")
+
+
+def list_reply(rows) -> Mapped:
+    """Made while it is written (resp.Mapped): a schedule's fields may be a megabyte."""
+    return Mapped(rows, schedule_reply)
 
 
 def schedule_reply(row) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 
 from . import row_ranges
+from .schedules import Schedules
 from .schema import name_value
 
 
@@ -51,6 +52,11 @@ def idmp_tracked(conn, queue: bytes, now: int) -> tuple[int, int]:
     return conn.execute(
         "SELECT count(DISTINCT producer), count(*) FROM idempotency WHERE queue = ? AND expires_at > ?",
         (name_value(queue), now)).fetchone()
+
+
+def schedule_rows(conn) -> list:
+    """Every schedule, fields and all (XSCHEDULE LIST): Schedules.all on this connection."""
+    return Schedules(conn).all()
 
 
 READ_APART_BUSY_MS = 5000

@@ -12,6 +12,7 @@ from .schema import decode_fields, encode_fields, name_bytes, name_value
 
 COLUMNS = ("name, queue, cron, zone, fields, skip_unfinished, slot_field, origin, next_at, last_slot, "
            "last_fired_at, last_task_ms, last_task_seq, firings, skipped, created_at")
+SHOWN = COLUMNS.replace("fields, ", "NULL, ")  # every column of the index schedules_shown (schema.sql)
 UNFINISHED = ("available", "delayed", "in_flight")
 NEVER = 2 ** 62  # next_at of a schedule whose expression has no run left (none within 50 years)
 
@@ -21,7 +22,7 @@ class ScheduleRow(NamedTuple):
     queue: bytes
     cron: str
     zone: str
-    fields: list
+    fields: list | None  # None: read without them (Schedules.shown)
     skip_unfinished: bool
     slot_field: bytes | None
     origin: str
@@ -37,7 +38,8 @@ class ScheduleRow(NamedTuple):
 def _row(row) -> ScheduleRow:
     (name, queue, cron, zone, fields, skip, slot_field, origin, next_at, last_slot, fired_at,
      task_ms, task_seq, firings, skipped, created_at) = row
-    return ScheduleRow(name_bytes(name), name_bytes(queue), cron, zone, decode_fields(fields), bool(skip),
+    return ScheduleRow(name_bytes(name), name_bytes(queue), cron, zone,
+                       None if fields is None else decode_fields(fields), bool(skip),
                        None if slot_field is None else name_bytes(slot_field), origin, next_at, last_slot,
                        fired_at, None if task_ms is None else (task_ms, task_seq), firings, skipped, created_at)
 
@@ -51,6 +53,11 @@ class Schedules:
     def all(self) -> list[ScheduleRow]:
         """Every schedule, by name."""
         return [_row(row) for row in self.conn.execute(f"SELECT {COLUMNS} FROM schedules ORDER BY name")]
+
+    def shown(self) -> list[ScheduleRow]:
+        """Every schedule, by name, its fields None: read from the index schedules_shown alone, not
+        one page of the fields (INFO, /metrics, the dashboard)."""
+        return [_row(row) for row in self.conn.execute(f"SELECT {SHOWN} FROM schedules ORDER BY name")]
 
     def get(self, name: bytes) -> ScheduleRow | None:
         row = self.conn.execute(f"SELECT {COLUMNS} FROM schedules WHERE name = ?", (name_value(name),)).fetchone()

@@ -160,3 +160,7 @@ CREATE TABLE IF NOT EXISTS schedules (
     created_at      INTEGER NOT NULL      -- ms: when this definition was set
 );
 CREATE INDEX IF NOT EXISTS schedules_next ON schedules (next_at);
+-- Every column but fields: INFO, /metrics and the dashboard list the schedules from it alone,
+-- never reading their fields (up to a task's size each: 300 schedules of 1 MB took 0.2-0.8 s).
+CREATE INDEX IF NOT EXISTS schedules_shown ON schedules (name, queue, cron, zone, skip_unfinished, slot_field,
+    origin, next_at, last_slot, last_fired_at, last_task_ms, last_task_seq, firings, skipped, created_at);

@@ -53,7 +53,7 @@ def snapshot(state) -> dict:
     figures (its --metrics-queues busiest queues, the rest summed) and the server's."""
     scheduler = getattr(state, "scheduler", None)
     return {"figures": state.broker.figures(busiest=state.settings.metrics_queues),
-            "schedules": [] if scheduler is None else scheduler.rows().wait(),
+            "schedules": [] if scheduler is None else scheduler.shown().wait(),
             "connected": len(state.sessions), "parked": state.parked_clients,
             "durability": state.settings.durability, "database_corrupt": state.broker.db.integrity.corrupt}
 

@@ -229,7 +229,7 @@ class WebApp:
         # Only this page's queues: 10,000 of them (counts, the head's age, a chart each) took
         # 170-400 ms on the event loop per load, and every open dashboard reloads every 3 s.
         figures = self.broker.figures(shown)
-        schedules = [] if self.state.scheduler is None else self.state.scheduler.rows().wait()
+        schedules = [] if self.state.scheduler is None else self.state.scheduler.shown().wait()
         return "200 OK", [], dashboard.index_page(self.state, figures, self.history, number, len(names), schedules)
 
     def queue_page(self, environ, params):
