@@ -214,7 +214,7 @@ def test_a_schema_4_database_gains_the_unique_key_column_and_index(tmp_path):
     db.execute("DROP INDEX tasks_unique")
     db.execute("ALTER TABLE tasks DROP COLUMN unique_key")
     db.execute("INSERT INTO tasks (queue, id_ms, id_seq, state, fields, created_at, available_at) "
-               "VALUES ('q', 1, 0, 'available', '["n", "0"]', 0, 0)")  # a task has a field at least
+               "VALUES ('q', 1, 0, 'available', '[\"n\", \"0\"]', 0, 0)")  # a task has a field at least
     db.execute("PRAGMA user_version = 4")
     db.commit()
     db.close()
