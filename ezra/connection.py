@@ -37,8 +37,8 @@ from .batch import Request
 from .commands import Deferred, dispatch
 from .commands.runs import RUNS
 from .gate import Gate
-from .resp import ErrorReply, Replies, WrittenMap, encode
-from .request_reader import BulkTooLarge, ProtocolError, RequestReader
+from .protocol.resp import ErrorReply, Replies, WrittenMap, encode
+from .protocol.request_reader import BulkTooLarge, ProtocolError, RequestReader
 from .session import ServerState, Session
 
 READ_SIZE = 64 * 1024

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 
 from . import errors
-from .integers import to_int
+from .protocol.integers import to_int
 from .lifecycle import EXPONENTIAL, FIXED
 from .options import Custom, Options, Value, parse_options
 

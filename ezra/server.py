@@ -42,7 +42,7 @@ from loguru import logger
 from . import errors
 from .connection import Connection
 from .gate import Gate
-from .resp import encode
+from .protocol.resp import encode
 from .session import ServerState
 
 FD_RESERVE = 32  # descriptors beyond the clients': database, WAL, listener, logs (Redis keeps 32 too)

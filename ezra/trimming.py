@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import errors
-from .integers import to_int
-from .stream_ids import MAX_ID_PART, StreamId, parse_id_parts
+from .protocol.integers import to_int
+from .protocol.stream_ids import MAX_ID_PART, StreamId, parse_id_parts
 
 MAXLEN = "MAXLEN"
 MINID = "MINID"

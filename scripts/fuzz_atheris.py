@@ -33,8 +33,8 @@ with atheris.instrument_imports(include=["ezra"]):
     from ezra import commands, errors
     from ezra.broker import Broker
     from ezra.config import parse_settings
-    from ezra.resp import ErrorReply, encode
-    from ezra.request_reader import ProtocolError, RequestReader
+    from ezra.protocol.resp import ErrorReply, encode
+    from ezra.protocol.request_reader import ProtocolError, RequestReader
     from ezra.session import ServerState, Session
     from ezra.storage import open_database
 

@@ -14,7 +14,7 @@ import pytest
 
 from ezra.broker.available import COMPACT_AFTER, AvailableOrder
 from ezra.storage import SCHEMA_VERSION
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 
 from support_servers import wait_until
 

@@ -18,11 +18,11 @@ import sqlite3
 
 import pytest
 
-from ezra import stream_ids
+from ezra.protocol import stream_ids
 from ezra.broker import upkeep
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
 from ezra.storage import SCHEMA_VERSION, reads
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 from support_queue import submit_broken_request
 from support_servers import wait_until
 

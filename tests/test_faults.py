@@ -276,7 +276,7 @@ def test_a_drain_on_a_full_disk_keeps_the_wal_inside_the_reserve(fs_20m):
     from ezra.config import Settings
     from ezra.errors import CommandError
     from ezra.storage import open_database
-    from ezra.task_fields import stored
+    from ezra.protocol.task_fields import stored
 
     data = fs_20m / "data"
     broker = Broker(open_database(str(data)), Settings(data_dir=str(data), durability="normal"))

@@ -19,7 +19,7 @@ from ezra.broker.queues import Defaults, Queues
 from ezra.config import Settings
 from ezra.lifecycle import AVAILABLE, IN_FLIGHT
 from ezra.storage import done_counts, name_bytes, open_database
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 from support_queue import Clock, claim as claim_by_client, submit_broken_request
 
 Q = b"q"

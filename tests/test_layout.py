@@ -146,10 +146,10 @@ def every_import(path: Path, modules: set[str]) -> set[str]:
 
 def test_the_broker_and_storage_build_no_reply_shapes():
     """Issue 25: the broker and storage return plain values; commands/ build Redis's shapes,
-    so neither imports the protocol's modules (resp.py, request_reader.py)."""
+    so neither imports the protocol's modules (protocol/resp.py, protocol/request_reader.py)."""
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(path) for path in paths}
-    assert "ezra.resp" in every_import(PACKAGE / "commands" / "queue.py", modules), "imports were read"
+    assert "ezra.protocol.resp" in every_import(PACKAGE / "commands" / "queue.py", modules), "imports were read"
     importers = sorted(module_name(path) for path in paths if path.parent.name in ("broker", "storage") and (
-        {"ezra.resp", "ezra.request_reader"} & every_import(path, modules)))
+        {"ezra.protocol.resp", "ezra.protocol.request_reader"} & every_import(path, modules)))
     assert importers == []

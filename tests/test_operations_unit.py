@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from ezra import lifecycle, queue_settings, stream_ids
+from ezra import lifecycle, queue_settings
+from ezra.protocol import stream_ids
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, EXPONENTIAL, FAIL, FIXED, SILENT
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 from support_queue import submit_broken_request
 
 # ---------------------------------------------------------------- pure rules

@@ -23,7 +23,7 @@ import redis
 from support_http import http, scrape, value
 from support_queue import entries_of, submit_broken_request
 from support_servers import ROOT, wait_until
-from ezra import stream_ids
+from ezra.protocol import stream_ids
 from ezra.broker import Broker
 from ezra.broker.schedules import Scheduler
 from ezra.config import Settings, parse_settings

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ezra.connection import READS_PER_FLUSH
 from ezra.storage.schema import decode_fields, encode_fields
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 
 PIPELINED = 20
 

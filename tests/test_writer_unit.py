@@ -8,7 +8,7 @@ import gevent
 from ezra.broker import Broker
 from ezra.config import Settings
 from ezra.storage import open_database
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 from support_queue import submit_broken_request
 
 

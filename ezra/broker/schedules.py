@@ -38,7 +38,8 @@ import gevent
 from gevent.event import Event
 from loguru import logger
 
-from .. import errors, stream_ids
+from .. import errors
+from ..protocol import stream_ids
 from ..cron import Cron, CronError
 from ..schedule_settings import Definition
 from ..storage import encode_fields

@@ -29,7 +29,7 @@ from loguru import logger
 from .. import lifecycle, trimming
 from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
-from ..stream_ids import TOP
+from ..protocol.stream_ids import TOP
 from ..trimming import MAXLEN, MINID
 from .in_flight import failure_rows
 from .schedule import INF

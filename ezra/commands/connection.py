@@ -15,9 +15,9 @@ from loguru import logger
 
 from .. import __version__, errors, lifecycle
 from ..broker.queues import MAX_QUEUE_NAME
-from ..integers import to_int
+from ..protocol.integers import to_int
 from ..options import Custom, Options, Value, parse_options
-from ..resp import OK, ErrorReply, SimpleString, Verbatim
+from ..protocol.resp import OK, ErrorReply, SimpleString, Verbatim
 from ..storage.schedules import NEVER
 from .table import COMMANDS, Deferred, command, resolved, run
 

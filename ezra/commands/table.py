@@ -25,7 +25,7 @@ from loguru import logger
 
 from .. import errors
 from ..batch import Request
-from ..resp import ErrorReply, SimpleString
+from ..protocol.resp import ErrorReply, SimpleString
 
 
 class Deferred:

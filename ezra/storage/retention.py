@@ -9,7 +9,7 @@ sit in tasks_retained by finish time, which the purge reads oldest first.
 
 from __future__ import annotations
 
-from ..stream_ids import TOP
+from ..protocol.stream_ids import TOP
 from .row_ranges import lowest_row
 from .schema import name_value
 

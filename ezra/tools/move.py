@@ -44,7 +44,7 @@ from ..client import Client, ClientError, ReplyError, from_url
 from .inspector import REPLY_SHAPE_ERRORS, connect, connection_parser, table, unexpected_reply
 from .progress import Progress
 from ..storage import StorageError, name_bytes
-from ..task_fields import listed
+from ..protocol.task_fields import listed
 from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, format_id, next_id, pairs, parse_id,
                           report_verified, shown, stream_entries, stream_facts, verify)
 
