@@ -35,7 +35,7 @@ with atheris.instrument_imports(include=["ezra"]):
     from ezra.config import parse_settings
     from ezra.protocol.resp import ErrorReply, encode
     from ezra.protocol.request_reader import ProtocolError, RequestReader
-    from ezra.session import ServerState, Session
+    from ezra.front.session import ServerState, Session
     from ezra.storage import open_database
 
 from support_resp import Err, errors_in, parse_value  # noqa: E402  (tests/, after the path above)

@@ -66,7 +66,8 @@ import greenlet  # noqa: E402
 import hiredis  # noqa: E402
 
 import floor_server  # noqa: E402
-from ezra import commands, connection, gate, session as session_mod, storage  # noqa: E402
+from ezra import commands, storage  # noqa: E402
+from ezra.front import connection, gate, session as session_mod  # noqa: E402
 from ezra.protocol import request_reader, resp, stream_ids  # noqa: E402
 from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402

@@ -168,7 +168,7 @@ def a_session():
     import tempfile
 
     from ezra.config import Settings
-    from ezra.session import ServerState, Session
+    from ezra.front.session import ServerState, Session
 
     return Session(ServerState(None, Settings(data_dir=tempfile.mkdtemp())), "127.0.0.1:1", None)
 

@@ -191,7 +191,7 @@ def test_a_blocked_claims_written_reply_counts_among_the_large_replies():
     """A blocked XREADGROUP answers with its claims written (not a Deferred): the connection counts
     it among the replies that may be large, as it counted the PairsMap before (READS_PER_FLUSH)."""
     from ezra.commands.replies import claimed_reply, read_reply
-    from ezra.connection import LARGE
+    from ezra.front.connection import LARGE
     from ezra.storage.schema import encode_fields
 
     found = {b"q": [(1, 2, encode_fields([b"f", b"v"]), 0)]}

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezra.connection import READS_PER_FLUSH
+from ezra.front.connection import READS_PER_FLUSH
 from ezra.storage.schema import decode_fields, encode_fields
 from ezra.protocol.task_fields import stored
 

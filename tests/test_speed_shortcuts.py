@@ -133,7 +133,7 @@ def test_a_workers_repeated_claim_is_read_once_and_claims_as_the_first(tmp_path)
     from ezra.commands import dispatch, resolved
     from ezra.config import Settings
     from ezra.protocol.resp import NULL_ARRAY, ErrorReply, WrittenMap
-    from ezra.session import ServerState, Session
+    from ezra.front.session import ServerState, Session
     from ezra.storage import open_database
 
     settings = Settings(data_dir=str(tmp_path), durability="normal")

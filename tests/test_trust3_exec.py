@@ -317,7 +317,7 @@ def test_every_kind_of_command_in_one_exec_is_one_commit(tmp_path):
     from ezra.commands import dispatch, resolved
     from ezra.config import Settings
     from ezra.protocol.resp import ErrorReply
-    from ezra.session import ServerState, Session
+    from ezra.front.session import ServerState, Session
     from ezra.storage import open_database
 
     settings = Settings(data_dir=str(tmp_path), durability="normal")

@@ -32,13 +32,13 @@ import gevent
 from gevent import get_hub, getcurrent
 from loguru import logger
 
-from . import errors
-from .batch import Request
-from .commands import Deferred, dispatch
-from .commands.runs import RUNS
+from .. import errors
+from ..batch import Request
+from ..commands import Deferred, dispatch
+from ..commands.runs import RUNS
 from .gate import Gate
-from .protocol.resp import ErrorReply, Replies, WrittenMap, encode
-from .protocol.request_reader import BulkTooLarge, ProtocolError, RequestReader
+from ..protocol.resp import ErrorReply, Replies, WrittenMap, encode
+from ..protocol.request_reader import BulkTooLarge, ProtocolError, RequestReader
 from .session import ServerState, Session
 
 READ_SIZE = 64 * 1024
