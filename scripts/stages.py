@@ -76,8 +76,8 @@ from ezra.broker import transitions as transitions_mod  # noqa: E402
 from ezra.commands import queue as queue_cmds, replies as replies_mod  # noqa: E402
 from ezra.config import Settings  # noqa: E402
 from ezra.storage import database as database_mod  # noqa: E402
-from ezra import writer as writer_mod  # noqa: E402
-from ezra.writer import Writer  # noqa: E402
+from ezra.writer import writer as writer_mod  # noqa: E402
+from ezra.writer.writer import Writer  # noqa: E402
 
 KINDS = ("XADD", "XREADGROUP", "XACK")
 PAYLOAD = b"x" * 200

@@ -105,7 +105,7 @@ def test_a_batch_flag_wakes_every_waiter_once_and_skips_killed_ones(flag):
     import gevent
     from gevent import get_hub
 
-    from ezra.batch import Batch
+    from ezra.writer.batch import Batch
 
     for how in ("set", "set_now") if flag == "synced" else ("set",):
         batch, woken = Batch(), []

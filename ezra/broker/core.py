@@ -14,7 +14,7 @@ import bisect
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DONE
 from ..storage import SETTING_COLUMNS, Database, name_bytes
-from ..writer import Writer
+from ..writer.writer import Writer
 from .admin import Admin
 from .claims import Claims
 from .clock import ServerClock

@@ -24,7 +24,7 @@ import time
 from loguru import logger
 
 from .. import errors
-from ..batch import Request
+from ..writer.batch import Request
 from ..protocol.resp import ErrorReply, SimpleString
 
 

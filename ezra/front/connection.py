@@ -33,7 +33,7 @@ from gevent import get_hub, getcurrent
 from loguru import logger
 
 from .. import errors
-from ..batch import Request
+from ..writer.batch import Request
 from ..commands import Deferred, dispatch
 from ..commands.runs import RUNS
 from .gate import Gate

@@ -25,8 +25,8 @@ import stat
 
 from loguru import logger
 
-from . import errors
-from .storage import RESERVE_FILENAME, Database
+from .. import errors
+from ..storage import RESERVE_FILENAME, Database
 
 MIN_ROOM = 1024 * 1024  # free bytes needed before pushes resume after the disk was full
 WAL_AHEAD_ROOM = 64 * 1024 * 1024  # free bytes (past the reserve) needed to keep zeros past a pinned WAL's end
