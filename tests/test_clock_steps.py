@@ -23,7 +23,7 @@ from ezra.broker import Broker
 from ezra.broker.clock import ServerClock
 from ezra.broker.schedules import Scheduler
 from ezra.config import Settings
-from ezra.schedule_settings import parse_line
+from ezra.settings.schedule_settings import parse_line
 from ezra.storage import decode_fields, open_database
 from ezra.protocol.stream_ids import MAX_ID_PART
 

@@ -200,7 +200,7 @@ def test_one_integer_reader_for_the_arguments():
     package = Path(__file__).resolve().parent.parent / "ezra"
     readers = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
                      if re.search(r"\bto_int64\b|\bint\(arg", path.read_text())
-                     and path.parent.name in ("commands", "ezra") and path.name in (
+                     and path.parent.name in ("commands", "settings") and path.name in (
                          "args.py", "queue.py", "ops.py", "connection.py", "keys.py", "schedule.py",
                          "options.py", "trimming.py", "queue_settings.py", "schedule_settings.py"))
     assert readers == []

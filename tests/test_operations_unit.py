@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from ezra import lifecycle, queue_settings
+from ezra import lifecycle
+from ezra.settings import queue_settings
 from ezra.protocol import stream_ids
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, EXPONENTIAL, FAIL, FIXED, SILENT

@@ -26,7 +26,7 @@ from loguru import logger
 from .. import errors, lifecycle
 from ..protocol import stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
-from ..queue_settings import backoff_text, number, optional_seconds
+from ..settings.queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, reads
 from ..storage.reads import task_by_id
 from ..protocol.task_fields import UNREADABLE

@@ -40,8 +40,8 @@ from loguru import logger
 
 from .. import errors
 from ..protocol import stream_ids
-from ..cron import Cron, CronError
-from ..schedule_settings import Definition
+from ..settings.cron import Cron, CronError
+from ..settings.schedule_settings import Definition
 from ..storage import encode_fields
 from ..storage.schedules import NEVER
 from .queues import MAX_QUEUE_NAME

@@ -26,11 +26,12 @@ from __future__ import annotations
 import gevent
 from loguru import logger
 
-from .. import lifecycle, trimming
+from .. import lifecycle
+from ..settings import trimming
 from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
 from ..protocol.stream_ids import TOP
-from ..trimming import MAXLEN, MINID
+from ..settings.trimming import MAXLEN, MINID
 from .in_flight import failure_rows
 from .schedule import INF
 

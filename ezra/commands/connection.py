@@ -16,7 +16,7 @@ from loguru import logger
 from .. import __version__, errors, lifecycle
 from ..broker.queues import MAX_QUEUE_NAME
 from ..protocol.integers import to_int
-from ..options import Custom, Options, Value, parse_options
+from ..settings.options import Custom, Options, Value, parse_options
 from ..protocol.resp import OK, ErrorReply, SimpleString, Verbatim
 from ..storage.schedules import NEVER
 from .table import COMMANDS, Deferred, command, resolved, run

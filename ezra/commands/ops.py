@@ -14,12 +14,13 @@ Same rules as every command (table.py): parse, call the broker, return a reply v
 
 from __future__ import annotations
 
-from .. import errors, lifecycle, queue_settings
+from .. import errors, lifecycle
+from ..settings import queue_settings
 from ..protocol import stream_ids
 from ..errors import CommandError
 from ..protocol.integers import to_int
 from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, split_queue
-from ..options import Flag, Options, Value, parse_options
+from ..settings.options import Flag, Options, Value, parse_options
 from ..protocol.resp import OK, SimpleString
 from ..storage import StorageError, decode_failure, name_bytes
 from ..protocol.task_fields import shown as shown_fields

@@ -5,18 +5,19 @@ XREVRANGE, XTRIM, XPENDING, XGROUP. Each parses its arguments, calls a broker ve
 
 from __future__ import annotations
 
-from .. import errors, lifecycle, queue_settings
+from .. import errors, lifecycle
+from ..settings import queue_settings
 from ..protocol import stream_ids
 from ..errors import CommandError
 from ..broker.core import DEFAULT_READ_COUNT, MAX_READ_COUNT
 from ..broker.waiters import Waiter
 from ..protocol.integers import to_int
 from ..lifecycle import split_queue
-from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
+from ..settings.options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
 from ..protocol.resp import NULL_ARRAY, OK, PairsMap, SimpleString
 from ..protocol.stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..protocol.task_fields import stored
-from ..trimming import TrimArgs
+from ..settings.trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
 from .replies import claim_reply, claimed_reply, claimed_size, entries, read_reply
 from .table import Block, Deferred, command

@@ -19,7 +19,7 @@ from loguru import logger
 from .. import __version__, humanize, lifecycle
 from ..protocol import stream_ids
 from ..storage.schedules import NEVER
-from ..cron import local_time
+from ..settings.cron import local_time
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from ..storage import decode_failure
 from ..protocol.task_fields import shown as shown_fields

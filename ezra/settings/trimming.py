@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import errors
-from .protocol.integers import to_int
-from .protocol.stream_ids import MAX_ID_PART, StreamId, parse_id_parts
+from .. import errors
+from ..protocol.integers import to_int
+from ..protocol.stream_ids import MAX_ID_PART, StreamId, parse_id_parts
 
 MAXLEN = "MAXLEN"
 MINID = "MINID"
