@@ -15,7 +15,7 @@ import time
 
 import configargparse
 
-from ..client import Client, ClientError, ReplyError, reachable_host
+from ..adapters.client import Client, ClientError, ReplyError, reachable_host
 from ..config import Settings, port_number, positive_float, positive_int
 from ..humanize import duration
 

@@ -12,7 +12,7 @@ import heapq
 from array import array
 from typing import NamedTuple
 
-from ..client import Client, ReplyError
+from ..adapters.client import Client, ReplyError
 from .inspector import printable
 from ..protocol.stream_ids import format_id  # noqa: F401  (move.py takes it from here too)
 
