@@ -16,7 +16,8 @@ from urllib.parse import quote as url_quote
 import gevent
 from loguru import logger
 
-from .. import __version__, humanize, lifecycle
+from .. import __version__, lifecycle
+from ..tools import humanize
 from ..protocol import stream_ids
 from ..storage.schedules import NEVER
 from ..settings.cron import local_time
