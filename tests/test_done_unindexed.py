@@ -19,7 +19,7 @@ import sqlite3
 import pytest
 
 from ezra.protocol import stream_ids
-from ezra.broker import upkeep
+from ezra.broker import reaper
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
 from ezra.storage import SCHEMA_VERSION, reads
 from ezra.protocol.task_fields import stored
@@ -95,7 +95,7 @@ def test_a_task_finished_under_a_retention_limit_goes_into_the_purges_index(brok
 # ---------------------------------------------------------------- a limit set later
 
 def test_a_limit_set_later_marks_and_purges_the_tasks_done_before_it(broker, monkeypatch):
-    monkeypatch.setattr(upkeep, "MARK_BATCH", 2)  # the walk takes several passes
+    monkeypatch.setattr(reaper, "MARK_BATCH", 2)  # the walk takes several passes
     ids = push(broker, 7)
     claim_all(broker)
     ack(broker, ids[:5])  # kept for ever: unmarked
@@ -109,7 +109,7 @@ def test_a_limit_set_later_marks_and_purges_the_tasks_done_before_it(broker, mon
 
 
 def test_a_task_done_for_ever_behind_the_walk_starts_it_over(broker, monkeypatch):
-    monkeypatch.setattr(upkeep, "MARK_BATCH", 1)
+    monkeypatch.setattr(reaper, "MARK_BATCH", 1)
     ids = push(broker, 4)
     claim_all(broker)
     ack(broker, ids[2:])

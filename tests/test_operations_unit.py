@@ -90,7 +90,7 @@ def claim(broker, queue=b"q", worker=b"w"):
 
 
 def fail(broker, task_id: bytes) -> None:
-    broker.fail(b"q", [stream_ids.parse_id(task_id)]).wait()
+    broker.nack(b"q", [stream_ids.parse_id(task_id)]).wait()
 
 
 def reaper_pass(broker) -> None:

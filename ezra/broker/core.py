@@ -22,10 +22,10 @@ from .in_flight import InFlight
 from .leases import Leases
 from .observers import Observer, Observers
 from .queues import Defaults, Queues
-from .schedule import ReaperSchedule
+from .deadlines import ReaperSchedule
 from .tasks import Tasks
 from .transitions import Transitions
-from .upkeep import Reaper
+from .reaper import Reaper
 from .views import Views
 from .waiters import Waiter, Waiters
 from .workers import WorkerNames
@@ -156,7 +156,7 @@ class Broker:
         """A pipeline's run of XACKs of one id each, as one request: each one's count (Tasks.tx_ack_run)."""
         return self.writer.submit(self.tasks.tx_ack_run, queue, ids)
 
-    def fail(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
+    def nack(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
              retry_count: int | None = None, force: bool = False, reason: bytes | None = None,
              cause: str = lifecycle.NACKED):
         """XNACK: report failed attempts, and why."""

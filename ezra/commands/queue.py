@@ -403,7 +403,7 @@ def xnack(session, args):
     if mode not in lifecycle.NACK_MODES:
         if any(arg.upper() == b"REASON" for arg in args[3:]):
             raise errors.REASON_NEEDS_LONG_FORM
-        return Deferred(broker_of(session).fail(queue, ids_of(args[3:])))
+        return Deferred(broker_of(session).nack(queue, ids_of(args[3:])))
     if len(args) < 7 or args[4].upper() != b"IDS":
         raise errors.SYNTAX
     numids = to_int(args[5])
@@ -411,7 +411,7 @@ def xnack(session, args):
         raise errors.NACK_NUMIDS_INVALID
     ids = ids_of(args[6:6 + numids])
     (retry_count, force, reason), _ = parse_options(args, 6 + numids, NACK_OPTIONS)
-    return Deferred(broker_of(session).fail(queue, ids, mode, retry_count, force, reason))
+    return Deferred(broker_of(session).nack(queue, ids, mode, retry_count, force, reason))
 
 
 @command("XDEL", -3)

@@ -8,7 +8,7 @@ follows room once the disk fills: when a commit or a checkpoint meets a full
 disk, the reserve is released, pushes (which add rows) are refused with
 DISK_FULL, and everything else goes on. Pushes resume once the reserve fits
 again with room beside it: freed by an operator, or by the upkeep giving a
-drained queue's free pages back to the file system (broker/upkeep.py).
+drained queue's free pages back to the file system (broker/reaper.py).
 
 The writer tells the guard what happened (a commit or a checkpoint failed for
 want of space) and asks it (refuse this push? must the WAL start over now?);
