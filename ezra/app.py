@@ -21,8 +21,8 @@ from . import __version__
 from .broker import Broker
 from .broker.schedules import Scheduler
 from .config import Settings, parse_settings
-from .server import EzraServer, trim_freed_memory
-from .session import ServerState
+from .front.server import EzraServer, trim_freed_memory
+from .front.session import ServerState
 from .storage import DB_FILENAME, DataDirLock, Integrity, QuickCheck, StorageError, open_database
 
 SHUTDOWN_GRACE = 5.0  # seconds busy connections get to finish at shutdown

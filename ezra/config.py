@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import configargparse
 
-from . import __version__, queue_settings, schedule_settings
+from . import __version__
+from .settings import queue_settings, schedule_settings
 from .errors import CommandError
 
 DURABILITY_MODES = ("full", "normal")

@@ -25,7 +25,7 @@ import atexit
 import os
 import threading
 
-from .client import reachable_host
+from .adapters.client import reachable_host
 from .config import Settings, build_parser
 
 START_TIMEOUT = 60.0  # seconds; opening a large database runs recovery first

@@ -8,7 +8,7 @@ then EZRA's by family, then the HTTP listener's (statuses instead of prefixes).
 tests/test_error_catalogue.py fails if code elsewhere writes an error's text inline.
 """
 
-from .resp import ErrorReply
+from .protocol.resp import ErrorReply
 
 class CommandError(ErrorReply):
     """A command's own error: the client gets it, the connection stays."""

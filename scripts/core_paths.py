@@ -3,7 +3,7 @@
     python scripts/core_paths.py                          # this tree: µs per push, claim, ack, nack
     python scripts/core_paths.py --trees /tmp/old,. --rounds 7   # two trees in alternation, medians
 
-Calls `Broker.push`, `Broker.claim_now`, `Broker.ack` and `Broker.fail` as the handlers do, TURN to
+Calls `Broker.push`, `Broker.claim_now`, `Broker.ack` and `Broker.nack` as the handlers do, TURN to
 a loop turn, on a fresh
 data dir (durability full), and times only those calls with the thread's CPU clock: the
 writer's submit, the broker's transaction script, storage's parameter building and the
@@ -70,10 +70,11 @@ def measure(tasks: int) -> dict:
             "UPDATE tasks SET state = 'in_flight', attempts = 1, finished_at = NULL"))
         counts = broker.queues[b"q"].counts
         counts["in_flight"], counts["done"] = counts["done"], 0
+        nack = getattr(broker, "nack", None) or broker.fail  # --trees may name a tree where XNACK's verb is `fail`
         nack_ns = []
         for start in range(0, len(ids), TURN):
             started = clock()
-            requests = [broker.fail(b"q", [task_id]) for task_id in ids[start:start + TURN]]
+            requests = [nack(b"q", [task_id]) for task_id in ids[start:start + TURN]]
             nack_ns.append(clock() - started)
             requests[-1].wait()
             if not all(request.result == 1 for request in requests):

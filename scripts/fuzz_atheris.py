@@ -33,9 +33,9 @@ with atheris.instrument_imports(include=["ezra"]):
     from ezra import commands, errors
     from ezra.broker import Broker
     from ezra.config import parse_settings
-    from ezra.resp import ErrorReply, encode
-    from ezra.request_reader import ProtocolError, RequestReader
-    from ezra.session import ServerState, Session
+    from ezra.protocol.resp import ErrorReply, encode
+    from ezra.protocol.request_reader import ProtocolError, RequestReader
+    from ezra.front.session import ServerState, Session
     from ezra.storage import open_database
 
 from support_resp import Err, errors_in, parse_value  # noqa: E402  (tests/, after the path above)

@@ -262,7 +262,7 @@ def by_btree(commits: int, per_commit: int) -> None:
     import collections
     import struct
     from ezra.storage import acks, open_database
-    from ezra.task_fields import stored
+    from ezra.protocol.task_fields import stored
 
     directory = tempfile.mkdtemp(prefix="ezra-pages-btree-")
     db = open_database(directory)

@@ -66,7 +66,9 @@ import greenlet  # noqa: E402
 import hiredis  # noqa: E402
 
 import floor_server  # noqa: E402
-from ezra import commands, connection, gate, request_reader, resp, session as session_mod, storage, stream_ids  # noqa: E402
+from ezra import commands, storage  # noqa: E402
+from ezra.front import connection, gate, session as session_mod  # noqa: E402
+from ezra.protocol import request_reader, resp, stream_ids  # noqa: E402
 from ezra.app import GC_THRESHOLD  # noqa: E402
 from ezra.broker import Broker  # noqa: E402
 from ezra.broker import claims as claims_mod, core as core_mod, in_flight as in_flight_mod, tasks as tasks_mod  # noqa: E402
@@ -74,8 +76,8 @@ from ezra.broker import transitions as transitions_mod  # noqa: E402
 from ezra.commands import queue as queue_cmds, replies as replies_mod  # noqa: E402
 from ezra.config import Settings  # noqa: E402
 from ezra.storage import database as database_mod  # noqa: E402
-from ezra import writer as writer_mod  # noqa: E402
-from ezra.writer import Writer  # noqa: E402
+from ezra.writer import writer as writer_mod  # noqa: E402
+from ezra.writer.writer import Writer  # noqa: E402
 
 KINDS = ("XADD", "XREADGROUP", "XACK")
 PAYLOAD = b"x" * 200

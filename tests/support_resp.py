@@ -1,7 +1,7 @@
 """RESP on the wire, for the tests that read bytes rather than a client's objects: the one
 reply parser of the suite, a raw TCP connection, and the commands' encoding.
 
-The parser is independent of ezra/resp.py (it reads what a client reads) and stricter than
+The parser is independent of ezra/protocol/resp.py (it reads what a client reads) and stricter than
 client libraries: every length, terminator and type byte is checked, RESP3 types are refused
 on a RESP2 connection when asked, and an error reply must carry a prefix and a message.
 `parse_reply` keeps each reply's type byte (the vector harness compares shapes with Redis's);

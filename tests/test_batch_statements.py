@@ -12,8 +12,8 @@ from support_queue import claim
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
 from ezra.storage import open_database
 from ezra.storage.database import INSERT_ROWS
-from ezra.stream_ids import MAX_ID_PART
-from ezra.task_fields import stored
+from ezra.protocol.stream_ids import MAX_ID_PART
+from ezra.protocol.task_fields import stored
 
 NOW = 1_000_000
 TOP = (MAX_ID_PART, MAX_ID_PART)

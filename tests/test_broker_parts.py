@@ -15,7 +15,7 @@ import pytest
 
 from ezra.broker.observers import Observer, Observers
 from ezra.broker.queues import Defaults, Queues
-from ezra.broker.schedule import INF, ReaperSchedule
+from ezra.broker.deadlines import INF, ReaperSchedule
 from ezra.broker.waiters import Waiter, Waiters
 from ezra.broker.workers import WorkerNames
 from ezra.errors import CommandError

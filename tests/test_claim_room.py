@@ -14,7 +14,7 @@ import pytest
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from ezra.storage import SCHEMA_VERSION, open_database
 from ezra.storage.schema import RESERVED_BYTES
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 
 NOW = 1_764_000_000_000  # ms since the epoch: deadline and delivered_at take 6 bytes each, as in use
 WORKER = b"worker-%014d" % 7  # 21 bytes: one more than RESERVED_BYTES leaves room for (32 - 12 = 20)

@@ -23,9 +23,9 @@ from ezra.broker import Broker
 from ezra.broker.clock import ServerClock
 from ezra.broker.schedules import Scheduler
 from ezra.config import Settings
-from ezra.schedule_settings import parse_line
+from ezra.settings.schedule_settings import parse_line
 from ezra.storage import decode_fields, open_database
-from ezra.stream_ids import MAX_ID_PART
+from ezra.protocol.stream_ids import MAX_ID_PART
 
 HOOK = ROOT / "tests" / "clock_hook"
 HOUR = 3600

@@ -1,4 +1,4 @@
-"""The DiskGuard alone (ezra/disk_space.py): the full-disk mode's reserve file, figures and decisions.
+"""The DiskGuard alone (ezra/writer/disk_space.py): the full-disk mode's reserve file, figures and decisions.
 
 The file-system figures come from a fake `statvfs` where a test needs a nearly full disk without
 filling one; the reserve file is real (a temp dir, or a small tmpfs where it must not fit). The
@@ -16,7 +16,7 @@ import pytest
 from loguru import logger
 
 from ezra import errors
-from ezra.disk_space import MIN_ROOM, WAL_AHEAD_ROOM, DiskGuard
+from ezra.writer.disk_space import MIN_ROOM, WAL_AHEAD_ROOM, DiskGuard
 from ezra.storage import RESERVE_FILENAME, open_database
 from support import tmpfs
 

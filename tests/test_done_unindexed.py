@@ -18,11 +18,11 @@ import sqlite3
 
 import pytest
 
-from ezra import stream_ids
-from ezra.broker import upkeep
+from ezra.protocol import stream_ids
+from ezra.broker import reaper
 from ezra.lifecycle import AVAILABLE, DONE, IN_FLIGHT
 from ezra.storage import SCHEMA_VERSION, reads
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 from support_queue import submit_broken_request
 from support_servers import wait_until
 
@@ -95,7 +95,7 @@ def test_a_task_finished_under_a_retention_limit_goes_into_the_purges_index(brok
 # ---------------------------------------------------------------- a limit set later
 
 def test_a_limit_set_later_marks_and_purges_the_tasks_done_before_it(broker, monkeypatch):
-    monkeypatch.setattr(upkeep, "MARK_BATCH", 2)  # the walk takes several passes
+    monkeypatch.setattr(reaper, "MARK_BATCH", 2)  # the walk takes several passes
     ids = push(broker, 7)
     claim_all(broker)
     ack(broker, ids[:5])  # kept for ever: unmarked
@@ -109,7 +109,7 @@ def test_a_limit_set_later_marks_and_purges_the_tasks_done_before_it(broker, mon
 
 
 def test_a_task_done_for_ever_behind_the_walk_starts_it_over(broker, monkeypatch):
-    monkeypatch.setattr(upkeep, "MARK_BATCH", 1)
+    monkeypatch.setattr(reaper, "MARK_BATCH", 1)
     ids = push(broker, 4)
     claim_all(broker)
     ack(broker, ids[2:])

@@ -276,7 +276,7 @@ def test_a_drain_on_a_full_disk_keeps_the_wal_inside_the_reserve(fs_20m):
     from ezra.config import Settings
     from ezra.errors import CommandError
     from ezra.storage import open_database
-    from ezra.task_fields import stored
+    from ezra.protocol.task_fields import stored
 
     data = fs_20m / "data"
     broker = Broker(open_database(str(data)), Settings(data_dir=str(data), durability="normal"))
@@ -320,7 +320,7 @@ def test_an_exec_that_fills_the_disk_is_refused_whole_and_claims_go_on(small_fs,
     """The batch whose push meets the full disk is rolled back and run again on the released reserve
     without its pushes. An EXEC in it is all or nothing (issue 21): before, its claim committed while
     its pushes were refused; now every reply of it is the storage error and its claim is undone
-    (tests/test_trust3_exec.py runs another client's claim in such a batch: that one succeeds)."""
+    (tests/test_exec_atomic.py runs another client's claim in such a batch: that one succeeds)."""
     server = ezra_factory("--disk-reserve", str(2 * 1024 * 1024), data_dir=small_fs)
     client = server.client()
     client.xgroup_create("jobs", "g", id="0", mkstream=True)

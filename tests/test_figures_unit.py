@@ -8,7 +8,7 @@ import pytest
 from ezra.broker import ALL_QUEUES, Broker
 from ezra.config import Settings
 from ezra.storage import open_database
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 
 
 @pytest.fixture

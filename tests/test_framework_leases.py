@@ -1,8 +1,8 @@
-"""The lease renewals of EZRA's framework brokers (ezra.framework_leases), against a real server."""
+"""The lease renewals of EZRA's framework brokers (ezra.adapters.leases), against a real server."""
 
 from __future__ import annotations
 
-from ezra.framework_leases import LeaseKeeper
+from ezra.adapters.leases import LeaseKeeper
 from support_queue import claim, pending
 
 

@@ -11,9 +11,9 @@ import redis
 
 from ezra.broker import Broker
 from ezra.config import Settings
-from ezra.resp import PairsMap
+from ezra.protocol.resp import PairsMap
 from ezra.storage import open_database
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 from support_resp import RespConnection
 
 
@@ -88,7 +88,8 @@ def test_the_reshaped_replies_keep_their_bytes(shared_server, queue, resp3):
 
 def test_lifecycle_is_the_state_machine_alone():
     """Issue 25 item 4: the id grammar (parse, format, compare, '*' '-' '+' '$' '>') is stream_ids.py's."""
-    from ezra import lifecycle, stream_ids
+    from ezra import lifecycle
+    from ezra.protocol import stream_ids
 
     grammar = ("format_id", "parse_id", "parse_range_bound", "parse_after_id", "new_id", "check_push_id",
                "previous_id", "MAX_ID_PART", "ABOVE_ALL", "xread_id", "xreadgroup_id", "SINCE_NOW")
@@ -199,7 +200,7 @@ def test_one_integer_reader_for_the_arguments():
     package = Path(__file__).resolve().parent.parent / "ezra"
     readers = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
                      if re.search(r"\bto_int64\b|\bint\(arg", path.read_text())
-                     and path.parent.name in ("commands", "ezra") and path.name in (
+                     and path.parent.name in ("commands", "settings") and path.name in (
                          "args.py", "queue.py", "ops.py", "connection.py", "keys.py", "schedule.py",
                          "options.py", "trimming.py", "queue_settings.py", "schedule_settings.py"))
     assert readers == []

@@ -19,7 +19,7 @@ from ezra.broker.queues import Defaults, Queues
 from ezra.config import Settings
 from ezra.lifecycle import AVAILABLE, IN_FLIGHT
 from ezra.storage import done_counts, name_bytes, open_database
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 from support_queue import Clock, claim as claim_by_client, submit_broken_request
 
 Q = b"q"
@@ -66,14 +66,14 @@ def test_the_leases_say_what_the_file_says_after_every_move(clocked_broker):
         ("ack one", lambda: broker.ack(Q, [ids[0]]).wait()),
         ("ack many, one repeated, one stale", lambda: broker.ack(Q, [ids[1], ids[2], ids[1], ids[30]]).wait()),
         ("a run of pipelined acks", lambda: broker.ack_run(Q, [ids[3], ids[3], ids[4]]).wait()),
-        ("nack (FAIL)", lambda: broker.fail(Q, [ids[5]]).wait()),
-        ("nack SILENT", lambda: broker.fail(Q, [ids[6]], lifecycle.SILENT).wait()),
-        ("nack FATAL", lambda: broker.fail(Q, [ids[7]], lifecycle.FATAL).wait()),
+        ("nack (FAIL)", lambda: broker.nack(Q, [ids[5]]).wait()),
+        ("nack SILENT", lambda: broker.nack(Q, [ids[6]], lifecycle.SILENT).wait()),
+        ("nack FATAL", lambda: broker.nack(Q, [ids[7]], lifecycle.FATAL).wait()),
         ("XCLAIM by the owner (a renewal)", lambda: broker.take_over(Q, b"w3", 0, [ids[8]]).wait()),
         ("XCLAIM by another (a take-over)", lambda: broker.take_over(Q, b"w1", 0, [ids[9]]).wait()),
         ("XCLAIM FORCE of an available task", lambda: broker.take_over(Q, b"w1", 0, [ids[20]], force=True).wait()),
         ("XNACK FORCE of tasks in flight and available",
-         lambda: broker.fail(Q, [ids[10], ids[21]], force=True).wait()),
+         lambda: broker.nack(Q, [ids[10], ids[21]], force=True).wait()),
         ("XACKDEL", lambda: broker.ack_delete(Q, [ids[11]]).wait()),
         ("XGROUP DELCONSUMER", lambda: broker.delete_worker(Q, b"w3").wait()),
         ("claim 10 more", lambda: claim(broker, b"w4", 10)),
@@ -103,7 +103,7 @@ def test_a_rolled_back_batch_leaves_the_leases_as_before_it(clocked_broker):
     # One batch: a claim, an ack, a nack and a take-over run, then a broken request rolls it all back.
     broker.claim_now([Q], b"w2", 3, False)
     broker.ack(Q, [ids[0]])
-    broker.fail(Q, [ids[1]])
+    broker.nack(Q, [ids[1]])
     broker.take_over(Q, b"w3", 0, [ids[2]])
     submit_broken_request(broker)
     assert memory_leases(broker) == before

@@ -1,4 +1,6 @@
-"""The package's plan holds: no import circle, no module over 600 lines, every folder says what it holds.
+"""The package's plan holds: no import circle, no module over 600 lines, every folder says what it holds,
+a root of at most 12 modules, the client side apart from the server, one importer each of sqlite3
+and gevent.server.
 
 Issue 16's "done when", kept true by a test rather than by memory. The import graph is read
 from the source (ast), not by importing. It holds the imports that run when a module loads
@@ -16,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ezra"
 MAX_MODULE_LINES = 600
+MAX_ROOT_MODULES = 12  # issue 46: the root shows the plan (its folders), not 32 loose modules
 
 
 def module_name(path: Path) -> str:
@@ -146,10 +149,65 @@ def every_import(path: Path, modules: set[str]) -> set[str]:
 
 def test_the_broker_and_storage_build_no_reply_shapes():
     """Issue 25: the broker and storage return plain values; commands/ build Redis's shapes,
-    so neither imports the protocol's modules (resp.py, request_reader.py)."""
+    so neither imports the protocol's modules (protocol/resp.py, protocol/request_reader.py)."""
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(path) for path in paths}
-    assert "ezra.resp" in every_import(PACKAGE / "commands" / "queue.py", modules), "imports were read"
+    assert "ezra.protocol.resp" in every_import(PACKAGE / "commands" / "queue.py", modules), "imports were read"
     importers = sorted(module_name(path) for path in paths if path.parent.name in ("broker", "storage") and (
-        {"ezra.resp", "ezra.request_reader"} & every_import(path, modules)))
+        {"ezra.protocol.resp", "ezra.protocol.request_reader"} & every_import(path, modules)))
     assert importers == []
+
+
+def test_the_root_holds_at_most_12_modules():
+    """Issue 46 item 3: the wire, the front, the writer, the settings' grammars and the client side
+    are folders; the root keeps the entry points, the wiring, the catalogue, the state machine and
+    the re-exports users import (ezra.celery, ezra.dramatiq, ezra.taskiq). On f225f10 it held 34."""
+    root = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert "__init__.py" in root and "app.py" in root, "the root was read"
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_the_client_side_imports_only_the_protocol_and_itself():
+    """Issue 46 item 3: the adapters (Celery, Dramatiq, taskiq, their leases, the tools' client) run in
+    other processes; they import each other and ezra/protocol/ (the shared grammar), nothing of the
+    server. The root's ezra.celery, ezra.dramatiq and ezra.taskiq import only the adapters."""
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(path) for path in paths}
+    client_side = [path for path in paths if path.parent == PACKAGE / "adapters"]
+    assert "ezra.protocol.resp" in every_import(PACKAGE / "adapters" / "client.py", modules), "imports were read"
+    assert "ezra.adapters.leases" in every_import(PACKAGE / "adapters" / "celery.py", modules), "imports were read"
+    allowed = ("ezra.adapters", "ezra.protocol")
+    outside = {module_name(path): sorted(module for module in every_import(path, modules)
+                                         if module.rpartition(".")[0] not in allowed and module not in allowed)
+               for path in client_side}
+    assert {module: found for module, found in outside.items() if found} == {}
+    reexports = {name: every_import(PACKAGE / f"{name}.py", modules) for name in ("celery", "dramatiq", "taskiq")}
+    assert reexports == {name: {f"ezra.adapters.{name}"} for name in reexports}
+
+
+def external_imports(path: Path) -> set[str]:
+    """The modules outside ezra that `path` imports anywhere (`from gevent import server` counts gevent.server)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def importers_of(module: str) -> list[str]:
+    return sorted(module_name(path) for path in PACKAGE.rglob("*.py") if module in external_imports(path))
+
+
+def test_only_storage_imports_sqlite3():
+    """All of EZRA's SQL is under storage/: nothing else opens, queries or catches sqlite3."""
+    importers = importers_of("sqlite3")
+    assert "ezra.storage.database" in importers, "imports were read"
+    assert [name for name in importers if not name.startswith("ezra.storage.")] == []
+
+
+def test_only_the_front_imports_gevent_server():
+    """One TCP listener of the queue: front/server.py's StreamServer (the HTTP side uses gevent.pywsgi)."""
+    assert importers_of("gevent.server") == ["ezra.front.server"]

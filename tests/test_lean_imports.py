@@ -21,7 +21,7 @@ def test_the_server_modules_load_neither_asyncio_nor_openssl():
         from ezra.lean_imports import defer_loguru_asyncio
         defer_loguru_asyncio()
         import sys
-        import ezra.app, ezra.server
+        import ezra.app, ezra.front.server
         print(sorted(m for m in ("asyncio", "ssl", "_ssl", "_hashlib", "_decimal", "platform")
                       if m in sys.modules))
     """)
@@ -96,7 +96,7 @@ def test_the_option_parser_is_let_go_once_the_options_are_parsed():
         settings = parse_settings(["--port", "0", "--queue", "emails MAX-ATTEMPTS 5"])
         modules = [weakref.ref(sys.modules[name]) for name in PARSER_MODULES if name in sys.modules]
         forget_option_parser()
-        import ezra.app, ezra.server
+        import ezra.app, ezra.front.server
         gc.collect()
         print(len(modules), sum(ref() is not None for ref in modules),
               sorted(name for name in PARSER_MODULES + ("difflib",) if name in sys.modules))

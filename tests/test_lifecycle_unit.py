@@ -7,7 +7,7 @@ import pytest
 from ezra import errors
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, FAIL, FATAL, SILENT, after_failure, lease_deadline, split_queue
-from ezra.stream_ids import ABOVE_ALL, MAX_ID_PART, new_id, parse_id, parse_range_bound
+from ezra.protocol.stream_ids import ABOVE_ALL, MAX_ID_PART, new_id, parse_id, parse_range_bound
 
 MAX = MAX_ID_PART
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from ezra import lifecycle, queue_settings, stream_ids
+from ezra import lifecycle
+from ezra.settings import queue_settings
+from ezra.protocol import stream_ids
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, EXPONENTIAL, FAIL, FIXED, SILENT
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 from support_queue import submit_broken_request
 
 # ---------------------------------------------------------------- pure rules
@@ -88,7 +90,7 @@ def claim(broker, queue=b"q", worker=b"w"):
 
 
 def fail(broker, task_id: bytes) -> None:
-    broker.fail(b"q", [stream_ids.parse_id(task_id)]).wait()
+    broker.nack(b"q", [stream_ids.parse_id(task_id)]).wait()
 
 
 def reaper_pass(broker) -> None:

@@ -1,11 +1,11 @@
-"""ezra/options.py, the one option parser the commands declare their options for."""
+"""ezra/settings/options.py, the one option parser the commands declare their options for."""
 
 from __future__ import annotations
 
 import pytest
 
 from ezra import errors
-from ezra.options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
+from ezra.settings.options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
 
 READ_LIKE = Options(COUNT=Value(int), BLOCK=Value(int, default=-1), NOACK=Flag(), STREAMS=Stop())
 

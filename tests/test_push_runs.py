@@ -184,10 +184,10 @@ def test_a_run_whose_batch_rolls_back_answers_each_push_the_error(clocked_broker
     from gevent import socket as gevent_socket
 
     from ezra.commands import Deferred
-    from ezra.connection import Connection
-    from ezra.gate import Gate
-    from ezra.resp import Replies
-    from ezra.session import ServerState
+    from ezra.front.connection import Connection
+    from ezra.front.gate import Gate
+    from ezra.protocol.resp import Replies
+    from ezra.front.session import ServerState
 
     request = clocked_broker.push_run(b"q", [b"*2\r\n$1\r\nn\r\n$1\r\nv\r\n"] * 3)
     submit_broken_request(clocked_broker)  # the same batch: it rolls back whole

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezra.request_reader import BATCH_PARTS, BATCH_WINDOW, BulkTooLarge, ProtocolError, RequestReader
+from ezra.protocol.request_reader import BATCH_PARTS, BATCH_WINDOW, BulkTooLarge, ProtocolError, RequestReader
 
 
 def multibulk(*args: bytes) -> bytes:

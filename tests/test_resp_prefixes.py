@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ezra.resp import PREFIXED, PairsMap, encode
+from ezra.protocol.resp import PREFIXED, PairsMap, encode
 
 
 def bulk(value: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""ezra/request_reader.py and ezra/resp.py without a server: the request reader and the reply encoder."""
+"""ezra/protocol/request_reader.py and ezra/protocol/resp.py without a server: the request reader and the reply encoder."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezra.request_reader import BULK_HEADERS, ProtocolError, RequestReader
-from ezra.resp import (NULL_ARRAY, OK, ErrorReply, Mapped, PairsMap, SimpleString, Verbatim, encode,
-                       encode_in_pieces, is_long)
+from ezra.protocol.request_reader import BULK_HEADERS, ProtocolError, RequestReader
+from ezra.protocol.resp import (NULL_ARRAY, OK, ErrorReply, Mapped, PairsMap, SimpleString, Verbatim, encode,
+                                encode_in_pieces, is_long)
 from reliability import report
 
 CASES = {"round_trip": 0, "random_frames": 0}  # property-test examples run: the README's fuzz figures
@@ -363,7 +363,7 @@ def test_a_claim_of_one_queue_is_written_as_the_map_of_any_queues(proto):
     """encode's shortcut for XREADGROUP's usual reply (one queue's claims, commands/replies.py)
     writes what the general map of written pairs writes, and what a PairsMap of entries writes."""
     from ezra.commands.replies import claimed_reply
-    from ezra.resp import _encode
+    from ezra.protocol.resp import _encode
     rows = [(1764612345678, 0, b"*2\r\n$1\r\nd\r\n$2\r\nhi\r\n", 1), (1764612345678, 1, b"*0\r\n", 2)]
     shortcut = encode(claimed_reply({b"jobs": rows}), proto)
     general = []

@@ -14,7 +14,7 @@ import redis
 from ezra.storage import open_database
 from ezra.storage.row_ranges import QUEUE_ROWS, lowest_row, row_of, rows_between, span
 from ezra.storage.schema import SCHEMA
-from ezra.stream_ids import TOP
+from ezra.protocol.stream_ids import TOP
 
 
 def table_of(ids_by_queue: dict[int, list[tuple]]) -> sqlite3.Connection:

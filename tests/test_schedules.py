@@ -23,12 +23,12 @@ import redis
 from support_http import http, scrape, value
 from support_queue import entries_of, submit_broken_request
 from support_servers import ROOT, wait_until
-from ezra import stream_ids
+from ezra.protocol import stream_ids
 from ezra.broker import Broker
 from ezra.broker.schedules import Scheduler
 from ezra.config import Settings, parse_settings
-from ezra.cron import Cron, CronError
-from ezra.schedule_settings import parse_line
+from ezra.settings.cron import Cron, CronError
+from ezra.settings.schedule_settings import parse_line
 from ezra.storage import SCHEMA_VERSION, decode_fields, open_database
 
 PARIS = ZoneInfo("Europe/Paris")

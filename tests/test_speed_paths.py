@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezra.connection import READS_PER_FLUSH
+from ezra.front.connection import READS_PER_FLUSH
 from ezra.storage.schema import decode_fields, encode_fields
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 
 PIPELINED = 20
 
@@ -105,7 +105,7 @@ def test_a_batch_flag_wakes_every_waiter_once_and_skips_killed_ones(flag):
     import gevent
     from gevent import get_hub
 
-    from ezra.batch import Batch
+    from ezra.writer.batch import Batch
 
     for how in ("set", "set_now") if flag == "synced" else ("set",):
         batch, woken = Batch(), []

@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ezra import errors, stream_ids
+from ezra import errors
+from ezra.protocol import stream_ids
 from ezra.broker.available import AvailableOrder
-from ezra.resp import ErrorReply, bulk_array, read_bulk_array
-from ezra.request_reader import BulkTooLarge, ProtocolError, RequestReader
-from ezra.stream_ids import MAX_ID_PART
+from ezra.protocol.resp import ErrorReply, bulk_array, read_bulk_array
+from ezra.protocol.request_reader import BulkTooLarge, ProtocolError, RequestReader
+from ezra.protocol.stream_ids import MAX_ID_PART
 
 
 def one_by_one(args):
@@ -131,8 +132,8 @@ def test_a_workers_repeated_claim_is_read_once_and_claims_as_the_first(tmp_path)
     from ezra.broker import Broker
     from ezra.commands import dispatch, resolved
     from ezra.config import Settings
-    from ezra.resp import NULL_ARRAY, ErrorReply, WrittenMap
-    from ezra.session import ServerState, Session
+    from ezra.protocol.resp import NULL_ARRAY, ErrorReply, WrittenMap
+    from ezra.front.session import ServerState, Session
     from ezra.storage import open_database
 
     settings = Settings(data_dir=str(tmp_path), durability="normal")
@@ -186,7 +187,7 @@ def test_a_workers_repeated_claim_is_read_once_and_claims_as_the_first(tmp_path)
 def test_a_claims_entries_are_written_as_encode_writes_them(rows):
     """written_entries (one row by one format) is the RESP of entries(rows), in RESP2 and RESP3."""
     from ezra.commands.replies import entries, written_entries
-    from ezra.resp import encode
+    from ezra.protocol.resp import encode
 
     for proto in (2, 3):
         assert written_entries(rows) == encode(entries(rows), proto)

@@ -15,11 +15,12 @@ from typing import Callable
 
 import pytest
 
-from ezra import lifecycle, stream_ids
+from ezra import lifecycle
+from ezra.protocol import stream_ids
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, STATES
 from ezra.storage import open_database
 from ezra.storage.reads import task_by_id
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 
 NOW = 1_000_000
 LEASE = 30_000

@@ -12,8 +12,8 @@ import sqlite3
 
 import pytest
 
-from ezra import task_fields
-from ezra.resp import bulk_array, read_bulk_array
+from ezra.protocol import task_fields
+from ezra.protocol.resp import bulk_array, read_bulk_array
 from ezra.storage import SCHEMA_VERSION, encode_fields
 
 from support_queue import entries_of

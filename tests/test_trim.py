@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from ezra.errors import EXACT_TRIM_REFUSED
-from ezra.trimming import DEFAULT_LIMIT
+from ezra.settings.trimming import DEFAULT_LIMIT
 from support_queue import queue_figures
 
 EXACT = EXACT_TRIM_REFUSED.message[len("ERR "):]  # redis-py drops the prefix

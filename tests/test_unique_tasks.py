@@ -15,7 +15,7 @@ import redis
 
 from support_servers import ROOT, wait_until
 from ezra.storage import SCHEMA_VERSION, open_database
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 
 
 def push(client, queue, *options, fields=("n", "1")):

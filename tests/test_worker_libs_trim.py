@@ -3,7 +3,7 @@
 Each row: a producer and two consumers of one consumer group, every task done exactly once,
 nothing pending, and the library's default trimming honored: the pushes are taken, and once
 tasks are done a later push trims them down to the library's MAXLEN (EZRA removes done tasks
-only: see ezra/trimming.py). Before approximate trimming these producers were refused, and
+only: see ezra/settings/trimming.py). Before approximate trimming these producers were refused, and
 edx-event-bus-redis's producer, which logs and swallows errors, lost every event.
 
 - redis-streams-broker (npm, build/node): publish(payload) sends XADD MAXLEN ~ 100.

@@ -8,7 +8,7 @@ import gevent
 from ezra.broker import Broker
 from ezra.config import Settings
 from ezra.storage import open_database
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 from support_queue import submit_broken_request
 
 
@@ -104,7 +104,7 @@ def test_the_checkpoint_look_comes_at_the_first_batch_where_one_could_start(tmp_
     point after the last checkpoint, the next look must be the first batch at which the rule
     (every CHECKPOINT_EVERY_BATCHES, or a WAL over its limit every WAL_SIZE_EVERY batches from
     CHECKPOINT_MIN_BATCHES) could start one, neither later (a missed checkpoint) nor earlier."""
-    from ezra.writer import CHECKPOINT_EVERY_BATCHES, CHECKPOINT_MIN_BATCHES, WAL_SIZE_EVERY
+    from ezra.writer.writer import CHECKPOINT_EVERY_BATCHES, CHECKPOINT_MIN_BATCHES, WAL_SIZE_EVERY
 
     def could_start(since: int) -> bool:
         return since >= CHECKPOINT_EVERY_BATCHES or (since >= CHECKPOINT_MIN_BATCHES and since % WAL_SIZE_EVERY == 0)

@@ -9,7 +9,7 @@ greenlet and submits one part's `tx_*` transaction to the writer):
     claim, unblock       XREADGROUP > BLOCK       claim, or a Waiter in line for the front to wait on
     claim_own            XREADGROUP <id>          claim the worker's own tasks in flight again
     ack                  XACK                     a task is done
-    fail                 XNACK                    a delivery failed: back (with backoff) or dead
+    nack                 XNACK                    a delivery failed: back (with backoff) or dead
     xdel                 XDEL                     cancel tasks nobody holds; fail those in flight
     cancel               (dashboard delete)       cancel available or delayed tasks
     delete_dead          XDEL q::dead             remove dead letters
@@ -57,14 +57,14 @@ calls. From the bottom up (a part imports only those below it):
                     keeps no index of them), read from the file a slice at a time after a start
     waiters.py      XREADGROUP's blocked workers (Waiter), a line per queue, woken after a batch
     observers.py    XREAD's blocked readers (Observer), per view, woken after a batch that grew it
-    schedule.py     the reaper's schedule: the earliest time each kind of upkeep can be due
+    deadlines.py    the reaper's deadlines: the earliest time each kind of upkeep can be due
     workers.py      worker names: connections, queues where each was leased tasks, release timers
     transitions.py  the state changes verbs share, in a batch: a queue made, an event counted,
                     tasks claimed, failures decided, deletions, purges, waiters served
     tasks.py        push, ack, nack, delete, create, and the reads of a queue's tasks
     leases.py       XCLAIM, XAUTOCLAIM, XREADGROUP CLAIM; a gone worker's tasks released
     claims.py       XREADGROUP's claims, a waiter put in line
-    upkeep.py       the reaper: expiry, delayed tasks coming due, retention, TTL, trimming, vacuum
+    reaper.py       the reaper: expiry, delayed tasks coming due, retention, TTL, trimming, vacuum
     admin.py        XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, figures(), hot backup
     views.py        XREAD's looks at a view after an id
     core.py         Broker: builds them, the verbs, the writer's hooks (after a batch, a reload)
@@ -75,10 +75,10 @@ that fires periodic pushes through `Tasks.tx_push` in its own writer transaction
 A blocking read is the front's to wait for (commands/table.py): `claim` answers what it claimed
 or a registered Waiter; `watch` registers an Observer; `unblock` and `unwatch` end the wait.
 
-What the parts may import: the layers below (storage, writer, lifecycle, stream_ids,
-errors, queue_settings, trimming), gevent and loguru; never resp or commands (the broker
-returns plain values: rows, tuples, its own dataclasses; commands/ build Redis's shapes),
-server, web, tools or app, which call the broker, not the other way round.
+What the parts may import: the layers below (storage, writer/, lifecycle, errors,
+protocol/stream_ids and task_fields, settings/), gevent and loguru; never protocol/resp or
+commands (the broker returns plain values: rows, tuples, its own dataclasses; commands/ build
+Redis's shapes), front/, web, tools or app, which call the broker, not the other way round.
 tests/test_layout.py finds no import circle, with the type checkers' imports counted too.
 """
 

@@ -23,13 +23,14 @@ from operator import itemgetter
 from gevent import get_hub
 from loguru import logger
 
-from .. import errors, lifecycle, stream_ids
+from .. import errors, lifecycle
+from ..protocol import stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
-from ..queue_settings import backoff_text, number, optional_seconds
+from ..settings.queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, reads
 from ..storage.reads import task_by_id
-from ..task_fields import UNREADABLE
-from ..stream_ids import TOP
+from ..protocol.task_fields import UNREADABLE
+from ..protocol.stream_ids import TOP
 from .in_flight import APART_LEASES, ROWID, pel_of
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue

@@ -16,7 +16,7 @@ from gevent import get_hub
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DONE
 from ..storage import SETTING_COLUMNS, Database, name_bytes
-from ..writer import Writer
+from ..writer.writer import Writer
 from .admin import Admin
 from .claims import Claims
 from .clock import ServerClock
@@ -24,10 +24,10 @@ from .in_flight import APART_LEASES, InFlight, pending_of
 from .leases import Leases
 from .observers import Observer, Observers
 from .queues import Defaults, Queues
-from .schedule import ReaperSchedule
+from .deadlines import ReaperSchedule
 from .tasks import Tasks
 from .transitions import Transitions
-from .upkeep import Reaper
+from .reaper import Reaper
 from .views import Views
 from .waiters import Waiter, Waiters
 from .workers import WorkerNames
@@ -158,7 +158,7 @@ class Broker:
         """A pipeline's run of XACKs of one id each, as one request: each one's count (Tasks.tx_ack_run)."""
         return self.writer.submit(self.tasks.tx_ack_run, queue, ids)
 
-    def fail(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
+    def nack(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
              retry_count: int | None = None, force: bool = False, reason: bytes | None = None,
              cause: str = lifecycle.NACKED):
         """XNACK: report failed attempts, and why."""

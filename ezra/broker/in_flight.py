@@ -34,7 +34,7 @@ from itertools import count
 from operator import itemgetter
 
 from ..lifecycle import IN_FLIGHT
-from ..stream_ids import TOP
+from ..protocol.stream_ids import TOP
 from ..storage import name_bytes
 
 # A lease's fields (the tuple's positions)

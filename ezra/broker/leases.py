@@ -21,7 +21,7 @@ from loguru import logger
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, IN_FLIGHT
 from ..storage import name_bytes
-from ..stream_ids import TOP
+from ..protocol.stream_ids import TOP
 from .in_flight import DELIVERED_AT, ROWID, failure_rows
 
 SCAN_OVER = (0, 0)  # XAUTOCLAIM's cursor once every in-flight task was looked at

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import bisect
 
-from .. import errors, lifecycle, queue_settings
+from .. import errors, lifecycle
+from ..settings import queue_settings
 from ..lifecycle import AVAILABLE, DONE, GONE
 from ..storage import SETTING_COLUMNS
 from .in_flight import QueueLeases

@@ -39,9 +39,10 @@ import gevent
 from gevent.event import Event
 from loguru import logger
 
-from .. import errors, stream_ids
-from ..cron import Cron, CronError
-from ..schedule_settings import Definition
+from .. import errors
+from ..protocol import stream_ids
+from ..settings.cron import Cron, CronError
+from ..settings.schedule_settings import Definition
 from ..storage import encode_fields, reads
 from ..storage.schedules import NEVER
 from .queues import MAX_QUEUE_NAME

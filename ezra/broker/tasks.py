@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from itertools import repeat
 
-from .. import errors, lifecycle, stream_ids
+from .. import errors, lifecycle
+from ..protocol import stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
 from .in_flight import ROWID, failure_rows, pending_of
 from .queues import QueueState

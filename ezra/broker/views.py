@@ -9,7 +9,7 @@ and the front's (commands/table.py).
 from __future__ import annotations
 
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
-from ..stream_ids import LAST_ONE, MAX_ID_PART, SINCE_NOW, previous_id
+from ..protocol.stream_ids import LAST_ONE, MAX_ID_PART, SINCE_NOW, previous_id
 
 LIVE_VIEW = (AVAILABLE, DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a live queue
 DEAD_VIEW = (DEAD,)

@@ -9,8 +9,8 @@ family: queue.py (XADD, XREADGROUP, XACK, XNACK, XRANGE, XPENDING...), ops.py (X
 XINFO, XREQUEUE, BACKUP...), connection.py (PING, HELLO, AUTH, CLIENT, MULTI/EXEC, INFO...) and
 keys.py (EXISTS, TYPE) and schedule.py (XSCHEDULE); runs.py works a pipeline's run of plain XADDs
 to one queue as one request (the connection calls it; it registers nothing). Importing this package imports the families, so every command is
-registered before the first dispatch. Nothing here imports the front (ezra/server.py,
-ezra/connection.py, ezra/session.py): a handler gets the connection's Session as an argument.
+registered before the first dispatch. Nothing here imports the front (ezra/front/server.py,
+ezra/front/connection.py, ezra/front/session.py): a handler gets the connection's Session as an argument.
 """
 
 # Each registers its commands in the table, in this order: the order COMMAND and COMMAND LIST answer in.

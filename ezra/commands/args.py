@@ -1,11 +1,11 @@
 """Argument helpers the command families share: ids, queue and worker names, the limits of counts.
-(Integers: ezra/integers.py's to_int, the one reader; ids: ezra/stream_ids.py.)"""
+(Integers: ezra/protocol/integers.py's to_int, the one reader; ids: ezra/protocol/stream_ids.py.)"""
 
 from __future__ import annotations
 
 from .. import errors
 from ..lifecycle import split_queue
-from ..stream_ids import parse_ids
+from ..protocol.stream_ids import parse_ids
 
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
 # RETRYCOUNT above this means the same (above any MAX-ATTEMPTS): the deliveries counted after it stay 64-bit.

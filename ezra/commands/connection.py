@@ -1,6 +1,6 @@
 """Connection and server commands: PING, ECHO, QUIT, SELECT, AUTH, HELLO, CLIENT,
 COMMAND, MULTI/EXEC/DISCARD and INFO. Same rules as every command (table.py); these
-act on the connection's session (ezra/session.py) more than on the broker.
+act on the connection's session (ezra/front/session.py) more than on the broker.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from loguru import logger
 
 from .. import __version__, errors, lifecycle
 from ..broker.queues import MAX_QUEUE_NAME
-from ..integers import to_int
-from ..options import Custom, Options, Value, parse_options
-from ..resp import OK, ErrorReply, SimpleString, Verbatim
+from ..protocol.integers import to_int
+from ..settings.options import Custom, Options, Value, parse_options
+from ..protocol.resp import OK, ErrorReply, SimpleString, Verbatim
 from ..storage.schedules import NEVER
 from .table import COMMANDS, Deferred, command, resolved, run
 
 if TYPE_CHECKING:  # annotations only: no command module imports the connection side
-    from ..session import ServerState, Session
+    from ..front.session import ServerState, Session
 
 REDIS_COMPAT_VERSION = "7.0.15"  # what clients see: the Redis version whose replies EZRA matches
 
@@ -149,7 +149,7 @@ def check_password(session: Session, user: bytes, password: bytes) -> None:
     expected = session.state.settings.password
     import hmac  # here: it loads OpenSSL (3.4 MB), which a server without a password need not hold
     if expected and not (user == b"default" and hmac.compare_digest(password, expected.encode())):
-        logger.debug("failed authentication from {}", session.addr)  # ezra/connection.py logs bursts
+        logger.debug("failed authentication from {}", session.addr)  # ezra/front/connection.py logs bursts
         raise errors.WRONGPASS
     session.authenticated = True
 

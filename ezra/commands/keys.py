@@ -10,7 +10,7 @@ queues here, so there is no DEL: EZRA never drops tasks.
 from __future__ import annotations
 
 from ..lifecycle import split_queue
-from ..resp import SimpleString
+from ..protocol.resp import SimpleString
 from .args import broker_of
 from .table import command
 

@@ -14,15 +14,17 @@ Same rules as every command (table.py): parse, call the broker, return a reply v
 
 from __future__ import annotations
 
-from .. import errors, lifecycle, queue_settings, stream_ids
+from .. import errors, lifecycle
+from ..settings import queue_settings
+from ..protocol import stream_ids
 from ..errors import CommandError
-from ..integers import to_int
+from ..protocol.integers import to_int
 from ..lifecycle import DEAD, DELAYED, DONE, IN_FLIGHT, split_queue
-from ..options import Flag, Options, Value, parse_options
-from ..resp import OK, SimpleString
+from ..settings.options import Flag, Options, Value, parse_options
+from ..protocol.resp import OK, SimpleString
 from ..storage import StorageError, decode_failure, name_bytes
-from ..task_fields import shown as shown_fields
-from ..stream_ids import format_id, parse_id
+from ..protocol.task_fields import shown as shown_fields
+from ..protocol.stream_ids import format_id, parse_id
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
 from .replies import entry_or_none, long_entries, taken_over
 from .table import Deferred, command

@@ -5,17 +5,19 @@ XREVRANGE, XTRIM, XPENDING, XGROUP. Each parses its arguments, calls a broker ve
 
 from __future__ import annotations
 
-from .. import errors, lifecycle, queue_settings, stream_ids
+from .. import errors, lifecycle
+from ..settings import queue_settings
+from ..protocol import stream_ids
 from ..errors import CommandError
 from ..broker.core import DEFAULT_READ_COUNT, MAX_READ_COUNT
 from ..broker.waiters import Waiter
-from ..integers import to_int
+from ..protocol.integers import to_int
 from ..lifecycle import split_queue
-from ..options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
-from ..resp import NULL_ARRAY, OK, Mapped, PairsMap, SimpleString
-from ..stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
-from ..task_fields import stored
-from ..trimming import TrimArgs
+from ..settings.options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
+from ..protocol.resp import NULL_ARRAY, OK, Mapped, PairsMap, SimpleString
+from ..protocol.stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
+from ..protocol.task_fields import stored
+from ..settings.trimming import TrimArgs
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
 from .replies import LONG, claim_reply, claimed_reply, claimed_size, entries, long_entries, read_reply
 from .table import Block, Deferred, command
@@ -401,7 +403,7 @@ def xnack(session, args):
     if mode not in lifecycle.NACK_MODES:
         if any(arg.upper() == b"REASON" for arg in args[3:]):
             raise errors.REASON_NEEDS_LONG_FORM
-        return Deferred(broker_of(session).fail(queue, ids_of(args[3:])))
+        return Deferred(broker_of(session).nack(queue, ids_of(args[3:])))
     if len(args) < 7 or args[4].upper() != b"IDS":
         raise errors.SYNTAX
     numids = to_int(args[5])
@@ -409,7 +411,7 @@ def xnack(session, args):
         raise errors.NACK_NUMIDS_INVALID
     ids = ids_of(args[6:6 + numids])
     (retry_count, force, reason), _ = parse_options(args, 6 + numids, NACK_OPTIONS)
-    return Deferred(broker_of(session).fail(queue, ids, mode, retry_count, force, reason))
+    return Deferred(broker_of(session).nack(queue, ids, mode, retry_count, force, reason))
 
 
 @command("XDEL", -3)

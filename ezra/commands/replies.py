@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from operator import itemgetter
 
-from ..resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, Mapped, PairsMap, WrittenMap
-from ..task_fields import as_resp, listed, readable, readable_resp
-from ..stream_ids import format_id
+from ..protocol.resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, Mapped, PairsMap, WrittenMap
+from ..protocol.task_fields import as_resp, listed, readable, readable_resp
+from ..protocol.stream_ids import format_id
 
 FIELDS = itemgetter(2)  # a claimed row's stored fields
 LONG = 500  # a reply of more rows is made while it is written (resp.Mapped)

@@ -19,9 +19,9 @@ answering 1 or 0 for its own task as it would alone. An id XACK would refuse end
 from __future__ import annotations
 
 from ..lifecycle import split_queue
-from ..resp import ErrorReply, Replies
-from ..stream_ids import parse_id
-from ..task_fields import stored
+from ..protocol.resp import ErrorReply, Replies
+from ..protocol.stream_ids import parse_id
+from ..protocol.task_fields import stored
 from .table import Deferred, internal_error
 
 PUSH_NAMES = frozenset((b"XADD", b"xadd"))  # as clients send them: other spellings are dispatched

@@ -11,10 +11,12 @@ Same rules as every command (table.py): parse, call the scheduler, return a repl
 
 from __future__ import annotations
 
-from .. import errors, schedule_settings, stream_ids
+from .. import errors
+from ..settings import schedule_settings
+from ..protocol import stream_ids
 from ..storage.schedules import NEVER
-from ..cron import local_time
-from ..resp import OK, Mapped, SimpleString
+from ..settings.cron import local_time
+from ..protocol.resp import OK, Mapped, SimpleString
 from .args import live_queue
 from .table import Deferred, command
 

@@ -12,7 +12,7 @@ table waits for it (`wait_out`), the same way for every such command: nothing bl
 EXEC (as Redis), the replies before it are sent first, then it waits until the Block answers,
 its time is up or the client hangs up. Handlers never wait or flush themselves.
 
-The session a handler gets is the connection's (ezra/session.py); this module reads
+The session a handler gets is the connection's (ezra/front/session.py); this module reads
 only its `authenticated`, `queued`, `queued_bytes`, `queue_failed` and
 `server.total_commands`, and imports nothing of the server.
 """
@@ -24,8 +24,8 @@ import time
 from loguru import logger
 
 from .. import errors
-from ..batch import Request
-from ..resp import ErrorReply, SimpleString
+from ..writer.batch import Request
+from ..protocol.resp import ErrorReply, SimpleString
 
 
 class Deferred:

@@ -72,7 +72,7 @@ class Database:
         self.conn = conn
         self.path = path
         self.wal_path = path + "-wal"
-        self.reserve_bytes = reserve_bytes  # the disk reserve's size (ezra/disk_space.py holds the file)
+        self.reserve_bytes = reserve_bytes  # the disk reserve's size (ezra/writer/disk_space.py holds the file)
         # The WAL's size tells what a checkpoint would copy: SQLite cuts it back to `wal_limit` when it starts
         # over (journal_size_limit), so more is written since (or WalFile.extend_ahead's zeros past its end).
         self.wal_limit = max(reserve_bytes // 2, 1024 * 1024)

@@ -1,6 +1,6 @@
 """The queries of what goes for good, named: retention's purge of done tasks (and the marking
 that lets it see those done while their queue kept them for ever), trimming (MAXLEN, MINID) and
-TTL. Run in the writer's transaction like the rest (Reaper, broker/upkeep.py, drives them).
+TTL. Run in the writer's transaction like the rest (Reaper, broker/reaper.py, drives them).
 
 Done tasks are in no index of their own (schema 10): a queue that keeps them for ever, the
 default, writes none on its acks. Those finished under a retention limit carry `retained` and
@@ -9,7 +9,7 @@ sit in tasks_retained by finish time, which the purge reads oldest first.
 
 from __future__ import annotations
 
-from ..stream_ids import TOP
+from ..protocol.stream_ids import TOP
 from .row_ranges import lowest_row
 from .schema import name_value
 

@@ -16,7 +16,7 @@ push, a claim or an ack, which know their rows: ~20 probes of the B-tree among a
 
 from __future__ import annotations
 
-from ..stream_ids import TOP
+from ..protocol.stream_ids import TOP
 from .schema import name_value
 
 ROW_BITS = 40  # rows a queue can hold over its life: 2^40, 1.1e12 pushes (255 days at 50,000 a second)

@@ -132,7 +132,7 @@ def decode_fields(text: str) -> list[bytes]:
 
 def encode_failure(failure: dict | None) -> str | None:
     """A task's last failure (lifecycle.failure_record) as the JSON text of tasks.failure,
-    as json.dumps(failure, ensure_ascii=False) writes it (tests/test_speed_core3.py checks)."""
+    as json.dumps(failure, ensure_ascii=False) writes it (tests/test_failure_record_text.py checks)."""
     if failure is None:
         return None
     if tuple(failure) == _RECORD_KEYS:  # every record the server makes: written by hand

@@ -15,9 +15,9 @@ import time
 
 import configargparse
 
-from ..client import Client, ClientError, ReplyError, reachable_host
+from ..adapters.client import Client, ClientError, ReplyError, reachable_host
 from ..config import Settings, port_number, positive_float, positive_int
-from ..humanize import duration
+from .humanize import duration
 
 STATES = ("available", "delayed", "in_flight", "done", "dead")
 LISTED_BY_DEFAULT = ("in_flight", "available", "delayed", "dead")  # done tasks only when asked for

@@ -25,7 +25,7 @@ Ids are kept (XADD with the explicit id), so a re-run adds nothing: an id at or 
 destination stream's last id is already there. Both tools end by reading the destination
 back and counting the source's ids in it. The copy code is one path: sources give pages of
 `Task`s in id order, a `CheckedPipeline` sends XADDs in pipelines, `verify` walks the
-destination (those pieces are in stream_copy.py). Talks RESP2 with ezra/client.py on both sides: no Redis
+destination (those pieces are in stream_copy.py). Talks RESP2 with ezra/adapters/client.py on both sides: no Redis
 library needed.
 """
 
@@ -40,11 +40,11 @@ from contextlib import contextmanager
 
 import configargparse
 
-from ..client import Client, ClientError, ReplyError, from_url
+from ..adapters.client import Client, ClientError, ReplyError, from_url
 from .inspector import REPLY_SHAPE_ERRORS, connect, connection_parser, table, unexpected_reply
 from .progress import Progress
 from ..storage import StorageError, name_bytes
-from ..task_fields import listed
+from ..protocol.task_fields import listed
 from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, format_id, next_id, pairs, parse_id,
                           report_verified, shown, stream_entries, stream_facts, verify)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..client import Client, ClientError, ReplyError, reachable_host
+from ..adapters.client import Client, ClientError, ReplyError, reachable_host
 from ..config import build_parser
 
 DEFAULT_TIMEOUT = 3.0

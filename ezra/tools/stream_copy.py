@@ -12,9 +12,9 @@ import heapq
 from array import array
 from typing import NamedTuple
 
-from ..client import Client, ReplyError
+from ..adapters.client import Client, ReplyError
 from .inspector import printable
-from ..stream_ids import format_id  # noqa: F401  (move.py takes it from here too)
+from ..protocol.stream_ids import format_id  # noqa: F401  (move.py takes it from here too)
 
 PAGE = 1000              # entries per read (XINFO TASKS, XRANGE, XPENDING, HSCAN)
 BATCH = 500              # XADDs per pipeline...

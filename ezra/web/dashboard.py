@@ -16,12 +16,14 @@ from urllib.parse import quote as url_quote
 import gevent
 from loguru import logger
 
-from .. import __version__, humanize, lifecycle, stream_ids
+from .. import __version__, lifecycle
+from ..tools import humanize
+from ..protocol import stream_ids
 from ..storage.schedules import NEVER
-from ..cron import local_time
+from ..settings.cron import local_time
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from ..storage import decode_failure
-from ..task_fields import shown as shown_fields
+from ..protocol.task_fields import shown as shown_fields
 from . import NAME_SHOWN, shown_name
 
 SAMPLE_SECONDS = 5.0

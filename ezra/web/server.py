@@ -49,9 +49,9 @@ from loguru import logger
 from . import dashboard, metrics, task_page
 from .. import errors
 from ..errors import CommandError, HttpError
-from ..gate import LOCAL_PEERS
-from ..server import HTTP_CONNECTIONS, tls_context  # (server.py reserves their descriptors)
-from ..stream_ids import parse_id
+from ..front.gate import LOCAL_PEERS
+from ..front.server import HTTP_CONNECTIONS, tls_context  # (server.py reserves their descriptors)
+from ..protocol.stream_ids import parse_id
 
 MAX_FORM_BYTES = 64 * 1024
 HEALTH_TIMEOUT = 2.0         # /healthz: seconds the writer has to answer before "down"

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from .. import stream_ids
+from ..protocol import stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, MAX_REASON_BYTES
 from ..storage import decode_failure
-from ..task_fields import shown as shown_fields
+from ..protocol.task_fields import shown as shown_fields
 from . import shown_name
 from .dashboard import FAILURE, STATE_TITLES, UNIQUE_KEY, duration, form, header, page, queue_link, text
 

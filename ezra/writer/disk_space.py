@@ -8,7 +8,7 @@ follows room once the disk fills: when a commit or a checkpoint meets a full
 disk, the reserve is released, pushes (which add rows) are refused with
 DISK_FULL, and everything else goes on. Pushes resume once the reserve fits
 again with room beside it: freed by an operator, or by the upkeep giving a
-drained queue's free pages back to the file system (broker/upkeep.py).
+drained queue's free pages back to the file system (broker/reaper.py).
 
 The writer tells the guard what happened (a commit or a checkpoint failed for
 want of space) and asks it (refuse this push? must the WAL start over now?);
@@ -25,8 +25,8 @@ import stat
 
 from loguru import logger
 
-from . import errors
-from .storage import RESERVE_FILENAME, Database
+from .. import errors
+from ..storage import RESERVE_FILENAME, Database
 
 MIN_ROOM = 1024 * 1024  # free bytes needed before pushes resume after the disk was full
 WAL_AHEAD_ROOM = 64 * 1024 * 1024  # free bytes (past the reserve) needed to keep zeros past a pinned WAL's end

@@ -39,10 +39,10 @@ from gevent.server import StreamServer
 from greenlet import greenlet as BareGreenlet
 from loguru import logger
 
-from . import errors
+from .. import errors
 from .connection import Connection
 from .gate import Gate
-from .resp import encode
+from ..protocol.resp import encode
 from .session import ServerState
 
 FD_RESERVE = 32  # descriptors beyond the clients': database, WAL, listener, logs (Redis keeps 32 too)

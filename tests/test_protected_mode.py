@@ -219,7 +219,7 @@ def read_closed(sock: socket.socket) -> bytes:
 
 
 def test_a_host_beyond_its_unauthenticated_limit_loses_its_oldest_connection(ezra_factory):
-    """Until issue 21 the newcomer was refused, the right password's too (now tests/test_trust3_auth.py)."""
+    """Until issue 21 the newcomer was refused, the right password's too (now tests/test_auth_guard.py)."""
     server = ezra_factory("--password", "s3cret")  # the default limit, 100
     waiting = open_unauthenticated(server.port, 100)
     waiting += open_unauthenticated(server.port, 1)  # served: the oldest is closed to make room

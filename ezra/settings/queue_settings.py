@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 
-from . import errors
-from .integers import to_int
-from .lifecycle import EXPONENTIAL, FIXED
+from .. import errors
+from ..protocol.integers import to_int
+from ..lifecycle import EXPONENTIAL, FIXED
 from .options import Custom, Options, Value, parse_options
 
 FOREVER = -1.0  # RETENTION FOREVER, stored as -1

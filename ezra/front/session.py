@@ -1,7 +1,7 @@
 """What a command handler sees of the server: the ServerState every connection shares, and
 one connection's Session (protocol, name, authentication, MULTI, the worker names it used).
 
-The connection (ezra/connection.py) builds its Session and hands it to the command table with
+The connection (ezra/front/connection.py) builds its Session and hands it to the command table with
 each command; the table and the handlers only read and set its fields, so neither this
 module nor the commands import the server. It imports nothing of EZRA.
 """
@@ -26,7 +26,7 @@ class ServerState:
         self.total_commands = 0
         self.rejected_connections = 0
         self.slice_yields = 0  # times a connection let the others in mid-pipeline (connection.SLICE)
-        self.parked_clients = 0  # connections idle without a greenlet (see ezra/server.py)
+        self.parked_clients = 0  # connections idle without a greenlet (see ezra/front/server.py)
         self.port = settings.port
         self.max_clients = settings.max_clients  # the server lowers it if the open-files limit is lower
 

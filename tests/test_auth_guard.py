@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from support_servers import wait_until
-from ezra.gate import GUESSES_PER_SECOND, Gate, GuessThrottle, network_of
+from ezra.front.gate import GUESSES_PER_SECOND, Gate, GuessThrottle, network_of
 
 PASSWORD = "s3cret"
 WRONGPASS = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from loguru import logger
 
-from . import errors
+from .. import errors
 
 LOCAL_PEERS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})  # the last: IPv4 loopback on a '::' socket
 LOGGED_HOSTS = 10_000  # hosts whose refusal was logged, remembered to log each once; then forgotten

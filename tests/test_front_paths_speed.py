@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ezra.request_reader import BATCH_PARTS, RequestReader
+from ezra.protocol.request_reader import BATCH_PARTS, RequestReader
 
 
 def multibulk(*args: bytes) -> bytes:
@@ -85,7 +85,7 @@ def test_frames_that_fail_the_batch_do_not_make_it_walk_the_window_again_and_aga
     """A window that fails the one-go check is read frame by frame until a window passes whole. Without
     that, every look-alike frame made the batch walk the rest of the window first: 200 frames, half of
     them built so, took 30,245 steps (quadratic) at 7fab414; 766 now."""
-    import ezra.request_reader as request_reader
+    import ezra.protocol.request_reader as request_reader
 
     monkeypatch.setattr(request_reader, "FRAME_COUNTS", CountingCounts(request_reader.FRAME_COUNTS))
     CountingCounts.lookups = 0
@@ -168,7 +168,7 @@ def a_session():
     import tempfile
 
     from ezra.config import Settings
-    from ezra.session import ServerState, Session
+    from ezra.front.session import ServerState, Session
 
     return Session(ServerState(None, Settings(data_dir=tempfile.mkdtemp())), "127.0.0.1:1", None)
 
@@ -177,7 +177,7 @@ def test_the_fast_path_answers_a_handlers_bug_as_an_internal_error_and_logs_it(p
     from loguru import logger
 
     from ezra.commands import dispatch
-    from ezra.resp import ErrorReply
+    from ezra.protocol.resp import ErrorReply
 
     def bug(args):
         raise ZeroDivisionError("a handler's bug")
@@ -195,7 +195,7 @@ def test_the_fast_path_answers_a_handlers_bug_as_an_internal_error_and_logs_it(p
 
 def test_the_fast_path_returns_a_handlers_error_without_its_traceback(probe_command):
     from ezra.commands import dispatch
-    from ezra.resp import ErrorReply
+    from ezra.protocol.resp import ErrorReply
 
     def refuse(args):
         raise ErrorReply("ERR refused on purpose")
@@ -216,7 +216,7 @@ def test_the_fast_path_returns_a_handlers_error_without_its_traceback(probe_comm
 
 def reference_encode(value, resp3: bool) -> bytes:
     """RESP as the protocol's text spells it, one call per value: what encode's in-place paths must equal."""
-    from ezra.resp import PairsMap
+    from ezra.protocol.resp import PairsMap
 
     if isinstance(value, bytes):
         return b"$%d\r\n%s\r\n" % (len(value), value)
@@ -240,7 +240,7 @@ def test_claim_shaped_replies_are_written_byte_for_byte():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from ezra.resp import PairsMap, encode
+    from ezra.protocol.resp import PairsMap, encode
 
     sizes = st.sampled_from([0, 1, 5, 1023, 1024, 1500])
     leaf = st.one_of(sizes.map(lambda n: b"v" * n), st.integers(-5, 10**12), st.none())

@@ -36,13 +36,13 @@ import gevent
 from gevent import get_hub, getcurrent
 from loguru import logger
 
-from . import errors
-from .batch import Request
-from .commands import Deferred, dispatch
-from .commands.runs import RUNS
+from .. import errors
+from ..writer.batch import Request
+from ..commands import Deferred, dispatch
+from ..commands.runs import RUNS
 from .gate import Gate
-from .resp import ErrorReply, Mapped, Replies, WrittenMap, encode, encode_in_pieces, is_long
-from .request_reader import BulkTooLarge, ProtocolError, RequestReader
+from ..protocol.resp import ErrorReply, Mapped, Replies, WrittenMap, encode, encode_in_pieces, is_long
+from ..protocol.request_reader import BulkTooLarge, ProtocolError, RequestReader
 from .session import ServerState, Session
 
 READ_SIZE = 64 * 1024

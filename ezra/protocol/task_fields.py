@@ -7,6 +7,7 @@ measured). The other form is a JSON array of text (storage.schema.encode_fields)
 before schema 9, a schedule's pushes (the schedules table keeps JSON), fields set by hand in
 the sqlite3 shell. Both are read here; the tasks_readable view shows both as JSON.
 
+The stored form is the wire's own RESP array, so this module lives in protocol/ beside resp.py.
 Only resp.py writes and reads the wire format: this module picks the form and calls it.
 A BLOB is trusted to be what EZRA wrote (a hand edit writes text, which is read and checked;
 a start checks rows written by hand while the server was stopped: storage/hand_rows.py).
@@ -19,7 +20,7 @@ from __future__ import annotations
 from loguru import logger
 
 from .resp import bulk_array, read_bulk_array
-from .storage import decode_fields
+from ..storage import decode_fields
 
 
 # The fields of a push as tasks.fields stores them: bulk_array itself, not a function around it

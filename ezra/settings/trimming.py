@@ -2,7 +2,7 @@
 
 Parsed as Redis 7 parses them (t_stream.c: the same words, order and error texts), then
 EZRA's rule: trimming removes DONE tasks only, lowest ids first, never an available,
-delayed, in-flight or dead one (that is upkeep.Upkeep._trim_done).
+delayed, in-flight or dead one (that is reaper.Reaper.trim_done).
 
 - Approximate (`~`) trimming promises only that at least `threshold` entries stay
   (MAXLEN) or that entries below the id may stay (MINID), so removing finished work only
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import errors
-from .integers import to_int
-from .stream_ids import MAX_ID_PART, StreamId, parse_id_parts
+from .. import errors
+from ..protocol.integers import to_int
+from ..protocol.stream_ids import MAX_ID_PART, StreamId, parse_id_parts
 
 MAXLEN = "MAXLEN"
 MINID = "MINID"

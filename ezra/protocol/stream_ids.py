@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from . import errors
+from .. import errors
 from .integers import to_uint64
 
 MAX_ID_PART = 2 ** 63 - 1  # SQLite integers are signed 64-bit; Redis allows 2**64-1

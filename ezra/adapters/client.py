@@ -15,8 +15,8 @@ import socket
 import time
 from urllib.parse import unquote, urlsplit
 
-from .integers import to_int64
-from .resp import encode
+from ..protocol.integers import to_int64
+from ..protocol.resp import encode
 
 MAX_LINE = 64 * 1024
 # A reply is read within caps, as the server reads requests: a hostile or broken server costs

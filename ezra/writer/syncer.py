@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from gevent import get_hub
 from loguru import logger
 
-from . import errors
+from .. import errors
 
 if TYPE_CHECKING:
     from .batch import Batch

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import shlex
 
-from . import errors
+from .. import errors
 from .cron import Cron, CronError
 from .options import Flag, Options, Stop, Value, parse_options
 

@@ -14,8 +14,8 @@ import uuid
 import pytest
 
 from support_servers import EzraProcess, wait_until
-from ezra.integers import to_int64, to_uint64
-from ezra.request_reader import BulkTooLarge, ProtocolError, RequestReader
+from ezra.protocol.integers import to_int64, to_uint64
+from ezra.protocol.request_reader import BulkTooLarge, ProtocolError, RequestReader
 from support_resp import RespConnection, encode_command
 
 # Integer forms: all but the last few are refused by Redis's string2ll.

@@ -1,4 +1,4 @@
-"""The reaper's schedule: the earliest time each kind of upkeep can be due.
+"""The reaper's deadlines: the earliest time each kind of upkeep can be due.
 
 Idle cost is near zero: for each kind of work the reaper keeps a lower bound of when anything
 can be due, lowered by whoever creates the work (a lease, a delayed task, an idempotent id, a

@@ -16,7 +16,7 @@ Each pass, in order:
 Trimming (XADD/XTRIM MAXLEN|MINID ~, trimming.py) removes done tasks too, in the
 push's or XTRIM's own transaction (`trim_done`), and counts them as purges do.
 
-Idle cost is near zero: the reaper's schedule (schedule.py) keeps the earliest time
+Idle cost is near zero: the reaper's deadlines (deadlines.py) keep the earliest time
 anything can be due and no query runs before it. A pass that filled a batch reports
 more work, and the next pass runs at once instead of after the interval.
 """
@@ -26,13 +26,14 @@ from __future__ import annotations
 import gevent
 from loguru import logger
 
-from .. import lifecycle, trimming
+from .. import lifecycle
+from ..settings import trimming
 from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
-from ..stream_ids import TOP
-from ..trimming import MAXLEN, MINID
+from ..protocol.stream_ids import TOP
+from ..settings.trimming import MAXLEN, MINID
 from .in_flight import failure_rows
-from .schedule import INF
+from .deadlines import INF
 
 REAPER_INTERVAL = 0.1  # seconds between passes when there is nothing to catch up on
 EXPIRE_BATCH = 1000

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from . import errors
+from .. import errors
 
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 UINT64_MAX = 2 ** 64 - 1

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from ezra.task_fields import stored
+from ezra.protocol.task_fields import stored
 
 from reliability import report
 from support_queue import entries_of
@@ -316,8 +316,8 @@ def test_every_kind_of_command_in_one_exec_is_one_commit(tmp_path):
     from ezra.broker import Broker
     from ezra.commands import dispatch, resolved
     from ezra.config import Settings
-    from ezra.resp import ErrorReply
-    from ezra.session import ServerState, Session
+    from ezra.protocol.resp import ErrorReply
+    from ezra.front.session import ServerState, Session
     from ezra.storage import open_database
 
     settings = Settings(data_dir=str(tmp_path), durability="normal")

@@ -13,8 +13,8 @@ import itertools
 import pytest
 
 from ezra import errors
-from ezra.integers import string2ll, string2ull, to_int, to_int64, to_uint64
-from ezra.stream_ids import MAX_ID_PART, parse_id, parse_id_parts
+from ezra.protocol.integers import string2ll, string2ull, to_int, to_int64, to_uint64
+from ezra.protocol.stream_ids import MAX_ID_PART, parse_id, parse_id_parts
 
 
 def outcome(read, text):
@@ -89,7 +89,7 @@ def test_claims_written_from_the_rows_are_read_replys_bytes():
     from hypothesis import strategies as st
 
     from ezra.commands.replies import claimed_reply, read_reply
-    from ezra.resp import encode
+    from ezra.protocol.resp import encode
     from ezra.storage.schema import encode_fields
 
     sizes = st.sampled_from([0, 1, 5, 1023, 1024, 1500])
@@ -191,7 +191,7 @@ def test_a_blocked_claims_written_reply_counts_among_the_large_replies():
     """A blocked XREADGROUP answers with its claims written (not a Deferred): the connection counts
     it among the replies that may be large, as it counted the PairsMap before (READS_PER_FLUSH)."""
     from ezra.commands.replies import claimed_reply, read_reply
-    from ezra.connection import LARGE
+    from ezra.front.connection import LARGE
     from ezra.storage.schema import encode_fields
 
     found = {b"q": [(1, 2, encode_fields([b"f", b"v"]), 0)]}

@@ -49,11 +49,11 @@ from gevent.event import Event
 from gevent.threadpool import ThreadPool
 from loguru import logger
 
-from . import errors
+from .. import errors
 from .batch import Atomic, Batch, Request, wake
 from .disk_space import DiskGuard
 from .histogram import BATCH_SIZE_BUCKETS, SECONDS_BUCKETS, Histogram
-from .storage import Database
+from ..storage import Database
 from .syncer import Syncer
 
 CHECKPOINT_EVERY_BATCHES = 500  # fold the WAL into the database this often (on a thread)

@@ -25,7 +25,7 @@ This module imports only errors: queue_settings.py (XCFGSET and the config file'
 
 from __future__ import annotations
 
-from . import errors
+from .. import errors
 
 # The kinds of option, as the parser branches on them (most common first).
 VALUE, FLAG, CUSTOM, STOP_HERE, REFUSED = range(5)
