@@ -211,3 +211,22 @@ def test_only_storage_imports_sqlite3():
 def test_only_the_front_imports_gevent_server():
     """One TCP listener of the queue: front/server.py's StreamServer (the HTTP side uses gevent.pywsgi)."""
     assert importers_of("gevent.server") == ["ezra.front.server"]
+
+
+def resp_frame_writers() -> list[str]:
+    """Modules holding a bytes literal with CRLF in it: a RESP frame written by hand."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        if any(isinstance(node, ast.Constant) and isinstance(node.value, bytes) and b"\r\n" in node.value
+               for node in ast.walk(tree)):
+            found.append(module_name(path))
+    return found
+
+
+def test_only_the_protocol_writes_resp_frames():
+    """Issue 46: every RESP frame the server sends is written in protocol/ (resp.py and the stored
+    fields' form); the client side (adapters/) reads and writes its own, and web/ speaks HTTP."""
+    writers = resp_frame_writers()
+    assert "ezra.protocol.resp" in writers, "literals were read"
+    assert [name for name in writers if not name.startswith(("ezra.protocol.", "ezra.adapters.", "ezra.web."))] == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from operator import itemgetter
 
-from ..protocol.resp import ARRAY_PREFIXES, BULK_PREFIXES, CRLF, PREFIXED, Mapped, PairsMap, WrittenMap
+from ..protocol.resp import Mapped, PairsMap, WrittenMap, bulk, entries_frame
 from ..protocol.task_fields import as_resp, listed, readable, readable_resp
 from ..protocol.stream_ids import format_id
 
@@ -57,15 +57,8 @@ def claimed_reply(found: dict) -> WrittenMap:
     the entries' lists and walking them to encode took 2.9 µs for one task of two fields, this 1.7."""
     if len(found) == 1:  # one queue, as workers read: no generator
         ((name, rows),) = found.items()
-        return WrittenMap(((_bulk(name), written_entries(rows)),))
-    return WrittenMap((_bulk(name), written_entries(rows)) for name, rows in found.items())
-
-
-def _bulk(name: bytes) -> bytes:
-    """A queue's name as a RESP bulk string (the map's key)."""
-    if len(name) < PREFIXED:
-        return BULK_PREFIXES[len(name)] + name + CRLF
-    return b"$%d\r\n%s\r\n" % (len(name), name)
+        return WrittenMap(((bulk(name), written_entries(rows)),))
+    return WrittenMap((bulk(name), written_entries(rows)) for name, rows in found.items())
 
 
 def claimed_size(found: dict) -> int:
@@ -77,25 +70,12 @@ def claimed_size(found: dict) -> int:
 
 
 def written_entries(rows) -> bytes:
-    """entries(rows) as RESP bytes (an array of [id, [field, value, ...]], the same in RESP2 and RESP3)."""
-    if len(rows) == 1:  # a worker's COUNT 1: one format, no list
-        row = rows[0]
-        task_id, fields = b"%d-%d" % (row[0], row[1]), row[2]
-        try:
-            return b"*1\r\n*2\r\n$%d\r\n%s\r\n%s" % (len(task_id), task_id,
-                                                       fields if type(fields) is bytes else as_resp(fields))
-        except (ValueError, TypeError):  # text written by hand that cannot be read: not sent
-            return written_entries(_readable(rows))
-    out = [ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)]
+    """entries(rows) as RESP bytes (resp.entries_frame); rows whose fields cannot be read (text
+    written by hand) are left out."""
     try:
-        for row in rows:
-            task_id = b"%d-%d" % (row[0], row[1])  # format_id(row[:2]), inlined: once per task
-            fields = row[2]  # a push's stored RESP, sent on as it is (task_fields.py)
-            out += (b"*2\r\n", BULK_PREFIXES[len(task_id)], task_id, CRLF,
-                    fields if type(fields) is bytes else as_resp(fields))
-    except (ValueError, TypeError):  # as above: the reply is written again without those rows
-        return written_entries(_readable(rows))
-    return b"".join(out)
+        return entries_frame(rows, as_resp)
+    except (ValueError, TypeError):  # the reply is written again without those rows
+        return entries_frame(_readable(rows), as_resp)
 
 
 def _readable(rows) -> list:

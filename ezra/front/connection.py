@@ -41,7 +41,8 @@ from ..writer.batch import Request
 from ..commands import Deferred, dispatch
 from ..commands.runs import RUNS
 from .gate import Gate
-from ..protocol.resp import ErrorReply, Mapped, Replies, WrittenMap, encode, encode_in_pieces, is_long
+from ..protocol.resp import (BULK_REPLY, INTEGER_REPLY, ErrorReply, Mapped, Replies, WrittenMap, encode,
+                             encode_in_pieces, is_long)
 from ..protocol.request_reader import BulkTooLarge, ProtocolError, RequestReader
 from .session import ServerState, Session
 
@@ -440,11 +441,11 @@ class Connection:
             except ErrorReply as exc:
                 reply = exc.as_reply() if reply.replies == 1 else Replies((exc.as_reply(),) * reply.replies)
             kind = type(reply)
-        # A push's id and an ack's count, the most common replies, as encode writes them: no call
+        # A push's id and an ack's count, the most common replies, in resp's frames: no call
         if kind is bytes:
-            return b"$%d\r\n%s\r\n" % (len(reply), reply)
+            return BULK_REPLY % (len(reply), reply)
         if kind is int:
-            return b":%d\r\n" % reply
+            return INTEGER_REPLY % reply
         if (kind is list or kind is Mapped or kind is dict) and is_long(reply, PIECE_ITEMS):  # others come in between
             return self._encoded_in_pieces(reply, proto)
         return encode(reply, proto)

@@ -92,6 +92,38 @@ ARRAY_PREFIXES = [b"*%d\r\n" % size for size in range(PREFIXED)]
 CRLF = b"\r\n"
 
 
+# The two commonest replies (a push's id, an ack's count), for the connection's own fast path:
+# `BULK_REPLY % (len(value), value)`, `INTEGER_REPLY % n`, the frames `encode` writes for them.
+BULK_REPLY = b"$%d\r\n%s\r\n"
+INTEGER_REPLY = b":%d\r\n"
+
+
+def bulk(value: bytes) -> bytes:
+    """`value` as a RESP bulk string (RESP2 and RESP3 alike)."""
+    if len(value) < PREFIXED:
+        return BULK_PREFIXES[len(value)] + value + CRLF
+    return BULK_REPLY % (len(value), value)
+
+
+def entries_frame(rows, fields_frame) -> bytes:
+    """Stream entries [id, [field, value, ...]] as one RESP array (the same in RESP2 and RESP3),
+    from task rows (id_ms, id_seq, stored fields, ...): `fields_frame(stored)` gives each row's
+    fields as a RESP array (a push's stored array is sent on as it is: task_fields.as_resp).
+    Whatever `fields_frame` raises is raised: the caller leaves such rows out and writes again."""
+    if len(rows) == 1:  # a worker's COUNT 1: one format, no list
+        row = rows[0]
+        task_id, fields = b"%d-%d" % (row[0], row[1]), row[2]
+        return b"*1\r\n*2\r\n$%d\r\n%s\r\n%s" % (len(task_id), task_id,
+                                                   fields if type(fields) is bytes else fields_frame(fields))
+    out = [ARRAY_PREFIXES[len(rows)] if len(rows) < PREFIXED else b"*%d\r\n" % len(rows)]
+    for row in rows:
+        task_id = b"%d-%d" % (row[0], row[1])  # stream_ids.format_id(row[:2]), inlined: once per task
+        fields = row[2]
+        out += (b"*2\r\n", BULK_PREFIXES[len(task_id)], task_id, CRLF,
+                fields if type(fields) is bytes else fields_frame(fields))
+    return b"".join(out)
+
+
 def bulk_array(items: list[bytes]) -> bytes:
     """The RESP array of bulk strings `items`: tasks.fields, sent on as it is in every reply
     (RESP2 and RESP3 alike, see task_fields.py). A field and its value: one format, no list."""
