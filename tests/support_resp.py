@@ -184,9 +184,12 @@ def errors_in(value) -> list[Err]:
 class RespConnection:
     """A raw TCP client: send bytes, read one complete reply at a time (as bytes)."""
 
-    def __init__(self, port: int, timeout: float = 10.0):
+    def __init__(self, port: int, timeout: float = 10.0, protocol: int = 2):
+        """`protocol` 3: HELLO 3 first (its reply, a map, read and checked)."""
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.buffer = b""
+        if protocol == 3:
+            assert self.call(["HELLO", "3"]).startswith(b"%")
 
     def close(self) -> None:
         self.sock.close()

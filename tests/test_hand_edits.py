@@ -41,6 +41,19 @@ def claim_all(r, queue: str, worker: str = "w") -> list[bytes]:
     return [task_id for task_id, _ in entries]
 
 
+def ten_tasks_then(server, protocol: int, rows: list[tuple]) -> list[bytes]:
+    """Ten tasks of "jobs" pushed with ids 1000-0...1009-0 (and its group), then `rows` written by
+    hand while the server is stopped; the server started again. The ten ids."""
+    r = server.client(protocol)
+    ids = [r.xadd("jobs", {"n": str(n)}, id=f"{1000 + n}-0") for n in range(10)]
+    r.xgroup_create("jobs", "g", id="0")
+    r.close()
+    server.stop()
+    write_by_hand(server, rows)
+    server.start()
+    return ids
+
+
 def info_figure(r, name: str) -> int:
     return int(r.info().get(name, -1))
 
@@ -48,13 +61,7 @@ def info_figure(r, name: str) -> int:
 @pytest.mark.parametrize("protocol", [2, 3])
 def test_a_task_written_by_hand_below_its_queues_ids_is_found_in_id_order(ezra_factory, protocol):
     server = ezra_factory()
-    r = server.client(protocol)
-    ids = [r.xadd("jobs", {"n": str(n)}, id=f"{1000 + n}-0") for n in range(10)]
-    r.xgroup_create("jobs", "g", id="0")
-    r.close()
-    server.stop()
-    write_by_hand(server, [("jobs", 500, 0, '["n", "hand"]')])
-    server.start()
+    ids = ten_tasks_then(server, protocol, [("jobs", 500, 0, '["n", "hand"]')])
     r = server.client(protocol)
     assert [i for i, _ in r.xrange("jobs", "400", "600")] == [b"500-0"]
     assert [i for i, _ in r.xrange("jobs")] == [b"500-0", *ids]
@@ -69,13 +76,7 @@ def test_a_task_written_by_hand_below_its_queues_ids_is_found_in_id_order(ezra_f
 @pytest.mark.parametrize("protocol", [2, 3])
 def test_a_second_row_with_an_id_its_queue_has_is_set_aside_not_served(ezra_factory, protocol):
     server = ezra_factory()
-    r = server.client(protocol)
-    ids = [r.xadd("jobs", {"n": str(n)}, id=f"{1000 + n}-0") for n in range(10)]
-    r.xgroup_create("jobs", "g", id="0")
-    r.close()
-    server.stop()
-    write_by_hand(server, [("jobs", 1005, 0, '["n", "copy"]')])
-    server.start()
+    ids = ten_tasks_then(server, protocol, [("jobs", 1005, 0, '["n", "copy"]')])
     r = server.client(protocol)
     listed = r.xrange("jobs")
     assert [i for i, _ in listed] == ids  # each id once: the copy is not listed

@@ -81,13 +81,6 @@ def ezra_port(ezra_server):
     return ezra_server.port
 
 
-def connect(port: int, protocol: int) -> RespConnection:
-    conn = RespConnection(port)
-    if protocol == 3:
-        assert conn.call(["HELLO", "3"]).startswith(b"%")
-    return conn
-
-
 def call(conn: RespConnection, command: str, **values) -> bytes:
     """One command, split at spaces before the values go in (a value may hold a space)."""
     words = [word.format(**values) for word in command.split(" ")]
@@ -105,7 +98,7 @@ def prepare(conn: RespConnection, queue: str) -> None:
 def both(request, ezra_port, redis_server_port):
     """A connection to each server, in the same protocol, and a fresh queue on both."""
     queue = f"grammar-{uuid.uuid4().hex[:8]}"
-    conns = connect(ezra_port, request.param), connect(redis_server_port, request.param)
+    conns = RespConnection(ezra_port, protocol=request.param), RespConnection(redis_server_port, protocol=request.param)
     for conn in conns:
         prepare(conn, queue)
     yield queue, conns
@@ -195,7 +188,7 @@ def test_the_largest_redis_id_is_a_read_bound(both):
 
 def test_ezra_settings_read_integers_as_redis_does(ezra_port):
     """XCFGSET and XNACK have no Redis twin: they refuse what Redis's integer reader refuses."""
-    conn = connect(ezra_port, 2)
+    conn = RespConnection(ezra_port, protocol=2)
     queue = f"grammar-{uuid.uuid4().hex[:8]}"
     for form in ("+5", "05", "1_0", " 5", "-0", "0x10"):
         assert call(conn, "XCFGSET {q} MAX-ATTEMPTS {n}", q=queue, n=form) == (
@@ -262,7 +255,7 @@ def too_large(size: int, limit: int) -> bytes:
 @pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
 def test_an_argument_over_the_cap_is_read_past_and_refused_clearly(small_limit_server, protocol):
     """Before: `-ERR Protocol error: invalid bulk length` and the connection closed, nothing logged."""
-    conn = connect(small_limit_server.port, protocol)
+    conn = RespConnection(small_limit_server.port, protocol=protocol)
     queue = f"big-{uuid.uuid4().hex[:8]}"
     big = b"x" * 200_000
     frame = b"*5\r\n$4\r\nXADD\r\n$%d\r\n%s\r\n$1\r\n*\r\n$1\r\nf\r\n$%d\r\n%s\r\n" % (
@@ -286,7 +279,7 @@ def test_an_argument_over_the_cap_is_read_past_and_refused_clearly(small_limit_s
 @pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
 def test_an_argument_over_the_hard_cap_gets_a_clear_error_then_the_close(small_limit_server, protocol):
     """600 MB, over the 512 MB EZRA reads past: refused at its header, without reading it."""
-    conn = connect(small_limit_server.port, protocol)
+    conn = RespConnection(small_limit_server.port, protocol=protocol)
     size = 600 * 1024 * 1024
     conn.send(b"*3\r\n$4\r\nXADD\r\n$1\r\nq\r\n$%d\r\nxxxx" % size)
     assert conn.read_reply() == (

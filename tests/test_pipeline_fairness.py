@@ -65,18 +65,11 @@ def split_replies(data: bytes) -> list[bytes]:
     return replies
 
 
-def connect(port: int, protocol: int, timeout: float = 60.0) -> RespConnection:
-    conn = RespConnection(port, timeout=timeout)
-    if protocol == 3:
-        conn.call(["HELLO", "3"])
-    return conn
-
-
 @pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
 def test_a_pipeline_of_big_reads_lets_the_others_in_and_answers_the_same(ezra_factory, protocol):
     server = ezra_factory("--visibility-timeout", "3600")
     fill(server, 600)
-    conn, observer = connect(server.port, protocol), connect(server.port, 2)
+    conn, observer = RespConnection(server.port, timeout=60, protocol=protocol), RespConnection(server.port, timeout=60, protocol=2)
     commands = [[arg.format(n=600) for arg in read] for read in READS]
     alone = [pipelined(conn, [command]) for command in commands]
     assert all(len(reply) > 20_000 for reply in alone)  # big reads: each takes ms of the loop
@@ -100,7 +93,7 @@ def test_a_ping_waits_for_one_big_read_not_the_whole_pipeline(ezra_factory):
     fill(server, 50_000)
     for read in READS:
         command = [arg.format(n=10000) for arg in read]
-        conn = connect(server.port, 2)
+        conn = RespConnection(server.port, timeout=60, protocol=2)
         started = time.perf_counter()
         single = pipelined(conn, [command])
         one_read = time.perf_counter() - started
@@ -121,7 +114,7 @@ def test_a_pick_among_many_leases_on_a_thread_answers_as_in_the_transaction(ezra
     transaction. Both answer the same bytes (XPENDING's idle times aside)."""
     server = ezra_factory("--visibility-timeout", "3600")
     fill(server, 10_050)
-    conn = connect(server.port, protocol)
+    conn = RespConnection(server.port, timeout=60, protocol=protocol)
     reads = [["XPENDING", "q", "g", "-", "+", "10000"], ["XPENDING", "q", "g", "5000", "+", "7", "w"],
              ["XPENDING", "q", "g", "IDLE", "0", "-", "+", "3"], ["XINFO", "STREAM", "q", "FULL", "COUNT", "600"]]
     apart = split_replies(pipelined(conn, reads))

@@ -24,17 +24,10 @@ def set_schedules(conn: RespConnection, count: int, size: int) -> None:
         assert reply == b"+OK\r\n", reply
 
 
-def connect(port: int, protocol: int) -> RespConnection:
-    conn = RespConnection(port, timeout=120)
-    if protocol == 3:
-        conn.call(["HELLO", "3"])
-    return conn
-
-
 @pytest.mark.parametrize("protocol", [2, 3], ids=["resp2", "resp3"])
 def test_every_look_shows_the_schedules_and_list_their_fields(ezra_factory, protocol):
     server = ezra_factory("--http-port", "0")
-    conn = connect(server.port, protocol)
+    conn = RespConnection(server.port, timeout=120, protocol=protocol)
     set_schedules(conn, 3, 200_000)
     listing = conn.call(["XSCHEDULE", "LIST"])
     for i in range(3):  # LIST shows each schedule's fields whole
@@ -60,7 +53,7 @@ def test_info_metrics_and_the_dashboard_do_not_wait_for_the_fields(ezra_factory)
     /metrics and the dashboard held every other client about as long (issue 45: 0.56-1.4 s with
     300 schedules of 1 MB); now a PING sent meanwhile waits a small part of it."""
     server = ezra_factory("--http-port", "0")
-    conn = connect(server.port, 2)
+    conn = RespConnection(server.port, timeout=120, protocol=2)
     set_schedules(conn, 100, 1_000_000)
     client = server.client()  # hiredis reads the 100 MB reply (support_resp would take minutes)
     started = time.perf_counter()
