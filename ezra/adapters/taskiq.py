@@ -32,7 +32,6 @@ from .leases import pending_query, split_held
 logger = logging.getLogger("ezra.taskiq")  # the public module's name (ezra/taskiq.py), which users configure
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0  # EZRA's --visibility-timeout default, if XINFO STREAM does not say
-WAITING, STARTED = "waiting", "started"  # a held task before and after taskiq takes it
 
 
 def visibility_timeout(info: dict) -> float:
@@ -47,7 +46,7 @@ class EzraStreamBroker(RedisStreamBroker):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._held: dict[tuple[str, str], str] = {}  # (stream, id) read and not yet acked: WAITING or STARTED
+        self._held: dict[tuple[str, str], None] = {}  # (stream, id) of the tasks read and not yet acked
         self._renewer: asyncio.Task | None = None
         # Pushes and acks: a lone one (a sequential producer, a worker's acks one at a time) goes on
         # a connection kept out of the pool, skipping the pool's check-out and its check of the
@@ -101,7 +100,6 @@ class EzraStreamBroker(RedisStreamBroker):
                 for stream, message_id, data in self._hold(fetched):
                     if (stream, message_id) not in self._held:
                         continue  # its lease was lost while it waited: it is read again
-                    self._held[(stream, message_id)] = STARTED
                     yield AckableMessage(data=data, ack=self._ack_generator(id=message_id, queue_name=stream))
 
     def _hold(self, fetched) -> list[tuple[str, str, bytes]]:
@@ -113,7 +111,7 @@ class EzraStreamBroker(RedisStreamBroker):
                 message_id = message_id.decode() if isinstance(message_id, bytes) else message_id
                 if (stream, message_id) in self._held:
                     continue
-                self._held[(stream, message_id)] = WAITING
+                self._held[(stream, message_id)] = None
                 read.append((stream, message_id, fields[b"data"]))
         return read
 
