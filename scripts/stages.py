@@ -256,7 +256,7 @@ def instrument_ezra(meter: Meter, broker) -> None:
     meter.wrap(queue_cmds, "ids_of", "id")
     for name in ("submit", "call", "_open_batch", "_end_turn", "_committed", "_fsync_inline"):
         meter.wrap(Writer, name, "writer")
-    for name in ("push", "ack", "claim", "claim_now", "_after_batch"):
+    for name in ("push", "ack", "claim", "_after_batch"):
         meter.wrap(core_mod.Broker, name, "broker")
     for name in ("tx_push", "tx_ack"):
         meter.wrap(tasks_mod.Tasks, name, "broker")

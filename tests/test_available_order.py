@@ -17,6 +17,7 @@ from ezra.storage import SCHEMA_VERSION
 from ezra.protocol.task_fields import stored
 
 from support_servers import wait_until
+from support_broker import push_one, claim_committed
 
 
 # ---------------------------------------------------------------- the order alone
@@ -102,19 +103,19 @@ def test_after_a_restart_the_order_is_read_a_slice_at_a_time_and_loses_nothing(t
     data = str(tmp_path / "data")
     settings = Settings(data_dir=data, durability="normal")
     broker = Broker(storage.open_database(data), settings)
-    ids = [broker.push(b"q", b"*", stored([b"n", b"%d" % i])).wait() for i in range(10)]
+    ids = [push_one(broker, b"q", stored([b"n", b"%d" % i])) for i in range(10)]
     broker.stop()
     broker.db.close()
     broker = Broker(storage.open_database(data), settings)  # a restart: the order is not read yet
     try:
         def claim(n):
-            found = broker.claim_committed([b"q"], b"w", n, False)
+            found = claim_committed(broker, [b"q"], b"w", n, False)
             return [b"%d-%d" % row[:2] for row in found[b"q"]] if found else []
 
         got = claim(2)
         assert got == ids[:2] and broker.queues[b"q"].order.read_to is not None
         assert not broker.queues[b"q"].order.complete
-        later = broker.push(b"q", b"*", stored([b"n", b"later"])).wait()  # past the slice read
+        later = push_one(broker, b"q", stored([b"n", b"later"]))  # past the slice read
         back = [tuple(map(int, task_id.split(b"-"))) for task_id in got[:1]]
         assert broker.nack(b"q", back, lifecycle.SILENT).wait() == 1  # back, older than the rest
         rest = claim(100)
@@ -239,10 +240,10 @@ def test_an_order_that_lost_a_task_is_built_again_and_the_task_is_claimed(tmp_pa
     messages = []
     sink = logger.add(lambda message: messages.append(str(message)), level="ERROR")
     try:
-        ids = [broker.push(b"q", b"*", stored([b"n", b"%d" % i])).wait() for i in range(3)]
-        assert len(broker.claim_committed([b"q"], b"w", 1, False)[b"q"]) == 1
+        ids = [push_one(broker, b"q", stored([b"n", b"%d" % i])) for i in range(3)]
+        assert len(claim_committed(broker, [b"q"], b"w", 1, False)[b"q"]) == 1
         broker.queues[b"q"].order = AvailableOrder()  # as if a way into available forgot to tell it
-        claimed = broker.claim_committed([b"q"], b"w", 5, False)[b"q"]
+        claimed = claim_committed(broker, [b"q"], b"w", 5, False)[b"q"]
         assert [b"%d-%d" % row[:2] for row in claimed] == ids[1:]
         assert any("building it again from the file" in message for message in messages), messages
     finally:

@@ -16,7 +16,7 @@ import pytest
 from ezra.broker.observers import Observer, Observers
 from ezra.broker.queues import Defaults, Queues
 from ezra.broker.deadlines import INF, ReaperSchedule
-from ezra.broker.waiters import Waiter, Waiters
+from ezra.broker.waiters import Claim, Waiter, Waiters
 from ezra.broker.workers import WorkerNames
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, GONE, IN_FLIGHT
@@ -28,7 +28,7 @@ SETTINGS = SimpleNamespace(visibility_timeout=30.0, max_attempts=5, retention_se
 
 def test_waiters_are_served_first_come_first_served_and_woken_after_the_batch():
     waiters = Waiters()
-    first, second = Waiter([b"q"], b"w1", 1, False), Waiter([b"q", b"r"], b"w2", 1, False)
+    first, second = Waiter(Claim([b"q"], b"w1", 1, False)), Waiter(Claim([b"q", b"r"], b"w2", 1, False))
     waiters.register(first)
     waiters.register(second)
     assert waiters.first(b"q") is first and waiters.first(b"r") is second and waiters.count() == 2
@@ -42,7 +42,7 @@ def test_waiters_are_served_first_come_first_served_and_woken_after_the_batch():
 
 def test_a_waiter_served_in_a_rolled_back_batch_waits_again_first_then_gets_the_error():
     waiters = Waiters()
-    early, late = Waiter([b"q"], b"w1", 1, False), Waiter([b"q"], b"w2", 1, False)
+    early, late = Waiter(Claim([b"q"], b"w1", 1, False)), Waiter(Claim([b"q"], b"w2", 1, False))
     waiters.register(early)
     waiters.register(late)
     waiters.served(early, {b"q": ["row"]})

@@ -25,6 +25,7 @@ from ezra.storage import SCHEMA_VERSION, reads
 from ezra.protocol.task_fields import stored
 from support_queue import submit_broken_request
 from support_servers import wait_until
+from support_broker import acked, claim_committed, push_one
 
 
 @pytest.fixture
@@ -33,15 +34,15 @@ def broker(clocked_broker):
 
 
 def push(broker, n: int) -> list[tuple]:
-    return [stream_ids.parse_id(broker.push(b"q", b"*", stored([b"n", str(i).encode()])).wait()) for i in range(n)]
+    return [stream_ids.parse_id(push_one(broker, b"q", stored([b"n", str(i).encode()]))) for i in range(n)]
 
 
 def claim_all(broker) -> None:
-    broker.claim_committed([b"q"], b"w", 1000, False)
+    claim_committed(broker, [b"q"], b"w", 1000, False)
 
 
 def ack(broker, ids: list[tuple]) -> int:
-    return broker.ack(b"q", ids).wait()
+    return acked(broker, b"q", ids)
 
 
 def in_file(broker, sql: str):
@@ -88,7 +89,7 @@ def test_a_task_finished_under_a_retention_limit_goes_into_the_purges_index(brok
     ack(broker, ids)
     assert retained_in_index(broker) == 2
     push(broker, 1)
-    assert broker.claim_committed([b"q"], b"w", 10, True)  # NOACK: done at once, marked as an ack's
+    assert claim_committed(broker, [b"q"], b"w", 10, True)  # NOACK: done at once, marked as an ack's
     assert retained_in_index(broker) == 3 == done_in_file(broker)
 
 
@@ -130,7 +131,7 @@ def test_a_task_done_for_ever_behind_the_walk_starts_it_over(broker, monkeypatch
 
 def test_a_rolled_back_ack_leaves_the_done_count_as_the_file_has_it(broker):
     ids = push(broker, 5)
-    broker.claim_committed([b"q"], b"w", 3, False)
+    claim_committed(broker, [b"q"], b"w", 3, False)
     ack(broker, ids[:1])  # committed: 1 done
     rolled_back = broker.ack(b"q", ids[1:3])  # runs now, commits at the turn's end...
     submit_broken_request(broker)  # ...but a broken request in the same turn rolls the batch back
@@ -221,7 +222,7 @@ def test_a_limit_given_at_a_restart_purges_the_tasks_done_for_ever_before_it(ezr
 def test_the_done_listing_finds_the_tasks_done_last_below_a_backlog(broker, monkeypatch):
     monkeypatch.setattr(reads, "DONE_LOOK_BACK", 2)  # each walk looks at 2 tasks
     ids = push(broker, 6)
-    broker.claim_committed([b"q"], b"w", 3, False)
+    claim_committed(broker, [b"q"], b"w", 3, False)
     ack(broker, ids[:3])
     listed = [row[:2] for row in broker.tasks_in(b"q", DONE, 10).wait()]
     # the newest 2 are available (the backlog): the walk goes on below the oldest available task

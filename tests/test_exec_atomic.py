@@ -26,6 +26,7 @@ from ezra.protocol.task_fields import stored
 from reliability import report
 from support_queue import entries_of
 from support_servers import wait_until
+from support_broker import claim_committed, push_one
 
 RESULTS = 998  # with the XACK and the XREADGROUP: 1,000 commands, the most one MULTI may hold
 
@@ -246,14 +247,14 @@ def test_a_storage_failure_inside_an_exec_undoes_all_of_it(tmp_path):
     broker = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path), durability="normal"))
     try:
         with broker.writer.atomic() as atomic:
-            before = broker.push(b"jobs", b"*", stored([b"n", b"1"]))
-            assert before.wait().endswith(b"-0")  # answered at once, inside the open transaction
+            before = broker.push(b"jobs", [stored([b"n", b"1"])])
+            assert before.wait()[0].endswith(b"-0")  # answered at once, inside the open transaction
             submit_broken_request(broker)
             with pytest.raises(CommandError, match="storage error"):
-                broker.push(b"jobs", b"*", stored([b"n", b"2"]))
+                broker.push(b"jobs", [stored([b"n", b"2"])])
         assert "storage error" in str(atomic.wait())
         assert broker.length(b"jobs", False).wait() == 0
-        assert broker.push(b"jobs", b"*", stored([b"n", b"3"])).wait()  # the next turn starts afresh
+        assert push_one(broker, b"jobs", stored([b"n", b"3"]))  # the next turn starts afresh
         assert broker.length(b"jobs", False).wait() == 1
     finally:
         broker.stop()
@@ -277,23 +278,23 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
                     Settings(data_dir=str(small_fs / "data"), durability="normal", disk_reserve=2 * 1024 * 1024))
     try:
         for n in range(50):
-            broker.push(b"jobs", b"*", stored([b"n", b"%d" % n])).wait()
+            push_one(broker, b"jobs", stored([b"n", b"%d" % n]))
         leave_free(small_fs, 4 * 1024 * 1024)
 
         def an_exec():
             with broker.writer.atomic() as atomic:
-                pushed = broker.push(b"results", b"*", stored([b"r", b"1"]))
-                claimed = broker.claim_committed([b"jobs"], b"w1", 1, False)
+                pushed = broker.push(b"results", [stored([b"r", b"1"])])
+                claimed = claim_committed(broker, [b"jobs"], b"w1", 1, False)
             return atomic.wait(), pushed, claimed
 
         def big_push():
             try:
-                return broker.push(b"filler", b"*", stored([b"pad", b"x" * (1024 * 1024 - 100)])).wait()
+                return push_one(broker, b"filler", stored([b"pad", b"x" * (1024 * 1024 - 100)]))
             except CommandError as exc:
                 return exc
 
         greenlets = [gevent.spawn(an_exec), *(gevent.spawn(big_push) for _ in range(7)),
-                     gevent.spawn(broker.claim_committed, [b"jobs"], b"w2", 1, False)]
+                     gevent.spawn(claim_committed, broker, [b"jobs"], b"w2", 1, False)]
         gevent.joinall(greenlets, raise_error=True)
         undone, _, _ = greenlets[0].value
         assert "disk full" in str(undone), undone
@@ -379,7 +380,7 @@ def test_two_execs_that_begin_during_a_checkpoint_pause_both_run(tmp_path):
 
     def an_exec(n: int):
         with writer.atomic() as atomic:
-            broker.push(b"jobs", b"*", stored([b"n", b"%d" % n]))
+            broker.push(b"jobs", [stored([b"n", b"%d" % n])])
             broker.length(b"jobs", False).wait()
         return atomic.wait()
 

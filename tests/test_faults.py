@@ -23,6 +23,7 @@ import redis
 from support_servers import LISTENING, ROOT, wait_until
 from reliability import report
 from support_disk import leave_free, tmpfs
+from support_broker import push_one, claim_committed
 
 pytestmark = pytest.mark.slow  # strace, tmpfs mounts and slow disks: not in `pytest -m "not slow"`
 
@@ -284,7 +285,7 @@ def test_a_drain_on_a_full_disk_keeps_the_wal_inside_the_reserve(fs_20m):
         pushed = 0
         while True:
             try:
-                broker.push(b"full", b"*", stored([b"pad", b"x" * 4000])).wait()
+                push_one(broker, b"full", stored([b"pad", b"x" * 4000]))
             except CommandError as exc:
                 assert "storage error" in str(exc), exc
                 break
@@ -292,7 +293,7 @@ def test_a_drain_on_a_full_disk_keeps_the_wal_inside_the_reserve(fs_20m):
         assert broker.writer.disk_full and pushed > 1000, pushed
         broker.writer._start_checkpoint = lambda: None  # the passive pass never runs
         wal, drained, largest_wal = Path(broker.db.path + "-wal"), 0, 0
-        while claimed := broker.claim_committed([b"full"], b"w", 100, False):
+        while claimed := claim_committed(broker, [b"full"], b"w", 100, False):
             ids = [row[:2] for row in claimed[b"full"]]  # task rows, their ids first
             assert broker.ack_delete(b"full", ids).wait() == [True] * len(ids)  # XACKDEL: each acked and deleted
             drained += len(ids)

@@ -9,6 +9,7 @@ from ezra.broker import ALL_QUEUES, Broker
 from ezra.config import Settings
 from ezra.storage import open_database
 from ezra.protocol.task_fields import stored
+from support_broker import push_one, claim_committed
 
 
 @pytest.fixture
@@ -26,9 +27,9 @@ def fill(broker: Broker) -> None:
     """q1: 3 tasks, one claimed; q2: 1 task; q3: empty."""
     for name, n in ((b"q1", 3), (b"q2", 1)):
         for i in range(n):
-            broker.push(name, b"*", stored([b"n", b"%d" % i])).wait()
+            push_one(broker, name, stored([b"n", b"%d" % i]))
     broker.create_queue(b"q3", must_exist=False).wait()
-    broker.claim_committed([b"q1"], b"w", 1, False)
+    claim_committed(broker, [b"q1"], b"w", 1, False)
 
 
 def test_every_queue_and_the_server_wide_figures(broker):

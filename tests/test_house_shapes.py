@@ -15,6 +15,7 @@ from ezra.protocol.resp import PairsMap
 from ezra.storage import open_database
 from ezra.protocol.task_fields import stored
 from support_resp import RespConnection
+from support_broker import push_one, claim_committed
 
 
 @pytest.fixture
@@ -37,16 +38,16 @@ def plain(value) -> bool:
 
 
 def test_the_broker_answers_plain_rows(broker):
-    first = broker.push(b"q", b"*", stored([b"f", b"v"])).wait()
-    broker.push(b"q", b"*", stored([b"f", b"w"])).wait()
-    claimed = broker.claim_committed([b"q"], b"w1", 1, False)
+    first = push_one(broker, b"q", stored([b"f", b"v"]))
+    push_one(broker, b"q", stored([b"f", b"w"]))
+    claimed = claim_committed(broker, [b"q"], b"w1", 1, False)
     assert plain(claimed) and list(claimed) == [b"q"]
     (row,) = claimed[b"q"]
     assert b"%d-%d" % row[:2] == first and row[2] == stored([b"f", b"v"])  # the task row as storage reads it
     cursor, taken = broker.autoclaim(b"q", b"w2", 0, (0, 0), 10, False).wait()
     assert cursor == (0, 0) and [task[:2] for task in taken] == [row[:2]] and plain(taken)
     assert broker.take_over(b"q", b"w2", 0, [row[:2]], justid=True).wait() == [row[:2]]
-    idle = broker.claim_committed([b"q"], b"w3", 10, False, claim_idle=0)
+    idle = claim_committed(broker, [b"q"], b"w3", 10, False, claim_idle=0)
     assert plain(idle) and [task[3:] for task in idle[b"q"]][1:] == [(0, 0)]  # the new task: idle 0, 0 deliveries
     looked = broker.look([(b"q", (b"q", False), (0, 0))], 10).wait()
     assert plain(looked) and len(looked[b"q"]) == 2

@@ -21,17 +21,19 @@ from ezra.lifecycle import AVAILABLE, IN_FLIGHT
 from ezra.storage import done_counts, name_bytes, open_database
 from ezra.protocol.task_fields import stored
 from support_queue import Clock, claim as claim_by_client, submit_broken_request
+from support_broker import acked, claim_committed, push_one
+from ezra.broker.waiters import Claim
 
 Q = b"q"
 
 
 def push(broker, n: int = 1, queue: bytes = Q) -> list[tuple]:
-    return [tuple(map(int, broker.push(queue, b"*", stored([b"n", b"%d" % i])).wait().split(b"-")))
+    return [tuple(map(int, push_one(broker, queue, stored([b"n", b"%d" % i])).split(b"-")))
             for i in range(n)]
 
 
 def claim(broker, worker: bytes = b"w1", count: int = 1, queue: bytes = Q, **kwargs) -> list[tuple]:
-    found = broker.claim_committed([queue], worker, count, False, **kwargs) or {}
+    found = claim_committed(broker, [queue], worker, count, False, **kwargs) or {}
     return [row[:2] for row in found.get(queue, [])]
 
 
@@ -65,7 +67,7 @@ def test_the_leases_say_what_the_file_says_after_every_move(clocked_broker):
         ("claim own (id 0), a delivery counted", lambda: broker.claim_own(Q, b"w2", (0, 0), None).wait()),
         ("ack one", lambda: broker.ack(Q, [ids[0]]).wait()),
         ("ack many, one repeated, one stale", lambda: broker.ack(Q, [ids[1], ids[2], ids[1], ids[30]]).wait()),
-        ("a run of pipelined acks", lambda: broker.ack_run(Q, [ids[3], ids[3], ids[4]]).wait()),
+        ("a run of pipelined acks", lambda: broker.ack(Q, [ids[3], ids[3], ids[4]]).wait()),
         ("nack (FAIL)", lambda: broker.nack(Q, [ids[5]]).wait()),
         ("nack SILENT", lambda: broker.nack(Q, [ids[6]], lifecycle.SILENT).wait()),
         ("nack FATAL", lambda: broker.nack(Q, [ids[7]], lifecycle.FATAL).wait()),
@@ -85,7 +87,7 @@ def test_the_leases_say_what_the_file_says_after_every_move(clocked_broker):
         assert_mirrors_the_file(broker, name)
     broker.configure(Q, {"retention_seconds": 0.0}).wait()
     held = list(broker.queues[Q].leases)
-    assert broker.ack(Q, held[:2]).wait() == 2  # retention 0: acked and deleted
+    assert acked(broker, Q, held[:2]) == 2  # retention 0: acked and deleted
     assert_mirrors_the_file(broker)
     clock.now += 31_000  # every lease runs out
     while broker.maintain():
@@ -101,7 +103,7 @@ def test_a_rolled_back_batch_leaves_the_leases_as_before_it(clocked_broker):
     claim(broker, b"w1", 4)
     before = memory_leases(broker)
     # One batch: a claim, an ack, a nack and a take-over run, then a broken request rolls it all back.
-    broker.claim_now([Q], b"w2", 3, False)
+    broker.claim(Claim([Q], b"w2", 3, False))
     broker.ack(Q, [ids[0]])
     broker.nack(Q, [ids[1]])
     broker.take_over(Q, b"w3", 0, [ids[2]])
@@ -130,7 +132,7 @@ def test_an_ack_a_corrupt_file_refuses_leaves_the_leases_as_they_were(clocked_br
         with pytest.raises(errors.CommandError, match="database corrupt"):
             broker.ack(Q, acked)
     with pytest.raises(errors.CommandError, match="database corrupt"):
-        broker.ack_run(Q, ids[1:])
+        broker.ack(Q, ids[1:])
     assert memory_leases(broker) == before
     assert broker.pending_summary(Q).wait()[2] == [(b"w1", 3)]
 
@@ -176,7 +178,7 @@ def test_the_reads_answer_from_the_leases_in_id_order(clocked_broker):
     broker, clock = clocked_broker, clocked_broker.clock_
     ids = push(broker, 300)
     done = claim(broker, b"w0", 290)
-    assert broker.ack(Q, done).wait() == 290  # 290 done tasks before the ones in flight
+    assert acked(broker, Q, done) == 290  # 290 done tasks before the ones in flight
     for worker in (b"w2", b"w1", b"w2"):
         clock.now += 10
         claim(broker, worker)

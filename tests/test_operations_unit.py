@@ -15,6 +15,7 @@ from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, DELAYED, EXPONENTIAL, FAIL, FIXED, SILENT
 from ezra.protocol.task_fields import stored
 from support_queue import submit_broken_request
+from support_broker import push_one, claim_committed
 
 # ---------------------------------------------------------------- pure rules
 
@@ -81,11 +82,11 @@ def broker(clocked_broker):
 
 
 def push(broker, fields=(b"a", b"1"), delay_ms=0, ttl_ms=None) -> bytes:
-    return broker.push(b"q", b"*", stored(list(fields)), delay_ms=delay_ms, ttl_ms=ttl_ms).wait()
+    return push_one(broker, b"q", stored(list(fields)), delay_ms=delay_ms, ttl_ms=ttl_ms)
 
 
 def claim(broker, queue=b"q", worker=b"w"):
-    result = broker.claim_committed([queue], worker, 10, False)
+    result = claim_committed(broker, [queue], worker, 10, False)
     return [stream_ids.format_id(row[:2]) for row in result[queue]] if result else []  # plain rows (issue 25)
 
 
@@ -168,7 +169,7 @@ def test_counters_since_start_survive_a_rollback(broker):
     counters (metrics, INFO) are not in the file and must not drop to zero."""
     push(broker)
     claim(broker)
-    rolled_back = broker.push(b"q", b"*", stored([b"a", b"2"]))  # runs now, commits at the turn's end...
+    rolled_back = broker.push(b"q", [stored([b"a", b"2"])])  # runs now, commits at the turn's end...
     submit_broken_request(broker)  # ...but a broken request in the same turn rolls the batch back
     with pytest.raises(CommandError, match="storage error"):
         rolled_back.wait()

@@ -30,6 +30,7 @@ from ezra.config import Settings, parse_settings
 from ezra.settings.cron import Cron, CronError
 from ezra.settings.schedule_settings import parse_line
 from ezra.storage import SCHEMA_VERSION, decode_fields, open_database
+from support_broker import claim_committed
 
 PARIS = ZoneInfo("Europe/Paris")
 
@@ -186,7 +187,7 @@ def test_skip_if_unfinished_passes_slots_while_the_last_task_is_unfinished(sched
     assert len(tasks(scheduler)) == 1
     (row,) = scheduler.rows().wait()
     assert (row.firings, row.skipped) == (1, 2)
-    result = scheduler.broker.claim_committed([b"reports"], b"w", 10, False)
+    result = claim_committed(scheduler.broker, [b"reports"], b"w", 10, False)
     scheduler.broker.ack(b"reports", [result[b"reports"][0][:2]]).wait()  # a task row: its id first
     clock.now = utc_ms(2026, 12, 1, 12)
     scheduler.fire_due()

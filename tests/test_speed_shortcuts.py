@@ -156,18 +156,18 @@ def test_a_workers_repeated_claim_is_read_once_and_claims_as_the_first(tmp_path)
         send("XGROUP", "CREATE", "jobs", "g", "0", "MKSTREAM")
         ids = [send("XADD", "jobs", "*", "n", str(n)) for n in range(4)]
         first = claimed(send(*claim))
-        assert session.last_claim is not None and session.last_claim[1][1] == b"w1"
+        assert session.last_claim is not None and session.last_claim[1][0].worker == b"w1"
         second = claimed(send(*claim))  # the remembered reading
         assert ids[0] in first and ids[1] in second and first != second
         assert session.workers == {b"w1"}
         other = claimed(send(*claim[:3], "w2", *claim[4:]))  # another worker: read anew
-        assert ids[2] in other and session.last_claim[1][1] == b"w2"
+        assert ids[2] in other and session.last_claim[1][0].worker == b"w2"
         assert session.workers == {b"w1", b"w2"}
         refused = send(*claim[:5], "-x", *claim[6:])
-        assert isinstance(refused, ErrorReply) and session.last_claim[1][1] == b"w2"
+        assert isinstance(refused, ErrorReply) and session.last_claim[1][0].worker == b"w2"
         noack = ("XREADGROUP", "GROUP", "g", "w3", "COUNT", "1", "NOACK", "STREAMS", "jobs", ">")
         assert ids[3] in claimed(send(*noack))
-        assert session.last_claim[1][1] == b"w2"  # NOACK is not the remembered shape
+        assert session.last_claim[1][0].worker == b"w2"  # NOACK is not the remembered shape
         assert send(*claim[:3], "w2", *claim[4:6], *claim[8:]) is NULL_ARRAY  # no BLOCK, nothing left
     finally:
         broker.stop()

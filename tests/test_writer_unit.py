@@ -10,6 +10,8 @@ from ezra.config import Settings
 from ezra.storage import open_database
 from ezra.protocol.task_fields import stored
 from support_queue import submit_broken_request
+from ezra.broker.waiters import Claim
+from support_broker import push_one, claim_committed
 
 
 def open_broker(tmp_path, durability="full") -> Broker:
@@ -22,7 +24,7 @@ def test_pushes_of_one_loop_turn_commit_together(tmp_path):
     producers, pushes_each = 20, 30
 
     def producer(n: int) -> list[bytes]:
-        return [broker.push(b"jobs", b"*", stored([b"n", b"%d-%d" % (n, i)])).wait() for i in range(pushes_each)]
+        return [push_one(broker, b"jobs", stored([b"n", b"%d-%d" % (n, i)])) for i in range(pushes_each)]
 
     try:
         batches_before = writer.batches
@@ -43,9 +45,9 @@ def test_a_durable_reply_waits_for_its_fsync_a_read_does_not_need_one(tmp_path):
     broker = open_broker(tmp_path)
     writer = broker.writer
     try:
-        request = broker.push(b"jobs", b"*", stored([b"f", b"v"]))
+        request = broker.push(b"jobs", [stored([b"f", b"v"])])
         assert writer.pending() == 1 and writer.fsyncs == 0  # runs at once; commits at the turn's end
-        assert request.wait().endswith(b"-0")
+        assert request.wait()[0].endswith(b"-0")
         assert writer.fsyncs == 1
         assert broker.length(b"jobs", False).wait() == 1
         assert writer.fsyncs == 1  # a read's batch commits without an fsync
@@ -57,7 +59,7 @@ def test_a_durable_reply_waits_for_its_fsync_a_read_does_not_need_one(tmp_path):
 def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
     broker = open_broker(tmp_path, durability="normal")
     try:
-        first = broker.push(b"jobs", b"*", stored([b"f", b"v"]))
+        first = broker.push(b"jobs", [stored([b"f", b"v"])])
         submit_broken_request(broker)
         try:
             first.wait()
@@ -66,7 +68,7 @@ def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
         else:
             raise AssertionError("a request of the rolled-back batch was answered")
         assert broker.length(b"jobs", False).wait() == 0
-        assert broker.push(b"jobs", b"*", stored([b"f", b"v"])).wait()  # the next turn starts afresh
+        assert push_one(broker, b"jobs", stored([b"f", b"v"]))  # the next turn starts afresh
         assert broker.length(b"jobs", False).wait() == 1
     finally:
         broker.stop()
@@ -80,19 +82,19 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
     # no reply ever reached (the task came back only after the visibility timeout).
     broker = open_broker(tmp_path, durability="normal")
     try:
-        broker.push(b"jobs", b"*", stored([b"f", b"v"])).wait()
-        claimed = broker.claim_committed([b"jobs"], b"w1", 1, False)
+        push_one(broker, b"jobs", stored([b"f", b"v"]))
+        claimed = claim_committed(broker, [b"jobs"], b"w1", 1, False)
         assert claimed and broker.queue_counts()[b"jobs"]["in_flight"] == 1
 
         def blocked_read():
-            return broker.claim([b"jobs"], b"w2", 1, False, claim_idle=60_000)
+            return broker.claim(Claim([b"jobs"], b"w2", 1, False, claim_idle=60_000), wait=True)
 
         reader = gevent.spawn(blocked_read)
         gevent.sleep(0)  # the reader's batch is open and it waits for the commit
         submit_broken_request(broker)
         reader.join(5)
         assert reader.ready() and "storage error" in str(reader.exception)
-        broker.push(b"jobs", b"*", stored([b"f", b"v2"])).wait()
+        push_one(broker, b"jobs", stored([b"f", b"v2"]))
         assert broker.queue_counts()[b"jobs"] == dict(broker.queue_counts()[b"jobs"], available=1, in_flight=1)
     finally:
         broker.stop()

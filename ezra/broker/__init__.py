@@ -4,11 +4,13 @@ The Broker's verbs (the public methods the command handlers call; each runs in a
 greenlet and submits one part's `tx_*` transaction to the writer):
 
     verb                 command                  what it does
-    push                 XADD                     add a task (delayed, TTL, idempotent, dead)
-    claim_now            XREADGROUP >             claim tasks (pipelined: answered with the read's others)
-    claim, unblock       XREADGROUP > BLOCK       claim, or a Waiter in line for the front to wait on
+    push                 XADD                     add tasks: one XADD, or a pipeline's run (delayed, TTL,
+                                                  idempotent, dead: a Push with options)
+    claim                XREADGROUP >             claim tasks for a Claim (answered with the read's others),
+                                                  or, waiting, a Waiter in line for the front to wait on
+    unblock              XREADGROUP > BLOCK       the wait ends: what a commit just now claimed for it
     claim_own            XREADGROUP <id>          claim the worker's own tasks in flight again
-    ack                  XACK                     a task is done
+    ack                  XACK                     tasks are done: one XACK's ids, or a pipeline's run
     nack                 XNACK                    a delivery failed: back (with backoff) or dead
     xdel                 XDEL                     cancel tasks nobody holds; fail those in flight
     cancel               (dashboard delete)       cancel available or delayed tasks
@@ -55,7 +57,8 @@ calls. From the bottom up (a part imports only those below it):
                     names in order, the totals since start
     available.py    AvailableOrder: a queue's available tasks by row id, oldest first (schema 8
                     keeps no index of them), read from the file a slice at a time after a start
-    waiters.py      XREADGROUP's blocked workers (Waiter), a line per queue, woken after a batch
+    waiters.py      a Claim (what one XREADGROUP asks for); blocked workers (Waiter), a line per queue,
+                    woken after a batch
     observers.py    XREAD's blocked readers (Observer), per view, woken after a batch that grew it
     deadlines.py    the reaper's deadlines: the earliest time each kind of upkeep can be due
     workers.py      worker names: connections, queues where each was leased tasks, release timers
@@ -70,10 +73,13 @@ calls. From the bottom up (a part imports only those below it):
     core.py         Broker: builds them, the verbs, the writer's hooks (after a batch, a reload)
 
 Beside them, not a part: schedules.py's Scheduler (XSCHEDULE), a plain object over the Broker
-that fires periodic pushes through `Tasks.tx_push` in its own writer transactions.
+that fires periodic pushes through `Tasks.tx_push` (XADD's route) in its own writer transactions.
 
-A blocking read is the front's to wait for (commands/table.py): `claim` answers what it claimed
-or a registered Waiter; `watch` registers an Observer; `unblock` and `unwatch` end the wait.
+One route per verb: XADD, XREADGROUP and XACK each enter the broker by one method, whoever
+sends them (a command alone, a pipeline's run: commands/runs.py, a framework), and a blocked
+worker woken later was served by the same claim (Transitions.claim_rows) in the batch that
+made a task available. A blocking read is the front's to wait for (commands/table.py): `claim`
+with `wait` answers what it claimed or a registered Waiter; `watch` registers an Observer; `unblock` and `unwatch` end the wait.
 
 What the parts may import: the layers below (storage, writer/, lifecycle, errors,
 protocol/stream_ids and task_fields, settings/), gevent and loguru; never protocol/resp or

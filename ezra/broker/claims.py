@@ -19,7 +19,7 @@ from ..lifecycle import AVAILABLE, IN_FLIGHT
 from .. import errors, lifecycle
 from .in_flight import ROWID
 from .transitions import new_as_idle
-from .waiters import Waiter
+from .waiters import Claim, Waiter
 
 
 class Claims:
@@ -35,28 +35,28 @@ class Claims:
         self.schedule = schedule
         self.clock = clock
 
-    def nothing_to_claim(self, names: list[bytes], claim_idle: int | None) -> bool:
+    def nothing_to_claim(self, claim: Claim) -> bool:
         """No queue that is not paused has an available task: known from the counts, without a batch.
 
         The writer runs its batches on the event loop and never yields inside
         one, so between two batches a greenlet sees the counts as committed and
         can register a waiter before any later push looks for one.
         """
-        if claim_idle is not None:
+        if claim.claim_idle is not None:
             return False
         queues = self.queues
-        for name in names:
+        for name in claim.queues:
             queue = queues.get(name)
             if queue is not None and queue.counts[AVAILABLE] and not queue.is_paused():
                 return False
         return True
 
-    def tx_claim(self, names: list[bytes], worker: bytes, count: int, noack: bool,
-                 waiter: Waiter | None, claim_idle: int | None):
+    def tx_claim(self, claim: Claim, waiter: Waiter | None):
         """{queue: task rows} claimed, or None (and `waiter`, if given, is in line)."""
         now = self.clock()
         result = {}
-        for name in names:
+        worker, count, claim_idle = claim.worker, claim.count, claim.claim_idle
+        for name in claim.queues:
             queue = self.queues.get(name)
             if queue is None or queue.is_paused():
                 continue
@@ -65,7 +65,7 @@ class Claims:
                 rows = self.leases.claim_idle(queue, worker, count, claim_idle, now)
             room = count - len(rows)
             if room > 0 and queue.counts[AVAILABLE]:
-                new = self.transitions.claim_rows(queue, worker, room, noack, now)
+                new = self.transitions.claim_rows(queue, worker, room, claim.noack, now)
                 rows = new if claim_idle is None else rows + new_as_idle(new)
             if rows:
                 result[name] = rows

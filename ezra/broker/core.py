@@ -29,7 +29,7 @@ from .tasks import Tasks
 from .transitions import Transitions
 from .reaper import Reaper
 from .views import Views
-from .waiters import Waiter, Waiters
+from .waiters import Claim, Waiter, Waiters
 from .workers import WorkerNames
 
 DEFAULT_READ_COUNT = 1000  # XREADGROUP without COUNT: Redis means "all"; EZRA caps it
@@ -114,30 +114,10 @@ class Broker:
 
     # ------------------------------------------------------------ tasks
 
-    def push(self, queue: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool = False,
-             delay_ms: int = 0, ttl_ms: int | None = None, idmp: tuple | None = None,
-             attempts: int = 0, dead: bool = False, trim=None, unique: bytes | None = None,
-             failure: dict | None = None):
-        """Submit XADD; the request's result is the id (bytes) or None (NOMKSTREAM).
-
-        `idmp` is (producer, iid): a push already made with them returns the first id.
-        `attempts` (XADD ATTEMPTS) and `dead` (XADD q::dead) bring tasks in from elsewhere
-        (ezra import) with the deliveries they had, or as dead letters; `failure` (XADD FAILURE)
-        with the last failure they had (lifecycle.failure_record).
-        `trim` (trimming.Trim): done tasks removed after the push, in its transaction.
-        `unique` (XADD UNIQUE): while an unfinished task of the queue holds that key, its id is the
-        result and nothing is stored."""
-        return self.writer.submit(self.tasks.tx_push, queue, id_arg, fields, nomkstream, delay_ms, ttl_ms, idmp,
-                                  attempts, dead, trim, unique, failure, grows=True)
-
-    def push_plain(self, queue: bytes, fields: bytes):
-        """Submit `XADD queue * field value...` with no option (its fields as stored): its id."""
-        return self.writer.submit(self.tasks.tx_push_plain, queue, fields, grows=True)
-
-    def push_run(self, queue: bytes, pushes: list[bytes]):
-        """Submit a pipeline's plain XADDs to one queue (their fields as stored) as one request:
-        its result is each push's id, or its error (Tasks.tx_push_run)."""
-        return self.writer.submit(self.tasks.tx_push_run, queue, pushes, grows=True)
+    def push(self, queue: bytes, pushes: list):
+        """Submit XADD's route (Tasks.tx_push): one XADD, or a pipeline's run of them to one queue,
+        as one request; its result is each push's id, or None (NOMKSTREAM), or its error."""
+        return self.writer.submit(self.tasks.tx_push, queue, pushes, grows=True)
 
     def trim(self, queue: bytes, trim):
         """XTRIM ~: remove done tasks as `trim` (trimming.Trim) says; how many went."""
@@ -152,11 +132,9 @@ class Broker:
         return self.writer.submit(self.tasks.tx_delete_worker, queue, worker)
 
     def ack(self, queue: bytes, ids: list[tuple]):
+        """Submit XACK's route (Tasks.tx_ack): one XACK's ids, or a pipeline's run of single-id
+        XACKs, as one request; its result is each id's count (1: it finished its task)."""
         return self.writer.submit(self.tasks.tx_ack, queue, ids)
-
-    def ack_run(self, queue: bytes, ids: list[tuple]):
-        """A pipeline's run of XACKs of one id each, as one request: each one's count (Tasks.tx_ack_run)."""
-        return self.writer.submit(self.tasks.tx_ack_run, queue, ids)
 
     def nack(self, queue: bytes, ids: list[tuple], mode: str = lifecycle.FAIL,
              retry_count: int | None = None, force: bool = False, reason: bytes | None = None,
@@ -220,39 +198,30 @@ class Broker:
 
     # ------------------------------------------------------------ claims (XREADGROUP)
 
-    def claim(self, queues: list[bytes], worker: bytes, count: int, noack: bool, claim_idle: int | None = None):
-        """XREADGROUP '>' that may block: what it claimed ({queue: task rows}; with CLAIM the rows are
-        (id_ms, id_seq, fields JSON, idle ms, deliveries)), or a Waiter in line, for the front to
-        wait on (then `unblock` it if it was not woken). commands/replies.py shapes the rows."""
-        waiter = Waiter(queues, worker, count, noack, claim_idle)
-        if self.claims.nothing_to_claim(queues, claim_idle):
+    def claim(self, claim: Claim, wait: bool = False):
+        """XREADGROUP '>''s one claim entry, whoever asks: a read now, a pipelined one, one that
+        blocks (a waiter woken later was served by the same claim, Transitions.claim_rows, in the
+        batch that made tasks available). Without `wait`: the request holding what it claimed
+        ({queue: task rows}; with CLAIM (id_ms, id_seq, fields, idle ms, deliveries)), answered
+        with the read's other replies after their commit, or None if it claimed nothing. With
+        `wait`: what it claimed, committed, or a Waiter in line for the front to wait on (then
+        `unblock` it if it was not woken). commands/replies.py shapes the rows."""
+        if self.claims.nothing_to_claim(claim):
+            if not wait:
+                return None
+            waiter = Waiter(claim)
             self.waiters.register(waiter)  # no batch needed: see Claims.nothing_to_claim
             return waiter
+        if not wait:
+            request = self.writer.submit(self.claims.tx_claim, claim, None, durable=False)
+            return None if request.result is None else request
+        waiter = Waiter(claim)
         try:
-            result = self.writer.call(self.claims.tx_claim, queues, worker, count, noack, waiter, claim_idle,
-                                      durable=False)
+            result = self.writer.call(self.claims.tx_claim, claim, waiter, durable=False)
         except errors.CommandError:
             self._forget(waiter)  # its batch rolled back: the client gets the error, nobody waits
             raise
         return waiter if result is None else result
-
-    def claim_now(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
-                  claim_idle: int | None = None):
-        """XREADGROUP with '>', without waiting: the request holding what it claimed, or None if it
-        claimed nothing. Its reply waits for the commit like any other (Deferred), so the claims of
-        one pipelined read share a commit and a send."""
-        if self.claims.nothing_to_claim(queues, claim_idle):
-            return None
-        request = self.writer.submit(self.claims.tx_claim, queues, worker, count, noack, None, claim_idle,
-                                     durable=False)
-        return None if request.result is None else request
-
-    def claim_committed(self, queues: list[bytes], worker: bytes, count: int, noack: bool,
-                        claim_idle: int | None = None) -> dict | None:
-        """XREADGROUP with '>' that does not block, answered alone (XREADGROUP with ids): what it
-        claimed once committed, or None."""
-        request = self.claim_now(queues, worker, count, noack, claim_idle)
-        return None if request is None else request.wait()
 
     def unblock(self, waiter: Waiter, hung_up: bool = False):
         """The front stops waiting (timed out; `hung_up`: the client is gone): what a batch that

@@ -46,6 +46,7 @@ from ..settings.schedule_settings import Definition
 from ..storage import encode_fields, reads
 from ..storage.schedules import NEVER
 from .queues import MAX_QUEUE_NAME
+from .tasks import Push
 
 MAX_SCHEDULES = 1000   # LIST, /metrics and the dashboard show every one
 FIRE_BATCH = 100       # schedules fired per transaction
@@ -266,7 +267,7 @@ class Scheduler:
         if not (row.skip_unfinished and row.last_task and self.db.schedules.unfinished(row.queue, row.last_task)):
             fields = row.fields if row.slot_field is None else [*row.fields, row.slot_field, cron.local(slot).encode()]
             try:  # stored as JSON, the schedules table's form (task_fields.py reads both forms)
-                pushed = self.broker.tasks.tx_push(row.queue, b"*", encode_fields(fields), False, 0, None, None)
+                (pushed,) = self.broker.tasks.tx_push(row.queue, [Push(encode_fields(fields))])
             except errors.CommandError as exc:  # refused before it wrote anything: the slot passes
                 self._log_refused(row, cron.local(slot), exc)
                 self.db.schedules.move_next(row.name, next_at)

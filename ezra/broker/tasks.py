@@ -6,6 +6,7 @@ queues' states, so no locks are needed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import repeat
 
 from .. import errors, lifecycle
@@ -13,6 +14,29 @@ from ..protocol import stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
 from .in_flight import ROWID, failure_rows, pending_of
 from .queues import QueueState
+
+
+@dataclass(slots=True)
+class Push:
+    """One XADD with options, checked (commands/push.py): a plain push (`XADD q * field value...`)
+    is its stored fields alone. `id_arg`: '*', 'ms-*' or an explicit id. `idmp` is (producer, iid):
+    a push already made with them answers the first id. `attempts` (ATTEMPTS) and `dead` (XADD
+    q::dead) bring tasks in from elsewhere (ezra import) with the deliveries they had, or as dead
+    letters; `failure` (FAILURE) with their last failure (lifecycle.failure_record). `trim`
+    (trimming.Trim): done tasks removed after the push, in its transaction. `unique` (UNIQUE):
+    while an unfinished task of the queue holds that key, its id is the answer and nothing is stored."""
+
+    fields: bytes
+    id_arg: bytes = b"*"
+    nomkstream: bool = False
+    delay_ms: int = 0
+    ttl_ms: int | None = None
+    idmp: tuple | None = None
+    attempts: int = 0
+    dead: bool = False
+    trim: object = None
+    unique: bytes | None = None
+    failure: dict | None = None
 
 
 class Tasks:
@@ -70,74 +94,27 @@ class Tasks:
             queue.group = group
         return True
 
-    def tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool,
-                delay_ms: int, ttl_ms: int | None, idmp: tuple | None, attempts: int = 0, dead: bool = False,
-                trim=None, unique: bytes | None = None, failure: dict | None = None):
-        now = self.clock()
-        queue = self.queues.get(name) or self.transitions.queue(name, now, create=not nomkstream)
-        if queue is None:
-            return None
-        if idmp is not None:
-            first = self.db.producers.lookup(name, idmp[0], idmp[1], now)
-            if first is not None:
-                queue.iids_duplicates += 1
-                return stream_ids.format_id(first)
-        if unique is not None:
-            holder = self.db.unique_keys.holder(name, unique)
-            if holder is not None:  # the key's task is unfinished: it is the answer, nothing is stored
-                if idmp is not None:
-                    self.remember_push(queue, idmp, holder, now)  # a retry answers the same id
-                return stream_ids.format_id(holder)
-        task_id = stream_ids.new_id(id_arg, queue.last_id, now)
-        state, available_at = (DELAYED, due_after(now, delay_ms)) if delay_ms > 0 else (AVAILABLE, now)
-        if dead:
-            state = DEAD
-        rowid = self.db.insert_task(name, task_id, fields, now, available_at, state, ttl_ms, attempts, failure, unique)
-        if idmp is not None:
-            self.remember_push(queue, idmp, task_id, now)
-        queue.last_id = task_id
-        queue.move(GONE, state)
-        # _tally's work, inlined: this runs once per task (the call was ~0.2 µs of it).
-        self.totals["pushed"] += 1
-        queue.totals["pushed"] += 1
-        if self.watching:  # XREAD's blocked readers: seldom any
-            self.observers.grew(name, False)
-            if dead:
-                self.observers.grew(name, True)  # XREAD's observers of q::dead look again
-        if trim is not None:
-            self.reaper.trim_done(queue, trim)  # as Redis: after the add, the new task counted
-        if state == AVAILABLE:
-            if queue.order is not None:  # Transitions.became_available, inlined: once per task
-                queue.order.add(rowid)
-            if name in self.blocked:  # a blocked worker gets it in this batch (none blocked: nothing to do)
-                self.transitions.serve_waiters(queue, now)
-        elif state == DELAYED:
-            self.schedule.due_at(available_at)
-        return stream_ids.format_id(task_id)
-
-    def tx_push_plain(self, name: bytes, fields: bytes) -> bytes:
-        """`XADD q * field value...` with no option, as producers send it (its fields as stored):
-        tx_push without the options' steps. Its id."""
+    def tx_push(self, name: bytes, pushes: list) -> list:
+        """XADD's one route: the pushes of one XADD, or of a pipeline's run of them, to one queue.
+        `pushes` are plain pushes (`XADD q * field value...`: their fields as stored), or one Push
+        with options. Each push's result, in order: its id, None (NOMKSTREAM, no queue), or the
+        error that refused it when others of the run are stored."""
+        first = pushes[0]
+        if type(first) is not bytes:
+            return [self._push_with_options(name, first)]
         now = self.clock()
         queue = self.queues.get(name) or self.transitions.queue(name, now, create=True)
-        task_id = stream_ids.new_id(b"*", queue.last_id, now)
-        rowid = self.db.insert_task(name, task_id, fields, now, now)
-        self._joined_available(queue, task_id, 1, rowid, now)
-        return b"%d-%d" % task_id  # stream_ids.format_id, inlined
-
-    def tx_push_run(self, name: bytes, pushes: list[bytes]) -> list:
-        """A pipeline's plain XADDs to one queue (`XADD q * field value...` each, their fields as
-        stored): tx_push's work once for them all. Each push's id, in order; an id that cannot be
-        made (the last id at its largest) is that push's error, and the others are stored."""
-        now = self.clock()
-        queue = self.queues.get(name) or self.transitions.queue(name, now, create=True)
+        if len(pushes) == 1:  # one XADD, as most producers send: its row alone (an id error is its reply)
+            task_id = stream_ids.new_id(b"*", queue.last_id, now)
+            self._joined_available(queue, task_id, 1, self.db.insert_task(name, task_id, first, now, now), now)
+            return [b"%d-%d" % task_id]  # stream_ids.format_id, inlined
         run = stream_ids.new_ids(len(pushes), queue.last_id, now)
         if run is not None:  # nearly always: one ms, consecutive seqs, each step in C (no loop here)
             ms, seqs = run
             tasks = list(zip(repeat(ms), seqs, pushes))
             results = list(map(b"%d-%d".__mod__, zip(repeat(ms), seqs)))  # stream_ids.format_id of each
             last = (ms, seqs[-1])
-        else:
+        else:  # the seqs run out within the run: the pushes past the largest id are refused
             results, tasks, last = [], [], queue.last_id
             for fields in pushes:
                 try:
@@ -151,6 +128,47 @@ class Tasks:
                 return results
         self._joined_available(queue, last, len(tasks), self.db.insert_available(name, tasks, now), now)
         return results
+
+    def _push_with_options(self, name: bytes, push: Push):
+        """One XADD with options (Push): its id, or None (NOMKSTREAM and no queue)."""
+        now = self.clock()
+        queue = self.queues.get(name) or self.transitions.queue(name, now, create=not push.nomkstream)
+        if queue is None:
+            return None
+        idmp, unique, dead = push.idmp, push.unique, push.dead
+        if idmp is not None:
+            first = self.db.producers.lookup(name, idmp[0], idmp[1], now)
+            if first is not None:
+                queue.iids_duplicates += 1
+                return stream_ids.format_id(first)
+        if unique is not None:
+            holder = self.db.unique_keys.holder(name, unique)
+            if holder is not None:  # the key's task is unfinished: it is the answer, nothing is stored
+                if idmp is not None:
+                    self.remember_push(queue, idmp, holder, now)  # a retry answers the same id
+                return stream_ids.format_id(holder)
+        task_id = stream_ids.new_id(push.id_arg, queue.last_id, now)
+        state, available_at = (DELAYED, due_after(now, push.delay_ms)) if push.delay_ms > 0 else (AVAILABLE, now)
+        if dead:
+            state = DEAD
+        rowid = self.db.insert_task(name, task_id, push.fields, now, available_at, state, push.ttl_ms, push.attempts,
+                                    push.failure, unique)
+        if idmp is not None:
+            self.remember_push(queue, idmp, task_id, now)
+        queue.last_id = task_id
+        queue.move(GONE, state)
+        self.transitions.tally(queue, "pushed")  # XREAD's observers of the queue look again...
+        if dead and self.watching:
+            self.observers.grew(name, True)  # ...and those of q::dead
+        if push.trim is not None:
+            self.reaper.trim_done(queue, push.trim)  # as Redis: after the add, the new task counted
+        if state == AVAILABLE:
+            self.transitions.became_available(queue, rowid)
+            if name in self.blocked:
+                self.transitions.serve_waiters(queue, now)
+        elif state == DELAYED:
+            self.schedule.due_at(available_at)
+        return stream_ids.format_id(task_id)
 
     def _joined_available(self, queue: QueueState, last_id: tuple, n: int, rowids, now: int) -> None:
         """n tasks pushed available, the last of them `last_id`, written as `rowids` (a row id,
@@ -177,41 +195,29 @@ class Tasks:
         queue.iids_added += 1
         self.schedule.idmp_expires_at(expires_at)
 
-    def tx_ack(self, name: bytes, ids: list[tuple]) -> int:
-        queue = self.queues.get(name)
-        if queue is None:
-            return 0
-        held = self.in_flight.take(queue, ids)  # each id once; those not in flight count 0
-        if not held:
-            return 0
-        self._finish(queue, held)
-        self.totals["acked"] += len(held)  # "acked" grows no XREAD view: no observers to tell
-        queue.totals["acked"] += len(held)
-        return len(held)
-
-    def tx_ack_run(self, name: bytes, ids: list[tuple]) -> list[int]:
-        """A pipeline's XACKs of one id each to one queue (commands/runs.py): tx_ack's work once for
-        them all. Each one's count, as each would have answered run alone, one after another: 1
-        for the first ack of a task in flight, 0 for the others."""
+    def tx_ack(self, name: bytes, ids: list[tuple]) -> list[int]:
+        """XACK's one route: the ids of one XACK, or of a pipeline's run of single-id XACKs, to
+        one queue. Per id, 1 if this ack finished its task (in flight until now), else 0: an id
+        not in flight, or named again. An XACK answers the sum of its ids'; a run's XACKs each
+        answer their own, as each would have alone, one after another."""
         queue = self.queues.get(name)
         if queue is None:
             return [0] * len(ids)
-        held = self.in_flight.take(queue, ids)
-        if len(held) == len(ids):  # the usual run: every one acks a task of its own
+        held = self.in_flight.take(queue, ids)  # each id once, in id order; those not in flight are left out
+        if len(held) == len(ids):  # the usual: every id acks a task of its own
             counts = [1] * len(ids)
-        else:  # 1 for the command that took a lease; 0 for a task not in flight or acked before
-            taken = iter(held)
-            next_taken = next(taken, (None,))[0]
+        else:  # 1 for the id that took a lease; 0 for one not in flight or named before
+            taken = {task_id for task_id, _ in held}
             counts = []
             for task_id in ids:
-                if task_id == next_taken:
+                if task_id in taken:
                     counts.append(1)
-                    next_taken = next(taken, (None,))[0]
+                    taken.discard(task_id)
                 else:
                     counts.append(0)
         if held:
             self._finish(queue, held)
-            self.totals["acked"] += len(held)
+            self.totals["acked"] += len(held)  # "acked" grows no XREAD view: no observers to tell
             queue.totals["acked"] += len(held)
         return counts
 

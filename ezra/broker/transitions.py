@@ -138,10 +138,11 @@ class Transitions:
             waiter = waiters.first(queue.name)
             if waiter is None:
                 return
-            rows = self.claim_rows(queue, waiter.worker, waiter.count, waiter.noack, now)
+            claim = waiter.claim
+            rows = self.claim_rows(queue, claim.worker, claim.count, claim.noack, now)
             if not rows:
                 return
-            waiters.served(waiter, {queue.name: rows if waiter.claim_idle is None else new_as_idle(rows)})
+            waiters.served(waiter, {queue.name: rows if claim.claim_idle is None else new_as_idle(rows)})
 
     def apply_failures(self, queue: QueueState, rows, mode: str, retry_count: int | None, now: int,
                        cause: str, reason=None) -> None:

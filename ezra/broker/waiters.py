@@ -20,11 +20,12 @@ from gevent.event import Event
 from .. import errors
 
 
-class Waiter:
-    """A blocked XREADGROUP: woken with `result` ({queue: task rows}, as a claim's) or `error`."""
+class Claim:
+    """What one XREADGROUP '>' asks for: up to `count` available tasks of `queues` for `worker`
+    (NOACK: done at once; CLAIM min-idle: tasks in flight idle that long first). Plain values: a
+    worker that sends the same XREADGROUP again is read as the same Claim (the session keeps it)."""
 
-    __slots__ = ("queues", "worker", "count", "noack", "claim_idle", "event", "result", "error",
-                 "registered", "rolled_back")
+    __slots__ = ("queues", "worker", "count", "noack", "claim_idle")
 
     def __init__(self, queues, worker, count, noack, claim_idle=None):
         self.queues = queues
@@ -32,6 +33,15 @@ class Waiter:
         self.count = count
         self.noack = noack
         self.claim_idle = claim_idle  # XREADGROUP CLAIM: entries carry [idle, deliveries] too
+
+
+class Waiter:
+    """A blocked XREADGROUP: its Claim, woken with `result` ({queue: task rows}, as a claim's) or `error`."""
+
+    __slots__ = ("claim", "event", "result", "error", "registered", "rolled_back")
+
+    def __init__(self, claim: Claim):
+        self.claim = claim
         self.event = Event()
         self.result = None
         self.error = None
@@ -48,7 +58,7 @@ class Waiters:
 
     def register(self, waiter: Waiter, first: bool = False) -> None:
         """In line on each of its queues (`first`: at the head, a waiter a rollback took back)."""
-        for name in waiter.queues:
+        for name in waiter.claim.queues:
             line = self.blocked.setdefault(name, OrderedDict())
             line[id(waiter)] = waiter
             if first:
@@ -56,7 +66,7 @@ class Waiters:
         waiter.registered = True
 
     def unregister(self, waiter: Waiter) -> None:
-        for name in waiter.queues:
+        for name in waiter.claim.queues:
             line = self.blocked.get(name)
             if line is not None:
                 line.pop(id(waiter), None)

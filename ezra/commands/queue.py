@@ -1,4 +1,4 @@
-"""The queue commands: XADD, XREADGROUP, XREAD, XACK, XNACK, XDEL, XLEN, XRANGE,
+"""The queue commands (XADD's are in push.py): XREADGROUP, XREAD, XACK, XNACK, XDEL, XLEN, XRANGE,
 XREVRANGE, XTRIM, XPENDING, XGROUP. Each parses its arguments, calls a broker verb
 (ezra/broker/) and returns a reply value or a Deferred (table.py).
 """
@@ -10,166 +10,20 @@ from ..settings import queue_settings
 from ..protocol import stream_ids
 from ..errors import CommandError
 from ..broker.core import DEFAULT_READ_COUNT, MAX_READ_COUNT
-from ..broker.waiters import Waiter
+from ..broker.waiters import Claim, Waiter
 from ..protocol.integers import to_int
 from ..lifecycle import split_queue
 from ..settings.options import STOP, Custom, Flag, Options, Refuse, Stop, Value, parse_options
 from ..protocol.resp import NULL_ARRAY, OK, Mapped, PairsMap, SimpleString
 from ..protocol.stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..protocol.task_fields import stored
-from ..settings.trimming import TrimArgs
+from ..settings.trimming import REFERENCES, take_trimming
 from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
 from .replies import LONG, claim_reply, claimed_reply, claimed_size, entries, long_entries, read_reply
 from .table import Block, Deferred, command
 
 
-# ---------------------------------------------------------------- XADD's options
-
-def take_trimming(command: str):
-    """MAXLEN, MINID and LIMIT fill one TrimArgs (trimming.py), made at the first of them."""
-    def take(args: list[bytes], i: int, trimming: TrimArgs | None):
-        if trimming is None:
-            trimming = TrimArgs(command)
-        return trimming, trimming.take(args, i)
-    return Custom(take)
-
-
-def take_idmp(args: list[bytes], i: int, producer):
-    """IDMP producer iid -> (producer, iid)."""
-    return idempotent_producer(producer, "IDMP", args[i + 1], args[i + 2]), i + 3
-
-
-def take_idmpauto(args: list[bytes], i: int, producer):
-    """IDMPAUTO producer -> (producer, None): the iid is the fields' digest."""
-    return idempotent_producer(producer, "IDMPAUTO", args[i + 1], None), i + 2
-
-
-def idempotent_producer(before, kind: str, producer: bytes, iid: bytes | None) -> tuple:
-    if before is not None:
-        raise errors.IDMP_TWICE
-    if not producer:
-        raise errors.idmp_producer_empty(kind)
-    if kind == "IDMP" and not iid:
-        raise errors.IDMP_IID_EMPTY
-    return producer, iid
-
-
-def push_ms(arg: bytes) -> int:
-    """DELAY's and TTL's seconds, in milliseconds."""
-    return lifecycle.to_ms(queue_settings.seconds(arg))
-
-
-def push_attempts(arg: bytes) -> int:
-    """ATTEMPTS: the deliveries the task had elsewhere (ezra import)."""
-    attempts = to_int(arg, errors.ATTEMPTS_OUT_OF_RANGE)
-    if not 0 <= attempts <= MAX_RETRY_COUNT:
-        raise errors.ATTEMPTS_OUT_OF_RANGE
-    return attempts
-
-
-# A key sits in its task's row and in the tasks_unique index: bounded, as queue names are.
-MAX_UNIQUE_KEY = 256  # bytes
-
-
-def take_unique(args: list[bytes], i: int, key):
-    """UNIQUE key: at most one unfinished task per key in the queue (an EZRA extension)."""
-    if key is not None:
-        raise errors.UNIQUE_TWICE
-    key = args[i + 1]
-    if not key:
-        raise errors.UNIQUE_KEY_EMPTY
-    if len(key) > MAX_UNIQUE_KEY:
-        raise errors.unique_key_too_long(len(key), MAX_UNIQUE_KEY)
-    return key, i + 2
-
-
-def push_failure(arg: bytes) -> dict:
-    """FAILURE: the task's last failure where it came from (ezra import), bounded as a REASON is."""
-    import json  # here: only imports send it
-
-    try:
-        record = json.loads(arg)
-    except ValueError:
-        raise errors.FAILURE_NOT_A_RECORD from None
-    if not isinstance(record, dict) or not isinstance(record.get("cause"), str):
-        raise errors.FAILURE_NOT_A_RECORD
-    texts = [record.get(key) for key in ("cause", "reason", "worker")]
-    at = record.get("at")
-    if any(value is not None and not isinstance(value, str) for value in texts) or \
-            not (at is None or (type(at) is int and 0 <= at < 2 ** 63)):
-        raise errors.FAILURE_NOT_A_RECORD
-    cause, reason, worker = (None if value is None else lifecycle.bound_reason(value.encode("utf-8", "replace"))
-                             for value in texts)
-    return lifecycle.failure_record(cause, reason, worker, at)
-
-
-TRIMMING = take_trimming("xadd")
-IDMP = Custom(take_idmp, need=3)
-# Redis 8.2's reference policies for trimming: EZRA trims only acked (done) tasks, which is
-# what ACKED asks, and a done task has no pending reference to keep or drop.
-REFERENCES = Flag()
-# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS, UNIQUE and FAILURE.
-# IDMP, IDMPAUTO, DELAY, TTL, ATTEMPTS, UNIQUE and FAILURE need one argument more than their values (the id):
-# without it the word is read as the id (`XADD q NOMKSTREAM DELAY 5`: an invalid id).
-PUSH_OPTIONS = Options(
-    NOMKSTREAM=Flag(), MAXLEN=TRIMMING, MINID=TRIMMING, LIMIT=TRIMMING,
-    KEEPREF=REFERENCES, DELREF=REFERENCES, ACKED=REFERENCES,
-    IDMP=IDMP, IDMPAUTO=Custom(take_idmpauto, need=2, shares=IDMP),
-    DELAY=Value(push_ms, 0, need=2), TTL=Value(push_ms, need=2), ATTEMPTS=Value(push_attempts, 0, need=2),
-    UNIQUE=Custom(take_unique, need=2), FAILURE=Value(push_failure, need=2), unknown=STOP)
-
-
 # ---------------------------------------------------------------- queue commands
-
-@command("XADD", -5)
-def xadd(session, args):
-    """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
-    [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] <* | id> field value ...
-    (on queue::dead: a dead task, as ezra import brings dead letters in)"""
-    queue, dead = split_queue(args[1])
-    if len(args) == 5 and args[2] == b"*" and not dead:
-        # `XADD q * field value`, as producers send: no option, so none of their checks below
-        size, limit = len(args[3]) + len(args[4]), session.state.settings.max_task_size
-        if size > limit:
-            raise errors.task_too_large(size, limit)
-        return session.state.broker.push_plain(queue, stored(args[3:]))  # the Request: its id is the reply
-    if dead:
-        live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
-    # '*' where the options begin: none, and a new id (what producers send), without the parser's loop
-    options, i = (PUSH_OPTIONS.defaults, 2) if args[2] == b"*" else parse_options(args, 2, PUSH_OPTIONS)
-    nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure = options
-    if i < len(args) and args[i] != b"*":  # '*', nearly always: nothing to check, no call
-        stream_ids.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
-    if trimming is not None:
-        trimming.check()
-    fields = args[i + 1:]
-    if not fields or len(fields) % 2:
-        raise errors.wrong_arity("xadd")
-    if dead and delay_ms:
-        raise errors.DELAY_ON_DEAD_TASK
-    if dead and unique is not None:
-        raise errors.UNIQUE_ON_DEAD_TASK
-    # Exact trimming is refused here, before anything is stored.
-    trim = None if trimming is None else trimming.trim()
-    if dead and trim is not None:
-        raise errors.TRIM_ON_DEAD_TASK
-    size = sum(map(len, fields))
-    limit = session.state.settings.max_task_size
-    if size > limit:
-        raise errors.task_too_large(size, limit)
-    if idmp is not None:
-        idmp = idempotency(idmp, args[i], fields)
-    return session.state.broker.push(queue, args[i], stored(fields), nomkstream, delay_ms, ttl_ms, idmp,
-                                     attempts, dead, trim, unique, failure)  # the Request: its id is the reply
-
-
-def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
-    """(producer, iid) for the broker: IDMPAUTO's iid is the fields' digest."""
-    if id_arg != b"*":
-        raise errors.IDMP_NEEDS_AUTO_ID
-    producer, iid = idmp
-    return producer, lifecycle.idmp_auto_iid(fields) if iid is None else iid
-
 
 XTRIM_TRIMMING = take_trimming("xtrim")
 XTRIM_OPTIONS = Options(MAXLEN=XTRIM_TRIMMING, MINID=XTRIM_TRIMMING, LIMIT=XTRIM_TRIMMING,
@@ -212,9 +66,9 @@ def xreadgroup(session, args):
     """XREADGROUP GROUP group worker [COUNT n] [BLOCK ms] [CLAIM min-idle-ms] [NOACK] STREAMS q... id..."""
     last = session.last_claim
     if last is not None and last[0] == args:  # this worker's claim as last time: read as it was then
-        queues, worker, count, block_ms = last[1]
-        session.use_worker(worker)
-        return claim_new(session, queues, worker, count, False, None, block_ms)
+        claim, block_ms = last[1]
+        session.use_worker(claim.worker)
+        return claim_new(session, claim, block_ms)
     if args[1].upper() != b"GROUP":
         raise errors.SYNTAX
     worker = worker_name(args[3])  # registered (session.use_worker) once every argument checked out
@@ -242,40 +96,40 @@ def xreadgroup(session, args):
     count = read_count(count)
     session.use_worker(worker)  # not before: a malformed command must not touch the name's release timer
     if ids[0] is NEW_TASKS if len(ids) == 1 else all(stream_id is NEW_TASKS for stream_id in ids):
+        claim = Claim(queues, worker, count, noack, claim_idle)
         if i == 8 and len(ids) == 1 and not noack and claim_idle is None:  # the shape workers repeat
-            session.last_claim = (args, (queues, worker, count, block_ms))
-        return claim_new(session, queues, worker, count, noack, claim_idle, block_ms)
-    return read_mixed(session, queues, ids, worker, count, noack, claim_idle)
+            session.last_claim = (args, (claim, block_ms))
+        return claim_new(session, claim, block_ms)
+    return read_mixed(session, queues, ids, Claim(queues, worker, count, noack, claim_idle))
 
 
-def claim_new(session, queues, worker, count, noack, claim_idle, block_ms):
+def claim_new(session, claim: Claim, block_ms):
     """XREADGROUP '>': what it claims now, or a wait for it (BLOCK), or null."""
     broker = session.state.broker
-    claimed = broker.claim_now(queues, worker, count, noack, claim_idle)
+    claimed = broker.claim(claim)
     if claimed is not None:
         # answered with the read's other replies: one commit for them all (its size: see Connection)
-        return Deferred(claimed, claimed_reply if claim_idle is None else idle_claim_reply, claimed_size)
+        return Deferred(claimed, claimed_reply if claim.claim_idle is None else idle_claim_reply, claimed_size)
     if block_ms is None:
         return NULL_ARRAY
-    return ClaimWait(broker, queues, worker, count, noack, claim_idle, block_ms)
+    return ClaimWait(broker, claim, block_ms)
 
 
 class ClaimWait(Block):
     """XREADGROUP BLOCK that found nothing: in line (a Waiter) until a task is claimed for it."""
 
-    __slots__ = ("broker", "queues", "worker", "count", "noack", "claim_idle", "waiter", "event")
+    __slots__ = ("broker", "claim", "waiter", "event")
 
-    def __init__(self, broker, queues, worker, count, noack, claim_idle, block_ms):
+    def __init__(self, broker, claim: Claim, block_ms):
         super().__init__(block_ms)
-        self.broker, self.queues, self.worker = broker, queues, worker
-        self.count, self.noack, self.claim_idle = count, noack, claim_idle
+        self.broker, self.claim = broker, claim
         self.waiter = None
 
     def without_waiting(self):
         return NULL_ARRAY  # the handler's claim found nothing
 
     def start(self):
-        found = self.broker.claim(self.queues, self.worker, self.count, self.noack, self.claim_idle)
+        found = self.broker.claim(self.claim, wait=True)
         if type(found) is not Waiter:
             return self.reply(found)
         self.waiter, self.event = found, found.event
@@ -292,7 +146,8 @@ class ClaimWait(Block):
         return self.reply(result) if result else NULL_ARRAY
 
     def reply(self, found: dict):
-        return claimed_reply(found) if self.claim_idle is None else claim_reply(found, self.claim_idle)
+        claim_idle = self.claim.claim_idle
+        return claimed_reply(found) if claim_idle is None else claim_reply(found, claim_idle)
 
 
 @command("XREAD", -4, blocks=True)
@@ -360,27 +215,33 @@ def read_count(count: int | None) -> int:
     return min(count, MAX_READ_COUNT)
 
 
-def read_mixed(session, queues, ids, worker, count, noack, claim_idle):
+def read_mixed(session, queues, ids, claim: Claim):
     """XREADGROUP with explicit ids: pending tasks come back even when empty (as Redis)."""
     result = PairsMap()
     for queue, after in zip(queues, ids):
         if after is NEW_TASKS:
-            claimed = broker_of(session).claim_committed([queue], worker, count, noack, claim_idle)
+            request = broker_of(session).claim(Claim([queue], claim.worker, claim.count, claim.noack, claim.claim_idle))
+            claimed = None if request is None else request.wait()
             if claimed:
-                result.update(claim_reply(claimed, claim_idle))
+                result.update(claim_reply(claimed, claim.claim_idle))
         else:
-            result[queue] = entries(broker_of(session).claim_own(queue, worker, after, count).wait())
+            result[queue] = entries(broker_of(session).claim_own(queue, claim.worker, after, claim.count).wait())
     return result or NULL_ARRAY
 
 
 @command("XACK", -4)
 def xack(session, args):
     """XACK queue group id [id ...]: integer, how many were in flight and are now done."""
-    ids = [stream_ids.parse_id(args[3])] if len(args) == 4 else ids_of(args[3:])  # one id, as workers ack
+    ids = ack_ids(args)
     queue, dead = split_queue(args[1])
     if dead:
         return 0
-    return session.state.broker.ack(queue, ids)  # the Request: its count is the reply
+    return Deferred(session.state.broker.ack(queue, ids), sum)  # each id's count (Tasks.tx_ack)
+
+
+def ack_ids(args: list[bytes]) -> list[tuple]:
+    """XACK's ids, checked: the one reading of them, for one XACK and a pipeline's run alike."""
+    return [stream_ids.parse_id(args[3])] if len(args) == 4 else ids_of(args[3:])  # one id, as workers ack
 
 
 def nack_retry_count(arg: bytes) -> int:

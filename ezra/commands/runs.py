@@ -1,52 +1,44 @@
-"""A pipeline's run of plain XADDs, or of single-id XACKs, to one queue, worked as one request.
+"""The pipeline strategy: a run of XADDs, or of single-id XACKs, to one queue, sent down the verb's
+one route as one request.
 
 A producer that pipelines its pushes (a redis-py pipeline, a framework's batch, redis-benchmark
--P) sends dozens of `XADD q * field value` in one read. One by one, each is a handler call, a
-writer request, an INSERT, a Deferred and a reply of its own. The connection hands a run of them
-here instead: each command gets XADD's checks, then the run is one request (Broker.push_run: one
-executemany) and one Deferred whose replies are written together (resp.Replies).
+-P) sends dozens of `XADD q * field value` in one read. Dispatched one by one, each is a handler
+call, a writer request, an INSERT, a Deferred and a reply of its own. The connection asks here
+first: the run is checked as XADD checks one (push.read_pushes, the one check), stored by the
+same route (Broker.push: Tasks.tx_push takes a list, and a single XADD is a run of one), and
+its replies written together (resp.Replies), each the one XADD would give it.
 
-Only the plainest form runs so: `*` right after the queue's name (no option), fields in pairs
-within the task limit, a live queue (not q::dead), an authenticated session outside MULTI. A
-command that is not so ends the run and is dispatched as before; so is a run of one. Each
-command's reply is the one XADD would give it: its id, or the error that refused it.
+Only plain pushes make a run (`*` right after the queue's name, no option; push.read_pushes
+says which), in an authenticated session outside MULTI. A command that is not so ends the
+run and is dispatched as before (an XADD with options is a run of one, read once).
 
 Acks go the same way: a worker that pipelines `XACK q group id`, one id each (an auto-pipelining
-client, acks sent as tasks finish), has them worked as one request (Broker.ack_run), each XACK
-answering 1 or 0 for its own task as it would alone. An id XACK would refuse ends the run.
+client, acks sent as tasks finish), has them sent as one list of ids down XACK's route
+(Broker.ack: Tasks.tx_ack answers each id's count), each XACK answering 1 or 0 for its own
+task as it would alone. An id XACK would refuse ends the run.
 """
 
 from __future__ import annotations
 
 from ..lifecycle import split_queue
 from ..protocol.resp import ErrorReply, Replies
-from ..protocol.stream_ids import parse_id
-from ..protocol.task_fields import stored
+from .push import PUSH_NAMES, read_pushes
+from .queue import ack_ids
 from .table import Deferred, internal_error
 
-PUSH_NAMES = frozenset((b"XADD", b"xadd"))  # as clients send them: other spellings are dispatched
-ACK_NAMES = frozenset((b"XACK", b"xack"))
+ACK_NAMES = frozenset((b"XACK", b"xack"))  # as clients send them: other spellings are dispatched
 
 
 def push_run(session, commands: list[list[bytes]], start: int):
     """(the reply of the run of plain XADDs from commands[start], the index after it), or None:
     commands[start] is to be dispatched alone."""
-    first = commands[start]
-    if (len(first) < 5 or first[2] != b"*" or session.queued is not None or not session.authenticated
-            or split_queue(first[1])[1]):
-        return None
-    queue, limit = first[1], session.state.settings.max_task_size
-    pushes = []
-    for args in commands[start:]:  # the length first: `XADD` alone is XADD's arity error, not ours
-        if len(args) < 5 or not len(args) & 1 or args[0] not in PUSH_NAMES or args[1] != queue or args[2] != b"*":
-            break
-        fields = args[3:]
-        if sum(map(len, fields)) > limit:
-            break  # refused by XADD itself, with its message
-        pushes.append(stored(fields))
-    if len(pushes) < 2:
-        return None
-    return _one_request(session, commands, start, session.state.broker.push_run, queue, pushes)
+    if len(commands[start]) < 5 or session.queued is not None or not session.authenticated:
+        return None  # `XADD q` is XADD's arity error, MULTI queues it
+    try:
+        queue, pushes, _ = read_pushes(session, commands, start)
+    except ErrorReply:
+        return None  # refused by XADD itself, with its message
+    return _one_request(session, commands, start, session.state.broker.push, queue, pushes)
 
 
 def ack_run(session, commands: list[list[bytes]], start: int):
@@ -60,12 +52,12 @@ def ack_run(session, commands: list[list[bytes]], start: int):
         if len(args) != 4 or args[0] not in ACK_NAMES or args[1] != queue:
             break
         try:
-            ids.append(parse_id(args[3]))
+            ids += ack_ids(args)
         except ErrorReply:
             break  # refused by XACK itself, with its message
     if len(ids) < 2:
         return None
-    return _one_request(session, commands, start, session.state.broker.ack_run, queue, ids)
+    return _one_request(session, commands, start, session.state.broker.ack, queue, ids)
 
 
 def _one_request(session, commands: list[list[bytes]], start: int, submit, queue: bytes, items: list):

@@ -24,16 +24,11 @@ import time
 from loguru import logger
 
 from .. import errors
-from ..writer.batch import Request
 from ..protocol.resp import ErrorReply, SimpleString
 
 
 class Deferred:
     """A reply that the writer will produce: `transform(result)` once it commits.
-
-    A handler whose reply is its request's result as it is (XADD's id, XACK's count) returns the
-    writer's Request itself instead: the connection waits for it the same way, with one object
-    and one call less per command.
 
     `size_of`: where the handler can tell them (a claim's tasks), a function of the result that
     gives the bytes it holds: the connection then counts it by them among the large replies it
@@ -55,12 +50,9 @@ class Deferred:
 
 
 def resolved(reply):
-    """A handler's reply once the writer answered it: a Deferred's, or a Request's result (the
-    connection's flush does the same inline); any other reply as it is."""
-    kind = type(reply)
-    if kind is Deferred:
-        return reply.resolve()
-    return reply.wait() if kind is Request else reply
+    """A handler's reply once the writer answered it: a Deferred's (the connection's flush does
+    the same inline); any other reply as it is."""
+    return reply.resolve() if type(reply) is Deferred else reply
 
 
 class Block:

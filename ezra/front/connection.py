@@ -37,7 +37,6 @@ from gevent import get_hub, getcurrent
 from loguru import logger
 
 from .. import errors
-from ..writer.batch import Request
 from ..commands import Deferred, dispatch
 from ..commands.runs import RUNS
 from .gate import Gate
@@ -310,7 +309,7 @@ class Connection:
                 else:
                     reply = dispatch(session, args)  # first: HELLO 3 answers in RESP3 already
                 kind = type(reply)
-                if (kind is Request or kind is Deferred) and count == 1 and not self.replies:
+                if kind is Deferred and count == 1 and not self.replies:
                     # The read's one command, nothing held before it (a client that awaits each
                     # reply, as most do): its reply goes out now, not through the list and flush.
                     answer = self._written(session.proto, reply, kind)  # (not `data`: the bytes read)
@@ -328,9 +327,8 @@ class Connection:
                 replies = self.replies  # after dispatch: a command that blocks flushes first
                 replies.append((session.proto, reply))
                 # A read's reply may be megabytes (see LARGE): at most READS_PER_FLUSH are held
-                # (a Request is a push's or an ack's: its id or count)
-                if kind is not Request and ((not getattr(reply.request, "durable", False)) if kind is Deferred
-                                            else isinstance(reply, LARGE)):
+                # (a durable request is a push's or an ack's: ids or counts)
+                if (not getattr(reply.request, "durable", False)) if kind is Deferred else isinstance(reply, LARGE):
                     self.reads += 1 if kind is not Deferred or reply.size_of is None else (
                         reply.size_of(reply.request.result) / READ_BYTES)
                     if self.reads >= READS_PER_FLUSH:
@@ -425,15 +423,9 @@ class Connection:
         self.slice_start = perf_counter()
 
     def _written(self, proto: int, reply, kind):
-        """A reply's bytes, once the writer answered it (a Request or a Deferred waits for it); a
+        """A reply's bytes, once the writer answered it (a Deferred waits for it); a
         long reply's, an iterator of its pieces."""
-        if kind is Request:  # a push's or an ack's (see commands.Deferred)
-            try:
-                reply = reply.wait()
-            except ErrorReply as exc:
-                reply = exc.as_reply()
-            kind = type(reply)
-        elif kind is Deferred:
+        if kind is Deferred:
             try:  # Deferred.resolve, inlined: a call less per reply
                 transform, reply = reply.transform, reply.request.wait()
                 if transform is not None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from .. import errors
 from ..protocol.integers import to_int
 from ..protocol.stream_ids import MAX_ID_PART, StreamId, parse_id_parts
+from .options import Custom, Flag
 
 MAXLEN = "MAXLEN"
 MINID = "MINID"
@@ -122,3 +123,19 @@ def _min_id(arg: bytes) -> StreamId:
         raise errors.INVALID_ID
     ms, seq = parse_id_parts(arg, 0)
     return min(ms, MAX_ID_PART), min(seq, MAX_ID_PART)
+
+
+# The option parser's side (options.py): XADD's and XTRIM's trimming words.
+
+def take_trimming(command: str):
+    """MAXLEN, MINID and LIMIT fill one TrimArgs (trimming.py), made at the first of them."""
+    def take(args: list[bytes], i: int, trimming: TrimArgs | None):
+        if trimming is None:
+            trimming = TrimArgs(command)
+        return trimming, trimming.take(args, i)
+    return Custom(take)
+
+
+# Redis 8.2's reference policies for trimming: EZRA trims only acked (done) tasks, which is
+# what ACKED asks, and a done task has no pending reference to keep or drop.
+REFERENCES = Flag()

@@ -1,0 +1,189 @@
+"""XADD: one place checks a push (its size, id and options), for one XADD and for a pipeline's
+run of them alike, and one route stores them (Broker.push: Tasks.tx_push, a list of pushes).
+
+A plain push, `XADD q * field value...` as producers send it, is its fields as stored; a push
+with options is a Push (broker/tasks.py). `read_pushes` checks the XADD it is given and, when
+it is plain, the plain XADDs to the same queue right after it in the pipeline: the connection's
+run strategy (runs.py) sends them as one request, the handler sends one XADD as a run of one.
+"""
+
+from __future__ import annotations
+
+from operator import itemgetter
+
+from .. import errors, lifecycle
+from ..broker.tasks import Push
+from ..lifecycle import split_queue
+from ..protocol import stream_ids
+from ..protocol.integers import to_int
+from ..protocol.task_fields import stored
+from ..settings import queue_settings
+from ..settings.options import STOP, Custom, Flag, Options, Value, parse_options
+from ..settings.trimming import REFERENCES, take_trimming
+from .args import MAX_RETRY_COUNT, live_queue
+from .table import Deferred, command
+
+PUSH_NAMES = frozenset((b"XADD", b"xadd"))  # as clients send them: other spellings end a run
+ONLY = itemgetter(0)  # the reply of a run of one: its push's
+DEAD_VIEW = lifecycle.DEAD_SUFFIX.encode()  # a name ending so may be a dead view: split_queue decides
+
+
+# ---------------------------------------------------------------- XADD's options
+
+def take_idmp(args: list[bytes], i: int, producer):
+    """IDMP producer iid -> (producer, iid)."""
+    return idempotent_producer(producer, "IDMP", args[i + 1], args[i + 2]), i + 3
+
+
+def take_idmpauto(args: list[bytes], i: int, producer):
+    """IDMPAUTO producer -> (producer, None): the iid is the fields' digest."""
+    return idempotent_producer(producer, "IDMPAUTO", args[i + 1], None), i + 2
+
+
+def idempotent_producer(before, kind: str, producer: bytes, iid: bytes | None) -> tuple:
+    if before is not None:
+        raise errors.IDMP_TWICE
+    if not producer:
+        raise errors.idmp_producer_empty(kind)
+    if kind == "IDMP" and not iid:
+        raise errors.IDMP_IID_EMPTY
+    return producer, iid
+
+
+def push_ms(arg: bytes) -> int:
+    """DELAY's and TTL's seconds, in milliseconds."""
+    return lifecycle.to_ms(queue_settings.seconds(arg))
+
+
+def push_attempts(arg: bytes) -> int:
+    """ATTEMPTS: the deliveries the task had elsewhere (ezra import)."""
+    attempts = to_int(arg, errors.ATTEMPTS_OUT_OF_RANGE)
+    if not 0 <= attempts <= MAX_RETRY_COUNT:
+        raise errors.ATTEMPTS_OUT_OF_RANGE
+    return attempts
+
+
+# A key sits in its task's row and in the tasks_unique index: bounded, as queue names are.
+MAX_UNIQUE_KEY = 256  # bytes
+
+
+def take_unique(args: list[bytes], i: int, key):
+    """UNIQUE key: at most one unfinished task per key in the queue (an EZRA extension)."""
+    if key is not None:
+        raise errors.UNIQUE_TWICE
+    key = args[i + 1]
+    if not key:
+        raise errors.UNIQUE_KEY_EMPTY
+    if len(key) > MAX_UNIQUE_KEY:
+        raise errors.unique_key_too_long(len(key), MAX_UNIQUE_KEY)
+    return key, i + 2
+
+
+def push_failure(arg: bytes) -> dict:
+    """FAILURE: the task's last failure where it came from (ezra import), bounded as a REASON is."""
+    import json  # here: only imports send it
+
+    try:
+        record = json.loads(arg)
+    except ValueError:
+        raise errors.FAILURE_NOT_A_RECORD from None
+    if not isinstance(record, dict) or not isinstance(record.get("cause"), str):
+        raise errors.FAILURE_NOT_A_RECORD
+    texts = [record.get(key) for key in ("cause", "reason", "worker")]
+    at = record.get("at")
+    if any(value is not None and not isinstance(value, str) for value in texts) or \
+            not (at is None or (type(at) is int and 0 <= at < 2 ** 63)):
+        raise errors.FAILURE_NOT_A_RECORD
+    cause, reason, worker = (None if value is None else lifecycle.bound_reason(value.encode("utf-8", "replace"))
+                             for value in texts)
+    return lifecycle.failure_record(cause, reason, worker, at)
+
+
+TRIMMING = take_trimming("xadd")
+IDMP = Custom(take_idmp, need=3)
+# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS, UNIQUE and FAILURE.
+# IDMP, IDMPAUTO, DELAY, TTL, ATTEMPTS, UNIQUE and FAILURE need one argument more than their values (the id):
+# without it the word is read as the id (`XADD q NOMKSTREAM DELAY 5`: an invalid id).
+PUSH_OPTIONS = Options(
+    NOMKSTREAM=Flag(), MAXLEN=TRIMMING, MINID=TRIMMING, LIMIT=TRIMMING,
+    KEEPREF=REFERENCES, DELREF=REFERENCES, ACKED=REFERENCES,
+    IDMP=IDMP, IDMPAUTO=Custom(take_idmpauto, need=2, shares=IDMP),
+    DELAY=Value(push_ms, 0, need=2), TTL=Value(push_ms, need=2), ATTEMPTS=Value(push_attempts, 0, need=2),
+    UNIQUE=Custom(take_unique, need=2), FAILURE=Value(push_failure, need=2), unknown=STOP)
+
+
+# ---------------------------------------------------------------- XADD
+
+@command("XADD", -5)
+def xadd(session, args):
+    """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
+    [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] <* | id> field value ...
+    (on queue::dead: a dead task, as ezra import brings dead letters in)"""
+    queue, pushes, _ = read_pushes(session, (args,), 0)
+    return Deferred(session.state.broker.push(queue, pushes), ONLY)  # its id is the reply
+
+
+def read_pushes(session, commands, start: int) -> tuple[bytes, list, int]:
+    """(queue, pushes, the index after them): the XADD at commands[start], checked (its error
+    raised), and when it is plain the plain XADDs right after it to the same queue, each checked
+    the same way. A command that is not so ends the run: it is dispatched alone."""
+    first = commands[start]
+    name = first[1]
+    if first[2] != b"*" or not len(first) & 1 or name.endswith(DEAD_VIEW):
+        queue, dead = split_queue(name)
+        return queue, [push_with_options(session, first, queue, dead)], start + 1
+    # `XADD q * field value...`: no option, so none of their checks
+    limit = session.state.settings.max_task_size
+    fields = first[3:]
+    size = sum(map(len, fields))
+    if size > limit:
+        raise errors.task_too_large(size, limit)
+    pushes = [stored(fields)]
+    if len(commands) > start + 1:
+        for args in commands[start + 1:]:  # the length first: `XADD` alone is XADD's arity error, not ours
+            if len(args) < 5 or not len(args) & 1 or args[0] not in PUSH_NAMES or args[1] != name or args[2] != b"*":
+                break
+            fields = args[3:]
+            if sum(map(len, fields)) > limit:
+                break  # refused by XADD itself, with its message
+            pushes.append(stored(fields))
+    return name, pushes, start + len(pushes)
+
+
+def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> Push:
+    """An XADD with options, or an id, or to q::dead, checked as Redis checks it: its Push."""
+    if dead:
+        live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
+    # '*' where the options begin: none, and a new id, without the parser's loop
+    options, i = (PUSH_OPTIONS.defaults, 2) if args[2] == b"*" else parse_options(args, 2, PUSH_OPTIONS)
+    nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure = options
+    if i < len(args) and args[i] != b"*":
+        stream_ids.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
+    if trimming is not None:
+        trimming.check()
+    fields = args[i + 1:]
+    if not fields or len(fields) % 2:
+        raise errors.wrong_arity("xadd")
+    if dead and delay_ms:
+        raise errors.DELAY_ON_DEAD_TASK
+    if dead and unique is not None:
+        raise errors.UNIQUE_ON_DEAD_TASK
+    # Exact trimming is refused here, before anything is stored.
+    trim = None if trimming is None else trimming.trim()
+    if dead and trim is not None:
+        raise errors.TRIM_ON_DEAD_TASK
+    size = sum(map(len, fields))
+    limit = session.state.settings.max_task_size
+    if size > limit:
+        raise errors.task_too_large(size, limit)
+    if idmp is not None:
+        idmp = idempotency(idmp, args[i], fields)
+    return Push(stored(fields), args[i], nomkstream, delay_ms, ttl_ms, idmp, attempts, dead, trim, unique, failure)
+
+
+def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
+    """(producer, iid) for the broker: IDMPAUTO's iid is the fields' digest."""
+    if id_arg != b"*":
+        raise errors.IDMP_NEEDS_AUTO_ID
+    producer, iid = idmp
+    return producer, lifecycle.idmp_auto_iid(fields) if iid is None else iid
