@@ -1,0 +1,176 @@
+"""The claim order of a queue whose tasks have priorities or partitions (XADD PRIORITY, PARTITION).
+
+A queue none of whose tasks has either keeps its plain AvailableOrder (available.py): oldest
+first, and nothing here costs it anything. Once one has, its available tasks are in Lanes:
+
+    priority 0 .. 9        the most urgent priority that has a task the claim may hand out
+      partitions in turn   round-robin among the partitions with work and room (in flight
+                           below the queue's PARTITION-LIMIT); the tasks without a partition
+                           are one more lane in the turn, never limited
+        push order         within a lane, oldest first (an AvailableOrder each)
+
+So a partition with 100,000 tasks queued takes one turn in a round like a partition with one:
+another partition's first task waits at most one round, not behind the 100,000.
+
+A lane's turn is kept only while it has work and room: a partition at its limit leaves the
+round, and comes back when one of its tasks ends its lease (`ended`) if it still has work. A
+claim is O(1) in the tasks and partitions queued (the priorities are ten).
+
+The lanes remember, for each task they handed out and whose lease has not ended, its priority
+and partition (`holding`): the count of a partition's tasks in flight, and where a task that
+comes back (a nack, an expired lease) goes again. A task taken that the claim's write did not
+find available any more (a stale entry: XDEL, XCLAIM FORCE took it) is given back
+(`not_claimed`). XCLAIM FORCE of an available task leases it outside the lanes: it does not
+count against its partition's limit.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .available import AvailableOrder
+
+PRIORITIES = 10  # 0 (served first) .. 9
+NO_PARTITION = None  # the lane of the tasks pushed without PARTITION: no limit
+
+
+class Lane:
+    """One partition's available tasks (or those without a partition) at one priority."""
+
+    __slots__ = ("key", "order", "in_flight", "in_turn")
+
+    def __init__(self, key):
+        self.key = key
+        self.order = AvailableOrder()
+        self.in_flight = 0    # its tasks handed out whose leases have not ended
+        self.in_turn = False  # in its level's round now (it has work and room)
+
+
+class Level:
+    """One priority's lanes, by partition key, and the round of those with work and room."""
+
+    __slots__ = ("lanes", "turns")
+
+    def __init__(self):
+        self.lanes: dict = {}
+        self.turns: deque[Lane] = deque()
+
+
+class Lanes:
+    """A queue's available tasks in claim order: priority, then partitions in turn, then push order."""
+
+    __slots__ = ("levels", "partition_limit", "holding", "_waiting")
+
+    def __init__(self, partition_limit: int = 1):
+        self.levels: list[Level | None] = [None] * PRIORITIES
+        self.partition_limit = partition_limit
+        self.holding: dict[int, tuple] = {}  # row id handed out -> (priority, partition key)
+        self._waiting = 0  # entries in the lanes' orders (stale ones included)
+
+    def __len__(self) -> int:
+        return self._waiting
+
+    # ------------------------------------------------------------ in
+
+    def add(self, rowid: int, priority: int, partition) -> None:
+        """A task became available (a push, or one coming back)."""
+        level = self.levels[priority]
+        if level is None:
+            level = self.levels[priority] = Level()
+        lane = level.lanes.get(partition)
+        if lane is None:
+            lane = level.lanes[partition] = Lane(partition)
+        lane.order.add(rowid)
+        self._waiting += 1
+        self._in_turn_if_ready(level, lane)
+
+    def ended(self, rowid: int) -> tuple | None:
+        """A task handed out left flight (acked, failed, expired, released): its partition has room
+        again. Its (priority, partition), for a task that comes back (None: not handed out here)."""
+        placed = self.holding.pop(rowid, None)
+        if placed is not None:
+            priority, partition = placed
+            level = self.levels[priority]
+            lane = level.lanes[partition]
+            lane.in_flight -= 1
+            self._in_turn_if_ready(level, lane)
+            self._drop_if_idle(level, lane)
+        return placed
+
+    def not_claimed(self, rowids) -> None:
+        """Taken here, but the claim's write found them no longer available (stale entries)."""
+        for rowid in rowids:
+            self.ended(rowid)
+
+    # ------------------------------------------------------------ out
+
+    def take(self, n: int) -> list[int]:
+        """Up to `n` row ids in claim order, out of the lanes and counted in flight (`holding`)."""
+        taken = []
+        for priority in range(PRIORITIES):
+            level = self.levels[priority]
+            if level is None:
+                continue
+            turns = level.turns
+            while turns and len(taken) < n:
+                lane = turns.popleft()
+                rowid = lane.order.take_one()
+                if rowid is None:  # emptied by `forget`: out of the round until a task comes
+                    lane.in_turn = False
+                    self._drop_if_idle(level, lane)
+                    continue
+                self._waiting -= 1
+                lane.in_flight += 1
+                self.holding[rowid] = (priority, lane.key)
+                lane.in_turn = False
+                self._in_turn_if_ready(level, lane)
+                taken.append(rowid)
+            if len(taken) == n:
+                break
+        return taken
+
+    def forget(self, rowids: set) -> None:
+        """These tasks left available other than by a claim (XDEL): those at a lane's head go now."""
+        for level in self.levels:
+            if level is None:
+                continue
+            for lane in level.lanes.values():
+                order = lane.order
+                while (head := order.head()) is not None and head in rowids:
+                    order.take_one()
+                    self._waiting -= 1
+
+    def head(self) -> int | None:
+        """The oldest row id waiting in any lane (the queue's oldest waiting task), or None."""
+        heads = [head for level in self.levels if level is not None
+                 for lane in level.lanes.values() if (head := lane.order.head()) is not None]
+        return min(heads) if heads else None
+
+    def partitions_with_work(self) -> int:
+        """Partitions that have available tasks (at any priority), for the figures."""
+        return len({key for level in self.levels if level is not None
+                    for key, lane in level.lanes.items() if key is not NO_PARTITION and len(lane.order)})
+
+    def set_partition_limit(self, limit: int) -> None:
+        """XCFGSET PARTITION-LIMIT: partitions that have room under the new limit join the round."""
+        self.partition_limit = limit
+        for level in self.levels:
+            if level is not None:
+                for lane in level.lanes.values():
+                    self._in_turn_if_ready(level, lane)
+
+    # ------------------------------------------------------------ the round
+
+    def _in_turn_if_ready(self, level: Level, lane: Lane) -> None:
+        """Into the round when it has work and room, unless there already."""
+        if (not lane.in_turn and len(lane.order)
+                and (lane.key is NO_PARTITION or lane.in_flight < self.partition_limit)):
+            lane.in_turn = True
+            level.turns.append(lane)
+
+    @staticmethod
+    def _drop_if_idle(level: Level, lane: Lane) -> None:
+        """A lane with nothing waiting and nothing in flight goes: partition keys come and go
+        (one per customer, per order...), and an idle one must not stay in memory."""
+        if not lane.in_turn and not lane.in_flight and not len(lane.order):
+            del level.lanes[lane.key]
