@@ -251,7 +251,7 @@ def instrument_ezra(meter: Meter, broker) -> None:
         meter.wrap(queue_cmds, name, "options")
     meter.wrap(session_mod.Session, "use_worker", "worker name")
     meter.wrap(writer_mod.Request, "wait", WAITS)
-    for name in ("new_id", "format_id", "parse_id", "check_push_id"):
+    for name in ("new_id", "format_id", "parse_id", "push_id"):
         meter.wrap(stream_ids, name, "id")
     meter.wrap(queue_cmds, "ids_of", "id")
     for name in ("submit", "call", "_open_batch", "_end_turn", "_committed", "_fsync_inline"):

@@ -92,7 +92,7 @@ def test_lifecycle_is_the_state_machine_alone():
     from ezra import lifecycle
     from ezra.protocol import stream_ids
 
-    grammar = ("format_id", "parse_id", "parse_range_bound", "parse_after_id", "new_id", "check_push_id",
+    grammar = ("format_id", "parse_id", "parse_range_bound", "parse_after_id", "new_id", "push_id",
                "previous_id", "MAX_ID_PART", "ABOVE_ALL", "xread_id", "xreadgroup_id", "SINCE_NOW")
     assert [name for name in grammar if hasattr(lifecycle, name)] == []
     assert all(hasattr(stream_ids, name) for name in grammar)

@@ -7,7 +7,7 @@ import pytest
 from ezra import errors
 from ezra.errors import CommandError
 from ezra.lifecycle import AVAILABLE, DEAD, FAIL, FATAL, SILENT, after_failure, lease_deadline, split_queue
-from ezra.protocol.stream_ids import ABOVE_ALL, MAX_ID_PART, new_id, parse_id, parse_range_bound
+from ezra.protocol.stream_ids import ABOVE_ALL, MAX_ID_PART, new_id, parse_id, parse_range_bound, push_id
 
 MAX = MAX_ID_PART
 
@@ -51,22 +51,27 @@ def test_lease_deadline():
 
 # ---------------------------------------------------------------- new_id
 
+def xadd_id(arg: bytes, last, now):
+    """The id XADD gives a push asking for `arg`: read once (push_id), then made (new_id)."""
+    return new_id(push_id(arg), last, now)
+
+
 def test_star_takes_the_clock_when_it_is_ahead():
-    assert new_id(b"*", (5, 7), now=6) == (6, 0)
-    assert new_id(b"*", (0, 0), now=1_700_000_000_000) == (1_700_000_000_000, 0)
+    assert xadd_id(b"*", (5, 7), now=6) == (6, 0)
+    assert xadd_id(b"*", (0, 0), now=1_700_000_000_000) == (1_700_000_000_000, 0)
 
 
 @pytest.mark.parametrize("now", [5, 4, 0])
 def test_star_with_the_clock_equal_or_behind_takes_the_next_seq(now):
-    assert new_id(b"*", (5, 7), now) == (5, 8)
+    assert xadd_id(b"*", (5, 7), now) == (5, 8)
 
 
 def test_star_carries_into_ms_when_seq_is_exhausted():
-    assert new_id(b"*", (5, MAX), now=5) == (6, 0)
+    assert xadd_id(b"*", (5, MAX), now=5) == (6, 0)
 
 
 def test_star_after_the_last_possible_id():
-    assert error_of(new_id, b"*", (MAX, MAX), 0) == (
+    assert error_of(xadd_id, b"*", (MAX, MAX), 0) == (
         "ERR The stream has exhausted the last possible ID, unable to add more items")
 
 
@@ -77,29 +82,29 @@ def test_star_after_the_last_possible_id():
     (b"0-*", (0, 0), (0, 1)),
 ])
 def test_ms_star(requested, last, expected):
-    assert new_id(requested, last, now=1) == expected
+    assert xadd_id(requested, last, now=1) == expected
 
 
 def test_ms_star_below_the_last_id():
-    assert error_of(new_id, b"4-*", (5, 7), 100) == errors.ID_TOO_SMALL.message
+    assert error_of(xadd_id, b"4-*", (5, 7), 100) == errors.ID_TOO_SMALL.message
 
 
 def test_explicit_ids():
-    assert new_id(b"5-8", (5, 7), now=0) == (5, 8)
-    assert new_id(b"6-0", (5, 7), now=0) == (6, 0)
-    assert new_id(b"9", (5, 7), now=0) == (9, 0)  # a missing seq is 0
-    assert new_id(b"1-1", (0, 0), now=0) == (1, 1)
+    assert xadd_id(b"5-8", (5, 7), now=0) == (5, 8)
+    assert xadd_id(b"6-0", (5, 7), now=0) == (6, 0)
+    assert xadd_id(b"9", (5, 7), now=0) == (9, 0)  # a missing seq is 0
+    assert xadd_id(b"1-1", (0, 0), now=0) == (1, 1)
 
 
 @pytest.mark.parametrize("requested", [b"5-7", b"5-6", b"4-9", b"5", b"0-1"])
 def test_explicit_id_equal_or_smaller(requested):
-    assert error_of(new_id, requested, (5, 7), 0) == (
+    assert error_of(xadd_id, requested, (5, 7), 0) == (
         "ERR The ID specified in XADD is equal or smaller than the target stream top item")
 
 
 @pytest.mark.parametrize("requested", [b"0-0", b"0"])
 def test_explicit_id_zero(requested):
-    assert error_of(new_id, requested, (0, 0), 0) == "ERR The ID specified in XADD must be greater than 0-0"
+    assert error_of(xadd_id, requested, (0, 0), 0) == "ERR The ID specified in XADD must be greater than 0-0"
 
 
 @pytest.mark.parametrize("requested", [
@@ -107,7 +112,7 @@ def test_explicit_id_zero(requested):
     b"*-1", str(MAX + 1).encode(),  # "+1" and " 1" are ids to Redis (string2ull): test_integers_unit
 ])
 def test_garbage_ids(requested):
-    assert error_of(new_id, requested, (0, 0), 0) == (
+    assert error_of(xadd_id, requested, (0, 0), 0) == (
         "ERR Invalid stream ID specified as stream command argument")
 
 

@@ -221,7 +221,7 @@ class Scheduler:
             if queue is None and len(name) > MAX_QUEUE_NAME:
                 raise errors.queue_name_too_long(len(name), MAX_QUEUE_NAME)
             if queue is not None:
-                stream_ids.new_id(b"*", queue.last_id, self.clock())
+                stream_ids.new_id(None, queue.last_id, self.clock())
             self.db.check_room_for_push(name)
         except errors.CommandError as exc:
             raise errors.schedule_queue_refused(name, exc.message) from None

@@ -19,7 +19,8 @@ from .queues import QueueState
 @dataclass(slots=True)
 class Push:
     """One XADD with options, checked (commands/push.py): a plain push (`XADD q * field value...`)
-    is its stored fields alone. `id_arg`: '*', 'ms-*' or an explicit id. `idmp` is (producer, iid):
+    is its stored fields alone. `requested_id`: None for a new id, else as
+    stream_ids.push_id read it. `idmp` is (producer, iid):
     a push already made with them answers the first id. `attempts` (ATTEMPTS) and `dead` (XADD
     q::dead) bring tasks in from elsewhere (ezra import) with the deliveries they had, or as dead
     letters; `failure` (FAILURE) with their last failure (lifecycle.failure_record). `trim`
@@ -27,7 +28,7 @@ class Push:
     while an unfinished task of the queue holds that key, its id is the answer and nothing is stored."""
 
     fields: bytes
-    id_arg: bytes = b"*"
+    requested_id: tuple | None = None
     nomkstream: bool = False
     delay_ms: int = 0
     ttl_ms: int | None = None
@@ -105,7 +106,7 @@ class Tasks:
         now = self.clock()
         queue = self.queues.get(name) or self.transitions.queue(name, now, create=True)
         if len(pushes) == 1:  # one XADD, as most producers send: its row alone (an id error is its reply)
-            task_id = stream_ids.new_id(b"*", queue.last_id, now)
+            task_id = stream_ids.new_id(None, queue.last_id, now)
             self._joined_available(queue, task_id, 1, self.db.insert_task(name, task_id, first, now, now), now)
             return [b"%d-%d" % task_id]  # stream_ids.format_id, inlined
         run = stream_ids.new_ids(len(pushes), queue.last_id, now)
@@ -118,7 +119,7 @@ class Tasks:
             results, tasks, last = [], [], queue.last_id
             for fields in pushes:
                 try:
-                    last = stream_ids.new_id(b"*", last, now)
+                    last = stream_ids.new_id(None, last, now)
                 except errors.CommandError as exc:
                     results.append(exc)
                     continue
@@ -147,7 +148,7 @@ class Tasks:
                 if idmp is not None:
                     self.remember_push(queue, idmp, holder, now)  # a retry answers the same id
                 return stream_ids.format_id(holder)
-        task_id = stream_ids.new_id(push.id_arg, queue.last_id, now)
+        task_id = stream_ids.new_id(push.requested_id, queue.last_id, now)
         state, available_at = (DELAYED, due_after(now, push.delay_ms)) if push.delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD

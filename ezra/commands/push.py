@@ -157,8 +157,7 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
     # '*' where the options begin: none, and a new id, without the parser's loop
     options, i = (PUSH_OPTIONS.defaults, 2) if args[2] == b"*" else parse_options(args, 2, PUSH_OPTIONS)
     nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure = options
-    if i < len(args) and args[i] != b"*":
-        stream_ids.check_push_id(args[i])  # as Redis: a bad id is reported before the checks below
+    requested_id = stream_ids.push_id(args[i]) if i < len(args) else None  # as Redis: a bad id first
     if trimming is not None:
         trimming.check()
     fields = args[i + 1:]
@@ -177,13 +176,13 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
     if size > limit:
         raise errors.task_too_large(size, limit)
     if idmp is not None:
-        idmp = idempotency(idmp, args[i], fields)
-    return Push(stored(fields), args[i], nomkstream, delay_ms, ttl_ms, idmp, attempts, dead, trim, unique, failure)
+        idmp = idempotency(idmp, requested_id, fields)
+    return Push(stored(fields), requested_id, nomkstream, delay_ms, ttl_ms, idmp, attempts, dead, trim, unique, failure)
 
 
-def idempotency(idmp: tuple, id_arg: bytes, fields: list[bytes]) -> tuple:
+def idempotency(idmp: tuple, requested_id: tuple | None, fields: list[bytes]) -> tuple:
     """(producer, iid) for the broker: IDMPAUTO's iid is the fields' digest."""
-    if id_arg != b"*":
+    if requested_id is not None:
         raise errors.IDMP_NEEDS_AUTO_ID
     producer, iid = idmp
     return producer, lifecycle.idmp_auto_iid(fields) if iid is None else iid

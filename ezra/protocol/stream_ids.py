@@ -176,36 +176,35 @@ def _previous_id(stream_id: StreamId, limit: int) -> StreamId:
     raise errors.END_ID_INVALID
 
 
-def new_id(requested: bytes, last: StreamId, now: int) -> StreamId:
-    """The id of a pushed task: '*', 'ms-*' or explicit, strictly above `last`."""
-    if requested == b"*":
+def push_id(arg: bytes) -> tuple | None:
+    """XADD's id, read once, as the push's Push holds it: None for '*' (a new id), (ms, None) for
+    'ms-*', (ms, seq) for an explicit id ('ms' is ms-0); Redis's id error when malformed."""
+    if arg == b"*":
+        return None
+    ms_part, sep, seq_part = arg.partition(b"-")
+    if sep and seq_part == b"*":
+        return parse_id(ms_part)[0], None
+    return parse_id(arg)
+
+
+def new_id(requested: tuple | None, last: StreamId, now: int) -> StreamId:
+    """The id of a pushed task, strictly above `last`: a new one (None), or as push_id read it."""
+    if requested is None:
         if now > last[0]:
             return (now, 0)
         return _next_id_or_error(last)
-    ms_part, sep, seq_part = requested.partition(b"-")
-    if sep and seq_part == b"*":
-        try:
-            ms = _id_part(ms_part)
-        except ValueError:
-            raise errors.INVALID_ID from None
+    ms, seq = requested
+    if seq is None:  # 'ms-*'
         if ms > last[0]:
             return (ms, 0)
         if ms < last[0]:
             raise errors.ID_TOO_SMALL
         return _next_id_or_error(last)
-    stream_id = parse_id(requested)
-    if stream_id == (0, 0):
+    if requested == (0, 0):
         raise errors.ID_ZERO
-    if stream_id <= last:
+    if requested <= last:
         raise errors.ID_TOO_SMALL
-    return stream_id
-
-
-def check_push_id(requested: bytes) -> None:
-    """XADD's id is well formed ('*', 'ms-*', 'ms-seq' or 'ms'), else Redis's id error."""
-    if requested != b"*":
-        ms_part, sep, seq_part = requested.partition(b"-")
-        parse_id(ms_part if sep and seq_part == b"*" else requested)
+    return requested
 
 
 def new_ids(n: int, last: StreamId, now: int) -> tuple[int, range] | None:
