@@ -158,7 +158,9 @@ def test_pipelined_claims_of_small_tasks_share_one_commit(ezra_factory, protocol
     server = ezra_factory()
     client = server.client(protocol)
     used = []
-    for _ in range(3):  # the reaper commits a pass of its own every 0.1 s: the least of three counts
+    # The reaper commits a pass of its own every 0.1 s, and on a loaded machine a read's 3 ms slice
+    # (wall time) can run out mid-pipeline: up to ten tries, until one is a single commit.
+    while len(used) < 10 and 1 not in used:
         pipe = client.pipeline(transaction=False)
         for i in range(20):
             pipe.xadd("q", {"n": str(i)})
