@@ -48,7 +48,7 @@ class Tasks:
             self.transitions.apply_failures(queue, rows, lifecycle.FAIL, None, self.clock(),
                                             lifecycle.CONSUMER_DELETED,
                                             lambda held_by: f"XGROUP DELCONSUMER removed worker {held_by}")
-            self.transitions.tally(queue, "released", len(rows))
+            queue.tally("released", len(rows))
         return len(rows)
 
     def tx_destroy_group(self, name: bytes, group: bytes) -> int:
@@ -58,7 +58,7 @@ class Tasks:
         if queue.group is None or group != queue.group:
             return 0
         self.db.save_group_name(name, None)
-        queue.group = None
+        queue.named_group(None)
         return 1
 
     def tx_create_queue(self, name: bytes, must_exist: bool, group: bytes | None) -> bool:
@@ -67,7 +67,7 @@ class Tasks:
         queue = self.transitions.queue(name, self.clock())
         if group is not None and group != queue.group:
             self.db.save_group_name(name, group)
-            queue.group = group
+            queue.named_group(group)
         return True
 
     def tx_push(self, name: bytes, id_arg: bytes, fields: list[bytes], nomkstream: bool,
@@ -174,7 +174,7 @@ class Tasks:
         duration, maxsize = queue.idmp_limits()
         expires_at = now + duration * 1000
         self.db.producers.record(queue.name, idmp[0], idmp[1], task_id, expires_at, maxsize)
-        queue.iids_added += 1
+        queue.idmp_recorded()
         self.schedule.idmp_expires_at(expires_at)
 
     def tx_ack(self, name: bytes, ids: list[tuple]) -> int:
@@ -268,7 +268,7 @@ class Tasks:
             why = None if reason is None else lifecycle.bound_reason(reason)
         self.transitions.apply_failures(queue, rows, mode, retry_count, self.clock(), cause, why)
         if mode != lifecycle.SILENT:  # SILENT: given back unsent, not a failure report
-            self.transitions.tally(queue, "failed", len(rows))
+            queue.tally("failed", len(rows))
         return len(rows)
 
     def tx_xdel(self, name: bytes, ids: list[tuple]) -> int:
