@@ -36,6 +36,5 @@ class BatchJournal(list):
         for rebuild in self._rebuilds:
             rebuild()
 
-    def batch_ended(self) -> None:
-        """The batch committed: its changes stay."""
-        self.clear()
+    # The batch committed: its changes stay (list.clear itself: no frame, once a batch).
+    batch_ended = list.clear

@@ -16,7 +16,7 @@ import bisect
 
 from .. import errors, lifecycle
 from ..settings import queue_settings
-from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT, MOVES
 from ..storage import SETTING_COLUMNS, name_bytes
 from .available import AvailableOrder
 from .in_flight import QueueLeases
@@ -105,7 +105,7 @@ class QueueState:
         """The one place state counts change: n tasks moved (lifecycle.MOVES; GONE, None, is
         outside the queue: a push comes from it, a delete or purge goes to it); undone with a
         rolled-back batch (`unmove`)."""
-        if (from_state, to_state) not in lifecycle.MOVES:
+        if (from_state, to_state) not in MOVES:
             raise errors.move_not_drawn(from_state, to_state)
         counts = self.counts
         if from_state is not GONE:
