@@ -117,6 +117,27 @@ def test_a_rolled_back_batch_leaves_the_leases_as_before_it(clocked_broker):
 
 
 
+def test_one_journal_takes_a_rolled_back_batch_back_in_every_shape(clocked_broker):
+    """Counts, leases, the deadlines and the available order: a batch that pushed, claimed, acked
+    and nacked, then rolled back, leaves each as the file has it, through the one batch journal."""
+    broker = clocked_broker
+    ids = push(broker, 4)
+    assert claim(broker, b"w1", 1) == ids[:1]
+    broker.maintain()  # the reaper's schedule looked, and moved its bounds up
+    assert broker.schedule.earliest_deadline > 0
+    counts, leases = dict(broker.queues[Q].counts), memory_leases(broker)
+    broker.push(Q, b"*", stored([b"n", b"rolled back"]))  # not waited for: in the batch below
+    broker.claim_now([Q], b"w2", 2, False)
+    broker.ack(Q, [ids[0]])
+    broker.nack(Q, [ids[1]])
+    submit_broken_request(broker)
+    assert not broker.queues.journal and broker.queues[Q].counts == counts and memory_leases(broker) == leases
+    assert broker.schedule.earliest_deadline == 0  # rebuilt: the next pass looks at everything
+    assert claim(broker, b"w3", 5) == ids[1:]  # the order read again: the oldest first, the push gone
+    more = push(broker, 1)  # its row id, free again, taken by a new task: claimed once
+    assert claim(broker, b"w3", 5) == more and claim(broker, b"w3", 5) == []
+
+
 def test_an_ack_a_corrupt_file_refuses_leaves_the_leases_as_they_were(clocked_broker):
     # A write refused on a corrupt file is no batch rollback (Writer._submit_read_only runs the
     # request alone and reloads nothing): an ack takes its leases before its UPDATE, so the
