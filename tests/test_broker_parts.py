@@ -106,7 +106,7 @@ def test_the_queue_table_keeps_its_names_in_order_and_is_refilled_in_place():
     names = queues.names
     queues.replace({b"z": queues.new(b"z")})
     assert names is queues.names and names == [b"z"] and list(queues) == [b"z"]
-    queues.tally(queues[b"z"], "pushed", 2)
+    queues[b"z"].tally("pushed", 2)
     assert queues.totals["pushed"] == 2 and queues[b"z"].totals["pushed"] == 2
 
 
@@ -150,14 +150,14 @@ def test_a_gone_worker_with_no_grace_anywhere_is_forgotten_at_once():
 
 
 def test_the_broker_has_no_part_that_calls_back_through_self():
-    """No mixin, no base of stubs: every class under broker/ derives from object (or dict)."""
+    """No mixin, no base of stubs: every class under broker/ derives from object (or dict, or list)."""
     bases = {}
     for path in sorted((PACKAGE / "broker").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 bases[f"{path.name}:{node.name}"] = [ast.unparse(base) for base in node.bases]
     assert "core.py:Broker" in bases and not (PACKAGE / "broker" / "base.py").exists()
-    assert {name: base for name, base in bases.items() if base not in ([], ["dict"])} == {}
+    assert {name: base for name, base in bases.items() if base not in ([], ["dict"], ["list"])} == {}
 
 
 def test_blocking_is_declared_in_the_table_and_no_handler_waits_or_flushes():

@@ -175,7 +175,8 @@ def test_a_move_not_drawn_is_refused_and_counts_nothing():
 
 
 def test_counts_change_only_through_queue_state_move():
-    """No `counts[state] += n` by hand in the broker: QueueState.move is the one place."""
+    """No `counts[state] += n` by hand in the broker: QueueState.move is the one place (and
+    `unmove`, its undo for a rolled-back batch)."""
     from pathlib import Path
 
     broker = Path(__file__).resolve().parent.parent / "ezra" / "broker"
@@ -189,8 +190,11 @@ def core_move_lines() -> list[int]:
     from pathlib import Path
 
     core = (Path(__file__).resolve().parent.parent / "ezra" / "broker" / "queues.py").read_text().splitlines()
-    start = next(n for n, line in enumerate(core, 1) if "def move(" in line)
-    return [n for n, line in enumerate(core, 1) if n > start and re.search(r"counts\[[^\]]+\]\s*[-+]=", line)][:2]
+    lines = []
+    for verb in ("def move(", "def unmove("):
+        start = next(n for n, line in enumerate(core, 1) if verb in line)
+        lines += [n for n, line in enumerate(core, 1) if n > start and re.search(r"counts\[[^\]]+\]\s*[-+]=", line)][:2]
+    return lines
 
 
 def test_one_integer_reader_for_the_arguments():

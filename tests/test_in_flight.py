@@ -119,6 +119,27 @@ def test_a_rolled_back_batch_leaves_the_leases_as_before_it(clocked_broker):
 
 
 
+def test_one_journal_takes_a_rolled_back_batch_back_in_every_shape(clocked_broker):
+    """Counts, leases, the deadlines and the available order: a batch that pushed, claimed, acked
+    and nacked, then rolled back, leaves each as the file has it, through the one batch journal."""
+    broker = clocked_broker
+    ids = push(broker, 4)
+    assert claim(broker, b"w1", 1) == ids[:1]
+    broker.maintain()  # the reaper's schedule looked, and moved its bounds up
+    assert broker.schedule.earliest_deadline > 0
+    counts, leases = dict(broker.queues[Q].counts), memory_leases(broker)
+    broker.push(Q, [stored([b"n", b"rolled back"])])  # not waited for: in the batch below
+    broker.claim(Claim([Q], b"w2", 2, False))
+    broker.ack(Q, [ids[0]])
+    broker.nack(Q, [ids[1]])
+    submit_broken_request(broker)
+    assert not broker.queues.journal and broker.queues[Q].counts == counts and memory_leases(broker) == leases
+    assert broker.schedule.earliest_deadline == 0  # rebuilt: the next pass looks at everything
+    assert claim(broker, b"w3", 5) == ids[1:]  # the order read again: the oldest first, the push gone
+    more = push(broker, 1)  # its row id, free again, taken by a new task: claimed once
+    assert claim(broker, b"w3", 5) == more and claim(broker, b"w3", 5) == []
+
+
 def test_an_ack_a_corrupt_file_refuses_leaves_the_leases_as_they_were(clocked_broker):
     # A write refused on a corrupt file is no batch rollback (Writer._submit_read_only runs the
     # request alone and reloads nothing): an ack takes its leases before its UPDATE, so the
@@ -224,7 +245,7 @@ def test_expiry_comes_in_deadline_order_past_renewals_and_ended_leases():
     claimed(in_flight, b, [(1, 0)], b"w", deadline=500)  # a shorter lease, later: comes first
     in_flight.leased(a, (2, 0), (2, b"w", 3000, 0, 1))   # renewed: its old deadline no longer counts
     in_flight.ended(a, (1, 0))                           # acked
-    in_flight.batch_ended()
+    queues.journal.batch_ended()
     assert in_flight.next_deadline() == 500
     assert [(q.name, task_id) for q, task_id, _ in in_flight.expired(999, 100)] == [(b"b", (1, 0))]
     in_flight.ended(b, (1, 0))
@@ -233,18 +254,18 @@ def test_expiry_comes_in_deadline_order_past_renewals_and_ended_leases():
     assert [(q.name, task_id) for q, task_id, _ in in_flight.expired(3000, 100)] == [(b"a", (2, 0))]
 
 
-def test_roll_back_undoes_the_batch_in_reverse():
+def test_the_batch_journal_undoes_the_batch_in_reverse():
     queues, in_flight = leases_of(b"a")
     a = queues[b"a"]
     claimed(in_flight, a, [(1, 0), (2, 0)], b"w", deadline=1000)
-    in_flight.batch_ended()
-    before = dict(a.leases)
+    queues.journal.batch_ended()
+    before, counts = dict(a.leases), dict(a.counts)
     claimed(in_flight, a, [(3, 0)], b"w", deadline=1000)
     in_flight.leased(a, (1, 0), (1, b"x", 2000, 5, 2))
     in_flight.ended(a, (1, 0))
     in_flight.all_ended(a, [((2, 0), a.leases[(2, 0)])])
-    in_flight.roll_back()
-    assert a.leases == before and not in_flight.journal
+    queues.journal.roll_back()  # the one undo of a batch: the leases, and the count moves beside them
+    assert a.leases == before and a.counts == counts and not queues.journal
     assert sorted(task_id for _, task_id, _ in in_flight.expired(1000, 100)) == [(1, 0), (2, 0)]
 
 
@@ -268,7 +289,7 @@ def test_the_deadline_heap_stays_bounded_by_the_leases_in_force():
     for n in range(20 * COMPACT_MIN):  # short leases acked at once: every entry they leave is stale
         claimed(in_flight, a, [(n, 0)], b"w", deadline=1000 + n % 1000)
         in_flight.ended(a, (n, 0))
-        in_flight.batch_ended()
+        queues.journal.batch_ended()
     claimed(in_flight, a, [(10 ** 6, 0)], b"w", deadline=3000)
     assert 0 < len(in_flight._deadlines) <= 2 * COMPACT_MIN
     assert in_flight.next_deadline() == 3000
@@ -360,5 +381,5 @@ def test_the_heap_is_not_rebuilt_more_often_than_there_are_queues_to_walk():
     for n in range(20 * COMPACT_MIN):
         claimed(in_flight, a, [(n, 0)], b"w", deadline=1000)
         in_flight.ended(a, (n, 0))
-        in_flight.batch_ended()
+        queues.journal.batch_ended()
     assert builds <= 20 * COMPACT_MIN // (2 * len(names)) + 1, builds

@@ -49,21 +49,24 @@ calls. From the bottom up (a part imports only those below it):
 
     clock.py        ServerClock: the time every part reads, the wall clock at start advanced by
                     elapsed time (a step of the system clock moves no lease); the wall clock
+    journal.py      BatchJournal: the one way a rolled-back batch is taken back in memory, the
+                    undo steps each shape records (count moves, leases) and the rebuilds after
     in_flight.py    QueueLeases: a queue's tasks in flight, by id (schema 12 keeps no index of
-                    them); InFlight: their changes, undone with a rolled-back batch, their
-                    deadlines for the reaper, and the reads XPENDING, XINFO and XAUTOCLAIM make
-    queues.py       QueueState: one queue's counts (changed only by `move`), settings, and the
-                    policy they make with the server's defaults; Queues: the table of them, the
-                    names in order, the totals since start
+                    them); InFlight: their changes (journaled), their deadlines for the reaper,
+                    and the reads XPENDING, XINFO and XAUTOCLAIM make
     available.py    AvailableOrder: a queue's available tasks by row id, oldest first (schema 8
                     keeps no index of them), read from the file a slice at a time after a start
-    waiters.py      a Claim (what one XREADGROUP asks for); blocked workers (Waiter), a line per queue,
-                    woken after a batch
     observers.py    XREAD's blocked readers (Observer), per view, woken after a batch that grew it
+    queues.py       QueueState: one queue's counts, settings, and the policy they make with the
+                    server's defaults, changed only through its own verbs (pushed, delivered,
+                    finished, removed, tally...; `tally` is the one way to count an event);
+                    Queues: the table of them, the names in order, the totals since start
+    waiters.py      a Claim (what one XREADGROUP asks for); blocked workers (Waiter), a line per
+                    queue, woken after a batch
     deadlines.py    the reaper's deadlines: the earliest time each kind of upkeep can be due
     workers.py      worker names: connections, queues where each was leased tasks, release timers
-    transitions.py  the state changes verbs share, in a batch: a queue made, an event counted,
-                    tasks claimed, failures decided, deletions, purges, waiters served
+    transitions.py  the state changes verbs share, in a batch: a queue made, tasks claimed,
+                    failures decided, deletions, purges, waiters served
     tasks.py        push, ack, nack, delete, create, and the reads of a queue's tasks
     leases.py       XCLAIM, XAUTOCLAIM, XREADGROUP CLAIM; a gone worker's tasks released
     claims.py       XREADGROUP's claims, a waiter put in line

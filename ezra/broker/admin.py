@@ -182,12 +182,10 @@ class Admin:
         now = self.clock()
         queue = self.transitions.queue(name, now)
         idmp_before, paused_before = queue.idmp_limits(), queue.is_paused()
-        for column, value in changes.items():
-            setattr(queue, column, value)
+        queue.configured(changes)  # retention may have changed: the reaper looks again
         if queue.idmp_limits() != idmp_before:
             self.db.producers.forget(name)  # as Redis: other IDMP limits start from an empty map
         self.db.save_settings(name, changes)
-        queue.next_purge = 0  # retention may have changed: the reaper looks again
         if queue.is_paused() != paused_before:
             logger.info("queue {!r} {}", name.decode("utf-8", "replace"),
                         "paused: pushes land, nothing is handed out" if queue.is_paused() else "resumed")
@@ -205,7 +203,7 @@ class Admin:
         queue.move(DEAD, AVAILABLE, moved)
         for rowid in rowids:
             self.transitions.became_available(queue, rowid)
-        self.transitions.tally(queue, "requeued", moved)
+        queue.tally("requeued", moved)
         self.transitions.serve_waiters(queue, now)
         return moved
 
@@ -293,7 +291,7 @@ class Admin:
             queue.move(state, GONE)
             if state == IN_FLIGHT:
                 self.in_flight.ended(queue, task_id)
-                self.transitions.tally(queue, "acked")
+                queue.tally("acked")
             deleted.append(task_id)
             replies.append(True)
         self.transitions.note_deleted(queue, deleted)
@@ -332,7 +330,7 @@ class Admin:
     def _group_figures(self, queue, now: int, consumers: list[tuple]) -> dict:
         """The one implicit group, and the workers holding its tasks (XINFO GROUPS / CONSUMERS)."""
         if queue.last_delivered is None:  # not known since start: ask the file once
-            queue.last_delivered = self.db.last_delivered(queue.name) or (0, 0)
+            queue.last_delivered_read(self.db.last_delivered(queue.name) or (0, 0))
         waiting = queue.counts[AVAILABLE] + queue.counts[lifecycle.DELAYED]
         return {
             "group": queue.group or b"default",

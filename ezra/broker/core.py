@@ -15,7 +15,7 @@ from gevent import get_hub
 
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DONE
-from ..storage import SETTING_COLUMNS, Database, name_bytes
+from ..storage import Database, name_bytes
 from ..writer.writer import Writer
 from .admin import Admin
 from .claims import Claims
@@ -49,26 +49,25 @@ class Broker:
             clock, wall_clock = server_clock.now, server_clock.wall
         self.clock = clock
         self.wall_clock = wall_clock or clock
-        self.queues = Queues(Defaults(settings))
-        self.waiters = Waiters()
         self.observers = Observers()
-        self.schedule = ReaperSchedule(clock)
+        self.queues = Queues(Defaults(settings), self.observers)
+        self.waiters = Waiters()
+        self.schedule = ReaperSchedule(clock, self.queues.journal)
         self.workers = WorkerNames(self.queues, clock, self._release_gone_worker)
         self.in_flight = InFlight(self.queues, clock)
-        self.transitions = Transitions(db, self.queues, self.in_flight, self.waiters, self.observers, self.schedule,
-                                       self.workers)
+        self.transitions = Transitions(db, self.queues, self.in_flight, self.waiters, self.schedule, self.workers)
         self._reload()
         if not db.in_flight_recovered:  # opened without start-up's recovery (tests, tools): read them once
             self.in_flight.load(self.db.in_flight_tasks())
-            self._reload(self.queues.counts_before_batch()[0])  # counted again, those in flight known
+            self._reload(self.queues.done_and_available()[0])  # counted again, those in flight known
         self.writer = Writer(db, fsync_durable=settings.durability == "full",
                              on_rollback=self._reload_after_rollback, after_batch=self._after_batch)
         self.reaper = Reaper(db, self.queues, self.in_flight, self.transitions, self.schedule, self.writer, clock)
         self.leases = Leases(db, self.queues, self.in_flight, self.transitions, self.schedule, self.workers, clock)
         self.claims = Claims(db, self.queues, self.in_flight, self.transitions, self.leases, self.waiters,
                              self.schedule, clock)
-        self.tasks = Tasks(db, self.queues, self.in_flight, self.transitions, self.waiters, self.observers,
-                           self.schedule, self.reaper, clock)
+        self.tasks = Tasks(db, self.queues, self.in_flight, self.transitions, self.waiters, self.schedule,
+                           self.reaper, clock)
         self.admin = Admin(db, self.queues, self.in_flight, self.transitions, self.waiters, self.observers, self.writer,
                            settings, clock)
         self.views = Views(db, self.queues)
@@ -353,43 +352,30 @@ class Broker:
             available = {name: pair[1] for name, pair in counts.items()}
         for row in self.db.load_queues():
             key = name_bytes(row["name"])
-            newest = None if row["newest_ms"] is None else (row["newest_ms"], row["newest_seq"])
-            # Pushes do not save the last id (a page write saved per push): see _note_deleted.
-            queue = self.queues.new(key, max((row["last_id_ms"], row["last_id_seq"]), newest or (0, 0)),
-                                    before[key].leases if key in before else None)
-            if key in before:  # counters since start survive a rollback (they never go down)
-                queue.totals = before[key].totals
-                queue.iids_added, queue.iids_duplicates = before[key].iids_added, before[key].iids_duplicates
-            for column in SETTING_COLUMNS:
-                setattr(queue, column, row[column])
-            queue.group = None if row["group_name"] is None else name_bytes(row["group_name"])
-            queue.deleted = row["deleted_count"]
-            queue.unmarked_done = bool(row["unmarked_done"])
-            queue.max_deleted = (row["max_deleted_ms"], row["max_deleted_seq"])
+            queue = self.queues.new(key, leases=before[key].leases if key in before else None)
+            queue.read(row, before.get(key))
             queues[key] = queue
         in_flight = {key: len(queue.leases) for key, queue in queues.items() if queue.leases}
         for name, state, count in self.db.count_states(done, in_flight, available):
             queue = queues.get(name_bytes(name))
             if queue is not None:
-                queue.counts[state] = count
+                queue.counted(state, count)
         self.queues.replace(queues)
-        self.schedule.reset()  # the reaper looks again at everything it keeps a time for
 
     def _reload_after_rollback(self) -> None:
-        """The batch was rolled back: the file is as before it, and so are its done and available counts and,
-        once undone, its leases."""
-        self.in_flight.roll_back()
-        self._reload(*self.queues.counts_before_batch())
+        """The batch was rolled back: the file is as before it; the batch journal takes back what it
+        changed in memory (counts, leases, the deadlines: journal.py), then the queues are read again
+        with the done and available counts as the undo left them (the file's)."""
+        self.queues.journal.roll_back()
+        self._reload(*self.queues.done_and_available())
 
     def _after_batch(self, committed: bool) -> bool:
         """In the event loop, after a batch: its count moves are settled, then wake the waiters it
         served, then the observers (XREAD) of the views it added entries to. Each only when the
         batch gave it something to do: nearly every batch gives none of them anything. True if
         it woke anyone (their wake-ups are callbacks to come)."""
-        if self.queues.moved:
-            self.queues.batch_ended()
-        if self.in_flight.journal:
-            self.in_flight.batch_ended()
+        if self.queues.journal:
+            self.queues.journal.batch_ended()
         woke = False
         if self.waiters.to_wake:
             self.waiters.after_batch(committed)

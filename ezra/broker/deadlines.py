@@ -13,11 +13,13 @@ INF = float("inf")
 class ReaperSchedule:
     """Times (ms) before which the reaper need not look, and the deletions since the last vacuum."""
 
-    def __init__(self, clock):
+    def __init__(self, clock, journal=None):
         self.clock = clock
         self.rows_since_vacuum = 0
         self.last_delete_at = 0
         self.reset()
+        if journal is not None:  # a rolled-back batch may have moved any bound: all looked at again
+            journal.on_rollback(self.reset)
 
     def reset(self) -> None:
         """Look at everything on the next pass (start-up, and after a rollback)."""

@@ -12,7 +12,8 @@ attempts): the file stays the record, for people and for the next start.
                   plain tuple (rowid, worker, deadline, delivered_at, attempts). A lease is
                   never changed in place: a renewal or a take-over puts a new one.
     InFlight      every change to them, journaled while a writer's batch is under way so that
-                  a rollback undoes it (`roll_back`); the deadlines, soonest first; the reads.
+                  a rollback undoes it (the batch journal, journal.py); the deadlines, soonest
+                  first; the reads.
 
 Start-up: recovery has made every task in flight available again, so there is nothing to
 read; a file opened without recovery (tests, tools) is read once (`load`). A lease costs about
@@ -99,9 +100,11 @@ class InFlight:
         self._entry_numbers = count()  # ties in the heap break on these, never on what follows them
         self._compact_at = COMPACT_MIN
         self._built_until = 0  # every lease running out before this is in the heap
-        # For each change in the writer's batch under way, (leases, the ids it added, the (id, lease)
-        # pairs it took out): `roll_back` undoes them, last first; `batch_ended` forgets them.
-        self.journal: list[tuple] = []
+        # Each change in the writer's batch under way is journaled, (restore, leases, the ids it
+        # added, the (id, lease) pairs it took out), for a rollback to undo (journal.py); the heap
+        # is built anew after it, since the batch may have taken entries of leases it ended.
+        self.journal = queues.journal
+        self.journal.on_rollback(self._build)
 
     # ------------------------------------------------------------ changes, in a writer's batch
 
@@ -119,7 +122,7 @@ class InFlight:
             for task_id, row in zip(ids, rows):
                 leases[task_id] = (row[4], worker, deadline, now, row[3])
         leases.figures = None
-        self.journal.append((leases, ids, ()))
+        self.journal.append((restore, leases, ids, ()))
         if deadline < self._built_until:  # runs out before the heap's next build: in it now
             self._push(deadline, queue.name, ids)
 
@@ -127,7 +130,7 @@ class InFlight:
         """A task's lease is now `lease` (renewed, taken over, or a task leased by XCLAIM FORCE)."""
         leases = queue.leases
         before = leases.get(task_id)
-        self.journal.append((leases, (task_id,), () if before is None else ((task_id, before),)))
+        self.journal.append((restore, leases, (task_id,), () if before is None else ((task_id, before),)))
         leases[task_id] = lease
         leases.figures = None
         if lease[DEADLINE] < self._built_until:
@@ -136,7 +139,7 @@ class InFlight:
     def ended(self, queue, task_id: tuple) -> None:
         """The task is no longer in flight (failed, deleted): its lease, out."""
         leases = queue.leases
-        self.journal.append((leases, (), ((task_id, leases.pop(task_id)),)))
+        self.journal.append((restore, leases, (), ((task_id, leases.pop(task_id)),)))
         leases.figures = None
 
     def take(self, queue, ids: list[tuple]) -> list[tuple]:
@@ -151,7 +154,7 @@ class InFlight:
             held = [(task_id, lease) for task_id in ids if (lease := pop(task_id, None)) is not None]
         if held:
             queue.leases.figures = None
-            self.journal.append((queue.leases, (), held))
+            self.journal.append((restore, queue.leases, (), held))
         return held
 
     @staticmethod
@@ -167,23 +170,7 @@ class InFlight:
         for task_id, _ in held:
             del leases[task_id]
         leases.figures = None
-        self.journal.append((leases, (), held))
-
-    def batch_ended(self) -> None:
-        """The batch committed: its changes stay."""
-        self.journal.clear()
-
-    def roll_back(self) -> None:
-        """The batch was rolled back: every lease as before it (then the heap built anew, since
-        the batch may have taken entries of leases it ended)."""
-        journal = self.journal
-        while journal:
-            leases, added, removed = journal.pop()
-            for task_id in added:
-                leases.pop(task_id, None)
-            leases.update(removed)
-            leases.figures = None
-        self._build()
+        self.journal.append((restore, leases, (), held))
 
     def load(self, rows) -> None:
         """The tasks a file holds in flight, read once (a start without recovery): (queue name,
@@ -292,6 +279,14 @@ class InFlight:
         """XINFO CONSUMERS: (worker, tasks held, last delivery) of each worker holding some."""
         held, last = queue.leases.summed()[2], queue.leases.last_deliveries()
         return [(worker, n, last[worker]) for worker, n in sorted(held.items())]
+
+
+def restore(leases: QueueLeases, added, removed) -> None:
+    """A rolled-back change of a queue's leases, taken back (InFlight's journal entries)."""
+    for task_id in added:
+        leases.pop(task_id, None)
+    leases.update(removed)
+    leases.figures = None
 
 
 def entries_of(leases: dict, start: tuple, end: tuple, limit: int, worker: bytes | None = None,

@@ -78,7 +78,7 @@ class Leases:
                     queue, rows, lifecycle.FAIL, None, now, lifecycle.WORKER_GONE,
                     f"worker {name_bytes(worker).decode('utf-8', 'replace')} gone: its last connection closed "
                     f"and it did not return within {grace:g} s (RELEASE-ON-DISCONNECT)")
-                self.transitions.tally(queue, "released", len(rows))
+                queue.tally("released", len(rows))
                 logger.debug("released {} tasks of gone worker {!r} in {!r}", len(rows), worker, queue.name)
         if wait is None:
             self.workers.forget(worker)
@@ -180,12 +180,11 @@ class Leases:
             raise errors.guard_failed("lease", rowid, state)  # the SELECT above said in flight or available
         self.in_flight.leased(queue, (ms, seq), (rowid, worker, deadline, delivered_at, attempts))
         self.schedule.lease_until(deadline)
-        if state == AVAILABLE:  # XCLAIM FORCE of a task nobody held
-            queue.move(AVAILABLE, IN_FLIGHT)
-            queue.last_delivered = max(queue.last_delivered or (0, 0), (ms, seq))
         self.workers.leased(worker, queue)
-        if not renewal:
-            self.transitions.tally(queue, "delivered")
+        if state == AVAILABLE:  # XCLAIM FORCE of a task nobody held
+            queue.delivered([(ms, seq, fields, attempts)])
+        elif not renewal:
+            queue.tally("delivered")
             if attempts > 1 or state == IN_FLIGHT:  # delivered before, or taken from another worker
-                self.transitions.tally(queue, "redelivered")
+                queue.tally("redelivered")
         return (ms, seq) if justid else (ms, seq, fields)

@@ -2,10 +2,12 @@
 table of them all (Queues), with the events counted since start.
 
 A QueueState holds what the broker remembers about one queue between batches: its last id,
-its tasks' counts by state (changed only through `move`), its settings as stored (None: the
-server's) and the policy they make with the server's defaults (`lease_seconds()`,
-`retention()`...). Only the writer's batches change them; greenlets read them between batches
-(the writer never yields inside one), as a claim that finds nothing to do does.
+its tasks' counts by state, its settings as stored (None: the server's) and the policy they
+make with the server's defaults (`lease_seconds()`, `retention()`...). It changes its own fields,
+through verbs named for what happened (`pushed`, `delivered`, `finished`, `removed`, `tally`...);
+the other parts call them (tests/test_layout.py holds the rule). Only the writer's batches change
+them; greenlets read them between batches (the writer never yields inside one), as a claim that
+finds nothing to do does. A count moved is undone with a rolled-back batch (journal.py).
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import bisect
 
 from .. import errors, lifecycle
 from ..settings import queue_settings
-from ..lifecycle import AVAILABLE, DONE, GONE
-from ..storage import SETTING_COLUMNS
+from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT, MOVES
+from ..storage import SETTING_COLUMNS, name_bytes
+from .available import AvailableOrder
 from .in_flight import QueueLeases
+from .journal import BatchJournal
+from .observers import VIEW_GROWS, Observers
 
 # A queue's name is in every row of its tasks, every INFO line, /metrics series and dashboard row:
 # 10 queues with 1 MB names made each scrape 162 MB. A new queue's name is at most this long;
@@ -47,14 +52,16 @@ class Defaults:
 class QueueState:
     """What the broker remembers about one queue (settings as stored: None = the server's)."""
 
-    __slots__ = ("name", "defaults", "last_id", "counts", "order", "leases", "group", "last_delivered", "next_purge",
-                 "trim_floor", "unmarked_done", "mark_from", "done_moved", "available_moved", "journal", "deleted", "max_deleted",
-                 "deleted_dirty", "iids_added", "iids_duplicates", "totals", *SETTING_COLUMNS)
+    __slots__ = ("name", "defaults", "journal", "all_totals", "observers", "last_id", "counts", "order", "leases",
+                 "group", "last_delivered", "next_purge", "trim_floor", "unmarked_done", "mark_from", "deleted",
+                 "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates", "totals", *SETTING_COLUMNS)
 
-    def __init__(self, name: bytes, defaults: Defaults, last_id=(0, 0), journal: set | None = None,
-                 leases: QueueLeases | None = None):
+    def __init__(self, name: bytes, table: Queues, last_id=(0, 0), leases: QueueLeases | None = None):
         self.name = name
-        self.defaults = defaults
+        self.defaults = table.defaults
+        self.journal = table.journal        # the batch's undo steps (journal.py): its count moves
+        self.all_totals = table.totals      # the events in all queues (Queues.totals)
+        self.observers = table.observers    # XREAD's blocked readers, told when a view grows
         self.last_id = last_id
         self.counts = dict.fromkeys(lifecycle.STATES, 0)
         self.order = None           # its available tasks' AvailableOrder; None: not built yet
@@ -65,12 +72,6 @@ class QueueState:
         self.trim_floor = (0, 0)    # no done task has a lower id (trimming scans from here)
         self.unmarked_done = True   # done tasks may lack `retained` (queues.unmarked_done; a new queue's: 1)
         self.mark_from = (0, 0)     # where the marking walk goes on (Reaper._mark_retained)
-        # Done and available tasks counted in by the writer's batch under way, and the queues with
-        # some (`journal`, Queues.moved): a rollback takes them back out rather than read every row
-        # to count them (neither is in an index); the batch's end clears them.
-        self.done_moved = 0
-        self.available_moved = 0
-        self.journal = set() if journal is None else journal
         self.deleted = 0            # tasks removed for good, and the newest of them
         self.max_deleted = (0, 0)
         self.deleted_dirty = False
@@ -79,28 +80,158 @@ class QueueState:
         for column in SETTING_COLUMNS:
             setattr(self, column, None)
 
+    def read(self, row, before: QueueState | None = None) -> None:
+        """Its state as the file's queue row says (start-up, a rollback's reload); the counters
+        since start of `before`, the state it replaces, go on (they never go down)."""
+        newest = None if row["newest_ms"] is None else (row["newest_ms"], row["newest_seq"])
+        # Pushes do not save the last id (a page write saved per push): the newest task holds it.
+        self.last_id = max((row["last_id_ms"], row["last_id_seq"]), newest or (0, 0))
+        if before is not None:
+            self.totals, self.iids_added, self.iids_duplicates = before.totals, before.iids_added, before.iids_duplicates
+        for column in SETTING_COLUMNS:
+            setattr(self, column, row[column])
+        self.group = None if row["group_name"] is None else name_bytes(row["group_name"])
+        self.deleted = row["deleted_count"]
+        self.unmarked_done = bool(row["unmarked_done"])
+        self.max_deleted = (row["max_deleted_ms"], row["max_deleted_seq"])
+
+    def counted(self, state: str, n: int) -> None:
+        """The file holds n tasks of the queue in `state` (a reload's count)."""
+        self.counts[state] = n
+
+    # ------------------------------------------------------------ what happens to its tasks
+
     def move(self, from_state: str | None, to_state: str | None, n: int = 1) -> None:
         """The one place state counts change: n tasks moved (lifecycle.MOVES; GONE, None, is
-        outside the queue: a push comes from it, a delete or purge goes to it)."""
-        if (from_state, to_state) not in lifecycle.MOVES:
+        outside the queue: a push comes from it, a delete or purge goes to it); undone with a
+        rolled-back batch (`unmove`)."""
+        if (from_state, to_state) not in MOVES:
             raise errors.move_not_drawn(from_state, to_state)
         counts = self.counts
         if from_state is not GONE:
             counts[from_state] -= n
         if to_state is not GONE:
             counts[to_state] += n
-        if to_state == DONE:
-            self.done_moved += n
-            self.journal.add(self)
-        elif from_state == DONE:
-            self.done_moved -= n
-            self.journal.add(self)
-        if to_state == AVAILABLE:
-            self.available_moved += n
-            self.journal.add(self)
-        elif from_state == AVAILABLE:
-            self.available_moved -= n
-            self.journal.add(self)
+        self.journal.append((self.unmove, from_state, to_state, n))
+
+    def unmove(self, from_state: str | None, to_state: str | None, n: int) -> None:
+        """A rolled-back batch's `move`, taken back."""
+        counts = self.counts
+        if to_state is not GONE:
+            counts[to_state] -= n
+        if from_state is not GONE:
+            counts[from_state] += n
+
+    def tally(self, event: str, n: int = 1) -> None:
+        """The one way to count an event (TALLIES): for the queue and in all; XREAD's observers
+        look again where it added entries to a view (VIEW_GROWS)."""
+        self.totals[event] += n
+        self.all_totals[event] += n
+        if self.observers.watching and n and event in VIEW_GROWS:  # blocked XREADs: seldom any
+            self.observers.grew(self.name, VIEW_GROWS[event])
+
+    def pushed(self, last_id: tuple, state: str = AVAILABLE, n: int = 1) -> None:
+        """n tasks pushed into `state` (available, delayed, or dead: an import), the last of them
+        `last_id`."""
+        self.last_id = last_id
+        self.move(GONE, state, n)
+        self.tally("pushed", n)
+        if state == DEAD and self.observers.watching:  # XREAD's observers of q::dead look again too
+            self.observers.grew(self.name, True)
+
+    def idmp_recorded(self) -> None:
+        """A push recorded its producer's idempotent id (XINFO's iids-added)."""
+        self.iids_added += 1
+
+    def idmp_repeated(self) -> None:
+        """A push repeated an idempotent id: answered with the first push's id (iids-duplicates)."""
+        self.iids_duplicates += 1
+
+    def delivered(self, rows: list, state: str = IN_FLIGHT) -> None:
+        """Available tasks handed out, claim rows (id_ms, id_seq, fields, attempts, ...) in id
+        order, now `state` (in flight; done with NOACK)."""
+        n = len(rows)
+        if state == DONE:  # NOACK: done tasks below the trimming floor now
+            self.trim_floor = min(self.trim_floor, rows[0][:2])
+        self.last_delivered = max(self.last_delivered or (0, 0), rows[-1][:2])
+        self.move(AVAILABLE, state, n)
+        self.tally("delivered", n)
+        redelivered = 0
+        for row in rows:  # a loop, not sum() of a generator: a frame less on every claim
+            if row[3] > 1:  # attempts, this one included
+                redelivered += 1
+        if redelivered:
+            self.tally("redelivered", redelivered)
+
+    def last_delivered_read(self, task_id: tuple) -> None:
+        """The newest id delivered, as the file says (not known since start)."""
+        self.last_delivered = task_id
+
+    def finished(self, held: list[tuple]) -> None:
+        """These tasks in flight, (task id, lease) pairs, are done (an ack): counted, and the
+        trimming floor moved back below the first of them."""
+        if self.trim_floor > (0, 0):  # trimming moved it up: a task done below it moves it back down
+            first = held[0][0] if len(held) == 1 else min(held)[0]
+            if first < self.trim_floor:
+                self.trim_floor = first
+        self.move(IN_FLIGHT, DONE, len(held))
+
+    def removed(self, n: int, newest: tuple) -> None:
+        """n tasks were removed for good, the newest of them `newest`: counted (XINFO); the
+        counters are saved by the next flush (`deletions_saved`)."""
+        self.deleted += n
+        self.max_deleted = max(self.max_deleted, newest)
+        self.deleted_dirty = True
+
+    def deletions_saved(self) -> None:
+        """The removed-task counters are in the file."""
+        self.deleted_dirty = False
+
+    def trimmed_to(self, floor: tuple) -> None:
+        """No done task below `floor` is left (trimming scans from it)."""
+        self.trim_floor = floor
+
+    def done_unmarked(self) -> bool:
+        """A task finishes without the `retained` mark (the queue keeps done tasks for ever). True
+        if it is the first since they were all marked: the file must say so. A marking walk under
+        way starts over (it may have passed this task)."""
+        first = not self.unmarked_done
+        self.unmarked_done = True
+        self.mark_from = (0, 0)
+        return first
+
+    def marked_to(self, task_id: tuple | None) -> None:
+        """The marking walk reached `task_id`; None: it is over, every done task is marked, and
+        the purge may find some due at once."""
+        if task_id is None:
+            self.unmarked_done, self.mark_from, self.next_purge = False, (0, 0), 0
+        else:
+            self.mark_from = task_id
+
+    def purge_due_at(self, ms: float) -> None:
+        """No done task is due for purging before `ms` (INF: kept for ever)."""
+        self.next_purge = ms
+
+    def configured(self, changes: dict) -> None:
+        """XCFGSET: its own settings ({column: value}); the reaper looks again at its retention."""
+        for column, value in changes.items():
+            setattr(self, column, value)
+        self.next_purge = 0
+
+    def named_group(self, group: bytes | None) -> None:
+        """XGROUP CREATE named its group (None: XGROUP DESTROY forgot it)."""
+        self.group = group
+
+    def reading_order(self) -> AvailableOrder:
+        """Its available order; begun empty, to be read from the file a slice at a time, if none
+        is built (Transitions.order)."""
+        if self.order is None:
+            self.order = AvailableOrder(complete=False)
+        return self.order
+
+    def forget_order(self) -> None:
+        """Its available order is dropped: the next claim reads it again from the file."""
+        self.order = None
 
     # ------------------------------------------------------------ the settings in force
 
@@ -143,35 +274,31 @@ class QueueState:
 
 class Queues(dict):
     """Every queue's QueueState by name, their names in byte order (pages of the queue list),
-    and the events counted since start over all of them (`totals`, by TALLIES).
+    the events counted since start over all of them (`totals`, by TALLIES), and the journal of
+    the batch under way (journal.py).
 
     One table for the broker's life: a reload after a rollback refills it in place, so every
     part that holds it sees the new states."""
 
     # No instance dict: `queues.get` stays a plain dict's.
-    __slots__ = ("defaults", "names", "totals", "moved")
+    __slots__ = ("defaults", "names", "totals", "journal", "observers")
 
-    def __init__(self, defaults: Defaults):
+    def __init__(self, defaults: Defaults, observers: Observers | None = None):
         super().__init__()
         self.defaults = defaults
         self.names: list[bytes] = []
         self.totals = dict.fromkeys(TALLIES, 0)
-        self.moved: set[QueueState] = set()  # queues whose done or available count the batch under way moved
+        self.journal = BatchJournal()  # the writer's batch under way, to take back on a rollback
+        self.observers = Observers() if observers is None else observers
 
     def new(self, name: bytes, last_id=(0, 0), leases: QueueLeases | None = None) -> QueueState:
-        return QueueState(name, self.defaults, last_id, self.moved, leases)
+        return QueueState(name, self, last_id, leases)
 
-    def counts_before_batch(self) -> tuple[dict[bytes, int], dict[bytes, int]]:
-        """Each queue's done and available tasks before the batch under way: a rollback's reload
-        takes them, and reads no row to count them."""
-        return ({name: queue.counts[DONE] - queue.done_moved for name, queue in self.items()},
-                {name: queue.counts[AVAILABLE] - queue.available_moved for name, queue in self.items()})
-
-    def batch_ended(self) -> None:
-        """The batch committed or was rolled back: its done moves are the file's now, or undone."""
-        for queue in self.moved:
-            queue.done_moved = queue.available_moved = 0
-        self.moved.clear()
+    def done_and_available(self) -> tuple[dict[bytes, int], dict[bytes, int]]:
+        """Each queue's done and available tasks (after a rollback's undo: the file's), for a
+        reload, which then reads no row to count them (neither is in an index)."""
+        return ({name: queue.counts[DONE] for name, queue in self.items()},
+                {name: queue.counts[AVAILABLE] for name, queue in self.items()})
 
     def add(self, queue: QueueState) -> None:
         """A queue made in a batch: in the table, its name in order."""
@@ -183,8 +310,3 @@ class Queues(dict):
         self.clear()
         self.update(queues)
         self.names[:] = sorted(queues)
-
-    def tally(self, queue: QueueState, event: str, n: int = 1) -> None:
-        """Count an event for the queue and in all."""
-        self.totals[event] += n
-        queue.totals[event] += n

@@ -132,7 +132,7 @@ class Reaper:
             self.transitions.apply_failures(queue, failure_rows(held), lifecycle.FAIL, None, now,
                                             lifecycle.LEASE_EXPIRED,
                                             lambda held_by: f"lease expired after {lease} held by {held_by}")
-            self.transitions.tally(queue, "expired", len(held))
+            queue.tally("expired", len(held))
         if len(expired) >= EXPIRE_BATCH:
             return True
         next_deadline = self.in_flight.next_deadline()
@@ -164,19 +164,16 @@ class Reaper:
         MARK_BATCH a pass, marking the done ones, so the purge sees them. At the walk's end the
         file says they are all marked, and the purge runs next. True: the next pass at once."""
         end = self.db.retention.mark_retained(queue.name, queue.mark_from, MARK_BATCH)
-        if end is not None:
-            queue.mark_from = end
-            return True
-        queue.unmarked_done, queue.mark_from = False, (0, 0)
-        self.db.retention.save_unmarked_done(queue.name, False)
-        queue.next_purge = 0  # the tasks just marked may be due already
+        queue.marked_to(end)  # at the end (None), the tasks just marked may be due already
+        if end is None:
+            self.db.retention.save_unmarked_done(queue.name, False)
         return True
 
     def _purge_done(self, queue, now: int) -> bool:
         """Done tasks past the queue's retention go, oldest first, a batch at a time."""
         retention = queue.retention()
         if retention is None:
-            queue.next_purge = INF  # forever; XCFGSET RETENTION resets it
+            queue.purge_due_at(INF)  # forever; XCFGSET RETENTION resets it
             return False
         keep_ms = lifecycle.to_ms(retention)
         ids = self.db.retention.purge_done(queue.name, now - keep_ms, PURGE_BATCH)
@@ -185,7 +182,7 @@ class Reaper:
             return True
         oldest = self.db.retention.oldest_done(queue.name)
         # Later acks finish later: nothing of this queue is due before the oldest's time.
-        queue.next_purge = (now if oldest is None else oldest) + keep_ms + 1
+        queue.purge_due_at((now if oldest is None else oldest) + keep_ms + 1)
         return False
 
     def trim_done(self, queue, trim) -> int:
@@ -203,13 +200,13 @@ class Reaper:
             return 0
         ids = self.db.retention.trim_done(queue.name, queue.trim_floor, below, wanted)
         if len(ids) == wanted:
-            queue.trim_floor = ids[-1]  # every done task below the last one removed is gone
+            queue.trimmed_to(ids[-1])  # every done task below the last one removed is gone
         elif trim.strategy == MINID:
-            queue.trim_floor = below  # every done task below the threshold is gone
+            queue.trimmed_to(below)  # every done task below the threshold is gone
         else:
             # Fewer done tasks above the floor than counted: the floor was too high (it is only
             # kept up by acks and NOACK claims); the next trim looks from the start.
-            queue.trim_floor = (0, 0)
+            queue.trimmed_to((0, 0))
         self.transitions.purged(queue, ids)
         return len(ids)
 
@@ -225,7 +222,7 @@ class Reaper:
                 for state, _ in items:
                     queue.move(state, GONE)
                 self.transitions.note_deleted(queue, [task_id for _, task_id in items])
-                self.transitions.tally(queue, "purged", len(items))
+                queue.tally("purged", len(items))
         if len(rows) == PURGE_BATCH:
             return True
         # An ack does not tell the reaper about TTLs: look again within TTL_RECHECK_MS.

@@ -16,7 +16,6 @@ from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
 from .available import AvailableOrder
-from .observers import VIEW_GROWS
 from .queues import MAX_QUEUE_NAME, QueueState
 
 
@@ -31,12 +30,11 @@ def new_as_idle(rows: list) -> list:
 class Transitions:
     """The shared state changes, over the file, the queues and the registries they touch."""
 
-    def __init__(self, db, queues, in_flight, waiters, observers, schedule, workers):
+    def __init__(self, db, queues, in_flight, waiters, schedule, workers):
         self.db = db
         self.queues = queues
         self.in_flight = in_flight
         self.waiters = waiters
-        self.observers = observers
         self.schedule = schedule
         self.workers = workers
 
@@ -51,20 +49,10 @@ class Transitions:
             self.queues.add(queue)
         return queue
 
-    def tally(self, queue: QueueState, event: str, n: int = 1) -> None:
-        """Count an event (queues.TALLIES) for the queue and in all; XREAD's observers look again
-        where it added entries to a view."""
-        self.queues.totals[event] += n
-        queue.totals[event] += n
-        if self.observers.watching and n and event in VIEW_GROWS:  # blocked XREADs: seldom any
-            self.observers.grew(queue.name, VIEW_GROWS[event])
-
     def order(self, queue: QueueState, wanted: int = 1) -> AvailableOrder:
         """The queue's available order, with at least `wanted` entries if the file has them: after
         a start or a rollback it is read a slice at a time (AvailableOrder says why)."""
-        order = queue.order
-        if order is None:
-            order = queue.order = AvailableOrder(complete=False)
+        order = queue.reading_order()
         while not order.complete and len(order) < wanted:
             after = None if order.read_to is None else order.read_to[2]
             rows = self.db.available_after(queue.name, after, ORDER_SLICE)
@@ -106,17 +94,7 @@ class Transitions:
                 self.in_flight.claimed(queue, rows, worker, deadline, now)
                 self.schedule.lease_until(deadline)
                 self.workers.leased(worker, queue)
-            else:  # NOACK: done at once
-                queue.trim_floor = min(queue.trim_floor, rows[0][:2])
-            queue.last_delivered = max(queue.last_delivered or (0, 0), rows[-1][:2])
-            queue.move(AVAILABLE, state, len(rows))
-            self.tally(queue, "delivered", len(rows))
-            redelivered = 0
-            for row in rows:  # a loop, not sum() of a generator: a frame less on every claim
-                if row[3] > 1:  # attempts, this one included
-                    redelivered += 1
-            if redelivered:
-                self.tally(queue, "redelivered", redelivered)
+            queue.delivered(rows, state)
         return rows
 
     def _order_lost(self, queue: QueueState, got: int) -> AvailableOrder:
@@ -125,7 +103,7 @@ class Transitions:
         file, so no task is left unclaimable."""
         logger.error("queue {!r}: {} available tasks counted, the order ran out after {}; building it "
                      "again from the file", queue.name, queue.counts[AVAILABLE], got)
-        queue.order = None
+        queue.forget_order()
         return self.order(queue, queue.counts[AVAILABLE])
 
     def serve_waiters(self, queue: QueueState, now: int) -> None:
@@ -173,7 +151,7 @@ class Transitions:
             elif new_state == DELAYED:
                 self.schedule.due_at(available_at)
             elif new_state == DEAD:
-                self.tally(queue, "dead")
+                queue.tally("dead")
         if queue.name in self.waiters.blocked:  # a blocked worker gets what went back
             self.serve_waiters(queue, now)
 
@@ -186,9 +164,7 @@ class Transitions:
             # A push does not write the last id (a page write saved per push): the newest
             # task holds it. When that task goes, the queue row must.
             self.db.save_last_id(queue.name, queue.last_id)
-        queue.deleted += len(ids)
-        queue.max_deleted = max(queue.max_deleted, newest)
-        queue.deleted_dirty = True
+        queue.removed(len(ids), newest)
         self.schedule.deleted_rows(len(ids))
 
     def retained_mark(self, queue: QueueState, retention: float | None) -> int | None:
@@ -201,16 +177,14 @@ class Transitions:
         queue.retention(), which the caller has read already."""
         if retention is not None:
             return 1
-        if not queue.unmarked_done:
-            queue.unmarked_done = True
+        if queue.done_unmarked():
             self.db.retention.save_unmarked_done(queue.name, True)
-        queue.mark_from = (0, 0)
         return None
 
     def purged(self, queue: QueueState, ids: list[tuple]) -> None:
         """Done tasks were deleted (retention, trimming): count them and keep ids from repeating."""
         queue.move(DONE, GONE, len(ids))
-        self.tally(queue, "purged", len(ids))
+        queue.tally("purged", len(ids))
         self.note_deleted(queue, ids)
 
     def flush_deleted(self) -> None:
@@ -218,4 +192,4 @@ class Transitions:
         for queue in self.queues.values():
             if queue.deleted_dirty:
                 self.db.save_deleted(queue.name, queue.deleted, queue.max_deleted)
-                queue.deleted_dirty = False
+                queue.deletions_saved()

@@ -228,7 +228,7 @@ class Database:
         {queue name: count}, broker/in_flight.py). Available and done tasks have no index
         (schemas 8 and 10: each would cost every push, claim or ack a B-tree write), nor has a
         queue's count of tasks (schema 14). After a clean stop and after a rolled-back batch,
-        `done` and `available` give them (storage/done_counts.py, Queues.counts_before_batch), and
+        `done` and `available` give them (storage/done_counts.py; the broker's counts once its batch journal undid the batch), and
         no row is read. Otherwise every row is: with `done` alone (a start without recovery, once
         it knows the tasks in flight) each queue's rows are counted and the available are the
         rest; without it each row's state is read too (0.25 s a million, cached). Queue by queue,
