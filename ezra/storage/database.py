@@ -49,10 +49,10 @@ _SET_OUTCOME_WITH_FAILURE_SQL = (
     "UPDATE tasks SET state = ?, attempts = ?, worker = NULL, deadline = NULL, available_at = ?, "
     f"reserved = NULL, finished_at = CASE WHEN ? = 'dead' THEN ? END, failure = ? WHERE rowid = ? AND {_UNFINISHED}")
 # A push's row: a plain push (Database.insert_plain), or one with options, every column bound.
-_INSERT_PLAIN_SQL = ("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, reserved) "
-                     f"VALUES (?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})")
-_INSERT_TASK_SQL = ("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, attempts, created_at, available_at, "
-                    "finished_at, ttl_ms, failure, unique_key, priority, partition_key, reserved) "
+_INSERT_PLAIN_SQL = ("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, "
+                     f"reserved) VALUES (?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})")
+_INSERT_TASK_SQL = ("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, attempts, created_at, "
+                    "available_at, finished_at, ttl_ms, failure, unique_key, priority, partition_key, reserved) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 # A push run's rows go in as statements of 64, 32, ... 1 rows (50 = 32 + 16 + 2): one INSERT of many
 # rows costs 1.56 µs a row against executemany's 2.65, which binds, steps and resets each (measured).

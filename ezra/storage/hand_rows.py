@@ -8,9 +8,9 @@ one pass over the table (`check`) for rows that are:
 
 - unreadable: fields that are not a JSON array of text names and values, nor a BLOB (EZRA's own
   form, a RESP array); an id that is not two integers; a priority that is not NULL nor an integer
-  from 0 to 9, a partition key that is not NULL nor 1 to 256 bytes of text or BLOB. Moved to the table `unreadable_tasks`,
-  with why: never served, counted in INFO and on the dashboard. A BLOB's bytes are looked at
-  (`*n` with n even and above 0, CRLF at the end: +0.5 s a million tasks) when the file was
+  from 0 to 9, a partition key that is not NULL nor 1 to 256 bytes of text or BLOB. Moved to the
+  table `unreadable_tasks`, with why: never served, counted in INFO and on the dashboard. A BLOB's
+  bytes are looked at (`*n` with n even and above 0, CRLF at the end: +0.5 s a million tasks) when the file was
   written by another program since the server's clean stop or while it ran, as hand edits are;
   after a crash, which leaves only EZRA's own writes, its type only;
 - out of place: in another queue's range, or not above the row before it in its own (out of id

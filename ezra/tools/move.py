@@ -318,7 +318,8 @@ def side_hash(redis: Client, key: bytes, value=int) -> dict:
 def priority_of(raw: bytes) -> int:
     """A q::ezra-priorities value: what XADD PRIORITY takes, else the queue is not moved."""
     if len(raw) != 1 or not raw.isdigit():
-        raise MoveError(f"a priority in {PRIORITIES_SUFFIX.decode()} is {shown(raw)!r}, not a digit from 0 to 9")
+        raise MoveError(f"its {PRIORITIES_SUFFIX.decode()} hash holds {shown(raw)!r}, not a priority (a digit "
+                        "from 0 to 9)")
     return int(raw)
 
 
