@@ -275,7 +275,7 @@ START_ID_INVALID = _fixed("ERR invalid start ID for the interval")
 END_ID_INVALID = _fixed("ERR invalid end ID for the interval")
 IDS_EXHAUSTED = _fixed("ERR The stream has exhausted the last possible ID, unable to add more items")
 
-# XADD's options: Redis 8.2's IDMP words, then EZRA's DELAY, ATTEMPTS, UNIQUE, FAILURE.
+# XADD's options: Redis 8.2's IDMP words, then EZRA's DELAY, ATTEMPTS, UNIQUE, FAILURE, PRIORITY, PARTITION.
 IDMP_TWICE = _fixed("ERR IDMP/IDMPAUTO specified multiple times")
 IDMP_IID_EMPTY = _fixed("ERR IDMP requires a non-empty idempotent ID")
 IDMP_NEEDS_AUTO_ID = _fixed("ERR IDMP/IDMPAUTO can be used only with auto-generated IDs")
@@ -289,6 +289,10 @@ DELAY_ON_DEAD_TASK = _fixed(
     "ERR DELAY does not apply to a dead task (XADD on a ::dead queue): it is never delivered")
 UNIQUE_ON_DEAD_TASK = _fixed(
     "ERR UNIQUE does not apply to a dead task (XADD on a ::dead queue): a dead task holds no key")
+PRIORITY_OUT_OF_RANGE = _fixed("ERR PRIORITY must be an integer from 0 to 9")
+PRIORITY_TWICE = _fixed("ERR PRIORITY specified multiple times")
+PARTITION_TWICE = _fixed("ERR PARTITION specified multiple times")
+PARTITION_KEY_EMPTY = _fixed("ERR PARTITION requires a non-empty key")
 TRIM_ON_DEAD_TASK = _fixed(
     "ERR MAXLEN/MINID trim a live queue's done tasks: they do not apply to a dead task (XADD on a ::dead queue)")
 
@@ -299,6 +303,10 @@ def idmp_producer_empty(option: str) -> CommandError:
 
 def unique_key_too_long(size: int, limit: int) -> CommandError:
     return err(f"UNIQUE key is {size} bytes long; at most {limit} bytes")
+
+
+def partition_key_too_long(size: int, limit: int) -> CommandError:
+    return err(f"PARTITION key is {size} bytes long; at most {limit} bytes")
 
 
 # Reads, nacks and take-overs (XREADGROUP, XNACK, XCLAIM, XAUTOCLAIM): Redis's words where it has them.

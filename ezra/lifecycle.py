@@ -34,6 +34,10 @@ reason, worker and time. A silent nack records only the REASON it is given. Push
 A paused queue (XCFGSET PAUSED 1) makes no claim and no take over; its other
 transitions go on (push, promote, renew, ack, fail, expire, release, requeue, cancel).
 
+A task's priority (XADD PRIORITY, 0 to 9) and partition (XADD PARTITION key) are set by its
+push and never changed by a transition: a task keeps both through every move above (its row
+keeps them: tasks.priority, tasks.partition_key).
+
 Times are integer milliseconds since the epoch and always passed in (`now`),
 so tests move time instead of waiting.
 """
@@ -82,6 +86,12 @@ FAIL = "FAIL"
 SILENT = "SILENT"
 FATAL = "FATAL"
 NACK_MODES = (FAIL, SILENT, FATAL)
+
+# XADD PRIORITY p: p from PRIORITIES; a push without it has DEFAULT_PRIORITY (tasks.priority NULL),
+# a middle value, so that callers can go either way.
+PRIORITIES = range(10)
+DEFAULT_PRIORITY = 5
+MAX_PARTITION_KEY = 256  # bytes of an XADD PARTITION key: bounded as UNIQUE's and queue names are
 
 DEAD_SUFFIX = "::dead"
 _DEAD_SUFFIX = DEAD_SUFFIX.encode()  # split_queue runs on every queue command

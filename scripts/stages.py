@@ -264,7 +264,7 @@ def instrument_ezra(meter: Meter, broker) -> None:
         meter.wrap(transitions_mod.Transitions, name, "broker")
     for name in ("tx_claim", "nothing_to_claim"):
         meter.wrap(claims_mod.Claims, name, "broker")
-    for name in ("insert_task", "claim", "begin", "commit"):
+    for name in ("insert_plain", "insert_task", "claim", "begin", "commit"):
         meter.wrap(database_mod.Database, name, "storage (Python)")
     for name in ("claimed", "ended", "all_ended"):  # the leases kept in memory (schema 12)
         meter.wrap(in_flight_mod.InFlight, name, "broker")

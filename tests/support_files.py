@@ -26,10 +26,24 @@ def hand_rowids(conn, queue, count: int) -> range:
     return range(first, first + count)
 
 
-def schema_13_text() -> str:
-    """Schema 13 as EZRA wrote it: today's, with tasks keyed by (queue, id_ms, id_seq) (its index
-    found a queue's tasks) and row ids SQLite chose, and no queues.number."""
+def schema_14_text() -> str:
+    """Schema 14 as EZRA wrote it: today's, without tasks.priority and tasks.partition_key (schema 15's)
+    in tasks, unreadable_tasks and the view tasks_readable."""
     old = SCHEMA
+    for new_text, old_text in [
+            ("    reserved      BLOB,\n    priority      INTEGER,\n    partition_key TEXT\n);",
+             "    reserved      BLOB\n);"),
+            (",\n       coalesce(priority, 5) AS priority, partition_key\nFROM tasks;", "\nFROM tasks;"),
+            ("retained, reserved, priority, partition_key,  -- as tasks had them", "retained, reserved,  -- as tasks had them")]:
+        assert old.count(new_text) == 1, new_text
+        old = old.replace(new_text, old_text)
+    return old
+
+
+def schema_13_text() -> str:
+    """Schema 13 as EZRA wrote it: schema 14's, with tasks keyed by (queue, id_ms, id_seq) (its index
+    found a queue's tasks) and row ids SQLite chose, and no queues.number."""
+    old = schema_14_text()
     for new_text, old_text in [
             ("    rowid         INTEGER PRIMARY KEY,  -- storage/row_ranges.py; `rowid` in a query reads it\n", ""),
             ("    reserved      BLOB\n);", "    reserved      BLOB,\n    PRIMARY KEY (queue, id_ms, id_seq)\n);"),

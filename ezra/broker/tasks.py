@@ -25,7 +25,9 @@ class Push:
     q::dead) bring tasks in from elsewhere (ezra import) with the deliveries they had, or as dead
     letters; `failure` (FAILURE) with their last failure (lifecycle.failure_record). `trim`
     (trimming.Trim): done tasks removed after the push, in its transaction. `unique` (UNIQUE):
-    while an unfinished task of the queue holds that key, its id is the answer and nothing is stored."""
+    while an unfinished task of the queue holds that key, its id is the answer and nothing is stored.
+    `priority` (PRIORITY, 0-9; None: lifecycle.DEFAULT_PRIORITY) and `partition` (PARTITION) are
+    kept on the task, dead ones too."""
 
     fields: bytes
     requested_id: tuple | None = None
@@ -38,6 +40,8 @@ class Push:
     trim: object = None
     unique: bytes | None = None
     failure: dict | None = None
+    priority: int | None = None
+    partition: bytes | None = None
 
 
 class Tasks:
@@ -104,7 +108,7 @@ class Tasks:
         queue = self.queues.get(name) or self.transitions.queue(name, now, create=True)
         if len(pushes) == 1:  # one XADD, as most producers send: its row alone (an id error is its reply)
             task_id = stream_ids.new_id(None, queue.last_id, now)
-            self._joined_available(queue, task_id, 1, self.db.insert_task(name, task_id, first, now, now), now)
+            self._joined_available(queue, task_id, 1, self.db.insert_plain(name, task_id, first, now, now), now)
             return [b"%d-%d" % task_id]  # stream_ids.format_id, inlined
         run = stream_ids.new_ids(len(pushes), queue.last_id, now)
         if run is not None:  # nearly always: one ms, consecutive seqs, each step in C (no loop here)
@@ -150,7 +154,7 @@ class Tasks:
         if dead:
             state = DEAD
         rowid = self.db.insert_task(name, task_id, push.fields, now, available_at, state, push.ttl_ms, push.attempts,
-                                    push.failure, unique)
+                                    push.failure, unique, push.priority, push.partition)
         if idmp is not None:
             self.remember_push(queue, idmp, task_id, now)
         queue.pushed(task_id, state)

@@ -254,7 +254,8 @@ def queue_reply(name: bytes, queue: dict) -> dict:
 def task_reply(row, state: str) -> dict:
     if state == UNFINISHED:
         *row, state = row  # those rows carry their own state
-    ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished, unique_key, failure = row
+    (ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished, unique_key, failure,
+     priority, partition) = row
     failure = decode_failure(failure) or {}
     return {"id": stream_ids.format_id((ms, seq)), "state": state, "attempts": attempts,
             "worker": None if worker is None else name_bytes(worker), "created-at": created,
@@ -263,7 +264,10 @@ def task_reply(row, state: str) -> dict:
             "unique-key": None if unique_key is None else name_bytes(unique_key),
             # its last failure (EZRA's XNACK REASON...): all None if it never failed
             "failure-cause": failure.get("cause"), "failure-reason": failure.get("reason"),
-            "failure-worker": failure.get("worker"), "failed-at": failure.get("at")}
+            "failure-worker": failure.get("worker"), "failed-at": failure.get("at"),
+            # XADD PRIORITY's (the default when pushed without it) and PARTITION's (None: none)
+            "priority": lifecycle.DEFAULT_PRIORITY if priority is None else priority,
+            "partition": None if partition is None else name_bytes(partition)}
 
 
 def stream_full_count(rest: list[bytes]) -> int | None:

@@ -79,6 +79,29 @@ def take_unique(args: list[bytes], i: int, key):
     return key, i + 2
 
 
+def take_priority(args: list[bytes], i: int, priority):
+    """PRIORITY p: one digit, 0 to 9 (lifecycle.PRIORITIES), as Redis reads an integer (no sign, no
+    leading zero, no space or '_'); stored on the task (tasks.priority)."""
+    if priority is not None:
+        raise errors.PRIORITY_TWICE
+    digit = args[i + 1]
+    if len(digit) != 1 or digit[0] - 48 not in lifecycle.PRIORITIES:  # b"0" to b"9"
+        raise errors.PRIORITY_OUT_OF_RANGE
+    return digit[0] - 48, i + 2
+
+
+def take_partition(args: list[bytes], i: int, key):
+    """PARTITION key: the task's partition of the queue (tasks.partition_key)."""
+    if key is not None:
+        raise errors.PARTITION_TWICE
+    key = args[i + 1]
+    if not key:
+        raise errors.PARTITION_KEY_EMPTY
+    if len(key) > lifecycle.MAX_PARTITION_KEY:
+        raise errors.partition_key_too_long(len(key), lifecycle.MAX_PARTITION_KEY)
+    return key, i + 2
+
+
 def push_failure(arg: bytes) -> dict:
     """FAILURE: the task's last failure where it came from (ezra import), bounded as a REASON is."""
     import json  # here: only imports send it
@@ -101,15 +124,16 @@ def push_failure(arg: bytes) -> dict:
 
 TRIMMING = take_trimming("xadd")
 IDMP = Custom(take_idmp, need=3)
-# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS, UNIQUE and FAILURE.
-# IDMP, IDMPAUTO, DELAY, TTL, ATTEMPTS, UNIQUE and FAILURE need one argument more than their values (the id):
+# XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS, UNIQUE, FAILURE,
+# PRIORITY and PARTITION. IDMP, IDMPAUTO and EZRA's need one argument more than their values (the id):
 # without it the word is read as the id (`XADD q NOMKSTREAM DELAY 5`: an invalid id).
 PUSH_OPTIONS = Options(
     NOMKSTREAM=Flag(), MAXLEN=TRIMMING, MINID=TRIMMING, LIMIT=TRIMMING,
     KEEPREF=REFERENCES, DELREF=REFERENCES, ACKED=REFERENCES,
     IDMP=IDMP, IDMPAUTO=Custom(take_idmpauto, need=2, shares=IDMP),
     DELAY=Value(push_ms, 0, need=2), TTL=Value(push_ms, need=2), ATTEMPTS=Value(push_attempts, 0, need=2),
-    UNIQUE=Custom(take_unique, need=2), FAILURE=Value(push_failure, need=2), unknown=STOP)
+    UNIQUE=Custom(take_unique, need=2), FAILURE=Value(push_failure, need=2),
+    PRIORITY=Custom(take_priority, need=2), PARTITION=Custom(take_partition, need=2), unknown=STOP)
 
 
 # ---------------------------------------------------------------- XADD
@@ -117,7 +141,7 @@ PUSH_OPTIONS = Options(
 @command("XADD", -5)
 def xadd(session, args):
     """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
-    [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] <* | id> field value ...
+    [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] [PRIORITY p] [PARTITION key] <* | id> field value ...
     (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, pushes, _ = read_pushes(session, (args,), 0)
     return Deferred(session.state.broker.push(queue, pushes), ONLY)  # its id is the reply
@@ -156,7 +180,7 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
     # '*' where the options begin: none, and a new id, without the parser's loop
     options, i = (PUSH_OPTIONS.defaults, 2) if args[2] == b"*" else parse_options(args, 2, PUSH_OPTIONS)
-    nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure = options
+    nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure, priority, partition = options
     requested_id = stream_ids.push_id(args[i]) if i < len(args) else None  # as Redis: a bad id first
     if trimming is not None:
         trimming.check()
@@ -177,7 +201,8 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
         raise errors.task_too_large(size, limit)
     if idmp is not None:
         idmp = idempotency(idmp, requested_id, fields)
-    return Push(stored(fields), requested_id, nomkstream, delay_ms, ttl_ms, idmp, attempts, dead, trim, unique, failure)
+    return Push(stored(fields), requested_id, nomkstream, delay_ms, ttl_ms, idmp, attempts, dead, trim, unique, failure,
+                priority, partition)
 
 
 def idempotency(idmp: tuple, requested_id: tuple | None, fields: list[bytes]) -> tuple:

@@ -7,9 +7,10 @@ ids (storage/row_ranges.py) whatever its queue, and any id. A start that reads e
 one pass over the table (`check`) for rows that are:
 
 - unreadable: fields that are not a JSON array of text names and values, nor a BLOB (EZRA's own
-  form, a RESP array); an id that is not two integers. Moved to the table `unreadable_tasks`,
-  with why: never served, counted in INFO and on the dashboard. A BLOB's bytes are looked at
-  (`*n` with n even and above 0, CRLF at the end: +0.5 s a million tasks) when the file was
+  form, a RESP array); an id that is not two integers; a priority that is not NULL nor an integer
+  from 0 to 9, a partition key that is not NULL nor 1 to 256 bytes of text or BLOB. Moved to the
+  table `unreadable_tasks`, with why: never served, counted in INFO and on the dashboard. A BLOB's
+  bytes are looked at (`*n` with n even and above 0, CRLF at the end: +0.5 s a million tasks) when the file was
   written by another program since the server's clean stop or while it ran, as hand edits are;
   after a crash, which leaves only EZRA's own writes, its type only;
 - out of place: in another queue's range, or not above the row before it in its own (out of id
@@ -31,17 +32,22 @@ import time
 
 from loguru import logger
 
+from .. import lifecycle
 from .schema import decode_fields, roll_back
 
 LOGGED = 20  # rows set aside named one by one in the log; the rest counted
 # Columns copied to unreadable_tasks: every column of tasks but the row id.
 COLUMNS = ("queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, deadline, "
-           "delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved")
+           "delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved, priority, partition_key")
 
 # Rows that may be unreadable: fields in text (read in Python, as a reply would) or neither text nor a
-# BLOB; ids that are not integers. BLOB_BYTES: also a BLOB that is not `*n` (n even, above 0) ... CRLF.
+# BLOB; ids that are not integers; a priority or partition key XADD would refuse (commands/push.py).
+# BLOB_BYTES: also a BLOB that is not `*n` (n even, above 0) ... CRLF.
 _SUSPECT = ("typeof(t.fields) != 'blob' OR typeof(t.id_ms) != 'integer' OR typeof(t.id_seq) != 'integer' "
-            "OR t.id_ms < 0 OR t.id_seq < 0")
+            "OR t.id_ms < 0 OR t.id_seq < 0 OR (t.priority IS NOT NULL AND (typeof(t.priority) != 'integer' "
+            f"OR t.priority < {lifecycle.PRIORITIES[0]} OR t.priority > {lifecycle.PRIORITIES[-1]})) "
+            "OR (t.partition_key IS NOT NULL AND (typeof(t.partition_key) NOT IN ('text', 'blob') "
+            f"OR length(CAST(t.partition_key AS BLOB)) NOT BETWEEN 1 AND {lifecycle.MAX_PARTITION_KEY}))")
 _ITEMS = "CAST(CAST(substr(t.fields, 2, instr(t.fields, x'0d0a') - 2) AS TEXT) AS INTEGER)"
 _BLOB_BYTES = (f"substr(t.fields, 1, 1) != x'2a' OR {_ITEMS} <= 0 OR {_ITEMS} % 2 OR substr(t.fields, -2) != x'0d0a'")
 # Out of place: a row not of the queue of the row just below it (b), or not above its id; a row with no
@@ -53,7 +59,8 @@ _OUT_OF_PLACE = (
     "ELSE t.queue IS NOT (SELECT name FROM queues WHERE number = t.rowid >> 40) "
     "OR (t.id_ms, t.id_seq) <= (SELECT id_ms, id_seq FROM tasks AS p WHERE p.rowid BETWEEN (t.rowid >> 40) << 40 "
     "AND t.rowid - 1 ORDER BY p.rowid DESC LIMIT 1) END, 0)")
-_CHECK = ("SELECT t.rowid, t.queue, t.id_ms, t.id_seq, t.fields, typeof(t.fields) = 'blob', {suspect}, {out} "
+_CHECK = ("SELECT t.rowid, t.queue, t.id_ms, t.id_seq, t.fields, typeof(t.fields) = 'blob', t.priority, "
+          "t.partition_key, {suspect}, {out} "
           "FROM tasks AS t LEFT JOIN tasks AS b ON b.rowid = t.rowid - 1 AND b.rowid >> 40 = t.rowid >> 40 "
           "WHERE {suspect} OR {out}")
 CHECK_SQL = {blob_bytes: _CHECK.format(out=_OUT_OF_PLACE, suspect=f"({_SUSPECT} OR {_BLOB_BYTES})" if blob_bytes
@@ -69,8 +76,8 @@ def check(conn, path: str, renumber, blob_bytes: bool) -> None:
     (`renumber(conn)`, opening.py's), in one transaction each; log what was found. `blob_bytes`:
     look at BLOBs' bytes too (the file was written by another program)."""
     unreadable, out_of_place = [], 0
-    for rowid, queue, ms, seq, fields, blob, suspect, out in conn.execute(CHECK_SQL[blob_bytes]):
-        reason = _unreadable(ms, seq, fields, blob) if suspect else None
+    for rowid, queue, ms, seq, fields, blob, priority, partition, suspect, out in conn.execute(CHECK_SQL[blob_bytes]):
+        reason = _unreadable(ms, seq, fields, blob, priority, partition) if suspect else None
         if reason is not None:
             unreadable.append((rowid, (queue, ms, seq), reason))
         out_of_place += out  # an unreadable row too: the rows after it were compared with it
@@ -94,10 +101,16 @@ def check(conn, path: str, renumber, blob_bytes: bool) -> None:
         raise
 
 
-def _unreadable(id_ms, id_seq, fields, blob: bool) -> str | None:
+def _unreadable(id_ms, id_seq, fields, blob: bool, priority=None, partition=None) -> str | None:
     """Why a suspect task row cannot be served, or None: it can."""
     if type(id_ms) is not int or type(id_seq) is not int or id_ms < 0 or id_seq < 0:
         return f"its id ({id_ms!r}, {id_seq!r}) is not two integers"
+    if priority is not None and (type(priority) is not int or priority not in lifecycle.PRIORITIES):
+        return f"its priority ({priority!r}) is not an integer from 0 to 9 (NULL: the default)"
+    if partition is not None and (type(partition) not in (str, bytes) or not 0 < len(
+            partition.encode() if type(partition) is str else partition) <= lifecycle.MAX_PARTITION_KEY):
+        return (f"its partition key ({partition!r:.60}) is not 1 to {lifecycle.MAX_PARTITION_KEY} bytes of text or "
+                "a BLOB (NULL: none)")
     if blob:
         return "its fields are a BLOB that is not a RESP array of names and values (write them as JSON text)"
     if type(fields) is not str:

@@ -238,6 +238,8 @@ def _migrate(conn, version: int, path: str) -> None:
             _migrate_to_v13(conn)
         if version < 14:
             _migrate_to_v14(conn)
+        if version < 15:
+            _migrate_to_v15_task_priority_and_partition(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -304,6 +306,23 @@ def _migrate_to_v14(conn) -> None:
     _renumber_tasks(conn)
 
 
+def _migrate_to_v15_task_priority_and_partition(conn) -> None:
+    """XADD PRIORITY and PARTITION: tasks gain priority and partition_key, NULL in every existing row
+    (the default priority, no partition: SQLite adds a nullable column without rewriting the table);
+    the view shows them. unreadable_tasks, which keeps every column of the rows it holds (a few, set
+    aside by hand_rows.py), is made anew with them, its rows copied."""
+    _add_task_column(conn, "priority", "INTEGER")
+    _add_task_column(conn, "partition_key", "TEXT")
+    if _has_table(conn, "unreadable_tasks"):  # a file from before it has none: the schema makes it
+        conn.execute("ALTER TABLE unreadable_tasks RENAME TO unreadable_tasks_v14")
+        conn.execute(SCHEMA_STATEMENTS["unreadable_tasks"])
+        columns = ", ".join(row[1] for row in conn.execute("PRAGMA table_info(unreadable_tasks_v14)"))
+        conn.execute(f"INSERT INTO unreadable_tasks ({columns}) SELECT {columns} FROM unreadable_tasks_v14")
+        conn.execute("DROP TABLE unreadable_tasks_v14")
+    conn.execute("DROP VIEW IF EXISTS tasks_readable")
+    conn.execute(SCHEMA_STATEMENTS["tasks_readable"])
+
+
 def _renumber_tasks(conn) -> None:
     """Every task to the row id its queue's range and its id give (storage/row_ranges.py): queues
     without a number (all of them when migrating; one made by hand) get the next ones, in name
@@ -321,7 +340,10 @@ def _renumber_tasks(conn) -> None:
     _drop_task_indexes(conn)
     conn.execute("ALTER TABLE tasks RENAME TO tasks_old")
     conn.execute(SCHEMA_STATEMENTS["tasks"])
-    columns = [row[1] for row in conn.execute("PRAGMA table_info(tasks)") if row[1] != "rowid"]
+    # The new table's columns that the old one has: an older file's lacks those later steps add
+    # (schema 15's, NULL in every row as their own step would leave them).
+    had = {row[1] for row in conn.execute("PRAGMA table_info(tasks_old)")}
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(tasks)") if row[1] != "rowid" and row[1] in had]
     # The new row ids first, small rows numbered in (queue, id) order; then the copy, in their order.
     conn.execute("CREATE TEMP TABLE renumbered (new INTEGER PRIMARY KEY, old INTEGER NOT NULL)")
     conn.execute(f"INSERT INTO renumbered (new, old) SELECT (queues.number << {row_ranges.ROW_BITS}) + "

@@ -9,16 +9,49 @@ from __future__ import annotations
 
 import sqlite3
 
+from .. import lifecycle
 from . import row_ranges
 from .schedules import Schedules
-from .schema import name_value
+from .schema import name_value, row_list
 
 
 # Done tasks have no index (schema 10): a walk of their listing looks at this many tasks at most.
 DONE_LOOK_BACK = 10_000
-# What the dashboard and XINFO TASKS show of a task.
+# What the dashboard and XINFO TASKS show of a task; `ezra export --data-dir` carries it.
 INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, available_at, deadline, "
-                   "delivered_at, finished_at, unique_key, failure")
+                   "delivered_at, finished_at, unique_key, failure, priority, partition_key")
+# Each state's listing in an order that costs no sort of a million rows (tasks_in_state).
+INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.DEAD: "id_ms, id_seq",
+                 lifecycle.DELAYED: "available_at, id_ms, id_seq", lifecycle.DONE: "id_ms DESC, id_seq DESC"}
+
+
+def tasks_in_state(conn, span: tuple, queue: bytes, state: str, count: int, after: tuple,
+                   head: int | None) -> list[tuple]:
+    """Up to `count` tasks of one state (INSPECT_COLUMNS rows) of the queue whose range of row ids is
+    `span`: available and dead in id order after `after` (delivery order); delayed by when they
+    come due; done newest id first (`after` is not used for those two; `head`: see newest_done).
+    Tasks in flight: `tasks_by_rowid`."""
+    order = INSPECT_ORDER[state]  # KeyError for anything but a known state: never user text
+    if state == lifecycle.DONE:
+        return newest_done(conn, queue, count, head)
+    if state == lifecycle.AVAILABLE:  # no index of its own (schema 8): the queue's range of row ids
+        low = row_ranges.lowest_row(conn, span, after, above=True)
+        return conn.execute(
+            f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' "
+            "ORDER BY rowid LIMIT ?", (low, span[1], count)).fetchall()
+    sql = f"SELECT {INSPECT_COLUMNS} FROM tasks INDEXED BY tasks_{state} WHERE queue = ? AND state = '{state}'"
+    params: list = [name_value(queue)]
+    if order.startswith("id_ms"):
+        sql += " AND (id_ms, id_seq) > (?, ?)"
+        params += after
+    return conn.execute(f"{sql} ORDER BY {order} LIMIT ?", (*params, count)).fetchall()
+
+
+def tasks_by_rowid(conn, rowids: list[int]) -> list[tuple]:
+    """These rows (INSPECT_COLUMNS), in id order."""
+    return conn.execute(
+        f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid IN (SELECT value FROM json_each(?)) "
+        "ORDER BY id_ms, id_seq", (row_list(rowids),)).fetchall()
 
 
 def newest_done(conn, queue: bytes, count: int, head: int | None) -> list[tuple]:

@@ -65,10 +65,16 @@ CREATE TABLE IF NOT EXISTS tasks (
     -- retained: 1 if done while its queue had a retention limit (in tasks_retained, which the purge
     -- reads); NULL: kept for ever (the default), in no index. reserved: zeros while the task waits
     -- for its first claim, room for the columns the claim fills, so its row keeps its size
-    -- (schema.py RESERVED_BYTES). Their comments come first: ALTER TABLE DROP COLUMN of the last
+    -- (schema.py RESERVED_BYTES). priority: XADD PRIORITY, 0 to 9; NULL: pushed without it, the
+    -- default (lifecycle.DEFAULT_PRIORITY, 5; tasks_readable shows it). partition_key: XADD PARTITION
+    -- key (BLOB if not UTF-8); NULL: in no partition. A plain push binds neither (storage/database.py);
+    -- no transition changes them. Schema 15 added both at the end (ALTER TABLE ADD COLUMN), so a
+    -- new file has them there too. Their comments come first: ALTER TABLE DROP COLUMN of the last
     -- column (tests make older files with it) cuts the text back to the last comma before it.
     retained      INTEGER,
-    reserved      BLOB
+    reserved      BLOB,
+    priority      INTEGER,
+    partition_key TEXT
 );
 
 -- Few indexes on purpose: every index costs a page write per state change. Available tasks
@@ -99,6 +105,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS tasks_unique ON tasks (queue, unique_key)
 -- text (`1796319258949-0`) and the fields as a JSON array of text whichever form they are stored in, e.g.
 --   SELECT id, state, json_extract(fields, '$[1]') FROM tasks_readable WHERE queue = 'emails';
 -- The RESP array is read value by value: `*N\r\n`, then `$len\r\n<len bytes>\r\n` N times.
+-- priority is the task's own, or the default (5, lifecycle.DEFAULT_PRIORITY) when it was pushed without one.
 CREATE VIEW IF NOT EXISTS tasks_readable AS
 SELECT queue, id_ms || '-' || id_seq AS id, id_ms, id_seq, state,
        CASE WHEN typeof(fields) = 'blob' THEN (
@@ -111,7 +118,8 @@ SELECT queue, id_ms || '-' || id_seq AS id, id_ms, id_seq, state,
            FROM part WHERE length(rest) > 0)
          SELECT json_group_array(CAST(value AS TEXT)) FROM (SELECT value FROM part WHERE n > 0 ORDER BY n))
        ELSE fields END AS fields,
-       attempts, worker, created_at, available_at, deadline, delivered_at, finished_at, ttl_ms, unique_key, failure
+       attempts, worker, created_at, available_at, deadline, delivered_at, finished_at, ttl_ms, unique_key, failure,
+       coalesce(priority, 5) AS priority, partition_key
 FROM tasks;
 
 -- Tasks the start found unreadable (fields that are neither a JSON array of text nor a RESP array,
@@ -121,7 +129,7 @@ FROM tasks;
 CREATE TABLE IF NOT EXISTS unreadable_tasks (
     row           INTEGER,  -- its row id in tasks
     queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, deadline,
-    delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved,  -- as tasks had them
+    delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved, priority, partition_key,  -- as tasks had them
     reason        TEXT    NOT NULL,  -- why it was set aside
     found_at      INTEGER NOT NULL   -- ms since the epoch
 );

@@ -18,11 +18,15 @@ import configargparse
 from ..adapters.client import Client, ClientError, ReplyError, reachable_host
 from ..config import Settings, port_number, positive_float, positive_int
 from .humanize import duration
+from ..lifecycle import DEFAULT_PRIORITY
 
 STATES = ("available", "delayed", "in_flight", "done", "dead")
 LISTED_BY_DEFAULT = ("in_flight", "available", "delayed", "dead")  # done tasks only when asked for
 FIELDS_WIDTH = 60
-KEY_WIDTH = 30  # characters of an XADD UNIQUE key shown by `ezra ls`
+KEY_WIDTH = 30  # characters of an XADD UNIQUE or PARTITION key shown by `ezra ls`
+# `ezra ls`'s columns shown only when a listed task's cell says something: what says something.
+OPTIONAL_COLUMNS = {"priority": lambda cell: cell not in ("", str(DEFAULT_PRIORITY)), "partition": bool,
+                    "unique key": bool}
 CLEAR_SCREEN = "\033[H\033[2J"
 
 
@@ -243,19 +247,25 @@ def ls_main(argv: list[str]) -> int:
             for task in tasks:
                 fields = task[b"fields"]
                 text = "  ".join(f"{shown(fields[i])}={shown(fields[i + 1])}" for i in range(0, len(fields) - 1, 2))
-                key = task.get(b"unique-key")  # XADD UNIQUE's; a server before it sends none
+                # XADD UNIQUE's, PRIORITY's and PARTITION's: a server before them sends none
+                key, priority, partition = task.get(b"unique-key"), task.get(b"priority"), task.get(b"partition")
                 rows.append([task[b"id"].decode(), state, task[b"attempts"],
                              shown(task[b"worker"]) if task[b"worker"] is not None else "",
-                             task_age(task, now_ms), "" if key is None else shown(key, KEY_WIDTH),
+                             task_age(task, now_ms), "" if priority is None else str(priority),
+                             "" if partition is None else shown(partition, KEY_WIDTH),
+                             "" if key is None else shown(key, KEY_WIDTH),
                              text[:FIELDS_WIDTH - 1] + "…" if len(text) > FIELDS_WIDTH else text,
                              last_failure(task)])
     if not rows:
         print(f"no {' / '.join(states)} tasks in {printable(options.queue)}")
         return 0
-    headers = ["id", "state", "attempts", "worker", "when", "unique key", "fields", "last failure"]
-    if not any(row[5] for row in rows):  # the key column only when a listed task has one
-        headers.pop(5)
-        rows = [row[:5] + row[6:] for row in rows]
+    headers = ["id", "state", "attempts", "worker", "when", "priority", "partition", "unique key", "fields",
+               "last failure"]
+    # The priority, partition and key columns only when a listed task has one (a priority of its own)
+    shown_columns = [column for column, header in enumerate(headers) if header not in OPTIONAL_COLUMNS
+                     or any(OPTIONAL_COLUMNS[header](row[column]) for row in rows)]
+    headers = [headers[column] for column in shown_columns]
+    rows = [[row[column] for column in shown_columns] for row in rows]
     print(table(headers, rows, right={2}))
     if more:
         print(f"\n(first {options.count} {', '.join(more)}; --count shows more)")

@@ -11,12 +11,15 @@ What maps to what (docs/guides/moving-to-redis.md, docs/usage.md):
     attempts > 0                   ->   hash q::ezra-attempts: id -> attempts (entries stay the user's)
     unique key (XADD UNIQUE)       ->   hash q::ezra-unique: id -> key (unfinished tasks: dead ones hold none)
     a last failure (XNACK REASON)  ->   hash q::ezra-failures: id -> its JSON {cause, reason, worker, at}
+    priority (XADD PRIORITY)       ->   hash q::ezra-priorities: id -> 0-9 (tasks pushed without one: none)
+    partition (XADD PARTITION)     ->   hash q::ezra-partitions: id -> key
     group name (XGROUP CREATE)     ->   XGROUP CREATE q <group> 0 MKSTREAM
 
     Redis stream q, group g             EZRA queue q
     after g's last-delivered id    ->   available (attempts from q::ezra-attempts, else 0;
                                         pushed with UNIQUE and its key from q::ezra-unique, if any;
-                                        the last failure from q::ezra-failures, sent as XADD FAILURE)
+                                        the last failure from q::ezra-failures, sent as XADD FAILURE;
+                                        PRIORITY and PARTITION from q::ezra-priorities, q::ezra-partitions)
     pending (XPENDING)             ->   available, attempts + its delivery count
     delivered and acked            ->   nothing: done in Redis
     stream q::dead                 ->   dead (XADD q::dead)
@@ -43,6 +46,7 @@ import configargparse
 from ..adapters.client import Client, ClientError, ReplyError, from_url
 from .inspector import REPLY_SHAPE_ERRORS, connect, connection_parser, table, unexpected_reply
 from .progress import Progress
+from ..lifecycle import DEFAULT_PRIORITY
 from ..storage import StorageError, name_bytes
 from ..protocol.task_fields import listed
 from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, format_id, next_id, pairs, parse_id,
@@ -52,6 +56,8 @@ DEAD_SUFFIX = b"::dead"
 ATTEMPTS_SUFFIX = b"::ezra-attempts"
 UNIQUE_SUFFIX = b"::ezra-unique"
 FAILURES_SUFFIX = b"::ezra-failures"
+PRIORITIES_SUFFIX = b"::ezra-priorities"
+PARTITIONS_SUFFIX = b"::ezra-partitions"
 FAILURE_FIELDS = ((b"failure-cause", "cause"), (b"failure-reason", "reason"), (b"failure-worker", "worker"),
                   (b"failed-at", "at"))
 UNFINISHED = ("available", "delayed", "in_flight")
@@ -99,11 +105,17 @@ class PortSource:
                                     "COUNT", PAGE, "AFTER", after)
             tasks = [pairs(flat) for flat in page]
             yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"],
-                        t.get(b"unique-key"), failure_json(t))
+                        t.get(b"unique-key"), failure_json(t), own_priority(t.get(b"priority")), t.get(b"partition"))
                    for t in tasks]
             if len(page) < PAGE:
                 return
             after = tasks[-1][b"id"]
+
+
+def own_priority(priority: int | None) -> int | None:
+    """XINFO TASKS shows the default priority of a task pushed without one: carried as none (None),
+    so that it keeps the default where it goes."""
+    return None if priority == DEFAULT_PRIORITY else priority
 
 
 def failure_json(task: dict) -> bytes | None:
@@ -141,7 +153,8 @@ class FileSource:
             rows = self.snapshot.tasks_by_id(queue, states, PAGE, after)
             yield [Task((row[0], row[1]), row[-1], row[3], listed(row[2]),
                         None if row[10] is None else name_bytes(row[10]),
-                        None if row[11] is None else row[11].encode()) for row in rows]
+                        None if row[11] is None else row[11].encode(), row[12],
+                        None if row[13] is None else name_bytes(row[13])) for row in rows]
             if len(rows) < PAGE:
                 return
             after = rows[-1][:2]
@@ -157,7 +170,8 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     last = {False: stream_facts(redis, queue)[1], True: stream_facts(redis, dead_key)[1]}
     stream_facts(redis, attempts_key, kinds=(b"hash",))
     stream_facts(redis, queue + UNIQUE_SUFFIX, kinds=(b"hash",))
-    stream_facts(redis, queue + FAILURES_SUFFIX, kinds=(b"hash",))
+    for suffix in (FAILURES_SUFFIX, PRIORITIES_SUFFIX, PARTITIONS_SUFFIX):
+        stream_facts(redis, queue + suffix, kinds=(b"hash",))
     group = os.fsencode(options.group) if options.group else facts["group"]
     counts, expected = copy_to_redis(source, CheckedPipeline(None if options.dry_run else redis), queue, last,
                                      Progress(f"export {shown(queue)}", sum(facts["counts"].values())))
@@ -176,13 +190,24 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     checked = report_verified(found, total, counts["present"], "Redis")
     return (f"{shown(queue)}: {total - counts['present']} copied, {counts['present']} already there "
             f"({counts['available']} available, {counts['delayed']} delayed, {counts['in_flight']} in flight, "
-            f"{counts['dead']} dead to {shown(dead_key)}); group {shown(group)!r}; {checked}")
+            f"{counts['dead']} dead to {shown(dead_key)}); group {shown(group)!r}; {checked}"
+            + placement_line(queue, counts, "kept in", "Redis serves entries in id order, whatever their "
+                                                       "priority or partition; `ezra import` restores both"))
+
+
+def placement_line(queue: bytes, counts: Counter, verb: str, note: str) -> str:
+    """The summary's line on the tasks with a priority of their own or a partition, if any moved."""
+    if not counts["priority"] and not counts["partition"]:
+        return ""
+    return (f"\n{shown(queue)}: {counts['priority']} with a priority {verb} {shown(queue + PRIORITIES_SUFFIX)}, "
+            f"{counts['partition']} with a partition {verb} {shown(queue + PARTITIONS_SUFFIX)}; {note}")
 
 
 def copy_to_redis(source, pipeline: CheckedPipeline, queue: bytes, last: dict, progress: Progress) -> tuple:
     """Both passes (unfinished tasks to q, dead ones to q::dead); (counts, {dead?: Ids})."""
     attempts_key, unique_key = queue + ATTEMPTS_SUFFIX, queue + UNIQUE_SUFFIX
-    failures_key = queue + FAILURES_SUFFIX
+    failures_key, priorities_key, partitions_key = (queue + FAILURES_SUFFIX, queue + PRIORITIES_SUFFIX,
+                                                    queue + PARTITIONS_SUFFIX)
     counts, expected = Counter(), {False: Ids(), True: Ids()}
     # Dead last: on a running EZRA, a task that dies during the copy is not missed (it may then
     # be in both streams); one that is acked meanwhile is done, and may be copied all the same.
@@ -201,6 +226,12 @@ def copy_to_redis(source, pipeline: CheckedPipeline, queue: bytes, last: dict, p
                     pipeline.add([b"HSET", unique_key, format_id(task.id), task.unique_key])
                 if task.failure is not None:
                     pipeline.add([b"HSET", failures_key, format_id(task.id), task.failure])
+                if task.priority is not None:
+                    counts["priority"] += 1
+                    pipeline.add([b"HSET", priorities_key, format_id(task.id), b"%d" % task.priority])
+                if task.partition is not None:
+                    counts["partition"] += 1
+                    pipeline.add([b"HSET", partitions_key, format_id(task.id), task.partition])
                 pipeline.add([b"XADD", key, format_id(task.id), *task.fields], expected=format_id(task.id))
             pipeline.flush()
             progress.advance(len(page))
@@ -273,7 +304,7 @@ def pending_counts(redis: Client, queue: bytes, group: bytes) -> dict:
 
 
 def side_hash(redis: Client, key: bytes, value=int) -> dict:
-    """{id: value} from an export's q::ezra-attempts (int) or q::ezra-unique (bytes) hash
+    """{id: value} from an export's q::ezra-attempts (int), q::ezra-unique (bytes) or other hash
     (HSCAN: never one huge reply)."""
     found, cursor = {}, b"0"
     while True:
@@ -284,27 +315,38 @@ def side_hash(redis: Client, key: bytes, value=int) -> dict:
             return found
 
 
+def priority_of(raw: bytes) -> int:
+    """A q::ezra-priorities value: what XADD PRIORITY takes, else the queue is not moved."""
+    if len(raw) != 1 or not raw.isdigit():
+        raise MoveError(f"its {PRIORITIES_SUFFIX.decode()} hash holds {shown(raw)!r}, not a priority (a digit "
+                        "from 0 to 9)")
+    return int(raw)
+
+
 def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict, keys: dict,
-                failures: dict | None = None):
+                failures: dict | None = None, priorities: dict | None = None, partitions: dict | None = None):
     """Every entry of q and q::dead in id order, as Tasks: available, pending, done or dead;
     live ones with their unique key (`keys`, from q::ezra-unique); each with its last failure
-    (`failures`, from q::ezra-failures)."""
+    (`failures`, from q::ezra-failures), priority and partition (q::ezra-priorities, q::ezra-partitions)."""
     delivered = parse_id(group[b"last-delivered-id"]) if group else ZERO
-    failures = failures or {}
+    failures, priorities, partitions = failures or {}, priorities or {}, partitions or {}
 
     def live():
         for stream_id, fields in stream_entries(redis, queue):
             earlier, failure = attempts.get(stream_id, 0), failures.get(stream_id)
+            placed = priorities.get(stream_id), partitions.get(stream_id)
             if stream_id > delivered:
-                yield Task(stream_id, "available", earlier, fields, keys.get(stream_id), failure)
+                yield Task(stream_id, "available", earlier, fields, keys.get(stream_id), failure, *placed)
             elif stream_id in pending:
-                yield Task(stream_id, "pending", earlier + pending[stream_id], fields, keys.get(stream_id), failure)
+                yield Task(stream_id, "pending", earlier + pending[stream_id], fields, keys.get(stream_id), failure,
+                           *placed)
             else:
                 yield Task(stream_id, "done", earlier, fields, failure=failure)
 
     def dead():
         for stream_id, fields in stream_entries(redis, queue + DEAD_SUFFIX):
-            yield Task(stream_id, "dead", attempts.get(stream_id, 0), fields, failure=failures.get(stream_id))
+            yield Task(stream_id, "dead", attempts.get(stream_id, 0), fields, failure=failures.get(stream_id),
+                       priority=priorities.get(stream_id), partition=partitions.get(stream_id))
 
     return one_id_space(heapq.merge(live(), dead(), key=lambda task: task.id))
 
@@ -354,7 +396,11 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
     keys = side_hash(redis, queue + UNIQUE_SUFFIX, bytes) if has_keys else {}
     has_failures = stream_facts(redis, queue + FAILURES_SUFFIX, kinds=(b"hash",))[0] == b"hash"
     failures = side_hash(redis, queue + FAILURES_SUFFIX, bytes) if has_failures else {}
-    tasks = redis_tasks(redis, queue, group, pending, attempts, keys, failures)
+    has_priorities = stream_facts(redis, queue + PRIORITIES_SUFFIX, kinds=(b"hash",))[0] == b"hash"
+    priorities = side_hash(redis, queue + PRIORITIES_SUFFIX, priority_of) if has_priorities else {}
+    has_partitions = stream_facts(redis, queue + PARTITIONS_SUFFIX, kinds=(b"hash",))[0] == b"hash"
+    partitions = side_hash(redis, queue + PARTITIONS_SUFFIX, bytes) if has_partitions else {}
+    tasks = redis_tasks(redis, queue, group, pending, attempts, keys, failures, priorities, partitions)
     progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
     counts, expected = copy_to_ezra(tasks, CheckedPipeline(None if options.dry_run else ezra), queue,
                                     ezra_last_id(ezra, queue), progress)
@@ -379,7 +425,8 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
     return (f"{shown(queue)}: {total - counts['present']} copied, {counts['present']} already there "
             f"({counts['available']} new, {counts['pending']} pending (their delivery counts added to "
             f"attempts), {counts['dead']} dead; {counts['done']} done in Redis, not copied); "
-            f"{f'group {shown(name)!r}' if name else 'no group'}; {checked}")
+            f"{f'group {shown(name)!r}' if name else 'no group'}; {checked}"
+            + placement_line(queue, counts, "from", "pushed with XADD PRIORITY and PARTITION"))
 
 
 def copy_to_ezra(tasks, pipeline: CheckedPipeline, queue: bytes, last: tuple, progress: Progress) -> tuple:
@@ -410,6 +457,12 @@ def copy_to_ezra(tasks, pipeline: CheckedPipeline, queue: bytes, last: tuple, pr
                 unique = [b"UNIQUE", task.unique_key]
         if task.failure is not None:
             attempts += [b"FAILURE", task.failure]
+        if task.priority is not None:
+            counts["priority"] += 1
+            attempts += [b"PRIORITY", b"%d" % task.priority]
+        if task.partition is not None:
+            counts["partition"] += 1
+            attempts += [b"PARTITION", task.partition]
         pipeline.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, *unique, format_id(task.id),
                     *task.fields], expected=format_id(task.id))
     pipeline.flush()

@@ -33,6 +33,8 @@ class Task(NamedTuple):
     fields: list
     unique_key: bytes | None = None  # XADD UNIQUE's key (unfinished tasks only: a dead task holds none)
     failure: bytes | None = None  # its last failure, JSON as tasks.failure holds it (None: never failed)
+    priority: int | None = None  # XADD PRIORITY's (None: pushed without one, the default)
+    partition: bytes | None = None  # XADD PARTITION's key (None: none)
 
 
 def parse_id(text: bytes) -> tuple:

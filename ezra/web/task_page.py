@@ -1,7 +1,7 @@
 """The dashboard's page of one task (/task?queue=<name>&id=<ms-seq>): everything stored about it.
 
-Its id, state, attempts, worker, times, XADD UNIQUE key, last failure in full and its
-fields. Like every page, all user data goes through dashboard.text() (escaped); values
+Its id, state, attempts, worker, times, XADD UNIQUE key, priority and partition, last failure in
+full and its fields. Like every page, all user data goes through dashboard.text() (escaped); values
 that are not text are shown with \\xNN escapes, and the page is bounded: at most
 FIELDS_LISTED fields, each name and value cut with a note saying how much was left out.
 """
@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 
 from ..protocol import stream_ids
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, MAX_REASON_BYTES
+from ..lifecycle import AVAILABLE, DEAD, DEFAULT_PRIORITY, DELAYED, MAX_REASON_BYTES
 from ..storage import decode_failure
 from ..protocol.task_fields import shown as shown_fields
 from . import shown_name
-from .dashboard import FAILURE, STATE_TITLES, UNIQUE_KEY, duration, form, header, page, queue_link, text
+from .dashboard import (FAILURE, PARTITION, PRIORITY, STATE_TITLES, UNIQUE_KEY, duration, form, header, page,
+                        queue_link, text)
 
-STATE = 12                     # the state column after INSPECT_COLUMNS (storage.reads.task_by_id)
+STATE = 14                     # the state column after INSPECT_COLUMNS (storage.reads.task_by_id)
 FIELDS_LISTED = 100            # fields shown on a task's page; XRANGE shows the rest
 VALUE_SHOWN = 2000             # characters of a field's value (or of its name, or the key) shown
 NAME_SHOWN_CHARS = 200         # characters of a field's name shown
@@ -70,12 +71,20 @@ def facts_table(row: tuple, now: int) -> str:
              ("worker", '<span class="muted">–</span>' if worker is None else text(worker))]
     facts += [(title, f'{time_cell(row[column], now)} <span class="muted">· {text(meaning)}</span>')
               for column, title, meaning in TIMES]
-    key = row[UNIQUE_KEY]
-    shown_key = ('<span class="muted">–</span>' if key is None else
-                 shown_bytes(key.encode("utf-8", "surrogateescape") if isinstance(key, str) else bytes(key)))
-    facts.append(("unique key", f'<span class="unique-key">{shown_key}</span>'))
+    facts.append(("unique key", f'<span class="unique-key">{shown_key(row[UNIQUE_KEY])}</span>'))
+    priority, default = (DEFAULT_PRIORITY, ' <span class="muted">· the default</span>') if row[PRIORITY] is None \
+        else (row[PRIORITY], "")
+    facts.append(("priority", f'<span class="priority">{text(str(priority))}</span>{default}'))
+    facts.append(("partition", f'<span class="partition">{shown_key(row[PARTITION])}</span>'))
     cells = "".join(f'<tr data-fact="{text(name)}"><th>{text(name)}</th><td>{value}</td></tr>' for name, value in facts)
     return f'<table class="facts">{cells}</table>'
+
+
+def shown_key(key) -> str:
+    """A task's UNIQUE or PARTITION key (TEXT, or BLOB when not UTF-8), escaped; a dash for none."""
+    if key is None:
+        return '<span class="muted">–</span>'
+    return shown_bytes(key.encode("utf-8", "surrogateescape") if isinstance(key, str) else bytes(key))
 
 
 def failure_section(failure_json: str | None, now: int) -> str:
