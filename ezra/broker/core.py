@@ -362,6 +362,7 @@ class Broker:
                 queue.iids_added, queue.iids_duplicates = before[key].iids_added, before[key].iids_duplicates
             for column in SETTING_COLUMNS:
                 setattr(queue, column, row[column])
+            queue.set_flow(before[key].flow if key in before else None)  # a rollback keeps the hand-outs
             queue.group = None if row["group_name"] is None else name_bytes(row["group_name"])
             queue.deleted = row["deleted_count"]
             queue.unmarked_done = bool(row["unmarked_done"])

@@ -14,8 +14,9 @@ import bisect
 
 from .. import errors, lifecycle
 from ..settings import queue_settings
-from ..lifecycle import AVAILABLE, DONE, GONE
+from ..lifecycle import AVAILABLE, DONE, GONE, IN_FLIGHT
 from ..storage import SETTING_COLUMNS
+from .flow import PAUSED, flow_of
 from .in_flight import QueueLeases
 
 # A queue's name is in every row of its tasks, every INFO line, /metrics series and dashboard row:
@@ -49,7 +50,7 @@ class QueueState:
 
     __slots__ = ("name", "defaults", "last_id", "counts", "order", "leases", "group", "last_delivered", "next_purge",
                  "trim_floor", "unmarked_done", "mark_from", "done_moved", "available_moved", "journal", "deleted", "max_deleted",
-                 "deleted_dirty", "iids_added", "iids_duplicates", "totals", *SETTING_COLUMNS)
+                 "deleted_dirty", "iids_added", "iids_duplicates", "totals", "flow", *SETTING_COLUMNS)
 
     def __init__(self, name: bytes, defaults: Defaults, last_id=(0, 0), journal: set | None = None,
                  leases: QueueLeases | None = None):
@@ -78,6 +79,7 @@ class QueueState:
         self.totals = dict.fromkeys(TALLIES, 0)  # events since start (metrics, dashboard)
         for column in SETTING_COLUMNS:
             setattr(self, column, None)
+        self.flow = None  # MAX-IN-FLIGHT and RATE-LIMIT (flow.py); None: neither, as most queues
 
     def move(self, from_state: str | None, to_state: str | None, n: int = 1) -> None:
         """The one place state counts change: n tasks moved (lifecycle.MOVES; GONE, None, is
@@ -134,6 +136,17 @@ class QueueState:
     def is_paused(self) -> bool:
         """XCFGSET PAUSED 1: nothing is handed out from this queue (stored 1; 0 or None: running)."""
         return bool(self.paused)
+
+    def set_flow(self, before=None) -> None:
+        """Its settings changed (or were read): the Flow they make, keeping `before`'s hand-outs."""
+        self.flow = flow_of(self.max_in_flight, self.rate_limit_count, self.rate_limit_seconds,
+                            before if before is not None else self.flow)
+
+    def held_back(self, now: int) -> str | None:
+        """What keeps the queue from handing out a task now: flow.PAUSED, CAP, RATE, or None."""
+        if self.is_paused():
+            return PAUSED
+        return None if self.flow is None else self.flow.held_back(self.counts[IN_FLIGHT], now)
 
     def idmp_limits(self) -> tuple[int, int]:
         """(IDMP-DURATION seconds, IDMP-MAXSIZE)."""

@@ -219,6 +219,8 @@ class Tasks:
             self._finish(queue, held)
             self.totals["acked"] += len(held)  # "acked" grows no XREAD view: no observers to tell
             queue.totals["acked"] += len(held)
+            if queue.flow is not None and name in self.blocked:  # a slot under MAX-IN-FLIGHT freed
+                self.transitions.serve_waiters(queue, self.clock())
         return counts
 
     def _finish(self, queue: QueueState, held: list[tuple]) -> None:

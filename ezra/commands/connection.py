@@ -346,12 +346,15 @@ def info_queues(state: ServerState, figures):
         fields = [(key, queue["counts"][key]) for key in INFO_STATES]
         fields += [(key, queue["totals"][key]) for key in INFO_TOTALS]
         fields.append(("paused", int(queue["paused"])))
+        if queue["held_back"] is not None:  # only while something holds it back (flow.py)
+            fields.append(("held_back", queue["held_back"].replace(" ", "_")))
         lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in fields)))
     return lines
 
 
 # The counts by state (the first four fields first, as they always were), then totals of
-# events since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED).
+# events since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED),
+# then, only while the queue hands out nothing, held_back=paused|cap|rate_limit.
 INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD, lifecycle.DELAYED)
 INFO_TOTALS = ("pushed", "delivered", "acked", "failed", "expired")
 
