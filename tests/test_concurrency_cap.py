@@ -166,7 +166,7 @@ def test_info_metrics_show_the_queue_held_back(ezra_factory):
     configure(r, "held", "MAX-IN-FLIGHT", "1")
     push(r, "held", 2)
     claim(r, "held", count=1)
-    assert r.info("queues")["queue_held"]["held_back"] == "cap"
+    assert r.info("queues")["queue_held"]["at_cap"] == 1
     with urllib.request.urlopen(server.http_url + "/metrics", timeout=10) as reply:
         body = reply.read().decode()
     assert 'ezra_queue_held_back{queue="held",reason="cap"} 1.0' in body
