@@ -198,7 +198,8 @@ class Admin:
             self.transitions.serve_waiters(queue, now)  # resumed: blocked workers get its tasks now
         elif flow_changed:
             self.transitions.serve_waiters(queue, now)  # a limit raised or gone: they may get some now
-            self.transitions.window_full(queue, now)
+        if flow_changed:
+            self.transitions.window_full(queue, now)  # a window full under the new limit: its opening
         return True
 
     def tx_requeue(self, name: bytes, ids: list[tuple] | None) -> int:
