@@ -180,3 +180,19 @@ def test_bad_values_are_refused_and_change_nothing(r, queue, value):
     assert "MAX-IN-FLIGHT" in str(refused.value) or "integer" in str(refused.value)
     shown = {k.decode() if isinstance(k, bytes) else k: v for k, v in r.xinfo_stream(queue).items()}
     assert shown["max-in-flight"] in (b"2", "2")
+
+
+def test_a_worker_blocked_at_the_cap_gets_a_task_when_a_gone_workers_tasks_are_released(shared_server, protocol,
+                                                                                         queue):
+    r = shared_server.client(protocol)
+    configure(r, queue, "MAX-IN-FLIGHT", "1", "RELEASE-ON-DISCONNECT", "0.1")
+    ids = push(r, queue, 2)
+    gone = shared_server.client(protocol)
+    [(held, _)] = claim(gone, queue, worker="gone", count=1)
+    reader = BlockedReader(shared_server, protocol, queue).start(r)
+    assert not reader.done.is_set()
+    gone.close()  # its last connection: after the grace its task goes back, and the slot with it
+    assert reader.ids() == [held] and held == ids[0]
+    assert [(p["message_id"], p["consumer"], p["times_delivered"]) for p in pending(r, queue)] == \
+        [(held, b"blocked", 2)]
+    r.close()

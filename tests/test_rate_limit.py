@@ -163,3 +163,18 @@ def test_a_bad_config_line_stops_the_start_with_a_clear_error(ezra_factory):
     with pytest.raises(AssertionError) as failed:
         ezra_factory("--queue", "q RATE-LIMIT 0 1")
     assert "RATE-LIMIT" in str(failed.value)
+
+
+def test_the_window_slides_exactly_to_the_ms():
+    """The window arithmetic alone (broker/flow.py), on a clock the test moves: 5 per 1000 ms."""
+    from ezra.broker.flow import Flow
+    flow = Flow(None, 5, 1.0)
+    assert flow.room(0, 0) == 5
+    assert not flow.handed_out(3, 0) and flow.handed_out(2, 400)  # full at 400 ms
+    assert flow.room(0, 999) == 0 and flow.opens_at(999) == 1000  # the first three leave at 1000
+    assert flow.room(0, 1000) == 3 and flow.opens_at(1000) is None
+    assert flow.handed_out(3, 1000) and flow.room(0, 1399) == 0 and flow.opens_at(1399) == 1400
+    assert flow.room(0, 1400) == 2  # 9 handed out by 1400, never more than 5 within 1000 ms
+    assert Flow(None, 2, 0.0005).window_ms == 1  # a fraction of a ms counts as a whole one: never shorter
+    lowered = Flow(None, 2, 1.0, before=flow)  # new settings keep the hand-outs made
+    assert lowered.room(0, 1400) == 0 and lowered.opens_at(1400) == 2000
