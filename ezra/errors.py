@@ -347,6 +347,8 @@ def backup_failed(reason) -> CommandError:
 BACKOFF_EXPONENTIAL_ORDER = _fixed("ERR BACKOFF EXPONENTIAL needs 0 < base <= max seconds")
 BACKOFF_USAGE = _fixed("ERR BACKOFF takes FIXED <seconds> or EXPONENTIAL <base seconds> <max seconds>")
 SECONDS_INVALID = _fixed("ERR value is not a valid number of seconds")
+RATE_LIMIT_USAGE = _fixed("ERR RATE-LIMIT takes <n> <seconds> (at most n tasks handed out in any window of that "
+                          "many seconds) or DEFAULT")
 
 
 def settings_required(names: list[str]) -> CommandError:

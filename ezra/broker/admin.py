@@ -31,6 +31,7 @@ from ..storage import StorageError, backup_database, reads
 from ..storage.reads import task_by_id
 from ..protocol.task_fields import UNREADABLE
 from ..protocol.stream_ids import TOP
+from .flow import FLOW_COLUMNS
 from .in_flight import APART_LEASES, ROWID, pel_of
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
@@ -183,6 +184,7 @@ class Admin:
         queue = self.transitions.queue(name, now)
         idmp_before, paused_before = queue.idmp_limits(), queue.is_paused()
         queue.configured(changes)  # retention may have changed: the reaper looks again
+        flow_changed = any(column in FLOW_COLUMNS for column in changes)
         if queue.idmp_limits() != idmp_before:
             self.db.producers.forget(name)  # as Redis: other IDMP limits start from an empty map
         self.db.save_settings(name, changes)
@@ -190,6 +192,10 @@ class Admin:
             logger.info("queue {!r} {}", name.decode("utf-8", "replace"),
                         "paused: pushes land, nothing is handed out" if queue.is_paused() else "resumed")
             self.transitions.serve_waiters(queue, now)  # resumed: blocked workers get its tasks now
+        elif flow_changed:
+            self.transitions.serve_waiters(queue, now)  # a limit raised or gone: they may get some now
+        if flow_changed:
+            self.transitions.window_full(queue, now)  # a window full under the new limit: its opening
         return True
 
     def tx_requeue(self, name: bytes, ids: list[tuple] | None) -> int:
@@ -248,7 +254,9 @@ class Admin:
     def _queue_figures(self, names, head_since: bool) -> dict:
         queues = self.queues.items() if names == ALL_QUEUES else \
             [(name, self.queues[name]) for name in names if name in self.queues]
+        now = self.clock()
         return {name: {"counts": dict(queue.counts), "totals": dict(queue.totals), "paused": queue.is_paused(),
+                       "held_back": queue.held_back(now),  # None, or flow.PAUSED, CAP, RATE
                        # when the next task to deliver became available (ms): how long it waits
                        "head_since": self._head_since(queue) if head_since and queue.counts[AVAILABLE] else None}
                 for name, queue in queues}
@@ -295,6 +303,8 @@ class Admin:
             deleted.append(task_id)
             replies.append(True)
         self.transitions.note_deleted(queue, deleted)
+        if queue.flow is not None and name in self.waiters.blocked:  # a slot under MAX-IN-FLIGHT freed
+            self.transitions.serve_waiters(queue, self.clock())
         return replies
 
     def tx_stream_info(self, name: bytes, full_count: int | None, idmp: tuple | None,
@@ -359,7 +369,19 @@ class Admin:
             "backoff": backoff_text(queue.backoff_policy()),
             "release-on-disconnect": optional_seconds(queue.release_grace(), "off"),
             "paused": "1" if queue.is_paused() else "0",
+            **self._flow_shown(queue),
         }
+
+    def _flow_shown(self, queue) -> dict:
+        """MAX-IN-FLIGHT and RATE-LIMIT, shown only where set: other queues' replies stay as they were."""
+        shown = {}
+        if queue.max_in_flight is not None:
+            shown["max-in-flight"] = str(queue.max_in_flight)
+        if queue.rate_limit_count is not None:
+            shown["rate-limit"] = f"{queue.rate_limit_count} {number(queue.rate_limit_seconds)}"
+        if shown:
+            shown["held-back"] = queue.held_back(self.clock()) or "no"
+        return shown
 
 
 def _copy(histogram) -> tuple:

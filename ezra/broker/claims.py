@@ -11,6 +11,10 @@ A paused queue (XCFGSET PAUSED 1) is skipped by every claim: `>` claims, their
 waiters and take-overs (leases.py) hand out nothing from it, while pushes,
 acks, nacks, expiry and delayed tasks coming due go on as usual. Resuming
 serves its waiters at once.
+
+A queue's MAX-IN-FLIGHT and RATE-LIMIT (flow.py) bound what a `>` claim takes, in
+Transitions.claim_rows and, between batches, in `nothing_to_claim`: a claim at a limit
+finds nothing, and waits with BLOCK until a slot frees or the window opens.
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ class Claims:
         for name in claim.queues:
             queue = queues.get(name)
             if queue is not None and queue.counts[AVAILABLE] and not queue.is_paused():
-                return False
+                flow = queue.flow  # MAX-IN-FLIGHT, RATE-LIMIT (flow.py): the same room as claim_rows'
+                if flow is None or flow.room(queue.counts[IN_FLIGHT], self.clock()):
+                    return False
         return True
 
     def tx_claim(self, claim: Claim, waiter: Waiter | None):
@@ -61,8 +67,10 @@ class Claims:
             if queue is None or queue.is_paused():
                 continue
             rows = []
-            if claim_idle is not None and queue.counts[IN_FLIGHT]:
-                rows = self.leases.claim_idle(queue, worker, count, claim_idle, now)
+            if claim_idle is not None and queue.counts[IN_FLIGHT]:  # take-overs: the rate limits them
+                take = count if queue.flow is None else min(count, queue.flow.rate_room(now))
+                if take > 0:
+                    rows = self.leases.claim_idle(queue, worker, take, claim_idle, now)
             room = count - len(rows)
             if room > 0 and queue.counts[AVAILABLE]:
                 new = self.transitions.claim_rows(queue, worker, room, claim.noack, now)

@@ -28,6 +28,7 @@ class ReaperSchedule:
         self.next_ttl_purge = 0
         self.next_idmp_purge = 0
         self.next_flush = 0
+        self.next_window = 0          # no RATE-LIMIT window opens before this (flow.py)
 
     # -- lowered by whoever creates work
 
@@ -40,6 +41,11 @@ class ReaperSchedule:
         """A delayed task comes due at `available_at` (ms)."""
         if available_at < self.earliest_due:
             self.earliest_due = available_at
+
+    def window_opens_at(self, at: int) -> None:
+        """A queue's full RATE-LIMIT window lets the next task out at `at` (ms)."""
+        if at < self.next_window:
+            self.next_window = at
 
     def idmp_expires_at(self, expires_at: int) -> None:
         """An idempotency record expires at `expires_at` (ms)."""

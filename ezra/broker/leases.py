@@ -8,7 +8,9 @@
 
 On a paused queue no task changes hands: XCLAIM and XAUTOCLAIM only renew the
 caller's own leases (the heartbeat goes on, so a task being worked on is not
-lost to its timeout), and XREADGROUP CLAIM takes nothing over.
+lost to its timeout), and XREADGROUP CLAIM takes nothing over. A take-over counts for the
+queue's RATE-LIMIT, and a full window holds it back as a pause does; MAX-IN-FLIGHT does not
+limit it (the task is in flight already: flow.py).
 
 Release on disconnect: workers.py keeps the names and their timers; `tx_release` here
 gives a gone worker's tasks back, through the failure rule, where the grace is over.
@@ -117,7 +119,7 @@ class Leases:
         claimed = []
         for row in rows:
             state, delivered = row[3], row[5]
-            if (state == IN_FLIGHT and now - delivered < min_idle) or not self._may_claim(queue, row, worker):
+            if (state == IN_FLIGHT and now - delivered < min_idle) or not self._may_claim(queue, row, worker, now):
                 continue
             claimed.append(self._take_over_or_renew(queue, row, worker, now, justid, retry_count, delivered_at))
         return claimed
@@ -135,7 +137,7 @@ class Leases:
             if len(claimed) == count:
                 break
             examined += 1
-            if now - row[5] >= min_idle and self._may_claim(queue, row, worker):
+            if now - row[5] >= min_idle and self._may_claim(queue, row, worker, now):
                 claimed.append(self._take_over_or_renew(queue, row, worker, now, justid))
         cursor = rows[examined][1:3] if examined < len(rows) else SCAN_OVER
         return cursor, claimed
@@ -160,9 +162,12 @@ class Leases:
         return [rows[lease[ROWID]] for _, lease in held]
 
     @staticmethod
-    def _may_claim(queue, row, worker: bytes) -> bool:
-        """While the queue is paused, a claim may only renew the owner's own lease (LEASE_COLUMNS row)."""
-        return not queue.is_paused() or (row[3] == IN_FLIGHT and name_bytes(row[4]) == worker)
+    def _may_claim(queue, row, worker: bytes, now: int) -> bool:
+        """While the queue is paused, or its RATE-LIMIT window is full, a claim may only renew the
+        owner's own lease (LEASE_COLUMNS row)."""
+        if row[3] == IN_FLIGHT and name_bytes(row[4]) == worker:
+            return True
+        return not queue.is_paused() and (queue.flow is None or queue.flow.rate_room(now) > 0)
 
     def _take_over_or_renew(self, queue, row, worker: bytes, now: int, justid: bool = False, retry_count=None,
                             delivered_at=None, count_attempt: bool = False) -> tuple:
@@ -187,4 +192,6 @@ class Leases:
             queue.tally("delivered")
             if attempts > 1 or state == IN_FLIGHT:  # delivered before, or taken from another worker
                 queue.tally("redelivered")
+        if not renewal and queue.flow is not None:  # a take-over counts for the queue's RATE-LIMIT (flow.py)
+            self.transitions.handed_out(queue, 1, now)
         return (ms, seq) if justid else (ms, seq, fields)

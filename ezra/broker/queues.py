@@ -19,6 +19,7 @@ from ..settings import queue_settings
 from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT, MOVES
 from ..storage import SETTING_COLUMNS, name_bytes
 from .available import AvailableOrder
+from .flow import FLOW_COLUMNS, PAUSED, flow_of
 from .in_flight import QueueLeases
 from .journal import BatchJournal
 from .observers import VIEW_GROWS, Observers
@@ -54,7 +55,7 @@ class QueueState:
 
     __slots__ = ("name", "defaults", "journal", "all_totals", "observers", "last_id", "counts", "order", "leases",
                  "group", "last_delivered", "next_purge", "trim_floor", "unmarked_done", "mark_from", "deleted",
-                 "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates", "totals", *SETTING_COLUMNS)
+                 "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates", "totals", "flow", *SETTING_COLUMNS)
 
     def __init__(self, name: bytes, table: Queues, last_id=(0, 0), leases: QueueLeases | None = None):
         self.name = name
@@ -79,6 +80,7 @@ class QueueState:
         self.totals = dict.fromkeys(TALLIES, 0)  # events since start (metrics, dashboard)
         for column in SETTING_COLUMNS:
             setattr(self, column, None)
+        self.flow = None  # MAX-IN-FLIGHT and RATE-LIMIT (flow.py); None: neither, as most queues
 
     def read(self, row, before: QueueState | None = None) -> None:
         """Its state as the file's queue row says (start-up, a rollback's reload); the counters
@@ -94,6 +96,7 @@ class QueueState:
         self.deleted = row["deleted_count"]
         self.unmarked_done = bool(row["unmarked_done"])
         self.max_deleted = (row["max_deleted_ms"], row["max_deleted_seq"])
+        self.set_flow(None if before is None else before.flow)  # a rollback keeps the hand-outs made
 
     def counted(self, state: str, n: int) -> None:
         """The file holds n tasks of the queue in `state` (a reload's count)."""
@@ -217,6 +220,8 @@ class QueueState:
         for column, value in changes.items():
             setattr(self, column, value)
         self.next_purge = 0
+        if any(column in FLOW_COLUMNS for column in changes):
+            self.set_flow()
 
     def named_group(self, group: bytes | None) -> None:
         """XGROUP CREATE named its group (None: XGROUP DESTROY forgot it)."""
@@ -265,6 +270,17 @@ class QueueState:
     def is_paused(self) -> bool:
         """XCFGSET PAUSED 1: nothing is handed out from this queue (stored 1; 0 or None: running)."""
         return bool(self.paused)
+
+    def set_flow(self, before=None) -> None:
+        """Its settings changed (or were read): the Flow they make, keeping `before`'s hand-outs."""
+        self.flow = flow_of(self.max_in_flight, self.rate_limit_count, self.rate_limit_seconds,
+                            before if before is not None else self.flow)
+
+    def held_back(self, now: int) -> str | None:
+        """What keeps the queue from handing out a task now: flow.PAUSED, CAP, RATE, or None."""
+        if self.is_paused():
+            return PAUSED
+        return None if self.flow is None else self.flow.held_back(self.counts[IN_FLIGHT], now)
 
     def idmp_limits(self) -> tuple[int, int]:
         """(IDMP-DURATION seconds, IDMP-MAXSIZE)."""

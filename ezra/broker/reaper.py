@@ -4,6 +4,8 @@ Each pass, in order:
     expire   in-flight tasks whose lease ran out fail, through Transitions.apply_failures
     promote  delayed tasks whose time came (DELAY, backoff) become available; blocked
              workers are served in the same transaction
+    open     a queue's RATE-LIMIT window that was full lets tasks out again: its blocked
+             workers are served (flow.py)
     mark     a queue given a retention limit marks its done tasks finished while it kept
              them for ever (only marked ones are in the purge's index), a batch a pass
     purge    done tasks older than their queue's retention, and finished tasks whose
@@ -98,6 +100,8 @@ class Reaper:
             more |= self._expire(now)
         if now >= self.schedule.earliest_due:
             more |= self._promote(now)
+        if now >= self.schedule.next_window:
+            self._open_windows(now)
         for queue in list(self.queues.values()):
             if queue.counts[DONE] and now >= queue.next_purge:  # a queue kept for ever: INF
                 if queue.unmarked_done and queue.retention() is not None:
@@ -157,6 +161,17 @@ class Reaper:
         next_due = self.db.next_due()
         self.schedule.earliest_due = INF if next_due is None else next_due
         return False
+
+    def _open_windows(self, now: int) -> None:
+        """RATE-LIMIT windows that were full have room again: their queues' blocked workers are
+        served; the next pass is due when the earliest window still full opens."""
+        self.schedule.next_window = INF
+        blocked = self.transitions.waiters.blocked
+        for queue in list(self.queues.values()):
+            if queue.flow is not None and queue.flow.rate is not None:
+                if queue.name in blocked:
+                    self.transitions.serve_waiters(queue, now)
+                self.transitions.window_full(queue, now)
 
     def _mark_retained(self, queue) -> bool:
         """The queue has a retention limit now, and some done tasks may lack `retained` (finished

@@ -211,6 +211,8 @@ class Tasks:
         if held:
             self._finish(queue, held)
             queue.tally("acked", len(held))
+            if queue.flow is not None and name in self.blocked:  # a slot under MAX-IN-FLIGHT freed
+                self.transitions.serve_waiters(queue, self.clock())
         return counts
 
     def _finish(self, queue: QueueState, held: list[tuple]) -> None:

@@ -4,7 +4,9 @@ workers served whatever makes a task available.
 
 Whatever makes a task available (push, nack, expiry, a delayed task coming due, requeue,
 resuming a paused queue) calls `serve_waiters` in its transaction, so a blocked worker gets
-it in the same batch. A paused queue (XCFGSET PAUSED 1) hands out nothing: its waiters wait
+it in the same batch; so does whatever frees a slot under a queue's MAX-IN-FLIGHT (an ack,
+XACKDEL, and the failures: nack, expiry, release), and the reaper when a RATE-LIMIT window
+opens (flow.py). A paused queue (XCFGSET PAUSED 1) hands out nothing: its waiters wait
 for the resume, which serves them.
 """
 
@@ -69,6 +71,9 @@ class Transitions:
         state = DONE if noack else IN_FLIGHT
         deadline = None if noack else lifecycle.lease_deadline(now, queue.lease_seconds())
         want = min(count, queue.counts[AVAILABLE])
+        flow = queue.flow
+        if flow is not None:  # MAX-IN-FLIGHT, RATE-LIMIT: how many may go now (flow.py)
+            want = min(want, flow.room(queue.counts[IN_FLIGHT], now))
         retained = self.retained_mark(queue, queue.retention()) if noack and want > 0 else None
         order = queue.order if queue.order is not None and queue.order.complete else self.order(queue, want)
         rows, rebuilt = [], False
@@ -95,7 +100,21 @@ class Transitions:
                 self.schedule.lease_until(deadline)
                 self.workers.leased(worker, queue)
             queue.delivered(rows, state)
+            if flow is not None:
+                self.handed_out(queue, len(rows), now)
         return rows
+
+    def handed_out(self, queue: QueueState, n: int, now: int) -> None:
+        """n tasks of a queue with a Flow went to workers (claims, take-overs): counted in its rate
+        window; a window filled wakes the reaper when it opens, for the workers blocked meanwhile."""
+        if queue.flow.handed_out(n, now):
+            self.window_full(queue, now)
+
+    def window_full(self, queue: QueueState, now: int) -> None:
+        """If the queue's rate window is full, the reaper serves its blocked workers when it opens."""
+        opens_at = None if queue.flow is None else queue.flow.opens_at(now)
+        if opens_at is not None:
+            self.schedule.window_opens_at(opens_at)
 
     def _order_lost(self, queue: QueueState, got: int) -> AvailableOrder:
         """The counts say more tasks are available than the order held: a bug (a way into
@@ -111,7 +130,7 @@ class Transitions:
         (none while it is paused: they wait for the resume, which calls this again)."""
         if queue.is_paused():
             return
-        waiters = self.waiters
+        waiters = self.waiters  # a queue at its MAX-IN-FLIGHT or RATE-LIMIT: claim_rows takes none
         while queue.counts[AVAILABLE]:
             waiter = waiters.first(queue.name)
             if waiter is None:

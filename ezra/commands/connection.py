@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from loguru import logger
 
 from .. import __version__, errors, lifecycle
+from ..broker import flow
 from ..broker.queues import MAX_QUEUE_NAME
 from ..protocol.integers import to_int
 from ..settings.options import Custom, Options, Value, parse_options
@@ -346,14 +347,20 @@ def info_queues(state: ServerState, figures):
         fields = [(key, queue["counts"][key]) for key in INFO_STATES]
         fields += [(key, queue["totals"][key]) for key in INFO_TOTALS]
         fields.append(("paused", int(queue["paused"])))
+        held = INFO_HELD.get(queue["held_back"])  # only while a limit holds it back (flow.py)
+        if held is not None:
+            fields.append((held, 1))
         lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in fields)))
     return lines
 
 
 # The counts by state (the first four fields first, as they always were), then totals of
-# events since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED).
+# events since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED),
+# then, only while one holds the queue back, at_cap=1 (MAX-IN-FLIGHT) or rate_limited=1 (RATE-LIMIT).
+# Integers all: `ezra stats` of any version reads every figure as one.
 INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD, lifecycle.DELAYED)
 INFO_TOTALS = ("pushed", "delivered", "acked", "failed", "expired")
+INFO_HELD = {flow.CAP: "at_cap", flow.RATE: "rate_limited"}
 
 
 INFO_QUEUES = 100  # queue_<name> lines at most, the first queues by name

@@ -11,8 +11,11 @@
     IDMP-DURATION <seconds>                         idempotent producers (Redis 8.6): 1..86400, default 100
     IDMP-MAXSIZE <n>                                iids kept per producer: 1..10000, default 100
     PAUSED 1 | 0                                    1: pushes land, claims and take-overs hand out nothing
+    MAX-IN-FLIGHT <n>                               at most n tasks leased at once, all workers together
+    RATE-LIMIT <n> <seconds>                        at most n handed out in any window of that many seconds
 
-Every value may also be DEFAULT: the server's flag applies again (PAUSED: 0). A parsed
+Every value may also be DEFAULT: the server's flag applies again (PAUSED: 0; MAX-IN-FLIGHT and
+RATE-LIMIT: no limit, broker/flow.py). A parsed
 setting is {column: value}; the column is the `queues` table's, the value is
 what that column stores (None: the server's default; -1: FOREVER / OFF).
 """
@@ -33,6 +36,7 @@ IDMP_MAXSIZE_DEFAULT = 100
 MAX_SECONDS = 10 * 365 * 86400.0  # nothing EZRA waits for is longer than ten years
 MIN_VISIBILITY_TIMEOUT = 0.001  # leases are kept in whole milliseconds: less would be a lease of 0 ms
 MAX_ATTEMPTS = 2 ** 31 - 1
+MAX_LIMIT = 2 ** 31 - 1  # MAX-IN-FLIGHT's and RATE-LIMIT's n
 
 COLUMNS = {  # XCFGSET token -> queues column
     b"VISIBILITY-TIMEOUT": "visibility_timeout",
@@ -43,7 +47,10 @@ COLUMNS = {  # XCFGSET token -> queues column
     b"IDMP-DURATION": "idmp_duration",
     b"IDMP-MAXSIZE": "idmp_maxsize",
     b"PAUSED": "paused",
+    b"MAX-IN-FLIGHT": "max_in_flight",
+    b"RATE-LIMIT": "rate_limit",  # two columns: rate_limit_count, rate_limit_seconds (RATE_COLUMNS)
 }
+RATE_COLUMNS = ("rate_limit_count", "rate_limit_seconds")
 IDMP_COLUMNS = ("idmp_duration", "idmp_maxsize")
 
 
@@ -52,7 +59,10 @@ def parse(args: list[bytes]) -> dict[str, object]:
     if not args:
         raise errors.settings_required([t.decode() for t in COLUMNS])
     values, _ = parse_options(args, 0, SETTINGS)
-    return {column: value for column, value in zip(COLUMNS.values(), values) if value is not UNSET}
+    changes = {column: value for column, value in zip(COLUMNS.values(), values) if value is not UNSET}
+    if "rate_limit" in changes:  # (n, seconds), or None for DEFAULT
+        changes.update(zip(RATE_COLUMNS, changes.pop("rate_limit") or (None, None)))
+    return changes
 
 
 def parse_backoff(args: list[bytes]) -> tuple[str, int]:
@@ -135,6 +145,20 @@ def _paused(arg: bytes) -> int:
     return to_int(arg)
 
 
+def _max_in_flight(arg: bytes) -> int:
+    return integer(arg, 1, MAX_LIMIT, "MAX-IN-FLIGHT")
+
+
+def _take_rate_limit(args: list[bytes], i: int, _) -> tuple[tuple | None, int]:
+    """RATE-LIMIT <n> <seconds> | DEFAULT -> ((n, seconds) or None, index after it)."""
+    if args[i + 1].upper() == b"DEFAULT":
+        return None, i + 2
+    if len(args) < i + 3:
+        raise errors.RATE_LIMIT_USAGE
+    count = integer(args[i + 1], 1, MAX_LIMIT, "RATE-LIMIT's n")
+    return (count, seconds(args[i + 2], positive=True)), i + 3
+
+
 PARSERS = {
     "visibility_timeout": visibility_timeout,
     "max_attempts": max_attempts,
@@ -143,6 +167,7 @@ PARSERS = {
     "idmp_duration": _idmp_duration,
     "idmp_maxsize": _idmp_maxsize,
     "paused": _paused,
+    "max_in_flight": _max_in_flight,
 }
 
 
@@ -162,7 +187,8 @@ def _take_backoff(args: list[bytes], i: int, _) -> tuple[str | None, int]:
 
 
 # In the order of COLUMNS (parse pairs them up).
-SETTINGS = Options({token.decode(): Custom(_take_backoff, default=UNSET) if column == "backoff"
+TAKERS = {"backoff": _take_backoff, "rate_limit": _take_rate_limit}  # settings of more than one value
+SETTINGS = Options({token.decode(): Custom(TAKERS[column], default=UNSET) if column in TAKERS
                     else setting(PARSERS[column]) for token, column in COLUMNS.items()})
 
 

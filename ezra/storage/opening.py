@@ -46,6 +46,8 @@ QUEUE_COLUMNS_V2 = {
     "max_deleted_seq": "INTEGER NOT NULL DEFAULT 0",
 }
 QUEUE_COLUMNS_V3 = {"paused": "INTEGER"}  # version 3 only adds columns
+# Version 15, flow control: MAX-IN-FLIGHT and RATE-LIMIT (broker/flow.py); NULL: no limit.
+QUEUE_COLUMNS_FLOW = {"max_in_flight": "INTEGER", "rate_limit_count": "INTEGER", "rate_limit_seconds": "REAL"}
 QUEUE_COLUMNS_V10 = {"unmarked_done": "INTEGER NOT NULL DEFAULT 1"}  # every done task is unmarked
 TASK_COLUMNS_V1 = ("queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, "
                    "deadline, delivered_at, finished_at")
@@ -238,8 +240,9 @@ def _migrate(conn, version: int, path: str) -> None:
             _migrate_to_v13(conn)
         if version < 14:
             _migrate_to_v14(conn)
-        if version < 15:
+        if version < 15:  # flow control: the tasks' priority and partition, the queues' limits
             _migrate_to_v15_task_priority_and_partition(conn)
+            _add_queue_columns(conn, QUEUE_COLUMNS_FLOW)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:

@@ -16,6 +16,9 @@ CREATE TABLE IF NOT EXISTS queues (
     idmp_duration         INTEGER,  -- seconds an idempotent id is remembered (NULL: 100)
     idmp_maxsize          INTEGER,  -- idempotent ids kept per producer (NULL: 100)
     paused                INTEGER,  -- 1: claims hand out nothing (pushes still land); NULL or 0: running
+    max_in_flight         INTEGER,  -- MAX-IN-FLIGHT: at most this many leased at once; NULL: no cap
+    rate_limit_count      INTEGER,  -- RATE-LIMIT: at most this many handed out in any window
+    rate_limit_seconds    REAL,     --   of this many seconds; NULL: no rate limit
     group_name            TEXT,     -- the name XGROUP CREATE gave the queue's one group
     deleted_count         INTEGER NOT NULL DEFAULT 0,  -- tasks removed for good (XINFO entries-added)
     max_deleted_ms        INTEGER NOT NULL DEFAULT 0,  -- the newest removed id (XINFO

@@ -251,7 +251,7 @@ def index_page(state, figures, history: History, page_number: int = 1, total: in
         pushes, acks = rates[-1] if rates else (0.0, 0.0)
         rows.append(
             f'<tr data-queue="{text(shown_name(name))}"><td>{queue_link(name)}'
-            f'{PAUSED_BADGE if queue["paused"] else ""}</td>'
+            f'{PAUSED_BADGE if queue["paused"] else held_badge(queue)}</td>'
             + "".join(f'<td class="{count_class("num", state_name, counts[state_name])}">{counts[state_name]}</td>'
                       for state_name in lifecycle.STATES)
             + f'<td class="num">{text(duration(None if since is None else now - since))}</td>'
@@ -319,7 +319,7 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
              f'{totals["expired"]} timed out, {totals["dead"]} dead')
     paused = queue["paused"]
     body = [header(state, figures), f'<main><p><a href="/">← queues</a></p>'
-                           f'<h1>{text(shown_name(name))}{PAUSED_BADGE if paused else ""}</h1>']
+                           f'<h1>{text(shown_name(name))}{PAUSED_BADGE if paused else held_badge(queue)}</h1>']
     if flash:
         body.append(f'<p class="flash" role="status">{text(flash)}</p>')
     body += [pause_control(name, paused, csrf),
@@ -357,6 +357,16 @@ def done_message(code: bytes, count: bytes) -> str:
         return ""
     n = int(count)
     return message.format(n=n, s="" if n == 1 else "s")
+
+
+def held_badge(queue: dict) -> str:
+    """A badge while MAX-IN-FLIGHT or RATE-LIMIT holds the queue back (a paused one has its own)."""
+    held = queue.get("held_back")
+    if held is None or held == "paused":
+        return ""
+    why = "XCFGSET MAX-IN-FLIGHT: as many tasks as it allows are in flight" if held == "cap" else \
+        "XCFGSET RATE-LIMIT: as many tasks as it allows were handed out within its window"
+    return f' <span class="badge paused" title="{why}">held: {held}</span>'
 
 
 PAUSED_BADGE = ' <span class="badge paused" title="XCFGSET PAUSED 1: pushes land, nothing is handed out">paused</span>'

@@ -75,6 +75,10 @@ class SnapshotCollector:
             "ezra_queue_paused",
             "1 while the queue is paused (XCFGSET PAUSED 1: pushes land, nothing is handed out); the "
             "series with an empty queue label counts the paused queues among the rest.", labels=["queue"])
+        held = GaugeMetricFamily(
+            "ezra_queue_held_back",
+            "1 while the queue hands out nothing because of `reason`: paused, cap (XCFGSET MAX-IN-FLIGHT) or "
+            "rate limit (XCFGSET RATE-LIMIT); no series while nothing holds it back.", labels=["queue", "reason"])
         counters = {name: CounterMetricFamily(name, help_text, labels=["queue"])
                     for _, name, help_text in QUEUE_COUNTERS}
         for name, queue in sorted(figures.queues.items()):
@@ -84,6 +88,8 @@ class SnapshotCollector:
             since = queue["head_since"]
             oldest.add_metric([label], 0.0 if since is None else max(figures.now - since, 0) / 1000)
             paused.add_metric([label], int(queue["paused"]))
+            if queue["held_back"] is not None:
+                held.add_metric([label, queue["held_back"]], 1)
             for event, metric, _ in QUEUE_COUNTERS:
                 counters[metric].add_metric([label], queue["totals"][event])
         rest = figures.rest
@@ -96,6 +102,7 @@ class SnapshotCollector:
         yield tasks
         yield oldest
         yield paused
+        yield held
         yield from counters.values()
         yield from schedule_families(snap["schedules"])
         yield gauge("ezra_queues", "Queues (the --metrics-queues busiest have their own series, the rest "
