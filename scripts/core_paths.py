@@ -3,7 +3,7 @@
     python scripts/core_paths.py                          # this tree: µs per push, claim, ack, nack
     python scripts/core_paths.py --trees /tmp/old,. --rounds 7   # two trees in alternation, medians
 
-Calls `Broker.push`, `Broker.claim_now`, `Broker.ack` and `Broker.nack` as the handlers do, TURN to
+Calls `Broker.push`, `Broker.claim_now`, `Broker.ack` and `Tasks.fail` as the handlers do, TURN to
 a loop turn, on a fresh
 data dir (durability full), and times only those calls with the thread's CPU clock: the
 writer's submit, the broker's transaction script, storage's parameter building and the
@@ -79,7 +79,8 @@ def measure(tasks: int) -> dict:
             ids += [tuple(map(int, request.result.split(b"-"))) for request in requests]
             requests = [broker.claim_now([b"q"], b"worker-1", 1, False) for _ in range(TURN)]
             requests[-1].wait()
-        nack = getattr(broker, "nack", None) or broker.fail  # --trees may name a tree where XNACK's verb is `fail`
+        # --trees may name a tree where XNACK's verb is the Broker's `nack` (before issue 46 item 2)
+        nack = getattr(broker, "nack", None) or broker.tasks.fail
         nack_ns = []
         for start in range(0, len(ids), TURN):
             started = clock()

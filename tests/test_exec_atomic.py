@@ -252,9 +252,9 @@ def test_a_storage_failure_inside_an_exec_undoes_all_of_it(tmp_path):
             with pytest.raises(CommandError, match="storage error"):
                 broker.push(b"jobs", b"*", stored([b"n", b"2"]))
         assert "storage error" in str(atomic.wait())
-        assert broker.length(b"jobs", False).wait() == 0
+        assert broker.tasks.length(b"jobs", False).wait() == 0
         assert broker.push(b"jobs", b"*", stored([b"n", b"3"])).wait()  # the next turn starts afresh
-        assert broker.length(b"jobs", False).wait() == 1
+        assert broker.tasks.length(b"jobs", False).wait() == 1
     finally:
         broker.stop()
         broker.db.close()
@@ -300,7 +300,7 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
         assert all(isinstance(g.value, CommandError) for g in greenlets[1:8])
         other_claim = greenlets[-1].value
         assert other_claim and len(other_claim[b"jobs"]) == 1, other_claim
-        counts = broker.queue_counts()
+        counts = broker.tasks.counts().wait()
         assert counts[b"jobs"]["in_flight"] == 1 and counts[b"jobs"]["available"] == 49
         assert b"results" not in counts or counts[b"results"]["available"] == 0
     finally:
@@ -380,7 +380,7 @@ def test_two_execs_that_begin_during_a_checkpoint_pause_both_run(tmp_path):
     def an_exec(n: int):
         with writer.atomic() as atomic:
             broker.push(b"jobs", b"*", stored([b"n", b"%d" % n]))
-            broker.length(b"jobs", False).wait()
+            broker.tasks.length(b"jobs", False).wait()
         return atomic.wait()
 
     try:
@@ -388,7 +388,7 @@ def test_two_execs_that_begin_during_a_checkpoint_pause_both_run(tmp_path):
         execs = [gevent.spawn(an_exec, n) for n in range(2)]
         gevent.joinall(execs, raise_error=True)
         assert [g.value for g in execs] == [None, None]
-        assert broker.length(b"jobs", False).wait() == 2
+        assert broker.tasks.length(b"jobs", False).wait() == 2
     finally:
         broker.stop()
         broker.db.close()

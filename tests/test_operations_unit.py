@@ -90,12 +90,12 @@ def claim(broker, queue=b"q", worker=b"w"):
 
 
 def fail(broker, task_id: bytes) -> None:
-    broker.nack(b"q", [stream_ids.parse_id(task_id)]).wait()
+    broker.tasks.fail(b"q", [stream_ids.parse_id(task_id)]).wait()
 
 
 def reaper_pass(broker) -> None:
     """One pass of the reaper, as its loop runs it."""
-    broker.maintain()
+    broker.reaper.maintain()
 
 
 def test_a_delayed_task_comes_due_on_the_reapers_pass(broker):
@@ -130,7 +130,7 @@ def test_the_reaper_runs_no_query_before_anything_is_due(broker, monkeypatch):
 
 
 def test_backoff_then_dead(broker):
-    broker.configure(b"q", {"backoff": "exponential 1 60", "max_attempts": 3}).wait()
+    broker.admin.configure(b"q", {"backoff": "exponential 1 60", "max_attempts": 3}).wait()
     task_id = push(broker)
     for attempt, wait_ms in ((1, 1000), (2, 2000)):
         assert claim(broker) == [task_id]
@@ -146,7 +146,7 @@ def test_backoff_then_dead(broker):
 
 
 def test_retention_and_ttl_purge_by_the_clock(broker):
-    broker.configure(b"q", {"retention_seconds": 10.0}).wait()
+    broker.admin.configure(b"q", {"retention_seconds": 10.0}).wait()
     plain = push(broker)
     short = push(broker, (b"b", b"2"), ttl_ms=2000)
     claim(broker)

@@ -124,7 +124,7 @@ TOP = (stream_ids.MAX_ID_PART, stream_ids.MAX_ID_PART)
 
 def tasks(scheduler, queue=b"reports") -> list[list[bytes]]:
     """The fields of every task in the queue, oldest first."""
-    return [decode_fields(row[2]) for row in scheduler.broker.range(queue, False, (0, 0), TOP, 100, False).wait()]
+    return [decode_fields(row[2]) for row in scheduler.broker.tasks.range(queue, False, (0, 0), TOP, 100, False).wait()]
 
 
 def define(line: str):
@@ -152,7 +152,7 @@ def test_a_rolled_back_firing_leaves_neither_its_task_nor_its_record(scheduler):
     scheduler, clock = scheduler
     scheduler.set(define("hourly reports '0 * * * *' FIELDS job report")).wait()
     clock.now = utc_ms(2026, 12, 1, 9, 0, 1)
-    firing = scheduler.broker.writer.submit(scheduler._tx_fire, clock.now)  # this loop turn's batch...
+    firing = scheduler._fire_batch(clock.now)  # this loop turn's batch...
     submit_broken_request(scheduler.broker)  # ...rolls back whole
     with pytest.raises(Exception, match="storage error"):
         firing.wait()

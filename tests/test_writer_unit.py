@@ -33,7 +33,7 @@ def test_pushes_of_one_loop_turn_commit_together(tmp_path):
         # Each turn, every producer pushes once: one commit (and one fsync) per turn.
         assert writer.batches - batches_before == pushes_each
         assert writer.fsyncs == pushes_each
-        assert broker.queue_counts()[b"jobs"]["available"] == producers * pushes_each
+        assert broker.tasks.counts().wait()[b"jobs"]["available"] == producers * pushes_each
     finally:
         broker.stop()
         broker.db.close()
@@ -47,7 +47,7 @@ def test_a_durable_reply_waits_for_its_fsync_a_read_does_not_need_one(tmp_path):
         assert writer.pending() == 1 and writer.fsyncs == 0  # runs at once; commits at the turn's end
         assert request.wait().endswith(b"-0")
         assert writer.fsyncs == 1
-        assert broker.length(b"jobs", False).wait() == 1
+        assert broker.tasks.length(b"jobs", False).wait() == 1
         assert writer.fsyncs == 1  # a read's batch commits without an fsync
     finally:
         broker.stop()
@@ -65,9 +65,9 @@ def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
             assert "storage error" in str(exc)
         else:
             raise AssertionError("a request of the rolled-back batch was answered")
-        assert broker.length(b"jobs", False).wait() == 0
+        assert broker.tasks.length(b"jobs", False).wait() == 0
         assert broker.push(b"jobs", b"*", stored([b"f", b"v"])).wait()  # the next turn starts afresh
-        assert broker.length(b"jobs", False).wait() == 1
+        assert broker.tasks.length(b"jobs", False).wait() == 1
     finally:
         broker.stop()
         broker.db.close()
@@ -82,7 +82,7 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
     try:
         broker.push(b"jobs", b"*", stored([b"f", b"v"])).wait()
         claimed = broker.claim_committed([b"jobs"], b"w1", 1, False)
-        assert claimed and broker.queue_counts()[b"jobs"]["in_flight"] == 1
+        assert claimed and broker.tasks.counts().wait()[b"jobs"]["in_flight"] == 1
 
         def blocked_read():
             return broker.claim([b"jobs"], b"w2", 1, False, claim_idle=60_000)
@@ -93,7 +93,7 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
         reader.join(5)
         assert reader.ready() and "storage error" in str(reader.exception)
         broker.push(b"jobs", b"*", stored([b"f", b"v2"])).wait()
-        assert broker.queue_counts()[b"jobs"] == dict(broker.queue_counts()[b"jobs"], available=1, in_flight=1)
+        assert broker.tasks.counts().wait()[b"jobs"] == dict(broker.tasks.counts().wait()[b"jobs"], available=1, in_flight=1)
     finally:
         broker.stop()
         broker.db.close()

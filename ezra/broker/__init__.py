@@ -1,41 +1,48 @@
 """The broker: EZRA's queue state machine. `from ezra.broker import Broker`.
 
-The Broker's verbs (the public methods the command handlers call; each runs in a connection
-greenlet and submits one part's `tx_*` transaction to the writer):
+The verbs, as the command handlers call them: a part's (`broker.tasks.trim(queue, trim)`) or,
+without a part's name, the Broker's own (those that span parts). Each runs in a connection
+greenlet. One with a policy is a transaction declared on the part's method
+(writer/transactions.py): calling it submits its body to the writer and returns the Request,
+`.wait()` for its result. `fsync`: answered after the fsync that follows the commit; `commit`:
+once committed (a read, a claim, a renewal); `grows`: refused on a full disk.
 
-    verb                 command                  what it does
-    push                 XADD                     add a task (delayed, TTL, idempotent, dead)
-    claim_now            XREADGROUP >             claim tasks (pipelined: answered with the read's others)
-    claim, unblock       XREADGROUP > BLOCK       claim, or a Waiter in line for the front to wait on
-    claim_own            XREADGROUP <id>          claim the worker's own tasks in flight again
-    ack                  XACK                     a task is done
-    nack                 XNACK                    a delivery failed: back (with backoff) or dead
-    xdel                 XDEL                     cancel tasks nobody holds; fail those in flight
-    cancel               (dashboard delete)       cancel available or delayed tasks
-    delete_dead          XDEL q::dead             remove dead letters
-    create_queue         XGROUP CREATE            make the queue (and name its group)
-    destroy_group        XGROUP DESTROY           forget the group name; tasks stay
-    delete_worker        XGROUP DELCONSUMER       the worker's tasks in flight go back
-    trim                 XTRIM                    remove done tasks
-    length, range        XLEN, XRANGE/XREVRANGE   read a queue or its dead view
-    pending_summary      XPENDING q g             tasks in flight, per worker
-    pending_entries      XPENDING q g - + n       tasks in flight, one by one
-    take_over            XCLAIM                   heartbeat, or take a task in flight over
-    autoclaim            XAUTOCLAIM               take over tasks idle for long enough
-    worker_seen/_gone    (connections)            release a gone worker's tasks after a grace
-    configure            XCFGSET                  a queue's settings (pause, lease, backoff...)
-    requeue              XREQUEUE                 dead letters back to the queue
-    ack_delete           XACKDEL                  ack and remove
-    stream_info, tasks_in XINFO                   a queue's figures and tasks
-    figures              INFO, /metrics, dashboard  one snapshot of the figures (a Figures)
-    backup               BGSAVE / SAVE            hot backup of the database
-    look; watch, unwatch XREAD [BLOCK]            read without claiming; an Observer to wait on
-    existing             EXISTS, TYPE             which names are queues
-    names_after          XINFO QUEUES, INFO       a page of the queue names, in byte order
-    queue_counts         (tests)                  every queue's counts by state
-    blocked_clients      (figures)                blocked XREADGROUPs and XREADs
-    maintain             (the reaper, tests)      one reaper pass: expire, promote, purge, trim
-    start_reaper, stop, cancel_waiters            life: reaper, shutdown
+    verb                        policy        command                    what it does
+    push, push_plain, push_run  fsync, grows  XADD                       add a task (delayed, TTL, idempotent, dead)
+    claim_now                   commit        XREADGROUP >               claim (pipelined: answered with the others)
+    claim, unblock              commit        XREADGROUP > BLOCK         claim, or a Waiter in line for the front
+    claim_own                   commit        XREADGROUP <id>            the worker's own tasks in flight, leased again
+    ack, ack_run                fsync         XACK                       a task is done
+    tasks.fail                  fsync         XNACK                      a delivery failed: back (with backoff) or dead
+    tasks.delete                fsync         XDEL                       cancel tasks nobody holds; fail those in flight
+    tasks.cancel                fsync         (dashboard delete)         cancel available or delayed tasks
+    tasks.delete_dead           fsync         XDEL q::dead               remove dead letters
+    tasks.create_queue          fsync, grows  XGROUP CREATE              make the queue (and name its group)
+    tasks.destroy_group         fsync         XGROUP DESTROY             forget the group name; tasks stay
+    tasks.delete_worker         fsync         XGROUP DELCONSUMER         the worker's tasks in flight go back
+    tasks.trim                  fsync         XTRIM                      remove done tasks
+    tasks.length, tasks.range   commit        XLEN, XRANGE/XREVRANGE     read a queue or its dead view
+    tasks.pending_summary       commit        XPENDING q g               tasks in flight, per worker
+    pending_entries             commit        XPENDING q g - + n         tasks in flight, one by one (many: on a thread)
+    tasks.existing              commit        EXISTS, TYPE               which names are queues
+    tasks.counts                commit        (tests)                    every queue's counts by state
+    leases.take_over            commit        XCLAIM                     heartbeat, or take a task in flight over
+    leases.autoclaim            commit        XAUTOCLAIM                 take over tasks idle for long enough
+    leases.release              fsync         (workers.py's timer)       a gone worker's tasks back, after the grace
+    workers.seen, workers.gone                (connections)              a worker name used; its last user closed
+    admin.configure             fsync, grows  XCFGSET                    a queue's settings (pause, lease, backoff...)
+    admin.requeue               fsync         XREQUEUE                   dead letters back to the queue
+    admin.ack_delete            fsync         XACKDEL                    ack and remove
+    admin.stream_info           commit        XINFO STREAM/GROUPS/...    a queue's figures (a StreamInfo)
+    admin.tasks                 commit        XINFO TASKS, dashboard     a queue's tasks in one state
+    admin.task                                (dashboard task page)      one task, read on a native thread
+    admin.figures               commit        INFO, /metrics, dashboard  one snapshot of the figures (a Figures)
+    admin.backup                              BACKUP                     hot backup of the database
+    views.look                  commit        XREAD                      read without claiming
+    watch, observers.unwatch    commit        XREAD BLOCK                an Observer to wait on, after a first look
+    names_after                               XINFO QUEUES, INFO         a page of the queue names, in byte order
+    reaper.maintain             commit        (the reaper, tests)        one pass: expire, promote, purge, trim
+    reaper.start, stop, cancel_waiters                                   life: the reaper, shutdown
 
 What they return are plain values, never a reply type: task rows as storage reads them
 (id_ms, id_seq, fields JSON, ...), ids as (ms, seq), tuples, and the broker's own dataclasses
@@ -61,19 +68,21 @@ calls. From the bottom up (a part imports only those below it):
     workers.py      worker names: connections, queues where each was leased tasks, release timers
     transitions.py  the state changes verbs share, in a batch: a queue made, an event counted,
                     tasks claimed, failures decided, deletions, purges, waiters served
-    tasks.py        push, ack, nack, delete, create, and the reads of a queue's tasks
+    tasks.py        push, ack, fail, delete, create, and the reads of a queue's tasks
     leases.py       XCLAIM, XAUTOCLAIM, XREADGROUP CLAIM; a gone worker's tasks released
     claims.py       XREADGROUP's claims, a waiter put in line
     reaper.py       the reaper: expiry, delayed tasks coming due, retention, TTL, trimming, vacuum
     admin.py        XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, figures(), hot backup
     views.py        XREAD's looks at a view after an id
-    core.py         Broker: builds them, the verbs, the writer's hooks (after a batch, a reload)
+    core.py         Broker: builds them, the verbs that span them, the writer's hooks (after a
+                    batch, a reload)
 
 Beside them, not a part: schedules.py's Scheduler (XSCHEDULE), a plain object over the Broker
 that fires periodic pushes through `Tasks.tx_push` in its own writer transactions.
 
 A blocking read is the front's to wait for (commands/table.py): `claim` answers what it claimed
-or a registered Waiter; `watch` registers an Observer; `unblock` and `unwatch` end the wait.
+or a registered Waiter; `watch` registers an Observer; `unblock` and `observers.unwatch` end the
+wait.
 
 What the parts may import: the layers below (storage, writer/, lifecycle, errors,
 protocol/stream_ids and task_fields, settings/), gevent and loguru; never protocol/resp or

@@ -25,7 +25,7 @@ from .waiters import Waiter
 class Claims:
     """XREADGROUP's transactions over the queues, their waiters and the leases."""
 
-    def __init__(self, db, queues, in_flight, transitions, leases, waiters, schedule, clock):
+    def __init__(self, db, queues, in_flight, transitions, leases, waiters, schedule, writer, clock):
         self.db = db
         self.queues = queues
         self.in_flight = in_flight
@@ -33,6 +33,7 @@ class Claims:
         self.leases = leases
         self.waiters = waiters
         self.schedule = schedule
+        self.writer = writer  # for the claims' transactions (writer/transactions.py)
         self.clock = clock
 
     def nothing_to_claim(self, names: list[bytes], claim_idle: int | None) -> bool:

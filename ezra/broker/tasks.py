@@ -1,7 +1,7 @@
-"""The task verbs' transactions: push, ack, nack, cancel, delete, and the reads of a queue's tasks.
+"""The task verbs' transactions: push, ack, fail, cancel, delete, and the reads of a queue's tasks.
 
-Each `tx_*` method runs in a writer's batch (the Broker submits it); only batches change the
-queues' states, so no locks are needed.
+Each `@transaction` method, called, runs in a writer's batch (writer/transactions.py); only
+batches change the queues' states, so no locks are needed.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 from itertools import repeat
 
 from .. import errors, lifecycle
+from ..writer.transactions import transaction
 from ..protocol import stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
 from .in_flight import ROWID, failure_rows, pending_of
@@ -18,7 +19,7 @@ from .queues import QueueState
 class Tasks:
     """Push, ack, nack, delete and read tasks, over the file, the queues and what they touch."""
 
-    def __init__(self, db, queues, in_flight, transitions, waiters, observers, schedule, reaper, clock):
+    def __init__(self, db, queues, in_flight, transitions, waiters, observers, schedule, reaper, writer, clock):
         self.db = db
         self.queues = queues
         self.in_flight = in_flight
@@ -26,6 +27,7 @@ class Tasks:
         self.observers = observers
         self.schedule = schedule
         self.reaper = reaper
+        self.writer = writer
         self.clock = clock
         # What a push reads on every call, held directly (the same dicts, owned by the others):
         # two attribute hops less per push, ~0.3 µs of 8.5 measured (scripts/core_paths.py).
@@ -33,12 +35,17 @@ class Tasks:
         self.blocked = waiters.blocked
         self.watching = observers.watching
 
-    def tx_trim(self, name: bytes, trim) -> int:
+    @transaction()
+    def trim(self, name: bytes, trim) -> int:
+        """XTRIM ~: remove done tasks as `trim` (trimming.Trim) says; how many went."""
         queue = self.queues.get(name)
         return 0 if queue is None else self.reaper.trim_done(queue, trim)
 
-    def tx_delete_worker(self, name: bytes, worker: bytes) -> int:
-        """Redis drops a deleted consumer's pending entries; EZRA fails them as a lost lease would
+    @transaction()
+    def delete_worker(self, name: bytes, worker: bytes) -> int:
+        """XGROUP DELCONSUMER: the worker's in-flight tasks in the queue go back; how many.
+
+        Redis drops a deleted consumer's pending entries; EZRA fails them as a lost lease would
         (the attempt counts: back to available, or dead without attempts left)."""
         queue = self.queues.get(name)
         if queue is None:
@@ -51,7 +58,9 @@ class Tasks:
             self.transitions.tally(queue, "released", len(rows))
         return len(rows)
 
-    def tx_destroy_group(self, name: bytes, group: bytes) -> int:
+    @transaction()
+    def destroy_group(self, name: bytes, group: bytes) -> int:
+        """XGROUP DESTROY: 1 if XGROUP CREATE named that group (forgotten now), else 0. Tasks stay."""
         queue = self.queues.get(name)
         if queue is None:
             raise errors.XGROUP_NEEDS_KEY
@@ -61,7 +70,9 @@ class Tasks:
         queue.group = None
         return 1
 
-    def tx_create_queue(self, name: bytes, must_exist: bool, group: bytes | None) -> bool:
+    @transaction(grows=True)
+    def create_queue(self, name: bytes, must_exist: bool, group: bytes | None = None) -> bool:
+        """XGROUP CREATE: make the queue (unless `must_exist`) and name its group."""
         if must_exist and name not in self.queues:
             raise errors.XGROUP_NEEDS_KEY
         queue = self.transitions.queue(name, self.clock())
@@ -253,8 +264,10 @@ class Tasks:
             self.transitions.note_deleted(queue, [task_id for task_id, _ in deleted])
         return kept
 
-    def tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None,
-                force: bool, reason: bytes | None = None, cause: str = lifecycle.NACKED) -> int:
+    @transaction()
+    def fail(self, name: bytes, ids: list[tuple], mode: str = lifecycle.FAIL, retry_count: int | None = None,
+             force: bool = False, reason: bytes | None = None, cause: str = lifecycle.NACKED) -> int:
+        """XNACK: report failed attempts, and why (back, with backoff, or dead); how many."""
         queue = self.queues.get(name)
         if queue is None:
             return 0
@@ -271,15 +284,17 @@ class Tasks:
             self.transitions.tally(queue, "failed", len(rows))
         return len(rows)
 
-    def tx_xdel(self, name: bytes, ids: list[tuple]) -> int:
+    @transaction()
+    def delete(self, name: bytes, ids: list[tuple]) -> int:
         """XDEL on a live queue: the tasks nobody holds are cancelled (deleted), then a failure of
         those in flight is reported (in that order: a failed task that goes back stays)."""
-        cancelled = self.tx_cancel(name, ids)
-        return cancelled + self.tx_fail(name, ids, lifecycle.FAIL, None, False, cause=lifecycle.XDEL_REPORT)
+        cancelled = Tasks.cancel.body(self, name, ids)
+        return cancelled + Tasks.fail.body(self, name, ids, cause=lifecycle.XDEL_REPORT)
 
-    def tx_cancel(self, name: bytes, ids: list[tuple]) -> int:
-        """Delete available and delayed tasks for good (their UNIQUE keys free with their rows);
-        how many went. Tasks in flight, done or dead are left alone."""
+    @transaction()
+    def cancel(self, name: bytes, ids: list[tuple]) -> int:
+        """The dashboard's delete (and XDEL's first step): available and delayed tasks deleted for good
+        (their UNIQUE keys free with their rows); how many went. In flight, done or dead: left alone."""
         queue = self.queues.get(name)
         if queue is None:
             return 0
@@ -296,7 +311,9 @@ class Tasks:
         self.transitions.note_deleted(queue, deleted)
         return len(deleted)
 
-    def tx_delete_dead(self, name: bytes, ids: list[tuple]) -> int:
+    @transaction()
+    def delete_dead(self, name: bytes, ids: list[tuple]) -> int:
+        """XDEL q::dead: remove dead letters; how many went."""
         queue = self.queues.get(name)
         if queue is None:
             return 0
@@ -305,7 +322,9 @@ class Tasks:
         self.transitions.note_deleted(queue, deleted)
         return len(deleted)
 
-    def tx_length(self, name: bytes, dead: bool) -> int:
+    @transaction(durable=False)
+    def length(self, name: bytes, dead: bool) -> int:
+        """XLEN of a queue (its tasks not done) or of its dead view."""
         queue = self.queues.get(name)
         if queue is None:
             return 0
@@ -313,24 +332,37 @@ class Tasks:
             return queue.counts[DEAD]
         return sum(queue.counts[state] for state in lifecycle.WAITING)
 
-    def tx_range(self, name: bytes, dead: bool, start, end, count, reverse):
+    @transaction(durable=False)
+    def range(self, name: bytes, dead: bool, start, end, count, reverse: bool):
+        """XRANGE / XREVRANGE: task rows (id_ms, id_seq, fields JSON, ...); None for COUNT 0 on a queue."""
         if count <= 0:  # XRANGE ... COUNT 0: None if the queue exists (Redis answers a null array)
             return None if name in self.queues else []
         states = (DEAD,) if dead else (AVAILABLE, DELAYED, IN_FLIGHT, DONE)
         return self.db.range(name, states, start, end, count, reverse)
 
-    def tx_pending_summary(self, name: bytes):
+    @transaction(durable=False)
+    def pending_summary(self, name: bytes):
+        """XPENDING's summary: (first id, last id, [(worker, count)]) of the tasks in flight (the leases
+        in memory: counted once per change of them, in_flight.py)."""
         queue = self.queues.get(name)
         return (None, None, []) if queue is None else self.in_flight.summary(queue)
 
-    def tx_pending_entries(self, name, start, end, count, worker, min_idle_ms):
+    @transaction(durable=False)
+    def pending_entries(self, name, start, end, count, worker, min_idle_ms):
+        """XPENDING's extended form: [(id, worker, idle ms, deliveries)] of tasks in flight (see
+        Broker.pending_entries for a pick among many, on a native thread)."""
         queue = self.queues.get(name)
         if queue is None:
             return []
         return pending_of(queue.leases, self.clock(), start, end, count, worker, min_idle_ms)
 
-    def tx_existing(self, names: list[bytes]) -> set[bytes]:
+    @transaction(durable=False)
+    def existing(self, names: list[bytes]) -> set[bytes]:
+        """Which of these names are queues (EXISTS, TYPE): a lookup per name, not a copy of every
+        queue's counts (50,000 queues: ~50 ms a call)."""
         return {name for name in names if name in self.queues}
 
-    def tx_counts(self) -> dict:
+    @transaction(durable=False)
+    def counts(self) -> dict:
+        """A snapshot of every queue's counts by state (tests)."""
         return {name: dict(queue.counts) for name, queue in self.queues.items()}
