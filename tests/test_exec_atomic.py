@@ -24,7 +24,7 @@ import redis
 from ezra.protocol.task_fields import stored
 
 from reliability import report
-from support_queue import entries_of
+from support_queue import entries_of, queue_counts
 from support_servers import wait_until
 
 RESULTS = 998  # with the XACK and the XREADGROUP: 1,000 commands, the most one MULTI may hold
@@ -300,7 +300,7 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
         assert all(isinstance(g.value, CommandError) for g in greenlets[1:8])
         other_claim = greenlets[-1].value
         assert other_claim and len(other_claim[b"jobs"]) == 1, other_claim
-        counts = broker.tasks.counts().wait()
+        counts = queue_counts(broker)
         assert counts[b"jobs"]["in_flight"] == 1 and counts[b"jobs"]["available"] == 49
         assert b"results" not in counts or counts[b"results"]["available"] == 0
     finally:

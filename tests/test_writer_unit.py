@@ -9,7 +9,7 @@ from ezra.broker import Broker
 from ezra.config import Settings
 from ezra.storage import open_database
 from ezra.protocol.task_fields import stored
-from support_queue import submit_broken_request
+from support_queue import queue_counts, submit_broken_request
 
 
 def open_broker(tmp_path, durability="full") -> Broker:
@@ -33,7 +33,7 @@ def test_pushes_of_one_loop_turn_commit_together(tmp_path):
         # Each turn, every producer pushes once: one commit (and one fsync) per turn.
         assert writer.batches - batches_before == pushes_each
         assert writer.fsyncs == pushes_each
-        assert broker.tasks.counts().wait()[b"jobs"]["available"] == producers * pushes_each
+        assert queue_counts(broker)[b"jobs"]["available"] == producers * pushes_each
     finally:
         broker.stop()
         broker.db.close()
@@ -82,7 +82,7 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
     try:
         broker.push(b"jobs", b"*", stored([b"f", b"v"])).wait()
         claimed = broker.claim_committed([b"jobs"], b"w1", 1, False)
-        assert claimed and broker.tasks.counts().wait()[b"jobs"]["in_flight"] == 1
+        assert claimed and queue_counts(broker)[b"jobs"]["in_flight"] == 1
 
         def blocked_read():
             return broker.claim([b"jobs"], b"w2", 1, False, claim_idle=60_000)
@@ -93,7 +93,7 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
         reader.join(5)
         assert reader.ready() and "storage error" in str(reader.exception)
         broker.push(b"jobs", b"*", stored([b"f", b"v2"])).wait()
-        assert broker.tasks.counts().wait()[b"jobs"] == dict(broker.tasks.counts().wait()[b"jobs"], available=1, in_flight=1)
+        assert queue_counts(broker)[b"jobs"] == dict(queue_counts(broker)[b"jobs"], available=1, in_flight=1)
     finally:
         broker.stop()
         broker.db.close()

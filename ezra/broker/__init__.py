@@ -1,11 +1,9 @@
 """The broker: EZRA's queue state machine. `from ezra.broker import Broker`.
 
-The verbs, as the command handlers call them: a part's (`broker.tasks.trim(queue, trim)`) or,
-without a part's name, the Broker's own (those that span parts). Each runs in a connection
-greenlet. One with a policy is a transaction declared on the part's method
-(writer/transactions.py): calling it submits its body to the writer and returns the Request,
-`.wait()` for its result. `fsync`: answered after the fsync that follows the commit; `commit`:
-once committed (a read, a claim, a renewal); `grows`: refused on a full disk.
+The verbs the command handlers call, in connection greenlets: a part's (`broker.tasks.trim(...)`),
+or the Broker's own where they span parts. One with a policy is a transaction (writer/transactions.py)
+and returns its Request (`.wait()`: the result), answered after the fsync that follows the commit
+(`fsync`) or at the commit (`commit`); `grows`: refused on a full disk.
 
     verb                        policy        command                    what it does
     push, push_plain, push_run  fsync, grows  XADD                       add a task (delayed, TTL, idempotent, dead)
@@ -25,7 +23,6 @@ once committed (a read, a claim, a renewal); `grows`: refused on a full disk.
     tasks.pending_summary       commit        XPENDING q g               tasks in flight, per worker
     pending_entries             commit        XPENDING q g - + n         tasks in flight, one by one (many: on a thread)
     tasks.existing              commit        EXISTS, TYPE               which names are queues
-    tasks.counts                commit        (tests)                    every queue's counts by state
     leases.take_over            commit        XCLAIM                     heartbeat, or take a task in flight over
     leases.autoclaim            commit        XAUTOCLAIM                 take over tasks idle for long enough
     leases.release              fsync         (workers.py's timer)       a gone worker's tasks back, after the grace

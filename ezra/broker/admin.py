@@ -238,8 +238,7 @@ class Admin:
 
     @transaction(durable=False)
     def leases_copy(self, name: bytes) -> tuple[dict, int]:
-        """A copy of the queue's leases and the time it was taken (InFlight.copy): a pick among many
-        then runs on a native thread (XINFO STREAM FULL's pending list, XPENDING's entries)."""
+        """A copy of the queue's leases and the time now, for a pick among many on a native thread."""
         return self.in_flight.copy(name)
 
     @transaction(durable=False)

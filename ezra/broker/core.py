@@ -1,13 +1,11 @@
-"""The Broker: builds the parts, and keeps the verbs that are more than one part's transaction.
+"""The Broker: builds the parts, and keeps the verbs that span them.
 
-The command handlers call the parts' verbs directly (`broker.tasks.trim(...)`): each is a
-transaction declared on the part's method (writer/transactions.py), submitted to the writer,
-which runs it in a batch; only batches change the queues' states, so no locks are needed. The
-parts are plain objects, each given what it uses (broker/__init__.py draws them and their verbs).
+The command handlers call the parts' verbs (`broker.tasks.trim(...)`), each a transaction declared
+on the part's method (writer/transactions.py) that the writer runs in a batch; only batches change
+the queues' states, so no locks are needed. broker/__init__.py draws the parts and their verbs.
 
-A blocking read is the front's to wait for (commands/table.py): `claim` answers what it
-claimed or a registered Waiter, `watch` registers an Observer; `unblock` and
-`observers.unwatch` end it.
+A blocking read is the front's to wait for (commands/table.py): `claim` answers what it claimed
+or a registered Waiter, `watch` registers an Observer; `unblock`, `observers.unwatch` end it.
 """
 from __future__ import annotations
 
@@ -66,17 +64,16 @@ class Broker:
             self._reload(self.queues.counts_before_batch()[0])  # counted again, those in flight known
         self.writer = Writer(db, fsync_durable=settings.durability == "full",
                              on_rollback=self._reload_after_rollback, after_batch=self._after_batch)
-        writer = self.writer
-        self.reaper = Reaper(db, self.queues, self.in_flight, self.transitions, self.schedule, writer, clock)
-        self.leases = Leases(db, self.queues, self.in_flight, self.transitions, self.schedule, self.workers, writer,
-                             clock)
+        self.reaper = Reaper(db, self.queues, self.in_flight, self.transitions, self.schedule, self.writer, clock)
+        self.leases = Leases(db, self.queues, self.in_flight, self.transitions, self.schedule, self.workers,
+                             self.writer, clock)
         self.claims = Claims(db, self.queues, self.in_flight, self.transitions, self.leases, self.waiters,
-                             self.schedule, writer, clock)
+                             self.schedule, self.writer, clock)
         self.tasks = Tasks(db, self.queues, self.in_flight, self.transitions, self.waiters, self.observers,
-                           self.schedule, self.reaper, writer, clock)
-        self.admin = Admin(db, self.queues, self.in_flight, self.transitions, self.waiters, self.observers, writer,
+                           self.schedule, self.reaper, self.writer, clock)
+        self.admin = Admin(db, self.queues, self.in_flight, self.transitions, self.waiters, self.observers, self.writer,
                            settings, clock)
-        self.views = Views(db, self.queues, writer)
+        self.views = Views(db, self.queues, self.writer)
 
     # ------------------------------------------------------------ life
 

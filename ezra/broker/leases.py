@@ -109,8 +109,7 @@ class Leases:
     @transaction(durable=False)
     def take_over(self, name: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms=None,
                   time_ms=None, retry_count=None, force: bool = False, justid: bool = False) -> list:
-        """XCLAIM: the tasks now leased to `worker`, (id_ms, id_seq, fields JSON) rows, or (id_ms, id_seq)
-        with JUSTID."""
+        """XCLAIM: the tasks now leased to `worker`: (id_ms, id_seq, fields JSON) rows, (id_ms, id_seq) with JUSTID."""
         queue = self.queues.get(name)
         if queue is None:
             return []

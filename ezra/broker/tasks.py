@@ -43,10 +43,8 @@ class Tasks:
 
     @transaction()
     def delete_worker(self, name: bytes, worker: bytes) -> int:
-        """XGROUP DELCONSUMER: the worker's in-flight tasks in the queue go back; how many.
-
-        Redis drops a deleted consumer's pending entries; EZRA fails them as a lost lease would
-        (the attempt counts: back to available, or dead without attempts left)."""
+        """XGROUP DELCONSUMER: Redis drops a deleted consumer's pending entries; EZRA fails them as a
+        lost lease would (the attempt counts: back to available, or dead without attempts left)."""
         queue = self.queues.get(name)
         if queue is None:
             raise errors.XGROUP_NEEDS_KEY
@@ -342,15 +340,13 @@ class Tasks:
 
     @transaction(durable=False)
     def pending_summary(self, name: bytes):
-        """XPENDING's summary: (first id, last id, [(worker, count)]) of the tasks in flight (the leases
-        in memory: counted once per change of them, in_flight.py)."""
+        """XPENDING's summary: (first id, last id, [(worker, count)]) of the tasks in flight."""
         queue = self.queues.get(name)
         return (None, None, []) if queue is None else self.in_flight.summary(queue)
 
     @transaction(durable=False)
     def pending_entries(self, name, start, end, count, worker, min_idle_ms):
-        """XPENDING's extended form: [(id, worker, idle ms, deliveries)] of tasks in flight (see
-        Broker.pending_entries for a pick among many, on a native thread)."""
+        """XPENDING's extended form: [(id, worker, idle ms, deliveries)] (Broker.pending_entries)."""
         queue = self.queues.get(name)
         if queue is None:
             return []
@@ -358,11 +354,5 @@ class Tasks:
 
     @transaction(durable=False)
     def existing(self, names: list[bytes]) -> set[bytes]:
-        """Which of these names are queues (EXISTS, TYPE): a lookup per name, not a copy of every
-        queue's counts (50,000 queues: ~50 ms a call)."""
+        """Which of these names are queues (EXISTS, TYPE): a lookup each, no copy of every queue's counts."""
         return {name for name in names if name in self.queues}
-
-    @transaction(durable=False)
-    def counts(self) -> dict:
-        """A snapshot of every queue's counts by state (tests)."""
-        return {name: dict(queue.counts) for name, queue in self.queues.items()}

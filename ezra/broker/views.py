@@ -27,9 +27,7 @@ class Views:
 
     @transaction(durable=False)
     def look(self, reads: list[tuple], count: int) -> dict:
-        """XREAD: {stream: task rows} for the reads (stream as given, (queue, dead), after) with entries.
-
-        `after`: an id, SINCE_NOW or LAST_ONE (stream_ids)."""
+        """XREAD: {stream: task rows} for the reads (stream as given, (queue, dead), after) with entries."""
         result = {}
         for stream, (name, dead), after in reads:
             states = DEAD_VIEW if dead else LIVE_VIEW
@@ -40,8 +38,7 @@ class Views:
 
     @transaction(durable=False)
     def first_look(self, reads: list[tuple], count: int) -> tuple[list[tuple], dict]:
-        """XREAD BLOCK's first look: the reads with the ids '$' and '+' they stand for now, and what is
-        there after them."""
+        """XREAD BLOCK's first look: the ids '$' and '+' stand for now, and what is there after them."""
         reads = [(stream, (name, dead), self._resolve(name, DEAD_VIEW if dead else LIVE_VIEW, after))
                  for stream, (name, dead), after in reads]
         return reads, Views.look.body(self, reads, count)
