@@ -86,7 +86,7 @@ class App:
             logger.info("recovered {} in-flight tasks to available", recovered)
         self.broker = Broker(self.db, settings)
         for name, changes in settings.queues or ():  # the config file's queue lines, applied at each start
-            self.broker.configure(name, changes).wait()
+            self.broker.admin.configure(name, changes).wait()
             logger.info("queue {!r} configured: {}", name.decode("utf-8", "replace"),
                         ", ".join(f"{column}={value}" for column, value in changes.items()))
         self.scheduler = Scheduler(self.broker)
@@ -95,7 +95,7 @@ class App:
         self.server = EzraServer(ServerState(self.broker, settings, self.scheduler))
         with naming_the_option("--port", settings.bind, settings.port):
             self.server.start()
-        self.broker.start_reaper()
+        self.broker.reaper.start()
         self.scheduler.start()  # after the port opened: a catch-up firing's waiters can be served
         if settings.http_port is not None:
             from .web.server import WebServer  # here: without --http-port, prometheus_client is never loaded
@@ -163,7 +163,7 @@ class App:
             self.web.stop()
         self.server.stop_listening()
         self.scheduler.stop()  # no firing after this: the writer stops soon
-        self.broker.cancel_waiters()
+        self.broker.cancel_waiters().wait()
         self.server.close_connections(SHUTDOWN_GRACE)
         self.broker.stop()
         try:

@@ -3,7 +3,7 @@
     python scripts/core_paths.py                          # this tree: µs per push, claim, ack, nack
     python scripts/core_paths.py --trees /tmp/old,. --rounds 7   # two trees in alternation, medians
 
-Calls `Broker.push`, `Broker.claim`, `Broker.ack` and `Broker.nack` as the handlers do, TURN to
+Calls `Broker.push`, `Broker.claim`, `Broker.ack` and `Tasks.fail` as the handlers do, TURN to
 a loop turn, on a fresh
 data dir (durability full), and times only those calls with the thread's CPU clock: the
 writer's submit, the broker's transaction script, storage's parameter building and the
@@ -50,7 +50,7 @@ def measure(tasks: int) -> dict:
         one_claim = Claim([b"q"], b"worker-1", 1, False)
 
         def push(fields):
-            return broker.push(b"q", [fields])
+            return broker.tasks.push(b"q", [fields])
 
         def pushed_id(request):
             return request.result[0]
@@ -86,7 +86,7 @@ def measure(tasks: int) -> dict:
                 raise SystemExit("a claim found no task available")
         for start in range(0, len(ids), TURN):
             started = clock()
-            requests = [broker.ack(b"q", [task_id]) for task_id in ids[start:start + TURN]]
+            requests = [(broker.tasks.ack if hasattr(broker.tasks, "ack") else broker.ack)(b"q", [task_id]) for task_id in ids[start:start + TURN]]
             ack_ns.append(clock() - started)
             requests[-1].wait()
             if not all(request.result in (1, [1]) for request in requests):
@@ -100,7 +100,8 @@ def measure(tasks: int) -> dict:
             ids += [tuple(map(int, pushed_id(request).split(b"-"))) for request in requests]
             requests = [claim() for _ in range(TURN)]
             requests[-1].wait()
-        nack = getattr(broker, "nack", None) or broker.fail  # --trees may name a tree where XNACK's verb is `fail`
+        # --trees may name a tree where XNACK's verb is the Broker's `nack` (before issue 46 item 2)
+        nack = getattr(broker, "nack", None) or broker.tasks.fail
         nack_ns = []
         for start in range(0, len(ids), TURN):
             started = clock()

@@ -256,14 +256,13 @@ def instrument_ezra(meter: Meter, broker) -> None:
     meter.wrap(queue_cmds, "ids_of", "id")
     for name in ("submit", "call", "_open_batch", "_end_turn", "_committed", "_fsync_inline"):
         meter.wrap(Writer, name, "writer")
-    for name in ("push", "ack", "claim", "_after_batch"):
+    for name in ("claim", "_after_batch"):
         meter.wrap(core_mod.Broker, name, "broker")
-    for name in ("tx_push", "tx_ack"):
-        meter.wrap(tasks_mod.Tasks, name, "broker")
-    for name in ("tally", "queue", "claim_rows", "serve_waiters"):
+    for transaction in (tasks_mod.Tasks.push, tasks_mod.Tasks.ack, claims_mod.Claims.claim):
+        meter.wrap(transaction, "body", "broker")  # the body a @transaction submits (writer/transactions.py)
+    for name in ("queue", "claim_rows", "serve_waiters"):
         meter.wrap(transitions_mod.Transitions, name, "broker")
-    for name in ("tx_claim", "nothing_to_claim"):
-        meter.wrap(claims_mod.Claims, name, "broker")
+    meter.wrap(claims_mod.Claims, "nothing_to_claim", "broker")
     for name in ("insert_plain", "insert_task", "claim", "begin", "commit"):
         meter.wrap(database_mod.Database, name, "storage (Python)")
     for name in ("claimed", "ended", "all_ended"):  # the leases kept in memory (schema 12)

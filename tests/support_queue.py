@@ -69,6 +69,12 @@ def broker_on_clock(tmp_path):
     return broker
 
 
+def queue_counts(broker) -> dict:
+    """Every queue's counts by state, once what was submitted before has committed (Admin.figures)."""
+    from ezra.broker import ALL_QUEUES
+    return {name: shown["counts"] for name, shown in broker.admin.figures(ALL_QUEUES, head_since=False).queues.items()}
+
+
 def submit_broken_request(broker) -> None:
     """A request whose statement fails: its whole batch rolls back and answers a storage error."""
     def broken():

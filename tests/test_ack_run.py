@@ -1,5 +1,5 @@
 """Issue 22: a pipeline's run of single-id XACKs to one queue is worked as one request
-(commands/runs.py ack_run, Tasks.tx_ack_run). Each XACK must answer what it would have answered
+(commands/runs.py ack_run, Tasks.ack). Each XACK must answer what it would have answered
 sent alone, one after another: 1 for a task it finished, 0 for one done already, repeated, never
 pushed or of another queue, its error for an id XACK refuses; and the queue's counts move the same.
 Each test sends the same commands pipelined to one queue and one at a time to its twin."""

@@ -117,7 +117,7 @@ def test_after_a_restart_the_order_is_read_a_slice_at_a_time_and_loses_nothing(t
         assert not broker.queues[b"q"].order.complete
         later = push_one(broker, b"q", stored([b"n", b"later"]))  # past the slice read
         back = [tuple(map(int, task_id.split(b"-"))) for task_id in got[:1]]
-        assert broker.nack(b"q", back, lifecycle.SILENT).wait() == 1  # back, older than the rest
+        assert broker.tasks.fail(b"q", back, lifecycle.SILENT).wait() == 1  # back, older than the rest
         rest = claim(100)
         assert rest == [ids[0], *ids[2:], later]
         assert claim(1) == [] and broker.queues[b"q"].order.complete

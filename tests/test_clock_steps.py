@@ -162,7 +162,7 @@ def stepped_scheduler(tmp_path):
 
 
 def fired_slots(scheduler) -> list[int]:
-    rows = scheduler.broker.range(b"ticks", False, (0, 0), (MAX_ID_PART, MAX_ID_PART), 1000, False).wait()
+    rows = scheduler.broker.tasks.range(b"ticks", False, (0, 0), (MAX_ID_PART, MAX_ID_PART), 1000, False).wait()
     return [slot_ms(dict(zip(*[iter(decode_fields(row[2]))] * 2))) for row in rows]
 
 

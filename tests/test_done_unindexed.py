@@ -58,14 +58,14 @@ def done_in_file(broker) -> int:
 
 
 def set_retention(broker, seconds: float | None) -> None:
-    broker.configure(b"q", {"retention_seconds": -1.0 if seconds is None else seconds}).wait()
+    broker.admin.configure(b"q", {"retention_seconds": -1.0 if seconds is None else seconds}).wait()
 
 
 def reaper_passes_until(broker, condition, most: int = 100) -> None:
     for _ in range(most):
         if condition():
             return
-        broker.maintain()
+        broker.reaper.maintain()
     assert condition(), "the reaper's passes never got there"
 
 
@@ -115,8 +115,8 @@ def test_a_task_done_for_ever_behind_the_walk_starts_it_over(broker, monkeypatch
     claim_all(broker)
     ack(broker, ids[2:])
     set_retention(broker, 3600)
-    broker.maintain()
-    broker.maintain()  # the walk is past the first two tasks (in flight, nothing to mark)
+    broker.reaper.maintain()
+    broker.reaper.maintain()  # the walk is past the first two tasks (in flight, nothing to mark)
     assert broker.queues[b"q"].mark_from > ids[0]
     set_retention(broker, None)
     ack(broker, ids[:1])  # done for ever, behind the walk
@@ -133,7 +133,7 @@ def test_a_rolled_back_ack_leaves_the_done_count_as_the_file_has_it(broker):
     ids = push(broker, 5)
     claim_committed(broker, [b"q"], b"w", 3, False)
     ack(broker, ids[:1])  # committed: 1 done
-    rolled_back = broker.ack(b"q", ids[1:3])  # runs now, commits at the turn's end...
+    rolled_back = broker.tasks.ack(b"q", ids[1:3])  # runs now, commits at the turn's end...
     submit_broken_request(broker)  # ...but a broken request in the same turn rolls the batch back
     with pytest.raises(Exception, match="storage error"):
         rolled_back.wait()
@@ -224,7 +224,7 @@ def test_the_done_listing_finds_the_tasks_done_last_below_a_backlog(broker, monk
     ids = push(broker, 6)
     claim_committed(broker, [b"q"], b"w", 3, False)
     ack(broker, ids[:3])
-    listed = [row[:2] for row in broker.tasks_in(b"q", DONE, 10).wait()]
+    listed = [row[:2] for row in broker.admin.tasks(b"q", DONE, 10).wait()]
     # the newest 2 are available (the backlog): the walk goes on below the oldest available task
     assert listed == [ids[2], ids[1]]
 

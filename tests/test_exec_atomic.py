@@ -24,7 +24,7 @@ import redis
 from ezra.protocol.task_fields import stored
 
 from reliability import report
-from support_queue import entries_of
+from support_queue import entries_of, queue_counts
 from support_servers import wait_until
 from support_broker import claim_committed, push_one
 
@@ -247,15 +247,15 @@ def test_a_storage_failure_inside_an_exec_undoes_all_of_it(tmp_path):
     broker = Broker(open_database(str(tmp_path / "data")), Settings(data_dir=str(tmp_path), durability="normal"))
     try:
         with broker.writer.atomic() as atomic:
-            before = broker.push(b"jobs", [stored([b"n", b"1"])])
+            before = broker.tasks.push(b"jobs", [stored([b"n", b"1"])])
             assert before.wait()[0].endswith(b"-0")  # answered at once, inside the open transaction
             submit_broken_request(broker)
             with pytest.raises(CommandError, match="storage error"):
-                broker.push(b"jobs", [stored([b"n", b"2"])])
+                broker.tasks.push(b"jobs", [stored([b"n", b"2"])])
         assert "storage error" in str(atomic.wait())
-        assert broker.length(b"jobs", False).wait() == 0
+        assert broker.tasks.length(b"jobs", False).wait() == 0
         assert push_one(broker, b"jobs", stored([b"n", b"3"]))  # the next turn starts afresh
-        assert broker.length(b"jobs", False).wait() == 1
+        assert broker.tasks.length(b"jobs", False).wait() == 1
     finally:
         broker.stop()
         broker.db.close()
@@ -283,7 +283,7 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
 
         def an_exec():
             with broker.writer.atomic() as atomic:
-                pushed = broker.push(b"results", [stored([b"r", b"1"])])
+                pushed = broker.tasks.push(b"results", [stored([b"r", b"1"])])
                 claimed = claim_committed(broker, [b"jobs"], b"w1", 1, False)
             return atomic.wait(), pushed, claimed
 
@@ -301,7 +301,7 @@ def test_a_full_disk_at_the_commit_refuses_the_exec_whole_and_runs_the_rest_agai
         assert all(isinstance(g.value, CommandError) for g in greenlets[1:8])
         other_claim = greenlets[-1].value
         assert other_claim and len(other_claim[b"jobs"]) == 1, other_claim
-        counts = broker.queue_counts()
+        counts = queue_counts(broker)
         assert counts[b"jobs"]["in_flight"] == 1 and counts[b"jobs"]["available"] == 49
         assert b"results" not in counts or counts[b"results"]["available"] == 0
     finally:
@@ -380,8 +380,8 @@ def test_two_execs_that_begin_during_a_checkpoint_pause_both_run(tmp_path):
 
     def an_exec(n: int):
         with writer.atomic() as atomic:
-            broker.push(b"jobs", [stored([b"n", b"%d" % n])])
-            broker.length(b"jobs", False).wait()
+            broker.tasks.push(b"jobs", [stored([b"n", b"%d" % n])])
+            broker.tasks.length(b"jobs", False).wait()
         return atomic.wait()
 
     try:
@@ -389,7 +389,7 @@ def test_two_execs_that_begin_during_a_checkpoint_pause_both_run(tmp_path):
         execs = [gevent.spawn(an_exec, n) for n in range(2)]
         gevent.joinall(execs, raise_error=True)
         assert [g.value for g in execs] == [None, None]
-        assert broker.length(b"jobs", False).wait() == 2
+        assert broker.tasks.length(b"jobs", False).wait() == 2
     finally:
         broker.stop()
         broker.db.close()

@@ -295,7 +295,7 @@ def test_a_drain_on_a_full_disk_keeps_the_wal_inside_the_reserve(fs_20m):
         wal, drained, largest_wal = Path(broker.db.path + "-wal"), 0, 0
         while claimed := claim_committed(broker, [b"full"], b"w", 100, False):
             ids = [row[:2] for row in claimed[b"full"]]  # task rows, their ids first
-            assert broker.ack_delete(b"full", ids).wait() == [True] * len(ids)  # XACKDEL: each acked and deleted
+            assert broker.admin.ack_delete(b"full", ids).wait() == [True] * len(ids)  # XACKDEL: each acked and deleted
             drained += len(ids)
             largest_wal = max(largest_wal, wal.stat().st_size)
         assert drained == pushed

@@ -1,4 +1,4 @@
-"""Broker.figures, the one snapshot INFO, /metrics and the dashboard read (unit, a real ezra.db, no server):
+"""Admin.figures, the one snapshot INFO, /metrics and the dashboard read (unit, a real ezra.db, no server):
 each way of choosing queues returns the figures it names, and only per-queue figures need the writer."""
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ def fill(broker: Broker) -> None:
     for name, n in ((b"q1", 3), (b"q2", 1)):
         for i in range(n):
             push_one(broker, name, stored([b"n", b"%d" % i]))
-    broker.create_queue(b"q3", must_exist=False).wait()
+    broker.tasks.create_queue(b"q3", False).wait()
     claim_committed(broker, [b"q1"], b"w", 1, False)
 
 
 def test_every_queue_and_the_server_wide_figures(broker):
-    figures = broker.figures(ALL_QUEUES, head_since=False)
+    figures = broker.admin.figures(ALL_QUEUES, head_since=False)
     assert sorted(figures.queues) == [b"q1", b"q2", b"q3"] and figures.queue_count == 3
     assert figures.queues[b"q1"]["counts"]["available"] == 2
     assert figures.queues[b"q1"]["counts"]["in_flight"] == 1
@@ -45,14 +45,14 @@ def test_every_queue_and_the_server_wide_figures(broker):
 
 
 def test_named_queues_with_the_head_s_age(broker):
-    figures = broker.figures([b"q2", b"nope"])
+    figures = broker.admin.figures([b"q2", b"nope"])
     assert list(figures.queues) == [b"q2"] and figures.queue_count == 3
     assert figures.queues[b"q2"]["head_since"] is not None
     assert figures.now >= figures.queues[b"q2"]["head_since"]
 
 
 def test_busiest_and_the_rest_summed(broker):
-    figures = broker.figures(busiest=1)
+    figures = broker.admin.figures(busiest=1)
     assert list(figures.queues) == [b"q1"]
     assert figures.rest["counts"]["available"] == 1 and figures.rest["totals"]["pushed"] == 1
     assert figures.rest["paused"] == 0
@@ -60,6 +60,6 @@ def test_busiest_and_the_rest_summed(broker):
 
 def test_no_queues_needs_no_batch(broker):
     batches = broker.writer.batches
-    figures = broker.figures()
+    figures = broker.admin.figures()
     assert figures.queues == {} and figures.queue_count == 3 and figures.totals["pushed"] == 4
     assert broker.writer.pending() == 0 and broker.writer.batches == batches

@@ -44,15 +44,15 @@ def test_the_broker_answers_plain_rows(broker):
     assert plain(claimed) and list(claimed) == [b"q"]
     (row,) = claimed[b"q"]
     assert b"%d-%d" % row[:2] == first and row[2] == stored([b"f", b"v"])  # the task row as storage reads it
-    cursor, taken = broker.autoclaim(b"q", b"w2", 0, (0, 0), 10, False).wait()
+    cursor, taken = broker.leases.autoclaim(b"q", b"w2", 0, (0, 0), 10, False).wait()
     assert cursor == (0, 0) and [task[:2] for task in taken] == [row[:2]] and plain(taken)
-    assert broker.take_over(b"q", b"w2", 0, [row[:2]], justid=True).wait() == [row[:2]]
+    assert broker.leases.take_over(b"q", b"w2", 0, [row[:2]], None, None, None, False, True).wait() == [row[:2]]
     idle = claim_committed(broker, [b"q"], b"w3", 10, False, claim_idle=0)
     assert plain(idle) and [task[3:] for task in idle[b"q"]][1:] == [(0, 0)]  # the new task: idle 0, 0 deliveries
-    looked = broker.look([(b"q", (b"q", False), (0, 0))], 10).wait()
+    looked = broker.views.look([(b"q", (b"q", False), (0, 0))], 10).wait()
     assert plain(looked) and len(looked[b"q"]) == 2
-    assert plain(broker.range(b"q", False, (0, 0), (2 ** 63 - 1, 0), 10, False).wait())
-    info = broker.stream_info(b"q", 10).wait()  # a dataclass of the broker's own, of plain values
+    assert plain(broker.tasks.range(b"q", False, (0, 0), (2 ** 63 - 1, 0), 10, False).wait())
+    info = broker.admin.stream_info(b"q", 10).wait()  # a dataclass of the broker's own, of plain values
     assert plain(dataclasses.asdict(info)) and info.last_id == info.last[:2] and not hasattr(info, "__getitem__")
 
 

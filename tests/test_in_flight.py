@@ -64,35 +64,36 @@ def test_the_leases_say_what_the_file_says_after_every_move(clocked_broker):
         ("claim COUNT 1", lambda: claim(broker, b"w1")),
         ("claim COUNT 5", lambda: claim(broker, b"w2", 5)),
         ("claim COUNT 5, another worker", lambda: claim(broker, b"w3", 5)),
-        ("claim own (id 0), a delivery counted", lambda: broker.claim_own(Q, b"w2", (0, 0), None).wait()),
-        ("ack one", lambda: broker.ack(Q, [ids[0]]).wait()),
-        ("ack many, one repeated, one stale", lambda: broker.ack(Q, [ids[1], ids[2], ids[1], ids[30]]).wait()),
-        ("a run of pipelined acks", lambda: broker.ack(Q, [ids[3], ids[3], ids[4]]).wait()),
-        ("nack (FAIL)", lambda: broker.nack(Q, [ids[5]]).wait()),
-        ("nack SILENT", lambda: broker.nack(Q, [ids[6]], lifecycle.SILENT).wait()),
-        ("nack FATAL", lambda: broker.nack(Q, [ids[7]], lifecycle.FATAL).wait()),
-        ("XCLAIM by the owner (a renewal)", lambda: broker.take_over(Q, b"w3", 0, [ids[8]]).wait()),
-        ("XCLAIM by another (a take-over)", lambda: broker.take_over(Q, b"w1", 0, [ids[9]]).wait()),
-        ("XCLAIM FORCE of an available task", lambda: broker.take_over(Q, b"w1", 0, [ids[20]], force=True).wait()),
+        ("claim own (id 0), a delivery counted", lambda: broker.claims.claim_own(Q, b"w2", (0, 0), None).wait()),
+        ("ack one", lambda: broker.tasks.ack(Q, [ids[0]]).wait()),
+        ("ack many, one repeated, one stale", lambda: broker.tasks.ack(Q, [ids[1], ids[2], ids[1], ids[30]]).wait()),
+        ("a run of pipelined acks", lambda: broker.tasks.ack(Q, [ids[3], ids[3], ids[4]]).wait()),
+        ("nack (FAIL)", lambda: broker.tasks.fail(Q, [ids[5]]).wait()),
+        ("nack SILENT", lambda: broker.tasks.fail(Q, [ids[6]], lifecycle.SILENT).wait()),
+        ("nack FATAL", lambda: broker.tasks.fail(Q, [ids[7]], lifecycle.FATAL).wait()),
+        ("XCLAIM by the owner (a renewal)", lambda: broker.leases.take_over(Q, b"w3", 0, [ids[8]]).wait()),
+        ("XCLAIM by another (a take-over)", lambda: broker.leases.take_over(Q, b"w1", 0, [ids[9]]).wait()),
+        ("XCLAIM FORCE of an available task",  # (idle, time, retry count: None; force)
+         lambda: broker.leases.take_over(Q, b"w1", 0, [ids[20]], None, None, None, True).wait()),
         ("XNACK FORCE of tasks in flight and available",
-         lambda: broker.nack(Q, [ids[10], ids[21]], force=True).wait()),
-        ("XACKDEL", lambda: broker.ack_delete(Q, [ids[11]]).wait()),
-        ("XGROUP DELCONSUMER", lambda: broker.delete_worker(Q, b"w3").wait()),
+         lambda: broker.tasks.fail(Q, [ids[10], ids[21]], lifecycle.FAIL, None, True).wait()),
+        ("XACKDEL", lambda: broker.admin.ack_delete(Q, [ids[11]]).wait()),
+        ("XGROUP DELCONSUMER", lambda: broker.tasks.delete_worker(Q, b"w3").wait()),
         ("claim 10 more", lambda: claim(broker, b"w4", 10)),
-        ("XAUTOCLAIM", lambda: broker.autoclaim(Q, b"w5", 0, (0, 0), 3, False).wait()),
+        ("XAUTOCLAIM", lambda: broker.leases.autoclaim(Q, b"w5", 0, (0, 0), 3, False).wait()),
         ("XREADGROUP CLAIM", lambda: claim(broker, b"w6", 2, claim_idle=0)),
     ]
     for name, move in checks:
         move()
         assert_mirrors_the_file(broker, name)
-    broker.configure(Q, {"retention_seconds": 0.0}).wait()
+    broker.admin.configure(Q, {"retention_seconds": 0.0}).wait()
     held = list(broker.queues[Q].leases)
     assert acked(broker, Q, held[:2]) == 2  # retention 0: acked and deleted
     assert_mirrors_the_file(broker)
     clock.now += 31_000  # every lease runs out
-    while broker.maintain():
+    while broker.reaper.maintain():
         pass
-    broker.maintain()
+    broker.reaper.maintain()
     assert_mirrors_the_file(broker)
     assert not broker.queues[Q].leases
 
@@ -104,16 +105,16 @@ def test_a_rolled_back_batch_leaves_the_leases_as_before_it(clocked_broker):
     before = memory_leases(broker)
     # One batch: a claim, an ack, a nack and a take-over run, then a broken request rolls it all back.
     broker.claim(Claim([Q], b"w2", 3, False))
-    broker.ack(Q, [ids[0]])
-    broker.nack(Q, [ids[1]])
-    broker.take_over(Q, b"w3", 0, [ids[2]])
+    broker.tasks.ack(Q, [ids[0]])
+    broker.tasks.fail(Q, [ids[1]])
+    broker.leases.take_over(Q, b"w3", 0, [ids[2]])
     submit_broken_request(broker)
     assert memory_leases(broker) == before
     assert_mirrors_the_file(broker)
     broker.clock_.now += 31_000  # the heap was rebuilt with them: each still expires
-    while broker.maintain():
+    while broker.reaper.maintain():
         pass
-    broker.maintain()
+    broker.reaper.maintain()
     assert not broker.queues[Q].leases
     assert broker.queues[Q].counts[AVAILABLE] == 10
 
@@ -125,13 +126,13 @@ def test_one_journal_takes_a_rolled_back_batch_back_in_every_shape(clocked_broke
     broker = clocked_broker
     ids = push(broker, 4)
     assert claim(broker, b"w1", 1) == ids[:1]
-    broker.maintain()  # the reaper's schedule looked, and moved its bounds up
+    broker.reaper.maintain()  # the reaper's schedule looked, and moved its bounds up
     assert broker.schedule.earliest_deadline > 0
     counts, leases = dict(broker.queues[Q].counts), memory_leases(broker)
-    broker.push(Q, [stored([b"n", b"rolled back"])])  # not waited for: in the batch below
+    broker.tasks.push(Q, [stored([b"n", b"rolled back"])])  # not waited for: in the batch below
     broker.claim(Claim([Q], b"w2", 2, False))
-    broker.ack(Q, [ids[0]])
-    broker.nack(Q, [ids[1]])
+    broker.tasks.ack(Q, [ids[0]])
+    broker.tasks.fail(Q, [ids[1]])
     submit_broken_request(broker)
     assert not broker.queues.journal and broker.queues[Q].counts == counts and memory_leases(broker) == leases
     assert broker.schedule.earliest_deadline == 0  # rebuilt: the next pass looks at everything
@@ -151,11 +152,11 @@ def test_an_ack_a_corrupt_file_refuses_leaves_the_leases_as_they_were(clocked_br
     broker.db.integrity.mark_corrupt("a test's")
     for acked in ([ids[0]], ids[:2]):  # one id (a worker's usual ack), then a batch
         with pytest.raises(errors.CommandError, match="database corrupt"):
-            broker.ack(Q, acked)
+            broker.tasks.ack(Q, acked)
     with pytest.raises(errors.CommandError, match="database corrupt"):
-        broker.ack(Q, ids[1:])
+        broker.tasks.ack(Q, ids[1:])
     assert memory_leases(broker) == before
-    assert broker.pending_summary(Q).wait()[2] == [(b"w1", 3)]
+    assert broker.tasks.pending_summary(Q).wait()[2] == [(b"w1", 3)]
 
 def test_a_start_without_recovery_reads_the_tasks_in_flight_from_the_file(tmp_path):
     settings = Settings(data_dir=str(tmp_path), durability="normal")
@@ -170,7 +171,7 @@ def test_a_start_without_recovery_reads_the_tasks_in_flight_from_the_file(tmp_pa
     try:
         assert memory_leases(broker) == before
         assert broker.queues[Q].counts[IN_FLIGHT] == 3 and broker.queues[Q].counts[AVAILABLE] == 2
-        first, last, workers = broker.pending_summary(Q).wait()
+        first, last, workers = broker.tasks.pending_summary(Q).wait()
         assert (first, last, workers) == (ids[0], ids[2], [(b"w1", 2), (b"w2", 1)])
     finally:
         broker.stop()
@@ -204,19 +205,19 @@ def test_the_reads_answer_from_the_leases_in_id_order(clocked_broker):
         clock.now += 10
         claim(broker, worker)
     in_flight = ids[290:293]  # delivered 20, 10 and 0 ms ago
-    assert broker.pending_summary(Q).wait() == (in_flight[0], in_flight[-1], [(b"w1", 1), (b"w2", 2)])
+    assert broker.tasks.pending_summary(Q).wait() == (in_flight[0], in_flight[-1], [(b"w1", 1), (b"w2", 2)])
     entries = broker.pending_entries(Q, (0, 0), (2 ** 62, 0), 10, None, None).wait()
     assert [(task_id, worker, idle, n) for task_id, worker, idle, n in entries] == [
         (in_flight[0], b"w2", 20, 1), (in_flight[1], b"w1", 10, 1), (in_flight[2], b"w2", 0, 1)]
     assert [e[0] for e in broker.pending_entries(Q, in_flight[1], (2 ** 62, 0), 10, b"w2", None).wait()] == \
         [in_flight[2]]
     assert [e[0] for e in broker.pending_entries(Q, (0, 0), (2 ** 62, 0), 10, None, 15).wait()] == [in_flight[0]]
-    info = broker.stream_info(Q, apart=False).wait()
+    info = broker.admin.stream_info(Q, apart=False).wait()
     assert info.consumers == [(b"w1", 1, clock.now - 10), (b"w2", 2, clock.now)]
-    assert [row[:2] for row in broker.tasks_in(Q, IN_FLIGHT, 2, in_flight[0]).wait()] == in_flight[1:]
-    cursor, taken = broker.autoclaim(Q, b"w3", 15, (0, 0), 1, True).wait()
+    assert [row[:2] for row in broker.admin.tasks(Q, IN_FLIGHT, 2, in_flight[0]).wait()] == in_flight[1:]
+    cursor, taken = broker.leases.autoclaim(Q, b"w3", 15, (0, 0), 1, True).wait()
     assert taken == [in_flight[0]] and cursor == in_flight[1]
-    assert [row[:2] for row in broker.claim_own(Q, b"w2", (0, 0), None).wait()] == [in_flight[2]]
+    assert [row[:2] for row in broker.claims.claim_own(Q, b"w2", (0, 0), None).wait()] == [in_flight[2]]
     assert claim(broker, b"w4", 5, claim_idle=5)[:1] == [in_flight[1]]  # the longest idle first
 
 

@@ -91,12 +91,12 @@ def claim(broker, queue=b"q", worker=b"w"):
 
 
 def fail(broker, task_id: bytes) -> None:
-    broker.nack(b"q", [stream_ids.parse_id(task_id)]).wait()
+    broker.tasks.fail(b"q", [stream_ids.parse_id(task_id)]).wait()
 
 
 def reaper_pass(broker) -> None:
     """One pass of the reaper, as its loop runs it."""
-    broker.maintain()
+    broker.reaper.maintain()
 
 
 def test_a_delayed_task_comes_due_on_the_reapers_pass(broker):
@@ -131,7 +131,7 @@ def test_the_reaper_runs_no_query_before_anything_is_due(broker, monkeypatch):
 
 
 def test_backoff_then_dead(broker):
-    broker.configure(b"q", {"backoff": "exponential 1 60", "max_attempts": 3}).wait()
+    broker.admin.configure(b"q", {"backoff": "exponential 1 60", "max_attempts": 3}).wait()
     task_id = push(broker)
     for attempt, wait_ms in ((1, 1000), (2, 2000)):
         assert claim(broker) == [task_id]
@@ -147,11 +147,11 @@ def test_backoff_then_dead(broker):
 
 
 def test_retention_and_ttl_purge_by_the_clock(broker):
-    broker.configure(b"q", {"retention_seconds": 10.0}).wait()
+    broker.admin.configure(b"q", {"retention_seconds": 10.0}).wait()
     plain = push(broker)
     short = push(broker, (b"b", b"2"), ttl_ms=2000)
     claim(broker)
-    broker.ack(b"q", [stream_ids.parse_id(plain), stream_ids.parse_id(short)]).wait()
+    broker.tasks.ack(b"q", [stream_ids.parse_id(plain), stream_ids.parse_id(short)]).wait()
     broker.clock_.now += 2000
     reaper_pass(broker)
     assert broker.queues[b"q"].counts[lifecycle.DONE] == 1  # the TTL task went first
@@ -169,7 +169,7 @@ def test_counters_since_start_survive_a_rollback(broker):
     counters (metrics, INFO) are not in the file and must not drop to zero."""
     push(broker)
     claim(broker)
-    rolled_back = broker.push(b"q", [stored([b"a", b"2"])])  # runs now, commits at the turn's end...
+    rolled_back = broker.tasks.push(b"q", [stored([b"a", b"2"])])  # runs now, commits at the turn's end...
     submit_broken_request(broker)  # ...but a broken request in the same turn rolls the batch back
     with pytest.raises(CommandError, match="storage error"):
         rolled_back.wait()

@@ -189,7 +189,7 @@ def test_a_run_whose_batch_rolls_back_answers_each_push_the_error(clocked_broker
     from ezra.protocol.resp import Replies
     from ezra.front.session import ServerState
 
-    request = clocked_broker.push(b"q", [b"*2\r\n$1\r\nn\r\n$1\r\nv\r\n"] * 3)
+    request = clocked_broker.tasks.push(b"q", [b"*2\r\n$1\r\nn\r\n$1\r\nv\r\n"] * 3)
     submit_broken_request(clocked_broker)  # the same batch: it rolls back whole
     server_end, client_end = gevent_socket.socketpair()  # a connection's socket is gevent's
     with server_end, client_end:

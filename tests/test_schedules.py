@@ -125,7 +125,7 @@ TOP = (stream_ids.MAX_ID_PART, stream_ids.MAX_ID_PART)
 
 def tasks(scheduler, queue=b"reports") -> list[list[bytes]]:
     """The fields of every task in the queue, oldest first."""
-    return [decode_fields(row[2]) for row in scheduler.broker.range(queue, False, (0, 0), TOP, 100, False).wait()]
+    return [decode_fields(row[2]) for row in scheduler.broker.tasks.range(queue, False, (0, 0), TOP, 100, False).wait()]
 
 
 def define(line: str):
@@ -153,7 +153,7 @@ def test_a_rolled_back_firing_leaves_neither_its_task_nor_its_record(scheduler):
     scheduler, clock = scheduler
     scheduler.set(define("hourly reports '0 * * * *' FIELDS job report")).wait()
     clock.now = utc_ms(2026, 12, 1, 9, 0, 1)
-    firing = scheduler.broker.writer.submit(scheduler._tx_fire, clock.now)  # this loop turn's batch...
+    firing = scheduler._fire_batch(clock.now)  # this loop turn's batch...
     submit_broken_request(scheduler.broker)  # ...rolls back whole
     with pytest.raises(Exception, match="storage error"):
         firing.wait()
@@ -188,7 +188,7 @@ def test_skip_if_unfinished_passes_slots_while_the_last_task_is_unfinished(sched
     (row,) = scheduler.rows().wait()
     assert (row.firings, row.skipped) == (1, 2)
     result = claim_committed(scheduler.broker, [b"reports"], b"w", 10, False)
-    scheduler.broker.ack(b"reports", [result[b"reports"][0][:2]]).wait()  # a task row: its id first
+    scheduler.broker.tasks.ack(b"reports", [result[b"reports"][0][:2]]).wait()  # a task row: its id first
     clock.now = utc_ms(2026, 12, 1, 12)
     scheduler.fire_due()
     assert len(tasks(scheduler)) == 2

@@ -9,7 +9,7 @@ from ezra.broker import Broker
 from ezra.config import Settings
 from ezra.storage import open_database
 from ezra.protocol.task_fields import stored
-from support_queue import submit_broken_request
+from support_queue import queue_counts, submit_broken_request
 from ezra.broker.waiters import Claim
 from support_broker import push_one, claim_committed
 
@@ -35,7 +35,7 @@ def test_pushes_of_one_loop_turn_commit_together(tmp_path):
         # Each turn, every producer pushes once: one commit (and one fsync) per turn.
         assert writer.batches - batches_before == pushes_each
         assert writer.fsyncs == pushes_each
-        assert broker.queue_counts()[b"jobs"]["available"] == producers * pushes_each
+        assert queue_counts(broker)[b"jobs"]["available"] == producers * pushes_each
     finally:
         broker.stop()
         broker.db.close()
@@ -45,11 +45,11 @@ def test_a_durable_reply_waits_for_its_fsync_a_read_does_not_need_one(tmp_path):
     broker = open_broker(tmp_path)
     writer = broker.writer
     try:
-        request = broker.push(b"jobs", [stored([b"f", b"v"])])
+        request = broker.tasks.push(b"jobs", [stored([b"f", b"v"])])
         assert writer.pending() == 1 and writer.fsyncs == 0  # runs at once; commits at the turn's end
         assert request.wait()[0].endswith(b"-0")
         assert writer.fsyncs == 1
-        assert broker.length(b"jobs", False).wait() == 1
+        assert broker.tasks.length(b"jobs", False).wait() == 1
         assert writer.fsyncs == 1  # a read's batch commits without an fsync
     finally:
         broker.stop()
@@ -59,7 +59,7 @@ def test_a_durable_reply_waits_for_its_fsync_a_read_does_not_need_one(tmp_path):
 def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
     broker = open_broker(tmp_path, durability="normal")
     try:
-        first = broker.push(b"jobs", [stored([b"f", b"v"])])
+        first = broker.tasks.push(b"jobs", [stored([b"f", b"v"])])
         submit_broken_request(broker)
         try:
             first.wait()
@@ -67,9 +67,9 @@ def test_a_failed_request_rolls_back_its_whole_batch(tmp_path):
             assert "storage error" in str(exc)
         else:
             raise AssertionError("a request of the rolled-back batch was answered")
-        assert broker.length(b"jobs", False).wait() == 0
+        assert broker.tasks.length(b"jobs", False).wait() == 0
         assert push_one(broker, b"jobs", stored([b"f", b"v"]))  # the next turn starts afresh
-        assert broker.length(b"jobs", False).wait() == 1
+        assert broker.tasks.length(b"jobs", False).wait() == 1
     finally:
         broker.stop()
         broker.db.close()
@@ -84,7 +84,7 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
     try:
         push_one(broker, b"jobs", stored([b"f", b"v"]))
         claimed = claim_committed(broker, [b"jobs"], b"w1", 1, False)
-        assert claimed and broker.queue_counts()[b"jobs"]["in_flight"] == 1
+        assert claimed and queue_counts(broker)[b"jobs"]["in_flight"] == 1
 
         def blocked_read():
             return broker.claim(Claim([b"jobs"], b"w2", 1, False, claim_idle=60_000), wait=True)
@@ -95,7 +95,7 @@ def test_a_blocked_read_whose_batch_rolled_back_is_not_left_waiting(tmp_path):
         reader.join(5)
         assert reader.ready() and "storage error" in str(reader.exception)
         push_one(broker, b"jobs", stored([b"f", b"v2"]))
-        assert broker.queue_counts()[b"jobs"] == dict(broker.queue_counts()[b"jobs"], available=1, in_flight=1)
+        assert queue_counts(broker)[b"jobs"] == dict(queue_counts(broker)[b"jobs"], available=1, in_flight=1)
     finally:
         broker.stop()
         broker.db.close()

@@ -1,43 +1,47 @@
 """The broker: EZRA's queue state machine. `from ezra.broker import Broker`.
 
-The Broker's verbs (the public methods the command handlers call; each runs in a connection
-greenlet and submits one part's `tx_*` transaction to the writer):
+The verbs the command handlers call, in connection greenlets: a part's (`broker.tasks.trim(...)`),
+or the Broker's own where they span parts. One with a policy is a transaction (writer/transactions.py)
+and returns its Request (`.wait()`: the result), answered after the fsync that follows the commit
+(`fsync`) or at the commit (`commit`); `grows`: refused on a full disk.
 
-    verb                 command                  what it does
-    push                 XADD                     add tasks: one XADD, or a pipeline's run (delayed, TTL,
-                                                  idempotent, dead: a Push with options)
-    claim                XREADGROUP >             claim tasks for a Claim (answered with the read's others),
-                                                  or, waiting, a Waiter in line for the front to wait on
-    unblock              XREADGROUP > BLOCK       the wait ends: what a commit just now claimed for it
-    claim_own            XREADGROUP <id>          claim the worker's own tasks in flight again
-    ack                  XACK                     tasks are done: one XACK's ids, or a pipeline's run
-    nack                 XNACK                    a delivery failed: back (with backoff) or dead
-    xdel                 XDEL                     cancel tasks nobody holds; fail those in flight
-    cancel               (dashboard delete)       cancel available or delayed tasks
-    delete_dead          XDEL q::dead             remove dead letters
-    create_queue         XGROUP CREATE            make the queue (and name its group)
-    destroy_group        XGROUP DESTROY           forget the group name; tasks stay
-    delete_worker        XGROUP DELCONSUMER       the worker's tasks in flight go back
-    trim                 XTRIM                    remove done tasks
-    length, range        XLEN, XRANGE/XREVRANGE   read a queue or its dead view
-    pending_summary      XPENDING q g             tasks in flight, per worker
-    pending_entries      XPENDING q g - + n       tasks in flight, one by one
-    take_over            XCLAIM                   heartbeat, or take a task in flight over
-    autoclaim            XAUTOCLAIM               take over tasks idle for long enough
-    worker_seen/_gone    (connections)            release a gone worker's tasks after a grace
-    configure            XCFGSET                  a queue's settings (pause, lease, backoff...)
-    requeue              XREQUEUE                 dead letters back to the queue
-    ack_delete           XACKDEL                  ack and remove
-    stream_info, tasks_in XINFO                   a queue's figures and tasks
-    figures              INFO, /metrics, dashboard  one snapshot of the figures (a Figures)
-    backup               BGSAVE / SAVE            hot backup of the database
-    look; watch, unwatch XREAD [BLOCK]            read without claiming; an Observer to wait on
-    existing             EXISTS, TYPE             which names are queues
-    names_after          XINFO QUEUES, INFO       a page of the queue names, in byte order
-    queue_counts         (tests)                  every queue's counts by state
-    blocked_clients      (figures)                blocked XREADGROUPs and XREADs
-    maintain             (the reaper, tests)      one reaper pass: expire, promote, purge, trim
-    start_reaper, stop, cancel_waiters            life: reaper, shutdown
+    verb                        policy        command                    what it does
+    tasks.push                  fsync, grows  XADD                       add tasks: one XADD, or a pipeline's run of
+                                                                         them (a Push: delayed, TTL, idempotent, dead)
+    claim                       commit        XREADGROUP >               claim for a Claim (answered with the read's
+                                                                         others), or, waiting, a Waiter in line
+    unblock                     commit        XREADGROUP > BLOCK         the wait ends: what a commit just now claimed
+    claims.claim_own            commit        XREADGROUP <id>            the worker's own tasks in flight, leased again
+    tasks.ack                   fsync         XACK                       tasks done: one XACK's ids, or a pipeline's run
+    tasks.fail                  fsync         XNACK                      a delivery failed: back (with backoff) or dead
+    tasks.delete                fsync         XDEL                       cancel tasks nobody holds; fail those in flight
+    tasks.cancel                fsync         (dashboard delete)         cancel available or delayed tasks
+    tasks.delete_dead           fsync         XDEL q::dead               remove dead letters
+    tasks.create_queue          fsync, grows  XGROUP CREATE              make the queue (and name its group)
+    tasks.destroy_group         fsync         XGROUP DESTROY             forget the group name; tasks stay
+    tasks.delete_worker         fsync         XGROUP DELCONSUMER         the worker's tasks in flight go back
+    tasks.trim                  fsync         XTRIM                      remove done tasks
+    tasks.length, tasks.range   commit        XLEN, XRANGE/XREVRANGE     read a queue or its dead view
+    tasks.pending_summary       commit        XPENDING q g               tasks in flight, per worker
+    pending_entries             commit        XPENDING q g - + n         tasks in flight, one by one (many: on a thread)
+    tasks.existing              commit        EXISTS, TYPE               which names are queues
+    leases.take_over            commit        XCLAIM                     heartbeat, or take a task in flight over
+    leases.autoclaim            commit        XAUTOCLAIM                 take over tasks idle for long enough
+    leases.release              fsync         (workers.py's timer)       a gone worker's tasks back, after the grace
+    workers.seen, workers.gone                (connections)              a worker name used; its last user closed
+    admin.configure             fsync, grows  XCFGSET                    a queue's settings (pause, lease, backoff...)
+    admin.requeue               fsync         XREQUEUE                   dead letters back to the queue
+    admin.ack_delete            fsync         XACKDEL                    ack and remove
+    admin.stream_info           commit        XINFO STREAM/GROUPS/...    a queue's figures (a StreamInfo)
+    admin.tasks                 commit        XINFO TASKS, dashboard     a queue's tasks in one state
+    admin.task                                (dashboard task page)      one task, read on a native thread
+    admin.figures               commit        INFO, /metrics, dashboard  one snapshot of the figures (a Figures)
+    admin.backup                              BACKUP                     hot backup of the database
+    views.look                  commit        XREAD                      read without claiming
+    watch, observers.unwatch    commit        XREAD BLOCK                an Observer to wait on, after a first look
+    names_after                               XINFO QUEUES, INFO         a page of the queue names, in byte order
+    reaper.maintain             commit        (the reaper, tests)        one pass: expire, promote, purge, trim
+    reaper.start, stop, cancel_waiters                                   life: the reaper, shutdown
 
 What they return are plain values, never a reply type: task rows as storage reads them
 (id_ms, id_seq, fields JSON, ...), ids as (ms, seq), tuples, and the broker's own dataclasses
@@ -67,22 +71,24 @@ calls. From the bottom up (a part imports only those below it):
     workers.py      worker names: connections, queues where each was leased tasks, release timers
     transitions.py  the state changes verbs share, in a batch: a queue made, tasks claimed,
                     failures decided, deletions, purges, waiters served
-    tasks.py        push, ack, nack, delete, create, and the reads of a queue's tasks
+    tasks.py        push, ack, fail, delete, create, and the reads of a queue's tasks
     leases.py       XCLAIM, XAUTOCLAIM, XREADGROUP CLAIM; a gone worker's tasks released
     claims.py       XREADGROUP's claims, a waiter put in line
     reaper.py       the reaper: expiry, delayed tasks coming due, retention, TTL, trimming, vacuum
     admin.py        XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, figures(), hot backup
     views.py        XREAD's looks at a view after an id
-    core.py         Broker: builds them, the verbs, the writer's hooks (after a batch, a reload)
+    core.py         Broker: builds them, the verbs that span them, the writer's hooks (after a
+                    batch, a reload)
 
 Beside them, not a part: schedules.py's Scheduler (XSCHEDULE), a plain object over the Broker
-that fires periodic pushes through `Tasks.tx_push` (XADD's route) in its own writer transactions.
+that fires periodic pushes through `Tasks.push.body` (XADD's route) in its own writer transactions.
 
 One route per verb: XADD, XREADGROUP and XACK each enter the broker by one method, whoever
 sends them (a command alone, a pipeline's run: commands/runs.py, a framework), and a blocked
 worker woken later was served by the same claim (Transitions.claim_rows) in the batch that
 made a task available. A blocking read is the front's to wait for (commands/table.py): `claim`
-with `wait` answers what it claimed or a registered Waiter; `watch` registers an Observer; `unblock` and `unwatch` end the wait.
+with `wait` answers what it claimed or a registered Waiter; `watch` registers an Observer; `unblock` and
+`observers.unwatch` end the wait.
 
 What the parts may import: the layers below (storage, writer/, lifecycle, errors,
 protocol/stream_ids and task_fields, settings/), gevent and loguru; never protocol/resp or

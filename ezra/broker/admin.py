@@ -32,6 +32,7 @@ from ..storage.reads import task_by_id
 from ..protocol.task_fields import UNREADABLE
 from ..protocol.stream_ids import TOP
 from .flow import FLOW_COLUMNS
+from ..writer.transactions import transaction
 from .in_flight import APART_LEASES, ROWID, pel_of
 
 LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
@@ -77,7 +78,7 @@ class StreamInfo:
 # "stats" is only what users see: INFO's Stats section (Redis's name) and `ezra stats`.
 @dataclass(slots=True)
 class Figures:
-    """A snapshot of the broker's figures (Broker.figures): plain values, safe to format on any thread."""
+    """A snapshot of the broker's figures (Admin.figures): plain values, safe to format on any thread."""
 
     now: int                    # ms since the epoch, when it was taken
     queues: dict                # {name: {"counts", "totals", "paused", "head_since"}}: the queues asked for
@@ -124,14 +125,9 @@ class Admin:
         if apart and held is not None:
             idmp = self.read_apart(reads.idmp_tracked, queue, self.clock())
             if full_count is not None and len(held.leases) > APART_LEASES:
-                leases, now = self.writer.call(self.in_flight.copy, queue, durable=False)
+                leases, now = self.leases_copy(queue).wait()
                 pel = get_hub().threadpool.apply(pel_of, (leases, now, full_count or -1))
-        return self.writer.submit(self.tx_stream_info, queue, full_count, idmp, pel, durable=False)
-
-    def tasks(self, queue: bytes, state: str, count: int, after: tuple = (0, 0)):
-        """Up to `count` tasks of one state (storage.INSPECT_COLUMNS rows): XINFO TASKS, the dashboard.
-        "unfinished": available, delayed and in-flight ones in id order, each row ending with its state."""
-        return self.writer.submit(self.tx_tasks, queue, state, count, after, durable=False)
+        return self._stream_info(queue, full_count, idmp, pel)
 
     def task(self, queue: bytes, task_id: tuple) -> tuple | None:
         """One task by id (storage.INSPECT_COLUMNS + state), or None: the dashboard's task page.
@@ -151,8 +147,8 @@ class Admin:
 
         head_since=False skips the one index lookup per queue shown that it costs (INFO)."""
         if not queues and busiest is None:
-            return self.tx_figures(queues, head_since, busiest)
-        return self.writer.call(self.tx_figures, queues, head_since, busiest, durable=False)
+            return Admin._figures.body(self, queues, head_since, busiest)
+        return self._figures(queues, head_since, busiest).wait()
 
     def backup(self, dest_path: str) -> dict:
         """BACKUP: copy the live database (SQLite online backup) to a new file in the backup
@@ -177,9 +173,11 @@ class Admin:
             raise errors.storage_failed(str(error))
         return result
 
-    # ------------------------------------------------------------ writer's batch
+    # ------------------------------------------------------------ transactions (writer/transactions.py)
 
-    def tx_configure(self, name: bytes, changes: dict) -> bool:
+    @transaction(grows=True)
+    def configure(self, name: bytes, changes: dict) -> bool:
+        """XCFGSET: apply and store settings ({column: value}); creates the queue if needed."""
         now = self.clock()
         queue = self.transitions.queue(name, now)
         idmp_before, paused_before = queue.idmp_limits(), queue.is_paused()
@@ -198,7 +196,9 @@ class Admin:
             self.transitions.window_full(queue, now)  # a window full under the new limit: its opening
         return True
 
-    def tx_requeue(self, name: bytes, ids: list[tuple] | None) -> int:
+    @transaction()
+    def requeue(self, name: bytes, ids: list[tuple] | None) -> int:
+        """XREQUEUE: dead tasks (these ids, or all with None) back to available; how many moved."""
         queue = self.queues.get(name)
         if queue is None or not queue.counts[DEAD]:
             return 0
@@ -224,7 +224,10 @@ class Admin:
                            "unfinished task holds (the first: {})", name.decode("utf-8", "replace"),
                            len(released), stream_ids.format_id(min(released)).decode())
 
-    def tx_tasks(self, name: bytes, state: str, count: int, after: tuple) -> list[tuple]:
+    @transaction(durable=False)
+    def tasks(self, name: bytes, state: str, count: int, after: tuple = (0, 0)) -> list[tuple]:
+        """Up to `count` tasks of one state (storage.INSPECT_COLUMNS rows): XINFO TASKS, the dashboard, ezra
+        export. "unfinished": available, delayed and in-flight ones in id order, each row ending with its state."""
         if name not in self.queues:
             raise errors.NO_SUCH_KEY
         if state == "unfinished":  # ezra export's one pass in id order: rows carry their state
@@ -237,7 +240,13 @@ class Admin:
         head = self.transitions.order(queue).head() if state == DONE else None
         return self.db.tasks_in_state(name, state, count, after, head)
 
-    def tx_figures(self, queues, head_since: bool, busiest: int | None) -> Figures:
+    @transaction(durable=False)
+    def leases_copy(self, name: bytes) -> tuple[dict, int]:
+        """A copy of the queue's leases and the time now, for a pick among many on a native thread."""
+        return self.in_flight.copy(name)
+
+    @transaction(durable=False)
+    def _figures(self, queues, head_since: bool, busiest: int | None) -> Figures:
         rest = None
         if busiest is not None:
             queues, rest = self._busiest(busiest)
@@ -286,7 +295,9 @@ class Admin:
             "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]},
             "paused": sum(1 for queue in rest if queue.is_paused())}
 
-    def tx_ack_delete(self, name: bytes, ids: list[tuple]) -> list[bool]:
+    @transaction()
+    def ack_delete(self, name: bytes, ids: list[tuple]) -> list[bool]:
+        """XACKDEL: per id, True (acked and deleted) or False (not in flight nor done)."""
         queue = self.queues.get(name)
         if queue is None:
             return [False] * len(ids)
@@ -307,8 +318,9 @@ class Admin:
             self.transitions.serve_waiters(queue, self.clock())
         return replies
 
-    def tx_stream_info(self, name: bytes, full_count: int | None, idmp: tuple | None,
-                       pel: list | None = None) -> StreamInfo:
+    @transaction(durable=False)
+    def _stream_info(self, name: bytes, full_count: int | None, idmp: tuple | None,
+                     pel: list | None = None) -> StreamInfo:
         queue = self.queues.get(name)
         if queue is None:
             raise errors.NO_SUCH_KEY

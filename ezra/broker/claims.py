@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..lifecycle import AVAILABLE, IN_FLIGHT
 from .. import errors, lifecycle
+from ..writer.transactions import transaction
 from .in_flight import ROWID
 from .transitions import new_as_idle
 from .waiters import Claim, Waiter
@@ -29,7 +30,7 @@ from .waiters import Claim, Waiter
 class Claims:
     """XREADGROUP's transactions over the queues, their waiters and the leases."""
 
-    def __init__(self, db, queues, in_flight, transitions, leases, waiters, schedule, clock):
+    def __init__(self, db, queues, in_flight, transitions, leases, waiters, schedule, writer, clock):
         self.db = db
         self.queues = queues
         self.in_flight = in_flight
@@ -37,6 +38,7 @@ class Claims:
         self.leases = leases
         self.waiters = waiters
         self.schedule = schedule
+        self.writer = writer  # for the claims' transactions (writer/transactions.py)
         self.clock = clock
 
     def nothing_to_claim(self, claim: Claim) -> bool:
@@ -57,7 +59,8 @@ class Claims:
                     return False
         return True
 
-    def tx_claim(self, claim: Claim, waiter: Waiter | None):
+    @transaction(durable=False)
+    def claim(self, claim: Claim, waiter: Waiter | None):
         """{queue: task rows} claimed, or None (and `waiter`, if given, is in line)."""
         now = self.clock()
         result = {}
@@ -83,7 +86,8 @@ class Claims:
             self.waiters.register(waiter)
         return None
 
-    def tx_unblock(self, waiter: Waiter):
+    @transaction(durable=False)
+    def unblock(self, waiter: Waiter):
         """The waiter stops waiting (timed out, or its client hung up): what a batch that committed
         just now claimed for it, or None (out of line now)."""
         if waiter.registered:
@@ -93,7 +97,9 @@ class Claims:
             raise waiter.error
         return waiter.result
 
-    def tx_claim_own(self, name: bytes, worker: bytes, after: tuple, count: int | None):
+    @transaction(durable=False)
+    def claim_own(self, name: bytes, worker: bytes, after: tuple, count: int | None):
+        """XREADGROUP with an id: this worker's own in-flight tasks after `after`, leased again."""
         queue = self.queues.get(name)
         if queue is None:
             return []

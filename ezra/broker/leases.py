@@ -12,7 +12,7 @@ lost to its timeout), and XREADGROUP CLAIM takes nothing over. A take-over count
 queue's RATE-LIMIT, and a full window holds it back as a pause does; MAX-IN-FLIGHT does not
 limit it (the task is in flight already: flow.py).
 
-Release on disconnect: workers.py keeps the names and their timers; `tx_release` here
+Release on disconnect: workers.py keeps the names and their timers; `release` here
 gives a gone worker's tasks back, through the failure rule, where the grace is over.
 """
 
@@ -24,6 +24,7 @@ from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, IN_FLIGHT
 from ..storage import name_bytes
 from ..protocol.stream_ids import TOP
+from ..writer.transactions import transaction
 from .in_flight import DELIVERED_AT, ROWID, failure_rows
 
 SCAN_OVER = (0, 0)  # XAUTOCLAIM's cursor once every in-flight task was looked at
@@ -52,16 +53,18 @@ def delivery_time(now: int, idle_ms: int | None, time_ms: int | None) -> int | N
 class Leases:
     """XCLAIM's, XAUTOCLAIM's and XREADGROUP CLAIM's transactions, and a gone worker's release."""
 
-    def __init__(self, db, queues, in_flight, transitions, schedule, workers, clock):
+    def __init__(self, db, queues, in_flight, transitions, schedule, workers, writer, clock):
         self.db = db
         self.queues = queues
         self.in_flight = in_flight
         self.transitions = transitions
         self.schedule = schedule
         self.workers = workers
+        self.writer = writer
         self.clock = clock
 
-    def tx_release(self, worker: bytes, gone_at: int) -> float | None:
+    @transaction()
+    def release(self, worker: bytes, gone_at: int) -> float | None:
         """Release the gone worker's tasks where the grace is over; seconds until the next, or None."""
         if self.workers.connected(worker):
             return None
@@ -86,9 +89,9 @@ class Leases:
             self.workers.forget(worker)
         return wait
 
-    def tx_give_back_all(self) -> int:
-        """A clean stop: every task in flight back to available, attempts as they are (as start-up's
-        recovery makes them); how many."""
+    def give_back_all(self) -> int:
+        """In a clean stop's last batch: every task in flight back to available, attempts as they are
+        (as start-up's recovery makes them); how many."""
         given = 0
         for queue in self.queues.values():
             held = list(queue.leases.items())
@@ -105,8 +108,10 @@ class Leases:
             logger.info("gave {} tasks in flight back to available for the next start", given)
         return given
 
-    def tx_take_over(self, name: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms,
-                     time_ms, retry_count, force: bool, justid: bool) -> list:
+    @transaction(durable=False)
+    def take_over(self, name: bytes, worker: bytes, min_idle: int, ids: list[tuple], idle_ms=None,
+                  time_ms=None, retry_count=None, force: bool = False, justid: bool = False) -> list:
+        """XCLAIM: the tasks now leased to `worker`: (id_ms, id_seq, fields JSON) rows, (id_ms, id_seq) with JUSTID."""
         queue = self.queues.get(name)
         if queue is None:
             return []
@@ -124,8 +129,11 @@ class Leases:
             claimed.append(self._take_over_or_renew(queue, row, worker, now, justid, retry_count, delivered_at))
         return claimed
 
-    def tx_autoclaim(self, name: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
-                     justid: bool) -> tuple:
+    @transaction(durable=False)
+    def autoclaim(self, name: bytes, worker: bytes, min_idle: int, start: tuple, count: int,
+                  justid: bool) -> tuple:
+        """XAUTOCLAIM: (next cursor, the tasks as XCLAIM's); the cursor (0, 0) when the scan is over.
+        (Redis's third part, the deleted ids, is always empty in EZRA: commands/ops.py adds it.)"""
         queue = self.queues.get(name)
         if queue is None:
             return SCAN_OVER, []

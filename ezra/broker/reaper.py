@@ -34,6 +34,7 @@ from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
 from ..protocol.stream_ids import TOP
 from ..settings.trimming import MAXLEN, MINID
+from ..writer.transactions import transaction
 from .in_flight import failure_rows
 from .deadlines import INF
 
@@ -90,9 +91,10 @@ class Reaper:
         True when a batch was full and the next pass should come at once."""
         if self.db.integrity.corrupt:  # nothing is written to a corrupt file: no expiry, no purge
             return False
-        return self.writer.call(self.tx_maintain, durable=False)
+        return self._reap().wait()
 
-    def tx_maintain(self) -> bool:
+    @transaction(durable=False)
+    def _reap(self) -> bool:
         """One pass; True when a batch was full and the next pass should come at once."""
         now = self.clock()
         more = False

@@ -1,7 +1,7 @@
 """Schedules: a task pushed at the times of a cron expression (XSCHEDULE, the config's schedule lines).
 
 A plain object beside the Broker. Its verbs (connection greenlets call them; each submits a
-`_tx_*` script to the writer, as the Broker's verbs do):
+transaction to the writer, as the Broker's parts do: writer/transactions.py):
 
     set           XSCHEDULE SET    define or replace a schedule (an identical definition keeps its runs)
     delete        XSCHEDULE DEL    remove one; its tasks stay
@@ -15,7 +15,7 @@ The schedules live in their table only (storage/schedules.py): nothing is cached
 time the greenlet sleeps until, the earliest next slot, so a rolled-back batch leaves
 nothing to rebuild. The greenlet keeps one timer, for that slot; a SET or DEL wakes it.
 
-A firing pushes as XADD does (Tasks.tx_push: the queue made, counts, waiters woken) and
+A firing pushes as XADD does (Tasks.push's body: the queue made, counts, waiters woken) and
 records the slot in the same transaction, so a crash leaves both or neither: a slot never
 fires twice. It then moves the schedule's next slot past the later of the slot and now:
 after downtime the one slot that came first is fired, once, not one per slot missed.
@@ -26,7 +26,7 @@ Slots are the system clock's times; the greenlet sees it step by comparing it wi
 clock (clock.py), which only elapsed time moves. A step forward is as downtime: the slot that
 came first fires once. A step back (NTP correcting a fast clock) would leave each next slot that
 much further away: each schedule's next slot is moved back by the step, on to its expression's
-first slot from there (`_tx_realign`), so it keeps its pace. A step shorter than a schedule's
+first slot from there (`_realign`), so it keeps its pace. A step shorter than a schedule's
 period fires no slot twice; after a longer one, the times the clock shows a second time come
 round again, as an hourly schedule's do in the repeated hour of daylight saving. A step while
 the server was stopped is found at the first look: a schedule that fired (or was set) later
@@ -45,8 +45,9 @@ from ..settings.cron import Cron, CronError
 from ..settings.schedule_settings import Definition
 from ..storage import encode_fields, reads
 from ..storage.schedules import NEVER
+from ..writer.transactions import transaction
 from .queues import MAX_QUEUE_NAME
-from .tasks import Push
+from .tasks import Push, Tasks
 
 MAX_SCHEDULES = 1000   # LIST, /metrics and the dashboard show every one
 FIRE_BATCH = 100       # schedules fired per transaction
@@ -64,6 +65,7 @@ class Scheduler:
     def __init__(self, broker):
         self.broker = broker
         self.db = broker.db
+        self.writer = broker.writer
         self.clock = broker.wall_clock  # slots are the system clock's times
         self.server_clock = broker.clock
         self._skew: int | None = None  # the system clock less the server's at the last look (None: none yet)
@@ -77,63 +79,65 @@ class Scheduler:
 
     def set(self, definition: Definition, origin: str = COMMAND):
         """XSCHEDULE SET; the request's result is True (made or changed) or False (unchanged)."""
-        request = self.broker.writer.submit(self._tx_set, definition, origin)
+        request = self._save(definition, origin)
         self._wake.set()  # its next slot may be the earliest now
         return request
 
     def delete(self, name: bytes):
         """XSCHEDULE DEL: 1 if it existed, else 0."""
-        request = self.broker.writer.submit(self._tx_delete, name)
+        request = self._remove(name)
         self._wake.set()
         return request
 
+    @transaction(durable=False)
     def rows(self):
         """XSCHEDULE LIST inside EXEC (which cannot wait): every schedule's row
         (storage.schedules.ScheduleRow), by name, read in the transaction."""
-        return self.broker.writer.submit(self.db.schedules.all, durable=False)
+        return self.db.schedules.all()
 
     def rows_apart(self) -> list:
         """XSCHEDULE LIST: `rows`, read on a native thread: the fields of 300 schedules of 1 MB
         each took 1-1.6 s to read and decode, every other client waiting."""
         return self.broker.admin.read_apart(reads.schedule_rows)
 
+    @transaction(durable=False)
     def shown(self):
         """Every schedule's row, by name, without its fields (None): a read of one small index."""
-        return self.broker.writer.submit(self.db.schedules.shown, durable=False)
+        return self.db.schedules.shown()
 
     def apply_config(self, definitions: list[Definition]) -> None:
         """At start: set the config file's schedules; remove those the config set before and dropped."""
         wanted = {definition.name for definition in definitions}
         for definition in definitions:
             try:
-                changed = self.broker.writer.call(self._tx_set, definition, CONFIG)
+                changed = self._save(definition, CONFIG).wait()
             except errors.CommandError as exc:
                 raise ValueError(f"schedule {text(definition.name)!r} of the config: "
                                  f"{exc.message.removeprefix('ERR ')}") from None
             logger.info("schedule {!r} from the config: {!r} in {}, queue {!r}{}", text(definition.name),
                         definition.cron.text, definition.cron.zone_name, text(definition.queue),
                         "" if changed else " (unchanged: its runs go on)")
-        for name in self.broker.writer.call(self.db.schedules.config_names, durable=False):
+        for name in self._config_names().wait():
             if name not in wanted:
-                self.broker.writer.call(self._tx_delete, name)
+                self._remove(name).wait()
                 logger.info("schedule {!r} removed: the config no longer has it", text(name))
 
     def fire_due(self) -> tuple[bool, int | None]:
         """Fire what is due at the clock's now: (more are due, the earliest next slot or None)."""
         now = self.clock()
         self._follow_steps(now)
-        earliest = self.broker.writer.call(self.db.schedules.earliest, durable=False)
+        earliest = self._earliest().wait()
         if earliest is None or earliest > now:  # a look, not a firing: no fsync for it
             return False, earliest
         # A firing adds rows, as a push does: on a full disk it is refused (DISK_FULL) before it
         # runs, and its slots wait; it must not use the reserve the workers' claims and acks need.
-        return self.broker.writer.submit(self._tx_fire, now, grows=True).wait()
+        return self._fire_batch(now).wait()
 
     def _follow_steps(self, now: int) -> None:
         """Realign the next slots at the first look and after the system clock stepped back."""
         skew = now - self.server_clock()
         if self._skew is None:  # the first look: a step while the server was stopped shows in the rows
-            self.broker.writer.call(self._tx_realign, now, None, durable=False)
+            self._realign(now, None).wait()
         elif abs(skew - self._skew) >= STEP_MS:
             moved = (skew - self._skew) / 1000
             logger.warning("the system clock stepped {} {:.3f} s: {}; leases, delays and the times EZRA records "
@@ -142,7 +146,7 @@ class Scheduler:
                            "schedules keep their pace" if moved < 0 else "each schedule fires the slot that came "
                            "first, once", -skew / 1000)
             if moved < 0:
-                self.broker.writer.call(self._tx_realign, now, self._skew - skew, durable=False)
+                self._realign(now, self._skew - skew).wait()
         self._skew = skew  # once realigned: a failed realignment is tried again at the next look
 
     # ------------------------------------------------------------ the greenlet
@@ -186,7 +190,7 @@ class Scheduler:
         logger.opt(exception=not isinstance(exc, errors.CommandError)).error(
             "firing schedules failed (tried again every {} s until it works): {}", RETRY_MS / 1000, exc)
 
-    # ------------------------------------------------------------ transaction scripts
+    # ------------------------------------------------------------ transactions
 
     def _cron(self, expression: str, zone: str) -> Cron:
         cron = self._crons.get((expression, zone))
@@ -196,7 +200,9 @@ class Scheduler:
             cron = self._crons[(expression, zone)] = Cron(expression, zone)
         return cron
 
-    def _tx_set(self, definition: Definition, origin: str) -> bool:
+    @transaction()
+    def _save(self, definition: Definition, origin: str) -> bool:
+        """Define or replace a schedule: True, or False if identical (its runs go on)."""
         schedules = self.db.schedules
         row = schedules.get(definition.name)
         if row is not None and definition.same_as(row):
@@ -226,11 +232,13 @@ class Scheduler:
         except errors.CommandError as exc:
             raise errors.schedule_queue_refused(name, exc.message) from None
 
-    def _tx_delete(self, name: bytes) -> int:
+    @transaction()
+    def _remove(self, name: bytes) -> int:
         self._refused.discard(name)
         return self.db.schedules.delete(name)
 
-    def _tx_realign(self, now: int, step: int | None) -> None:
+    @transaction(durable=False)
+    def _realign(self, now: int, step: int | None) -> None:
         """The system clock went back `step` ms (None: unknown, after a start): each next slot
         moves back as far, on to the expression's first slot from there."""
         schedules = self.db.schedules
@@ -245,7 +253,17 @@ class Scheduler:
             if moved is not None and moved < next_at:
                 schedules.move_next(name, moved)
 
-    def _tx_fire(self, now: int) -> tuple[bool, int | None]:
+    @transaction(durable=False)
+    def _config_names(self) -> list[bytes]:
+        return self.db.schedules.config_names()
+
+    @transaction(durable=False)
+    def _earliest(self) -> int | None:
+        return self.db.schedules.earliest()
+
+    @transaction(grows=True)
+    def _fire_batch(self, now: int) -> tuple[bool, int | None]:
+        """Fire up to FIRE_BATCH due slots: (more are due, the earliest next slot or None)."""
         schedules = self.db.schedules
         due = schedules.due(now, FIRE_BATCH)
         for row in due:
@@ -267,7 +285,7 @@ class Scheduler:
         if not (row.skip_unfinished and row.last_task and self.db.schedules.unfinished(row.queue, row.last_task)):
             fields = row.fields if row.slot_field is None else [*row.fields, row.slot_field, cron.local(slot).encode()]
             try:  # stored as JSON, the schedules table's form (task_fields.py reads both forms)
-                (pushed,) = self.broker.tasks.tx_push(row.queue, [Push(encode_fields(fields))])
+                (pushed,) = Tasks.push.body(self.broker.tasks, row.queue, [Push(encode_fields(fields))])  # in this batch
             except errors.CommandError as exc:  # refused before it wrote anything: the slot passes
                 self._log_refused(row, cron.local(slot), exc)
                 self.db.schedules.move_next(row.name, next_at)

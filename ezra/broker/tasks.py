@@ -1,7 +1,7 @@
-"""The task verbs' transactions: push, ack, nack, cancel, delete, and the reads of a queue's tasks.
+"""The task verbs' transactions: push, ack, fail, cancel, delete, and the reads of a queue's tasks.
 
-Each `tx_*` method runs in a writer's batch (the Broker submits it); only batches change the
-queues' states, so no locks are needed.
+Each `@transaction` method, called, runs in a writer's batch (writer/transactions.py); only
+batches change the queues' states, so no locks are needed.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from itertools import repeat
 
 from .. import errors, lifecycle
+from ..writer.transactions import transaction
 from ..protocol import stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
 from .in_flight import ROWID, failure_rows, pending_of
@@ -47,25 +48,29 @@ class Push:
 class Tasks:
     """Push, ack, nack, delete and read tasks, over the file, the queues and what they touch."""
 
-    def __init__(self, db, queues, in_flight, transitions, waiters, schedule, reaper, clock):
+    def __init__(self, db, queues, in_flight, transitions, waiters, schedule, reaper, writer, clock):
         self.db = db
         self.queues = queues
         self.in_flight = in_flight
         self.transitions = transitions
         self.schedule = schedule
         self.reaper = reaper
+        self.writer = writer
         self.clock = clock
         # What a push reads on every call, held directly (the dict the waiters own): an
         # attribute hop less per push (scripts/core_paths.py).
         self.blocked = waiters.blocked
 
-    def tx_trim(self, name: bytes, trim) -> int:
+    @transaction()
+    def trim(self, name: bytes, trim) -> int:
+        """XTRIM ~: remove done tasks as `trim` (trimming.Trim) says; how many went."""
         queue = self.queues.get(name)
         return 0 if queue is None else self.reaper.trim_done(queue, trim)
 
-    def tx_delete_worker(self, name: bytes, worker: bytes) -> int:
-        """Redis drops a deleted consumer's pending entries; EZRA fails them as a lost lease would
-        (the attempt counts: back to available, or dead without attempts left)."""
+    @transaction()
+    def delete_worker(self, name: bytes, worker: bytes) -> int:
+        """XGROUP DELCONSUMER: Redis drops a deleted consumer's pending entries; EZRA fails them as a
+        lost lease would (the attempt counts: back to available, or dead without attempts left)."""
         queue = self.queues.get(name)
         if queue is None:
             raise errors.XGROUP_NEEDS_KEY
@@ -77,7 +82,9 @@ class Tasks:
             queue.tally("released", len(rows))
         return len(rows)
 
-    def tx_destroy_group(self, name: bytes, group: bytes) -> int:
+    @transaction()
+    def destroy_group(self, name: bytes, group: bytes) -> int:
+        """XGROUP DESTROY: 1 if XGROUP CREATE named that group (forgotten now), else 0. Tasks stay."""
         queue = self.queues.get(name)
         if queue is None:
             raise errors.XGROUP_NEEDS_KEY
@@ -87,7 +94,9 @@ class Tasks:
         queue.named_group(None)
         return 1
 
-    def tx_create_queue(self, name: bytes, must_exist: bool, group: bytes | None) -> bool:
+    @transaction(grows=True)
+    def create_queue(self, name: bytes, must_exist: bool, group: bytes | None = None) -> bool:
+        """XGROUP CREATE: make the queue (unless `must_exist`) and name its group."""
         if must_exist and name not in self.queues:
             raise errors.XGROUP_NEEDS_KEY
         queue = self.transitions.queue(name, self.clock())
@@ -96,7 +105,8 @@ class Tasks:
             queue.named_group(group)
         return True
 
-    def tx_push(self, name: bytes, pushes: list) -> list:
+    @transaction(grows=True)
+    def push(self, name: bytes, pushes: list) -> list:
         """XADD's one route: the pushes of one XADD, or of a pipeline's run of them, to one queue.
         `pushes` are plain pushes (`XADD q * field value...`: their fields as stored), or one Push
         with options. Each push's result, in order: its id, None (NOMKSTREAM, no queue), or the
@@ -188,7 +198,8 @@ class Tasks:
         queue.idmp_recorded()
         self.schedule.idmp_expires_at(expires_at)
 
-    def tx_ack(self, name: bytes, ids: list[tuple]) -> list[int]:
+    @transaction()
+    def ack(self, name: bytes, ids: list[tuple]) -> list[int]:
         """XACK's one route: the ids of one XACK, or of a pipeline's run of single-id XACKs, to
         one queue. Per id, 1 if this ack finished its task (in flight until now), else 0: an id
         not in flight, or named again. An XACK answers the sum of its ids'; a run's XACKs each
@@ -249,8 +260,10 @@ class Tasks:
             self.transitions.note_deleted(queue, [task_id for task_id, _ in deleted])
         return kept
 
-    def tx_fail(self, name: bytes, ids: list[tuple], mode: str, retry_count: int | None,
-                force: bool, reason: bytes | None = None, cause: str = lifecycle.NACKED) -> int:
+    @transaction()
+    def fail(self, name: bytes, ids: list[tuple], mode: str = lifecycle.FAIL, retry_count: int | None = None,
+             force: bool = False, reason: bytes | None = None, cause: str = lifecycle.NACKED) -> int:
+        """XNACK: report failed attempts, and why (back, with backoff, or dead); how many."""
         queue = self.queues.get(name)
         if queue is None:
             return 0
@@ -267,15 +280,17 @@ class Tasks:
             queue.tally("failed", len(rows))
         return len(rows)
 
-    def tx_xdel(self, name: bytes, ids: list[tuple]) -> int:
+    @transaction()
+    def delete(self, name: bytes, ids: list[tuple]) -> int:
         """XDEL on a live queue: the tasks nobody holds are cancelled (deleted), then a failure of
         those in flight is reported (in that order: a failed task that goes back stays)."""
-        cancelled = self.tx_cancel(name, ids)
-        return cancelled + self.tx_fail(name, ids, lifecycle.FAIL, None, False, cause=lifecycle.XDEL_REPORT)
+        cancelled = Tasks.cancel.body(self, name, ids)
+        return cancelled + Tasks.fail.body(self, name, ids, cause=lifecycle.XDEL_REPORT)
 
-    def tx_cancel(self, name: bytes, ids: list[tuple]) -> int:
-        """Delete available and delayed tasks for good (their UNIQUE keys free with their rows);
-        how many went. Tasks in flight, done or dead are left alone."""
+    @transaction()
+    def cancel(self, name: bytes, ids: list[tuple]) -> int:
+        """The dashboard's delete (and XDEL's first step): available and delayed tasks deleted for good
+        (their UNIQUE keys free with their rows); how many went. In flight, done or dead: left alone."""
         queue = self.queues.get(name)
         if queue is None:
             return 0
@@ -292,7 +307,9 @@ class Tasks:
         self.transitions.note_deleted(queue, deleted)
         return len(deleted)
 
-    def tx_delete_dead(self, name: bytes, ids: list[tuple]) -> int:
+    @transaction()
+    def delete_dead(self, name: bytes, ids: list[tuple]) -> int:
+        """XDEL q::dead: remove dead letters; how many went."""
         queue = self.queues.get(name)
         if queue is None:
             return 0
@@ -301,7 +318,9 @@ class Tasks:
         self.transitions.note_deleted(queue, deleted)
         return len(deleted)
 
-    def tx_length(self, name: bytes, dead: bool) -> int:
+    @transaction(durable=False)
+    def length(self, name: bytes, dead: bool) -> int:
+        """XLEN of a queue (its tasks not done) or of its dead view."""
         queue = self.queues.get(name)
         if queue is None:
             return 0
@@ -309,24 +328,29 @@ class Tasks:
             return queue.counts[DEAD]
         return sum(queue.counts[state] for state in lifecycle.WAITING)
 
-    def tx_range(self, name: bytes, dead: bool, start, end, count, reverse):
+    @transaction(durable=False)
+    def range(self, name: bytes, dead: bool, start, end, count, reverse: bool):
+        """XRANGE / XREVRANGE: task rows (id_ms, id_seq, fields JSON, ...); None for COUNT 0 on a queue."""
         if count <= 0:  # XRANGE ... COUNT 0: None if the queue exists (Redis answers a null array)
             return None if name in self.queues else []
         states = (DEAD,) if dead else (AVAILABLE, DELAYED, IN_FLIGHT, DONE)
         return self.db.range(name, states, start, end, count, reverse)
 
-    def tx_pending_summary(self, name: bytes):
+    @transaction(durable=False)
+    def pending_summary(self, name: bytes):
+        """XPENDING's summary: (first id, last id, [(worker, count)]) of the tasks in flight."""
         queue = self.queues.get(name)
         return (None, None, []) if queue is None else self.in_flight.summary(queue)
 
-    def tx_pending_entries(self, name, start, end, count, worker, min_idle_ms):
+    @transaction(durable=False)
+    def pending_entries(self, name, start, end, count, worker, min_idle_ms):
+        """XPENDING's extended form: [(id, worker, idle ms, deliveries)] (Broker.pending_entries)."""
         queue = self.queues.get(name)
         if queue is None:
             return []
         return pending_of(queue.leases, self.clock(), start, end, count, worker, min_idle_ms)
 
-    def tx_existing(self, names: list[bytes]) -> set[bytes]:
+    @transaction(durable=False)
+    def existing(self, names: list[bytes]) -> set[bytes]:
+        """Which of these names are queues (EXISTS, TYPE): a lookup each, no copy of every queue's counts."""
         return {name for name in names if name in self.queues}
-
-    def tx_counts(self) -> dict:
-        return {name: dict(queue.counts) for name, queue in self.queues.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
 from ..protocol.stream_ids import LAST_ONE, MAX_ID_PART, SINCE_NOW, previous_id
+from ..writer.transactions import transaction
 
 LIVE_VIEW = (AVAILABLE, DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a live queue
 DEAD_VIEW = (DEAD,)
@@ -19,12 +20,14 @@ NEWEST = (MAX_ID_PART, MAX_ID_PART)
 class Views:
     """XREAD's transactions: looks at views after ids."""
 
-    def __init__(self, db, queues):
+    def __init__(self, db, queues, writer):
         self.db = db
         self.queues = queues
+        self.writer = writer
 
-    def tx_look(self, reads: list[tuple], count: int) -> dict:
-        """{stream: task rows} for the reads (stream as given, (queue, dead), after) with entries."""
+    @transaction(durable=False)
+    def look(self, reads: list[tuple], count: int) -> dict:
+        """XREAD: {stream: task rows} for the reads (stream as given, (queue, dead), after) with entries."""
         result = {}
         for stream, (name, dead), after in reads:
             states = DEAD_VIEW if dead else LIVE_VIEW
@@ -33,11 +36,12 @@ class Views:
                 result[stream] = rows
         return result
 
-    def tx_first_look(self, reads: list[tuple], count: int) -> tuple[list[tuple], dict]:
-        """The ids '$' and '+' stand for now, and what is there after them."""
+    @transaction(durable=False)
+    def first_look(self, reads: list[tuple], count: int) -> tuple[list[tuple], dict]:
+        """XREAD BLOCK's first look: the ids '$' and '+' stand for now, and what is there after them."""
         reads = [(stream, (name, dead), self._resolve(name, DEAD_VIEW if dead else LIVE_VIEW, after))
                  for stream, (name, dead), after in reads]
-        return reads, self.tx_look(reads, count)
+        return reads, Views.look.body(self, reads, count)
 
     def _resolve(self, name: bytes, states: tuple, after):
         """'$' and '+' as ids, now (a queue that does not exist yet: from its start, as Redis)."""

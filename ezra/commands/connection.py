@@ -251,7 +251,7 @@ def info(session, args):
     # One snapshot of the broker's figures for every section; the queues' only when shown, and
     # only the first INFO_QUEUES of them (50,000 queues took ~0.5 s a call): XINFO QUEUES pages.
     broker = session.state.broker
-    figures = broker.figures(broker.names_after(None, INFO_QUEUES) if everything or "queues" in wanted else (),
+    figures = broker.admin.figures(broker.names_after(None, INFO_QUEUES) if everything or "queues" in wanted else (),
                              head_since=False)
     sections = []
     for name, build in INFO_SECTIONS:

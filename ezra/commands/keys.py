@@ -17,7 +17,7 @@ from .table import command
 
 def known_queues(session, names: list[bytes]) -> set[bytes]:
     """Those of the names (or the queues of their ::dead views) that are queues."""
-    return broker_of(session).existing([split_queue(name)[0] for name in names])
+    return broker_of(session).tasks.existing([split_queue(name)[0] for name in names]).wait()
 
 
 @command("EXISTS", -2)

@@ -53,7 +53,7 @@ def xcfgset(session, args):
     """XCFGSET queue SETTING value [SETTING value ...]: OK; creates the queue if it does not exist."""
     queue = live_queue(args[1])
     changes = queue_settings.parse(args[2:])
-    return Deferred(broker_of(session).configure(queue, changes), lambda _: OK)
+    return Deferred(broker_of(session).admin.configure(queue, changes), lambda _: OK)
 
 
 # ---------------------------------------------------------------- leases
@@ -90,8 +90,8 @@ def xclaim(session, args):
         i += 1
     (idle_ms, time_ms, retry_count, force, justid, _), _ = parse_options(args, i, XCLAIM_OPTIONS)
     session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
-    return Deferred(broker_of(session).take_over(queue, worker, min_idle, ids, idle_ms=idle_ms, time_ms=time_ms,
-                                                 retry_count=retry_count, force=force, justid=justid),
+    return Deferred(broker_of(session).leases.take_over(queue, worker, min_idle, ids, idle_ms, time_ms, retry_count,
+                                                        force, justid),
                     lambda claimed: taken_over(claimed, justid))
 
 
@@ -116,7 +116,7 @@ def xautoclaim(session, args):
     if start == stream_ids.ABOVE_ALL:  # past every id EZRA can store: nothing to scan
         return [b"0-0", [], []]
     session.use_worker(worker)  # once the arguments checked out: a bad command leaves the name alone
-    return Deferred(broker_of(session).autoclaim(queue, worker, min_idle, start, count, justid),
+    return Deferred(broker_of(session).leases.autoclaim(queue, worker, min_idle, start, count, justid),
                     lambda scanned: autoclaim_reply(scanned, justid))
 
 
@@ -136,7 +136,7 @@ def xackdel(session, args):
     ids, end = ids_block(args, i)
     if end != len(args):
         raise errors.SYNTAX
-    return Deferred(broker_of(session).ack_delete(queue, ids), xackdel_reply)
+    return Deferred(broker_of(session).admin.ack_delete(queue, ids), xackdel_reply)
 
 
 XACKDEL_DELETED = 1
@@ -154,11 +154,11 @@ def xrequeue(session, args):
     """XREQUEUE queue ALL | IDS numids id...: dead tasks back to available, attempts reset; how many."""
     queue, _ = split_queue(args[1])  # 'q' and 'q::dead' both name q's dead tasks
     if args[2].upper() == b"ALL" and len(args) == 3:
-        return Deferred(broker_of(session).requeue(queue, None))
+        return Deferred(broker_of(session).admin.requeue(queue, None))
     ids, end = ids_block(args, 2)
     if end != len(args):
         raise errors.SYNTAX
-    return Deferred(broker_of(session).requeue(queue, ids))
+    return Deferred(broker_of(session).admin.requeue(queue, ids))
 
 
 # ---------------------------------------------------------------- XINFO
@@ -181,11 +181,11 @@ def xinfo(session, args):
     queue = live_queue(args[2])
     apart = not session.in_exec  # its counts on a native thread; inside EXEC (it cannot wait) in the transaction
     if sub == b"GROUPS":
-        return Deferred(broker_of(session).stream_info(queue, apart=apart), lambda info: [group_reply(info)])
+        return Deferred(broker_of(session).admin.stream_info(queue, apart=apart), lambda info: [group_reply(info)])
     if sub == b"CONSUMERS":
-        return Deferred(broker_of(session).stream_info(queue, apart=apart), consumers_reply)
+        return Deferred(broker_of(session).admin.stream_info(queue, apart=apart), consumers_reply)
     full_count = stream_full_count(args[3:])
-    return Deferred(broker_of(session).stream_info(queue, full_count, apart),
+    return Deferred(broker_of(session).admin.stream_info(queue, full_count, apart),
                     stream_reply if full_count is None else stream_full_reply)
 
 
@@ -216,7 +216,7 @@ def xinfo_tasks(session, args):
     if state is None:
         raise errors.TASK_STATE_UNKNOWN
     (count, after), _ = parse_options(args, 4, TASKS_OPTIONS)
-    return Deferred(broker_of(session).tasks_in(queue, state, count, after),
+    return Deferred(broker_of(session).admin.tasks(queue, state, count, after),
                     lambda rows: [task_reply(row, state) for row in rows])
 
 
@@ -241,7 +241,7 @@ def xinfo_queues(session, args):
     counts, page by page, where INFO lists the first 100 (`ezra stats` reads these)."""
     (count, after), _ = parse_options(args, 2, QUEUES_OPTIONS)
     broker = broker_of(session)
-    figures = broker.figures(broker.names_after(after, count), head_since=False)
+    figures = broker.admin.figures(broker.names_after(after, count), head_since=False)
     return [queue_reply(name, queue) for name, queue in sorted(figures.queues.items())]
 
 
@@ -360,7 +360,7 @@ def backup(session, args):
     """BACKUP dest-path: a consistent copy of ezra.db, a new file in the backup directory (SQLite's backup API)."""
     dest = args[1].decode("utf-8", "surrogateescape")
     try:
-        broker_of(session).backup(dest)
+        broker_of(session).admin.backup(dest)
     except StorageError as exc:
         raise errors.backup_failed(exc) from None
     return OK

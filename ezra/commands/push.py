@@ -1,5 +1,5 @@
 """XADD: one place checks a push (its size, id and options), for one XADD and for a pipeline's
-run of them alike, and one route stores them (Broker.push: Tasks.tx_push, a list of pushes).
+run of them alike, and one route stores them (Tasks.push, a list of pushes).
 
 A plain push, `XADD q * field value...` as producers send it, is its fields as stored; a push
 with options is a Push (broker/tasks.py). `read_pushes` checks the XADD it is given and, when
@@ -144,7 +144,7 @@ def xadd(session, args):
     [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] [PRIORITY p] [PARTITION key] <* | id> field value ...
     (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, pushes, _ = read_pushes(session, (args,), 0)
-    return Deferred(session.state.broker.push(queue, pushes), ONLY)  # its id is the reply
+    return Deferred(session.state.broker.tasks.push(queue, pushes), ONLY)  # its id is the reply
 
 
 def read_pushes(session, commands, start: int) -> tuple[bytes, list, int]:

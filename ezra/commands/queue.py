@@ -39,7 +39,7 @@ def xtrim(session, args):
     if trimming is None:  # a reference policy alone
         raise errors.XTRIM_WITHOUT_STRATEGY
     trimming.check()
-    return Deferred(broker_of(session).trim(queue, trimming.trim()))
+    return Deferred(broker_of(session).tasks.trim(queue, trimming.trim()))
 
 
 def block_timeout(arg: bytes) -> int:
@@ -166,7 +166,7 @@ def xread(session, args):
         reads.setdefault(stream, (stream, split_queue(stream), after))
     count = read_count(count)
     if block_ms is None:
-        return Deferred(broker_of(session).look(list(reads.values()), count), found_or_null)
+        return Deferred(broker_of(session).views.look(list(reads.values()), count), found_or_null)
     return ObserveWait(broker_of(session), list(reads.values()), count, block_ms)
 
 
@@ -181,7 +181,7 @@ class ObserveWait(Block):
         self.observer = None
 
     def without_waiting(self):
-        return Deferred(self.broker.look(self.reads, self.count), found_or_null)
+        return Deferred(self.broker.views.look(self.reads, self.count), found_or_null)
 
     def start(self):
         # Later looks read after the same ids: '$' means the time of the call.
@@ -193,12 +193,12 @@ class ObserveWait(Block):
         if not outcome or self.observer.cancelled:
             return NULL_ARRAY  # timed out, hung up, or the server is stopping
         self.event.clear()  # before the look: a commit after this sets it again
-        found = self.broker.look(self.reads, self.count).wait()
+        found = self.broker.views.look(self.reads, self.count).wait()
         return read_reply(found) if found else None
 
     def end(self):
         if self.observer is not None:
-            self.broker.unwatch(self.observer)
+            self.broker.observers.unwatch(self.observer)
 
 
 def found_or_null(found: dict | None):
@@ -225,7 +225,7 @@ def read_mixed(session, queues, ids, claim: Claim):
             if claimed:
                 result.update(claim_reply(claimed, claim.claim_idle))
         else:
-            result[queue] = entries(broker_of(session).claim_own(queue, claim.worker, after, claim.count).wait())
+            result[queue] = entries(broker_of(session).claims.claim_own(queue, claim.worker, after, claim.count).wait())
     return result or NULL_ARRAY
 
 
@@ -236,7 +236,7 @@ def xack(session, args):
     queue, dead = split_queue(args[1])
     if dead:
         return 0
-    return Deferred(session.state.broker.ack(queue, ids), sum)  # each id's count (Tasks.tx_ack)
+    return Deferred(session.state.broker.tasks.ack(queue, ids), sum)  # each id's count (Tasks.ack)
 
 
 def ack_ids(args: list[bytes]) -> list[tuple]:
@@ -264,7 +264,7 @@ def xnack(session, args):
     if mode not in lifecycle.NACK_MODES:
         if any(arg.upper() == b"REASON" for arg in args[3:]):
             raise errors.REASON_NEEDS_LONG_FORM
-        return Deferred(broker_of(session).nack(queue, ids_of(args[3:])))
+        return Deferred(broker_of(session).tasks.fail(queue, ids_of(args[3:])))
     if len(args) < 7 or args[4].upper() != b"IDS":
         raise errors.SYNTAX
     numids = to_int(args[5])
@@ -272,7 +272,7 @@ def xnack(session, args):
         raise errors.NACK_NUMIDS_INVALID
     ids = ids_of(args[6:6 + numids])
     (retry_count, force, reason), _ = parse_options(args, 6 + numids, NACK_OPTIONS)
-    return Deferred(broker_of(session).nack(queue, ids, mode, retry_count, force, reason))
+    return Deferred(broker_of(session).tasks.fail(queue, ids, mode, retry_count, force, reason))
 
 
 @command("XDEL", -3)
@@ -282,15 +282,15 @@ def xdel(session, args):
     ids = ids_of(args[2:])
     queue, dead = split_queue(args[1])
     if dead:
-        return Deferred(broker_of(session).delete_dead(queue, ids))
-    return Deferred(broker_of(session).xdel(queue, ids))
+        return Deferred(broker_of(session).tasks.delete_dead(queue, ids))
+    return Deferred(broker_of(session).tasks.delete(queue, ids))
 
 
 @command("XLEN", 2)
 def xlen(session, args):
     """XLEN queue: tasks not done (available + in flight); on queue::dead, dead tasks."""
     queue, dead = split_queue(args[1])
-    return Deferred(broker_of(session).length(queue, dead))
+    return Deferred(broker_of(session).tasks.length(queue, dead))
 
 
 def range_command(session, args, reverse: bool):
@@ -302,12 +302,12 @@ def range_command(session, args, reverse: bool):
     if len(args) == 6 and args[4].upper() == b"COUNT":
         count = min(max(to_int(args[5]), 0), RANGE_DEFAULT_COUNT)
         if count == 0:  # Redis: a null array when the stream exists, an empty one when not
-            return Deferred(broker_of(session).range(queue, dead, start, end, 0, reverse), entries_or_null_array)
+            return Deferred(broker_of(session).tasks.range(queue, dead, start, end, 0, reverse), entries_or_null_array)
     elif len(args) != 4:
         raise errors.SYNTAX
     if start > end:
         return []
-    return Deferred(broker_of(session).range(queue, dead, start, end, count, reverse), long_entries)
+    return Deferred(broker_of(session).tasks.range(queue, dead, start, end, count, reverse), long_entries)
 
 
 def entries_or_null_array(rows):
@@ -338,7 +338,7 @@ def xpending(session, args):
     """XPENDING queue group [[IDLE min-idle] start end count [worker]]"""
     queue = live_queue(args[1])
     if len(args) == 3:
-        return Deferred(broker_of(session).pending_summary(queue), pending_summary_reply)
+        return Deferred(broker_of(session).tasks.pending_summary(queue), pending_summary_reply)
     # IDLE comes once, first (as Redis reads it): only args[3:5] may hold it.
     (min_idle,), i = parse_options(args[:5], 3, PENDING_OPTIONS)
     rest = args[i:]
@@ -383,10 +383,10 @@ def xgroup(session, args):
         return 1
     if sub == b"DESTROY" and len(args) == 4:
         # 1 for the group XGROUP CREATE named (forgotten), else 0; the tasks stay as they are
-        return Deferred(broker_of(session).destroy_group(live_queue(args[2]), args[3]))
+        return Deferred(broker_of(session).tasks.destroy_group(live_queue(args[2]), args[3]))
     if sub == b"DELCONSUMER" and len(args) == 5:
         # As Redis, how many tasks the worker held; EZRA gives them back instead of dropping them
-        return Deferred(broker_of(session).delete_worker(live_queue(args[2]), args[4]))
+        return Deferred(broker_of(session).tasks.delete_worker(live_queue(args[2]), args[4]))
     if sub == b"HELP":
         return [SimpleString(line) for line in XGROUP_HELP]
     if sub in (b"CREATE", b"SETID", b"CREATECONSUMER", b"DELCONSUMER", b"DESTROY"):
@@ -403,12 +403,12 @@ def xgroup_create_or_setid(session, sub: bytes, args: list[bytes]):
     try:
         stream_ids.group_start_id(args[4])
     except CommandError:
-        if not mkstream and queue not in broker_of(session).existing([queue]):
+        if not mkstream and queue not in broker_of(session).tasks.existing([queue]).wait():
             raise errors.XGROUP_NEEDS_KEY from None
         raise
     if sub == b"CREATE":
-        return Deferred(broker_of(session).create_queue(queue, not mkstream, args[3]), lambda _: OK)
-    if queue not in broker_of(session).existing([queue]):
+        return Deferred(broker_of(session).tasks.create_queue(queue, not mkstream, args[3]), lambda _: OK)
+    if queue not in broker_of(session).tasks.existing([queue]).wait():
         raise errors.XGROUP_NEEDS_KEY
     return OK
 

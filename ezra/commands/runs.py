@@ -5,7 +5,7 @@ A producer that pipelines its pushes (a redis-py pipeline, a framework's batch, 
 -P) sends dozens of `XADD q * field value` in one read. Dispatched one by one, each is a handler
 call, a writer request, an INSERT, a Deferred and a reply of its own. The connection asks here
 first: the run is checked as XADD checks one (push.read_pushes, the one check), stored by the
-same route (Broker.push: Tasks.tx_push takes a list, and a single XADD is a run of one), and
+same route (Tasks.push takes a list, and a single XADD is a run of one), and
 its replies written together (resp.Replies), each the one XADD would give it.
 
 Only plain pushes make a run (`*` right after the queue's name, no option; push.read_pushes
@@ -14,7 +14,7 @@ run and is dispatched as before (an XADD with options is a run of one, read once
 
 Acks go the same way: a worker that pipelines `XACK q group id`, one id each (an auto-pipelining
 client, acks sent as tasks finish), has them sent as one list of ids down XACK's route
-(Broker.ack: Tasks.tx_ack answers each id's count), each XACK answering 1 or 0 for its own
+(Tasks.ack answers each id's count), each XACK answering 1 or 0 for its own
 task as it would alone. An id XACK would refuse ends the run.
 """
 
@@ -38,7 +38,7 @@ def push_run(session, commands: list[list[bytes]], start: int):
         queue, pushes, _ = read_pushes(session, commands, start)
     except ErrorReply:
         return None  # refused by XADD itself, with its message
-    return _one_request(session, commands, start, session.state.broker.push, queue, pushes)
+    return _one_request(session, commands, start, session.state.broker.tasks.push, queue, pushes)
 
 
 def ack_run(session, commands: list[list[bytes]], start: int):
@@ -57,7 +57,7 @@ def ack_run(session, commands: list[list[bytes]], start: int):
             break  # refused by XACK itself, with its message
     if len(ids) < 2:
         return None
-    return _one_request(session, commands, start, session.state.broker.ack, queue, ids)
+    return _one_request(session, commands, start, session.state.broker.tasks.ack, queue, ids)
 
 
 def _one_request(session, commands: list[list[bytes]], start: int, submit, queue: bytes, items: list):

@@ -72,11 +72,11 @@ class Session:
             if self.workers is NO_WORKERS:
                 self.workers = set()
             self.workers.add(worker)
-            self.state.broker.worker_seen(worker)
+            self.state.broker.workers.seen(worker)
         return worker
 
     def close(self) -> None:
         """The connection closed: the worker names it used may be gone (release on disconnect)."""
         workers, self.workers = self.workers, NO_WORKERS
         for worker in workers:
-            self.state.broker.worker_gone(worker)
+            self.state.broker.workers.gone(worker)

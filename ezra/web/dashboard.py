@@ -239,7 +239,7 @@ def error_page(status: str, message: str) -> bytes:
 
 def index_page(state, figures, history: History, page_number: int = 1, total: int | None = None,
                schedules=()) -> bytes:
-    """One page of the queue list: `figures` (Broker.figures) holds that page's queues, `total` counts them all;
+    """One page of the queue list: `figures` (Admin.figures) holds that page's queues, `total` counts them all;
     then the schedules (storage.schedules.ScheduleRow)."""
     now, overview = figures.now, figures.queues
     total = len(overview) if total is None else total
@@ -307,7 +307,7 @@ def pages_nav(number: int, shown: int, total: int) -> str:
 
 
 def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf: str, flash: str) -> bytes:
-    """A queue's page: its figures (from Broker.figures), the tasks in `lists` by state, its charts."""
+    """A queue's page: its figures (from Admin.figures), the tasks in `lists` by state, its charts."""
     now, queue = figures.now, figures.queues[name]
     counts = queue["counts"]
     tiles = "".join(f'<div class="{count_class("tile", s, counts[s])}"><div class="count" data-state="{s}">{counts[s]}</div>'

@@ -2,7 +2,7 @@
 
 Nothing here runs on the command path: the broker keeps plain counters
 (QueueState.totals) and the writer fixed-bucket histograms. A scrape copies them
-on the event loop (`snapshot`: Broker.figures, the snapshot INFO and the
+on the event loop (`snapshot`: Admin.figures, the snapshot INFO and the
 dashboard read too), then formats the copy on a native thread (`render`), so a
 server with many queues does not pause its clients while prometheus_client
 writes the text. Imported only when --http-port is set, so a
@@ -52,7 +52,7 @@ def snapshot(state) -> dict:
     """Everything /metrics shows, read on the event loop (one writer round trip): the broker's
     figures (its --metrics-queues busiest queues, the rest summed) and the server's."""
     scheduler = getattr(state, "scheduler", None)
-    return {"figures": state.broker.figures(busiest=state.settings.metrics_queues),
+    return {"figures": state.broker.admin.figures(busiest=state.settings.metrics_queues),
             "schedules": [] if scheduler is None else scheduler.shown().wait(),
             "connected": len(state.sessions), "parked": state.parked_clients,
             "durability": state.settings.durability, "database_corrupt": state.broker.db.integrity.corrupt}

@@ -228,16 +228,16 @@ class WebApp:
         shown = names[(number - 1) * per_page:number * per_page]
         # Only this page's queues: 10,000 of them (counts, the head's age, a chart each) took
         # 170-400 ms on the event loop per load, and every open dashboard reloads every 3 s.
-        figures = self.broker.figures(shown)
+        figures = self.broker.admin.figures(shown)
         schedules = [] if self.state.scheduler is None else self.state.scheduler.shown().wait()
         return "200 OK", [], dashboard.index_page(self.state, figures, self.history, number, len(names), schedules)
 
     def queue_page(self, environ, params):
         name = required(params, "name")
-        figures = self.broker.figures([name])
+        figures = self.broker.admin.figures([name])
         if name not in figures.queues:
             raise errors.HTTP_NO_SUCH_QUEUE
-        lists = {state: self.broker.tasks_in(name, state, dashboard.ROWS_SHOWN).wait()
+        lists = {state: self.broker.admin.tasks(name, state, dashboard.ROWS_SHOWN).wait()
                  for state in dashboard.LISTED_STATES}
         flash = dashboard.done_message(params.get("done", [b""])[0], params.get("n", [b""])[0])
         page = dashboard.queue_page(self.state, name, figures, lists, self.history, self.csrf_token, flash)
@@ -247,10 +247,10 @@ class WebApp:
         """One task's page: /task?queue=<name>&id=<ms-seq> (the name percent-encoded byte for byte)."""
         name = required(params, "queue")
         wanted = task_id(params)
-        figures = self.broker.figures([name])
+        figures = self.broker.admin.figures([name])
         if name not in figures.queues:
             raise errors.HTTP_NO_SUCH_QUEUE
-        row = self.broker.task(name, wanted)
+        row = self.broker.admin.task(name, wanted)
         if row is None:
             raise errors.http_no_such_task(wanted)
         return "200 OK", [], task_page.render(self.state, name, row, figures, self.csrf_token)
@@ -258,7 +258,7 @@ class WebApp:
     def requeue(self, environ, form):
         name = required(form, "name")
         ids = None if form.get("all") else [task_id(form)]
-        moved = self.broker.requeue(name, ids).wait()
+        moved = self.broker.admin.requeue(name, ids).wait()
         logger.info("dashboard: requeued {} dead task(s) of {!r}", moved, name.decode("utf-8", "replace"))
         return see_other(name, "requeued", moved)
 
@@ -267,8 +267,8 @@ class WebApp:
         XDEL does; a task in flight is its worker's, and stays."""
         name = required(form, "name")
         ids = [task_id(form)]
-        dead = self.broker.delete_dead(name, ids).wait()
-        deleted = dead or self.broker.cancel(name, ids).wait()
+        dead = self.broker.tasks.delete_dead(name, ids).wait()
+        deleted = dead or self.broker.tasks.cancel(name, ids).wait()
         logger.info("dashboard: deleted {} {}task(s) of {!r}", deleted, "dead " if dead else "",
                     name.decode("utf-8", "replace"))
         return see_other(name, "deleted-dead" if dead else "deleted", deleted)
@@ -282,7 +282,7 @@ class WebApp:
             raise errors.HTTP_PAUSED_INVALID
         if name not in self.broker.queues:  # XCFGSET would create it: the dashboard only changes queues it shows
             raise errors.HTTP_NO_SUCH_QUEUE
-        self.broker.configure(name, {"paused": int(paused)}).wait()
+        self.broker.admin.configure(name, {"paused": int(paused)}).wait()
         return see_other(name, "paused" if paused == b"1" else "resumed")
 
 
