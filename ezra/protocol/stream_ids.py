@@ -106,13 +106,6 @@ def parse_id_parts(arg: bytes, missing_seq: int) -> StreamId:
         raise errors.INVALID_ID from None
 
 
-def _id_part(text: bytes) -> int:
-    value = to_uint64(text)
-    if value > MAX_ID_PART:
-        raise ValueError(text)
-    return value
-
-
 def parse_after_id(arg: bytes) -> StreamId:
     """An id to read after (XREAD): as parse_id, but ids beyond EZRA's 63-bit parts, up to
     Redis's 2**64-1, read as the highest EZRA has: no task is above either."""
