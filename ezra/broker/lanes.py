@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..lifecycle import DEFAULT_PRIORITY
+from ..storage import name_bytes
 from .available import AvailableOrder
 
 PRIORITIES = 10  # 0 (served first) .. 9
@@ -60,6 +62,7 @@ class Lanes:
     """A queue's available tasks in claim order: priority, then partitions in turn, then push order."""
 
     __slots__ = ("levels", "partition_limit", "holding", "_waiting")
+    complete = True  # as a complete AvailableOrder: every available task of the queue is here
 
     def __init__(self, partition_limit: int = 1):
         self.levels: list[Level | None] = [None] * PRIORITIES
@@ -70,9 +73,81 @@ class Lanes:
     def __len__(self) -> int:
         return self._waiting
 
+    @classmethod
+    def from_order(cls, order: AvailableOrder, in_flight_rowids, partition_limit: int = 1) -> Lanes:
+        """A plain queue's complete order, and its tasks in flight, as the lanes of a queue that
+        turns to them (the first push with PRIORITY or PARTITION): all of the default priority,
+        in no partition, the order itself the one lane (no copy)."""
+        lanes = cls(partition_limit)
+        level = lanes.levels[DEFAULT_PRIORITY] = Level()
+        lane = level.lanes[NO_PARTITION] = Lane(NO_PARTITION)
+        lane.order = order
+        lanes._waiting = len(order)
+        for rowid in in_flight_rowids:
+            lanes.holding[rowid] = (DEFAULT_PRIORITY, NO_PARTITION)
+            lane.in_flight += 1
+        lanes._in_turn_if_ready(level, lane)
+        lanes._drop_if_idle(level, lane)
+        return lanes
+
+    @classmethod
+    def from_rows(cls, rows, partition_limit: int = 1) -> Lanes:
+        """The lanes of a queue as the file has them (after a start or a rollback): rows (rowid,
+        priority, partition_key, in flight 0/1) in row id order (storage lanes_rows), grouped here
+        in one pass, each lane's order made from its list at once (a million rows: no `add` each)."""
+        waiting: dict[tuple, list] = {}
+        flying: dict[tuple, list] = {}
+        for rowid, priority, partition, in_flight in rows:
+            key = (DEFAULT_PRIORITY if priority is None else priority, partition)
+            group = (flying if in_flight else waiting).get(key)
+            if group is None:
+                group = (flying if in_flight else waiting)[key] = []
+            group.append(rowid)
+        lanes = cls(partition_limit)
+        for (priority, partition), rowids in flying.items():
+            key = None if partition is None else name_bytes(partition)
+            lane = lanes._lane(priority, key)
+            lane.in_flight += len(rowids)
+            lanes.holding.update(dict.fromkeys(rowids, (priority, key)))
+        for (priority, partition), rowids in waiting.items():  # the oldest first task's lane first in the round
+            lane = lanes._lane(priority, None if partition is None else name_bytes(partition))
+            if len(lane.order):  # a key stored both as text and as BLOB: one lane, kept in order
+                before = lane.order.take(len(lane.order))
+                lanes._waiting -= len(before)
+                rowids = sorted([*before, *rowids])
+            lane.order = AvailableOrder(rowids)
+            lanes._waiting += len(rowids)
+        for level in lanes.levels:
+            if level is not None:
+                for lane in list(level.lanes.values()):
+                    lanes._in_turn_if_ready(level, lane)
+        return lanes
+
+    def _lane(self, priority: int, partition) -> Lane:
+        level = self.levels[priority]
+        if level is None:
+            level = self.levels[priority] = Level()
+        lane = level.lanes.get(partition)
+        if lane is None:
+            lane = level.lanes[partition] = Lane(partition)
+        return lane
+
     # ------------------------------------------------------------ in
 
-    def add(self, rowid: int, priority: int, partition) -> None:
+    def add_pushed(self, rowids) -> None:
+        """A run of plain pushes (no PRIORITY, no PARTITION): the default priority, no partition."""
+        for rowid in rowids:
+            self.add(rowid)
+
+    def ready(self) -> bool:
+        """Some lane has work and room: a claim would take a task (or a stale entry: the claim
+        steps over it)."""
+        for level in self.levels:
+            if level is not None and level.turns:
+                return True
+        return False
+
+    def add(self, rowid: int, priority: int = DEFAULT_PRIORITY, partition=NO_PARTITION) -> None:
         """A task became available (a push, or one coming back)."""
         level = self.levels[priority]
         if level is None:
@@ -120,6 +195,11 @@ class Lanes:
                     self._drop_if_idle(level, lane)
                     continue
                 self._waiting -= 1
+                if rowid in self.holding:  # a stale entry (XNACK FORCE of an available task added one)
+                    lane.in_turn = False
+                    self._in_turn_if_ready(level, lane)
+                    self._drop_if_idle(level, lane)
+                    continue
                 lane.in_flight += 1
                 self.holding[rowid] = (priority, lane.key)
                 lane.in_turn = False

@@ -99,7 +99,8 @@ class Leases:
             self.in_flight.all_ended(queue, held)
             queue.move(IN_FLIGHT, AVAILABLE, len(held))
             for _, lease in held:
-                self.transitions.became_available(queue, lease[ROWID])
+                placed = self.transitions.lease_ended(queue, lease[ROWID]) if queue.lanes_on else None
+                self.transitions.became_available(queue, lease[ROWID], placed)
             given += len(held)
         if given:
             logger.info("gave {} tasks in flight back to available for the next start", given)

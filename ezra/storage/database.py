@@ -435,6 +435,25 @@ class Database:
             "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' AND queue = ? "
             "ORDER BY rowid LIMIT ?", (low if after is None else after + 1, high, name_value(queue), limit)).fetchall()
 
+    def lanes_rows(self, queue: bytes) -> list[tuple]:
+        """(rowid, priority, partition_key, in flight: 0 or 1) of the queue's available and in-flight
+        tasks, in row id order (push order), in one read: a lanes queue's claim order is built from
+        them (broker/lanes.py)."""
+        low, high = self.span(queue)
+        return self.conn.execute(
+            "SELECT rowid, priority, partition_key, state = 'in_flight' FROM tasks WHERE rowid BETWEEN ? AND ? "
+            "AND (state = 'available' OR state = 'in_flight') AND queue = ? ORDER BY rowid",
+            (low, high, name_value(queue))).fetchall()
+
+    def placement(self, rowid: int) -> tuple:
+        """(priority, partition_key) of one task (NULLs as stored), or (None, None) if it is gone."""
+        return self.conn.execute("SELECT priority, partition_key FROM tasks WHERE rowid = ?",
+                                 (rowid,)).fetchone() or (None, None)
+
+    def use_lanes(self, name: bytes) -> None:
+        """The queue's claims take the order by priority and partition from now on, for good."""
+        self.conn.execute("UPDATE queues SET lanes = 1 WHERE name = ?", (name_value(name),))
+
     def renew(self, rowids: list[int], now: int, deadline: int) -> list[tuple]:
         """XREADGROUP with an id: these in-flight tasks (a worker's own, broker/in_flight.py) are
         delivered again, leased from now: (id_ms, id_seq, fields, attempts) of each, in id order."""
@@ -485,10 +504,11 @@ class Database:
                                                                  encode_failure(failure), rowid)).rowcount
 
     def promote_due(self, now: int, limit: int) -> list:
-        """Delayed tasks whose time came become available; (queue, row id) of each."""
+        """Delayed tasks whose time came become available; (queue, row id, priority, partition_key) of each."""
         return self.conn.execute(
             "UPDATE tasks SET state = 'available' WHERE rowid IN (SELECT rowid FROM tasks "
-            "WHERE state = 'delayed' AND available_at <= ? ORDER BY available_at LIMIT ?) RETURNING queue, rowid",
+            "WHERE state = 'delayed' AND available_at <= ? ORDER BY available_at LIMIT ?) "
+            "RETURNING queue, rowid, priority, partition_key",
             (now, limit)).fetchall()
 
     def next_due(self) -> int | None:
@@ -497,14 +517,14 @@ class Database:
 
     def requeue(self, queue: bytes, ids: list[tuple] | None, now: int) -> list[int]:
         """dead -> available with attempts reset: the given ids, or all of the queue's (None);
-        the row ids of those moved."""
+        (row id, priority, partition_key) of those moved."""
         sql = ("UPDATE tasks SET state = 'available', attempts = 0, worker = NULL, deadline = NULL, "
                "finished_at = NULL, available_at = ? WHERE queue = ? AND state = 'dead'")
         q = name_value(queue)
         if ids is None:
-            return [row[0] for row in self.conn.execute(sql + " RETURNING rowid", (now, q))]
-        sql += " AND id_ms = ? AND id_seq = ? RETURNING rowid"
-        return [row[0] for ms, seq in dict.fromkeys(ids) for row in self.conn.execute(sql, (now, q, ms, seq))]
+            return self.conn.execute(sql + " RETURNING rowid, priority, partition_key", (now, q)).fetchall()
+        sql += " AND id_ms = ? AND id_seq = ? RETURNING rowid, priority, partition_key"
+        return [row for ms, seq in dict.fromkeys(ids) for row in self.conn.execute(sql, (now, q, ms, seq))]
 
     def delete_dead(self, queue: bytes, ids: list[tuple]) -> list[tuple]:
         """Delete dead tasks for good; the ids deleted."""
