@@ -13,7 +13,8 @@ So a partition with 100,000 tasks queued takes one turn in a round like a partit
 another partition's first task waits at most one round, not behind the 100,000.
 
 A lane's turn is kept only while it has work and room: a partition at its limit leaves the
-round, and comes back when one of its tasks ends its lease (`ended`) if it still has work. A
+round, and comes back when one of its tasks ends its lease (`ended`) if it still has work. The
+limit counts a partition's tasks in flight at every priority together (`flying`). A
 claim is O(1) in the tasks and partitions queued (the priorities are ten).
 
 The lanes remember, for each task they handed out and whose lease has not ended, its priority
@@ -61,13 +62,14 @@ class Level:
 class Lanes:
     """A queue's available tasks in claim order: priority, then partitions in turn, then push order."""
 
-    __slots__ = ("levels", "partition_limit", "holding", "_waiting")
+    __slots__ = ("levels", "partition_limit", "holding", "flying", "_waiting")
     complete = True  # as a complete AvailableOrder: every available task of the queue is here
 
     def __init__(self, partition_limit: int = 1):
         self.levels: list[Level | None] = [None] * PRIORITIES
         self.partition_limit = partition_limit
         self.holding: dict[int, tuple] = {}  # row id handed out -> (priority, partition key)
+        self.flying: dict = {}  # partition key -> its tasks handed out, at every priority (the limit's count)
         self._waiting = 0  # entries in the lanes' orders (stale ones included)
 
     def __len__(self) -> int:
@@ -86,6 +88,8 @@ class Lanes:
         for rowid in in_flight_rowids:
             lanes.holding[rowid] = (DEFAULT_PRIORITY, NO_PARTITION)
             lane.in_flight += 1
+        if lane.in_flight:
+            lanes.flying[NO_PARTITION] = lane.in_flight
         lanes._in_turn_if_ready(level, lane)
         lanes._drop_if_idle(level, lane)
         return lanes
@@ -108,6 +112,7 @@ class Lanes:
             key = None if partition is None else name_bytes(partition)
             lane = lanes._lane(priority, key)
             lane.in_flight += len(rowids)
+            lanes.flying[key] = lanes.flying.get(key, 0) + len(rowids)
             lanes.holding.update(dict.fromkeys(rowids, (priority, key)))
         for (priority, partition), rowids in waiting.items():  # the oldest first task's lane first in the round
             lane = lanes._lane(priority, None if partition is None else name_bytes(partition))
@@ -143,7 +148,12 @@ class Lanes:
         """Some lane has work and room: a claim would take a task (or a stale entry: the claim
         steps over it)."""
         for level in self.levels:
-            if level is not None and level.turns:
+            if level is None:
+                continue
+            turns = level.turns
+            while turns and not self._has_room(turns[0].key):  # full since it joined: out of the round
+                turns.popleft().in_turn = False
+            if turns:
                 return True
         return False
 
@@ -165,11 +175,21 @@ class Lanes:
         placed = self.holding.pop(rowid, None)
         if placed is not None:
             priority, partition = placed
-            level = self.levels[priority]
-            lane = level.lanes[partition]
+            lane = self.levels[priority].lanes[partition]
             lane.in_flight -= 1
-            self._in_turn_if_ready(level, lane)
-            self._drop_if_idle(level, lane)
+            flying = self.flying[partition] - 1
+            if flying:
+                self.flying[partition] = flying
+            else:
+                del self.flying[partition]
+            if partition is NO_PARTITION:
+                self._in_turn_if_ready(self.levels[priority], lane)
+                self._drop_if_idle(self.levels[priority], lane)
+            else:  # room for the partition: its lanes with work, at every priority, into their rounds
+                for level in self.levels:
+                    if level is not None and (lane := level.lanes.get(partition)) is not None:
+                        self._in_turn_if_ready(level, lane)
+                        self._drop_if_idle(level, lane)
         return placed
 
     def not_claimed(self, rowids) -> None:
@@ -189,6 +209,9 @@ class Lanes:
             turns = level.turns
             while turns and len(taken) < n:
                 lane = turns.popleft()
+                if not self._has_room(lane.key):  # its partition filled up at another priority since
+                    lane.in_turn = False
+                    continue
                 rowid = lane.order.take_one()
                 if rowid is None:  # emptied by `forget`: out of the round until a task comes
                     lane.in_turn = False
@@ -201,6 +224,7 @@ class Lanes:
                     self._drop_if_idle(level, lane)
                     continue
                 lane.in_flight += 1
+                self.flying[lane.key] = self.flying.get(lane.key, 0) + 1
                 self.holding[rowid] = (priority, lane.key)
                 lane.in_turn = False
                 self._in_turn_if_ready(level, lane)
@@ -241,10 +265,15 @@ class Lanes:
 
     # ------------------------------------------------------------ the round
 
+    def _has_room(self, key) -> bool:
+        """The partition may have one more task in flight (the tasks without one always may)."""
+        return key is NO_PARTITION or self.flying.get(key, 0) < self.partition_limit
+
     def _in_turn_if_ready(self, level: Level, lane: Lane) -> None:
-        """Into the round when it has work and room, unless there already."""
-        if (not lane.in_turn and len(lane.order)
-                and (lane.key is NO_PARTITION or lane.in_flight < self.partition_limit)):
+        """Into the round when it has work and room, unless there already. (A partition's limit
+        counts its tasks in flight at every priority: a lane of it in a round may find it full
+        when its turn comes, and leaves the round then.)"""
+        if not lane.in_turn and len(lane.order) and self._has_room(lane.key):
             lane.in_turn = True
             level.turns.append(lane)
 
