@@ -15,9 +15,7 @@ from __future__ import annotations
 import pytest
 
 from support_broker import acked, claim_committed, push_one
-from support_queue import claim, configure, submit_broken_request
-from support_servers import wait_until
-from test_concurrency_cap import BlockedReader, blocked
+from support_queue import BlockedReader, blocked, claim, configure, submit_broken_request
 from ezra.broker.tasks import Push
 from ezra.protocol import stream_ids
 from ezra.protocol.task_fields import stored

@@ -42,9 +42,9 @@ class Lane:
 
     __slots__ = ("key", "order", "in_flight", "in_turn")
 
-    def __init__(self, key):
+    def __init__(self, key, order: AvailableOrder | None = None):
         self.key = key
-        self.order = AvailableOrder()
+        self.order = AvailableOrder() if order is None else order
         self.in_flight = 0    # its tasks handed out whose leases have not ended
         self.in_turn = False  # in its level's round now (it has work and room)
 
@@ -82,8 +82,7 @@ class Lanes:
         in no partition, the order itself the one lane (no copy)."""
         lanes = cls(partition_limit)
         level = lanes.levels[DEFAULT_PRIORITY] = Level()
-        lane = level.lanes[NO_PARTITION] = Lane(NO_PARTITION)
-        lane.order = order
+        lane = level.lanes[NO_PARTITION] = Lane(NO_PARTITION, order)
         lanes._waiting = len(order)
         for rowid in in_flight_rowids:
             lanes.holding[rowid] = (DEFAULT_PRIORITY, NO_PARTITION)
@@ -97,7 +96,7 @@ class Lanes:
     @classmethod
     def from_rows(cls, rows, partition_limit: int = 1) -> Lanes:
         """The lanes of a queue as the file has them (after a start or a rollback): rows (rowid,
-        priority, partition_key, in flight 0/1) in row id order (storage lanes_rows), grouped here
+        priority, partition_key, in flight 0/1) in row id order (storage/placements.py), grouped here
         in one pass, each lane's order made from its list at once (a million rows: no `add` each)."""
         waiting: dict[tuple, list] = {}
         flying: dict[tuple, list] = {}
@@ -108,20 +107,24 @@ class Lanes:
                 group = (flying if in_flight else waiting)[key] = []
             group.append(rowid)
         lanes = cls(partition_limit)
+        keyed: dict[tuple, list] = {}
+        for (priority, partition), rowids in waiting.items():
+            key = (priority, None if partition is None else name_bytes(partition))
+            if key in keyed:  # a key stored both as text and as BLOB: one lane, kept in order
+                rowids = sorted([*keyed[key], *rowids])
+            keyed[key] = rowids
+        for (priority, key), rowids in keyed.items():  # the oldest first task's lane first in the round
+            level = lanes.levels[priority]
+            if level is None:
+                level = lanes.levels[priority] = Level()
+            level.lanes[key] = Lane(key, AvailableOrder(rowids))  # its order made at once, from its list
+            lanes._waiting += len(rowids)
         for (priority, partition), rowids in flying.items():
             key = None if partition is None else name_bytes(partition)
             lane = lanes._lane(priority, key)
             lane.in_flight += len(rowids)
             lanes.flying[key] = lanes.flying.get(key, 0) + len(rowids)
             lanes.holding.update(dict.fromkeys(rowids, (priority, key)))
-        for (priority, partition), rowids in waiting.items():  # the oldest first task's lane first in the round
-            lane = lanes._lane(priority, None if partition is None else name_bytes(partition))
-            if len(lane.order):  # a key stored both as text and as BLOB: one lane, kept in order
-                before = lane.order.take(len(lane.order))
-                lanes._waiting -= len(before)
-                rowids = sorted([*before, *rowids])
-            lane.order = AvailableOrder(rowids)
-            lanes._waiting += len(rowids)
         for level in lanes.levels:
             if level is not None:
                 for lane in list(level.lanes.values()):

@@ -57,7 +57,7 @@ class Transitions:
         a start or a rollback it is read a slice at a time (AvailableOrder says why). A lanes
         queue's (lanes.py) is read whole, in one read, with its tasks in flight (`holding`)."""
         if queue.lanes_on and queue.order is None:
-            queue.turned_to_lanes(Lanes.from_rows(self.db.lanes_rows(queue.name), queue.partition_cap()))
+            queue.turned_to_lanes(Lanes.from_rows(self.db.placements.rows(queue.name), queue.partition_cap()))
         order = queue.reading_order()
         while not order.complete and len(order) < wanted:
             after = None if order.read_to is None else order.read_to[2]
@@ -71,7 +71,7 @@ class Transitions:
         order = queue.order
         if order is not None:  # not built yet: the build will read it from the file
             if queue.lanes_on:
-                priority, partition = self.db.placement(rowid) if placed is None else placed
+                priority, partition = self.db.placements.of(rowid) if placed is None else placed
                 order.add(rowid, lifecycle.DEFAULT_PRIORITY if priority is None else priority,
                           None if partition is None else name_bytes(partition))
             else:
@@ -82,7 +82,7 @@ class Transitions:
         the order by priority and partition (lanes.py) from now on, noted in the file in the same
         transaction. A complete order moves into the lanes as it is (the default priority, no
         partition: what every task before had); one not read whole yet is read by the next claim."""
-        self.db.use_lanes(queue.name)
+        self.db.placements.use_lanes(queue.name)
         order = queue.order
         lanes = None
         if order is not None and order.complete:

@@ -29,6 +29,7 @@ from .retention import Retention
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
 from .wal_file import WalFile
+from .placements import Placements
 from .schema import ROOM_SQL, SETTING_COLUMNS, claim_room, encode_failure, name_bytes, name_value, row_list
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
@@ -90,6 +91,7 @@ class Database:
         self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
         self.unique_keys = UniqueKeys(conn)  # XADD UNIQUE (storage/unique_keys.py)
         self.producers = IdempotentProducers(conn)  # XADD IDMP (storage/producers.py)
+        self.placements = Placements(conn, self.span)  # priorities and partitions (storage/placements.py)
         # Each queue's done and available tasks, {queue: (done, available)} (in no index): as the last clean
         # stop left them (opening.py, storage/done_counts.py), and as this server leaves them at `close`.
         self.counts_at_close: dict[bytes, tuple[int, int]] | None = None
@@ -434,25 +436,6 @@ class Database:
         return self.conn.execute(  # queue = ?: a row written by hand in its range meanwhile is not its task
             "SELECT rowid, id_ms, id_seq FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' AND queue = ? "
             "ORDER BY rowid LIMIT ?", (low if after is None else after + 1, high, name_value(queue), limit)).fetchall()
-
-    def lanes_rows(self, queue: bytes) -> list[tuple]:
-        """(rowid, priority, partition_key, in flight: 0 or 1) of the queue's available and in-flight
-        tasks, in row id order (push order), in one read: a lanes queue's claim order is built from
-        them (broker/lanes.py)."""
-        low, high = self.span(queue)
-        return self.conn.execute(
-            "SELECT rowid, priority, partition_key, state = 'in_flight' FROM tasks WHERE rowid BETWEEN ? AND ? "
-            "AND (state = 'available' OR state = 'in_flight') AND queue = ? ORDER BY rowid",
-            (low, high, name_value(queue))).fetchall()
-
-    def placement(self, rowid: int) -> tuple:
-        """(priority, partition_key) of one task (NULLs as stored), or (None, None) if it is gone."""
-        return self.conn.execute("SELECT priority, partition_key FROM tasks WHERE rowid = ?",
-                                 (rowid,)).fetchone() or (None, None)
-
-    def use_lanes(self, name: bytes) -> None:
-        """The queue's claims take the order by priority and partition from now on, for good."""
-        self.conn.execute("UPDATE queues SET lanes = 1 WHERE name = ?", (name_value(name),))
 
     def renew(self, rowids: list[int], now: int, deadline: int) -> list[tuple]:
         """XREADGROUP with an id: these in-flight tasks (a worker's own, broker/in_flight.py) are
