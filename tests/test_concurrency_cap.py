@@ -14,7 +14,6 @@ import urllib.request
 
 import pytest
 from support_queue import BlockedReader, blocked, claim, configure, pending, queue_figures
-from support_servers import wait_until
 
 
 def push(r, queue, n) -> list:

@@ -16,7 +16,6 @@ import pytest
 
 from support_broker import acked, claim_committed, push_one
 from support_queue import BlockedReader, blocked, claim, configure, submit_broken_request
-from ezra.broker.tasks import Push
 from ezra.protocol import stream_ids
 from ezra.protocol.task_fields import stored
 
