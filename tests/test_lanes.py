@@ -112,12 +112,13 @@ def test_a_partition_s_limit_counts_its_tasks_at_every_priority():
 
 
 def test_lanes_built_from_the_file_s_rows_hold_what_is_in_flight():
-    rows = [(1, None, "a", 1), (2, None, "a", 0), (3, 0, None, 0), (4, 2, b"b", 0), (5, None, "a", 0)]
-    lanes = Lanes.from_rows(rows, partition_limit=1)
-    assert len(lanes) == 4 and lanes.holding == {1: (5, b"a")}
-    assert lanes.take(10) == [3, 4]  # a is at its limit (1 in flight)
+    available = [(2, None, "a"), (3, 0, None), (4, 2, b"b"), (5, 5, "a"), (6, None, None), (7, 5, None)]
+    lanes = Lanes.from_rows(available, [(1, None, "a")], partition_limit=1)
+    assert len(lanes) == 6 and lanes.holding == {1: (5, b"a")}
+    assert lanes.take(10) == [3, 4, 6, 7]  # a is at its limit (1 in flight); NULL is priority 5
     assert lanes.ended(1) == (5, b"a")
     assert lanes.take(10) == [2]
+    assert lanes.ended(2) == (5, b"a") and lanes.take(10) == [5]
 
 
 def test_a_plain_order_turns_into_the_default_lane_as_it_is():

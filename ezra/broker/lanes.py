@@ -27,7 +27,7 @@ count against its partition's limit.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 
 from ..lifecycle import DEFAULT_PRIORITY
 from ..storage import name_bytes
@@ -94,23 +94,22 @@ class Lanes:
         return lanes
 
     @classmethod
-    def from_rows(cls, rows, partition_limit: int = 1) -> Lanes:
-        """The lanes of a queue as the file has them (after a start or a rollback): rows (rowid,
-        priority, partition_key, in flight 0/1) in row id order (storage/placements.py), grouped here
-        in one pass, each lane's order made from its list at once (a million rows: no `add` each)."""
-        waiting: dict[tuple, list] = {}
-        flying: dict[tuple, list] = {}
-        for rowid, priority, partition, in_flight in rows:
-            key = (DEFAULT_PRIORITY if priority is None else priority, partition)
-            group = (flying if in_flight else waiting).get(key)
-            if group is None:
-                group = (flying if in_flight else waiting)[key] = []
-            group.append(rowid)
+    def from_rows(cls, available, in_flight, partition_limit: int = 1) -> Lanes:
+        """The lanes of a queue as the file has them (after a start or a rollback): its available
+        tasks and its tasks in flight, (rowid, priority, partition_key) each, in row id order
+        (storage/placements.py), grouped here in one pass, each lane's order made from its list at
+        once (a million rows: no `add` each)."""
+        waiting: dict[tuple, list] = defaultdict(list)
+        for rowid, priority, partition in available:
+            waiting[priority, partition].append(rowid)
+        flying: dict[tuple, list] = defaultdict(list)
+        for rowid, priority, partition in in_flight:
+            flying[DEFAULT_PRIORITY if priority is None else priority, partition].append(rowid)
         lanes = cls(partition_limit)
         keyed: dict[tuple, list] = {}
         for (priority, partition), rowids in waiting.items():
-            key = (priority, None if partition is None else name_bytes(partition))
-            if key in keyed:  # a key stored both as text and as BLOB: one lane, kept in order
+            key = (DEFAULT_PRIORITY if priority is None else priority, None if partition is None else name_bytes(partition))
+            if key in keyed:  # NULL and 5, or a key stored as text and as BLOB: one lane, kept in order
                 rowids = sorted([*keyed[key], *rowids])
             keyed[key] = rowids
         for (priority, key), rowids in keyed.items():  # the oldest first task's lane first in the round

@@ -57,7 +57,7 @@ class Transitions:
         a start or a rollback it is read a slice at a time (AvailableOrder says why). A lanes
         queue's (lanes.py) is read whole, in one read, with its tasks in flight (`holding`)."""
         if queue.lanes_on and queue.order is None:
-            queue.turned_to_lanes(Lanes.from_rows(self.db.placements.rows(queue.name), queue.partition_cap()))
+            queue.turned_to_lanes(Lanes.from_rows(*self.db.placements.rows(queue.name), queue.partition_cap()))
         order = queue.reading_order()
         while not order.complete and len(order) < wanted:
             after = None if order.read_to is None else order.read_to[2]

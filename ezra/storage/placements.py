@@ -14,15 +14,15 @@ class Placements:
         self.conn = conn
         self.span = span  # Database.span: a queue's range of row ids
 
-    def rows(self, queue: bytes) -> list[tuple]:
-        """(rowid, priority, partition_key, in flight: 0 or 1) of the queue's available and in-flight
-        tasks, in row id order (push order), in one read: a lanes queue's claim order is built from
+    def rows(self, queue: bytes) -> tuple[list, list]:
+        """(rowid, priority, partition_key) of the queue's available tasks, and of its tasks in flight,
+        each in row id order (push order), a read each: a lanes queue's claim order is built from
         them after a start or a rollback."""
         low, high = self.span(queue)
-        return self.conn.execute(  # queue = ?: a row written by hand in its range meanwhile is not its task
-            "SELECT rowid, priority, partition_key, state = 'in_flight' FROM tasks WHERE rowid BETWEEN ? AND ? "
-            "AND (state = 'available' OR state = 'in_flight') AND queue = ? ORDER BY rowid",
-            (low, high, name_value(queue))).fetchall()
+        args = (low, high, name_value(queue))
+        return tuple(self.conn.execute(  # queue = ?: a row written by hand in its range meanwhile is not its task
+            "SELECT rowid, priority, partition_key FROM tasks WHERE rowid BETWEEN ? AND ? "
+            f"AND state = '{state}' AND queue = ? ORDER BY rowid", args).fetchall() for state in ("available", "in_flight"))
 
     def of(self, rowid: int) -> tuple:
         """(priority, partition_key) of one task as stored, or (None, None) if it is gone."""
