@@ -239,3 +239,21 @@ def test_a_rollback_rebuilds_the_lanes_and_what_they_hold(clocked_broker):
     assert claim_committed(broker, [b"q"], b"w", 10) is None  # A's one task in flight still counts
     assert acked(broker, b"q", [pushed[0]]) == 1
     assert [row[:2] for row in claim_committed(broker, [b"q"], b"w", 10)[b"q"]] == [pushed[1]]
+
+
+# ---------------------------------------------------------------- ways out of available other than a claim
+
+def test_a_task_taken_by_xclaim_force_or_cancelled_by_xdel_is_stepped_over(r, queue):
+    a1 = push(r, queue, "A", "a1")
+    push(r, queue, "A", "a2")
+    b1 = push(r, queue, "B", "b1")
+    push(r, queue, "B", "b2")
+    assert take(r, queue, count=1) == ["a1"]  # the lanes are built (a claim read them)
+    assert r.xack(queue, "g", a1) == 1
+    a3 = push(r, queue, "A", "a3")
+    assert r.execute_command("XCLAIM", queue, "g", "other", 0, a3, "FORCE")  # A's in flight: a3
+    assert r.xdel(queue, b1) == 1                                            # cancelled: gone
+    assert take(r, queue, count=10) == ["b2"]  # A has one in flight (a3); B's b1 is gone
+    assert r.xack(queue, "g", a3) == 1
+    assert take(r, queue, count=10) == ["a2"]  # a3's entry in A's lane is stepped over
+    assert take(r, queue, count=10) == []

@@ -21,8 +21,9 @@ The lanes remember, for each task they handed out and whose lease has not ended,
 and partition (`holding`): the count of a partition's tasks in flight, and where a task that
 comes back (a nack, an expired lease) goes again. A task taken that the claim's write did not
 find available any more (a stale entry: XDEL, XCLAIM FORCE took it) is given back
-(`not_claimed`). XCLAIM FORCE of an available task leases it outside the lanes: it does not
-count against its partition's limit.
+(`not_claimed`). XCLAIM FORCE of an available task leases it outside the lanes' order: it
+counts against its partition's limit all the same (`leased_outside`), as it does once the lanes
+are read again from the file, and its entry left in a lane is stepped over.
 """
 
 from __future__ import annotations
@@ -193,6 +194,14 @@ class Lanes:
                         self._in_turn_if_ready(level, lane)
                         self._drop_if_idle(level, lane)
         return placed
+
+    def leased_outside(self, rowid: int, priority: int, partition) -> None:
+        """An available task was leased other than by `take` (XCLAIM FORCE): held, and counted in
+        its partition (over its limit, maybe: the worker asked for that task)."""
+        if rowid not in self.holding:
+            self._lane(priority, partition).in_flight += 1
+            self.flying[partition] = self.flying.get(partition, 0) + 1
+            self.holding[rowid] = (priority, partition)
 
     def not_claimed(self, rowids) -> None:
         """Taken here, but the claim's write found them no longer available (stale entries)."""

@@ -189,6 +189,7 @@ class Leases:
         self.workers.leased(worker, queue)
         if state == AVAILABLE:  # XCLAIM FORCE of a task nobody held
             queue.delivered([(ms, seq, fields, attempts)])
+            self.transitions.leased_outside(queue, rowid)
         elif not renewal:
             queue.tally("delivered")
             if attempts > 1 or state == IN_FLIGHT:  # delivered before, or taken from another worker

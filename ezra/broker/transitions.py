@@ -89,6 +89,13 @@ class Transitions:
             lanes = Lanes.from_order(order, [lease[0] for lease in queue.leases.values()], queue.partition_cap())
         queue.turned_to_lanes(lanes)
 
+    def leased_outside(self, queue: QueueState, rowid: int) -> None:
+        """XCLAIM FORCE leased an available task: a lanes queue counts it in its partition."""
+        if queue.lanes_on and queue.order is not None:
+            priority, partition = self.db.placements.of(rowid)
+            queue.order.leased_outside(rowid, lifecycle.DEFAULT_PRIORITY if priority is None else priority,
+                                       None if partition is None else name_bytes(partition))
+
     def lease_ended(self, queue: QueueState, rowid: int) -> tuple | None:
         """A task of a lanes queue left flight: its partition has room again (lanes.py). Its
         (priority, partition) if the lanes handed it out."""
