@@ -257,3 +257,55 @@ def test_a_task_taken_by_xclaim_force_or_cancelled_by_xdel_is_stepped_over(r, qu
     assert r.xack(queue, "g", a3) == 1
     assert take(r, queue, count=10) == ["a2"]  # a3's entry in A's lane is stepped over
     assert take(r, queue, count=10) == []
+
+
+# ---------------------------------------------------------------- against a model
+
+def test_random_pushes_claims_acks_nacks_and_rollbacks_keep_the_order_s_promises(clocked_broker):
+    """A seeded random run in process, checked at every claim against a model of the queue: the
+    claim takes a task iff one may go (its partition below the limit), of the most urgent such
+    priority, the oldest of its partition at that priority; no partition is ever over the limit."""
+    import random
+    broker, rng = clocked_broker, random.Random(47)
+    broker.configure(b"q", {"max_attempts": 1000, "partition_limit": 2}).wait()
+    available, flying = {}, {}  # id -> (priority, partition)
+    seen = {"claimed": 0, "held back": 0, "rollbacks": 0}
+    for step in range(1500):
+        action = rng.random()
+        if action < 0.4:
+            priority, partition = rng.choice([None, 0, 3, 5, 9]), rng.choice([None, b"a", b"b", b"c", b"d"])
+            options = {k: v for k, v in (("priority", priority), ("partition", partition)) if v is not None}
+            task_id = stream_ids.parse_id(push_one(broker, b"q", stored([b"n", b"%d" % step]), **options))
+            available[task_id] = (5 if priority is None else priority, partition)
+        elif action < 0.75:
+            in_flight = {}
+            for _, partition in flying.values():
+                in_flight[partition] = in_flight.get(partition, 0) + 1
+            may = {task_id: place for task_id, place in available.items()
+                   if place[1] is None or in_flight.get(place[1], 0) < 2}
+            got = claim_committed(broker, [b"q"], b"w", 1)
+            if not may:
+                assert got is None, f"step {step}: claimed {got} while every partition with work is full"
+                seen["held back"] += bool(available)
+                continue
+            assert got is not None, f"step {step}: nothing claimed while {sorted(may)} may go"
+            [row] = got[b"q"]
+            task_id = row[:2]
+            priority, partition = available.pop(task_id)
+            assert priority == min(place[0] for place in may.values()), f"step {step}: not the most urgent"
+            assert task_id == min(i for i, place in may.items() if place == (priority, partition)), \
+                f"step {step}: not the oldest of its partition"
+            flying[task_id] = (priority, partition)
+            seen["claimed"] += 1
+        elif action < 0.85 and flying:
+            task_id = rng.choice(sorted(flying))
+            assert acked(broker, b"q", [task_id]) == 1
+            del flying[task_id]
+        elif action < 0.95 and flying:
+            task_id = rng.choice(sorted(flying))
+            assert broker.nack(b"q", [task_id]).wait() == 1
+            available[task_id] = flying.pop(task_id)
+        elif action >= 0.95:
+            submit_broken_request(broker)  # a rollback: the lanes are read again from the file
+            seen["rollbacks"] += 1
+    assert seen["claimed"] > 250 and seen["held back"] > 100 and seen["rollbacks"] > 30, seen  # the run meant something
