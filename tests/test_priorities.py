@@ -136,3 +136,27 @@ def test_a_plain_queue_turns_to_priorities_with_its_tasks_in_order(ezra_factory,
     r = server.client(protocol)
     assert one_at_a_time(r, "jobs", 4) == ["p1", "p2", "p3", "late-low"]
     r.close()
+
+
+@pytest.mark.slow
+def test_a_million_queued_with_priorities_and_partitions_serve_the_first_task_soon_after_a_restart(ezra_factory):
+    """Issue 47's restart bound: 1,000,000 tasks over 10,000 partitions and ten priorities; after a
+    clean restart the first claim (which reads the queue's lanes from the file, in one read) is
+    answered within 2 s of the server taking connections, the most urgent, oldest task first."""
+    import time
+
+    server = ezra_factory()
+    r = server.client(2)
+    for start in range(0, 1_000_000, 5000):
+        pipe = r.pipeline(transaction=False)
+        for i in range(start, start + 5000):
+            pipe.execute_command("XADD", "big", "PRIORITY", i % 10, "PARTITION", f"p{i % 10_000}", "*", "n", i)
+        pipe.execute()
+    server.restart()
+    r = server.client(2)
+    started = time.perf_counter()
+    [(_, fields)] = claim(r, "big", count=1)
+    took = time.perf_counter() - started
+    assert fields == {b"n": b"0"}
+    assert took < 2.0, f"the first task took {took:.2f} s"
+    r.close()
