@@ -10,42 +10,10 @@ and that batch commits before the reply); its wake-up is polled with a deadline.
 
 from __future__ import annotations
 
-import threading
 import urllib.request
 
 import pytest
-from support_queue import claim, configure, entries_of, pending, queue_figures
-from support_servers import wait_until
-
-
-def blocked(r) -> int:
-    return int(r.info("clients")["blocked_clients"])
-
-
-class BlockedReader:
-    """An XREADGROUP ... COUNT 1 BLOCK in a thread, on a connection of its own; `reply` once it returns."""
-
-    def __init__(self, server, protocol, queue, worker="blocked"):
-        self.queue = queue
-        self.client = server.client(protocol)
-        self.done = threading.Event()
-        self.reply = None
-        self.thread = threading.Thread(target=self._read, args=(worker,), daemon=True)
-
-    def _read(self, worker):
-        self.reply = self.client.xreadgroup("g", worker, {self.queue: ">"}, count=1, block=20_000)
-        self.done.set()
-
-    def start(self, watcher) -> "BlockedReader":
-        before = blocked(watcher)
-        self.thread.start()
-        wait_until(lambda: blocked(watcher) > before, message="the reader to block")
-        return self
-
-    def ids(self) -> list:
-        assert self.done.wait(15), "the blocked reader was not woken"
-        self.client.close()
-        return [task_id for task_id, _ in entries_of(self.reply, self.queue)]
+from support_queue import BlockedReader, blocked, claim, configure, pending, queue_figures
 
 
 def push(r, queue, n) -> list:

@@ -98,3 +98,41 @@ def test_forgotten_tasks_at_a_lanes_head_go_and_the_rest_are_stepped_over():
     assert lanes.head() == 3 and len(lanes) == 2
     assert lanes.take(5) == [3, 4]
     assert lanes.partitions_with_work() == 0
+
+
+def test_a_partition_s_limit_counts_its_tasks_at_every_priority():
+    lanes = Lanes()  # limit 1
+    lanes.add(1, 7, b"a")
+    lanes.add(2, 5, b"b")
+    lanes.add(3, 0, b"a")
+    assert lanes.take(10) == [3, 2]  # a's priority 7 task waits: a has one in flight (at priority 0)
+    assert not lanes.ready()
+    assert lanes.ended(3) == (0, b"a")
+    assert lanes.ready() and lanes.take(10) == [1]
+
+
+def test_lanes_built_from_the_file_s_rows_hold_what_is_in_flight():
+    available = [(2, None, "a"), (3, 0, None), (4, 2, b"b"), (5, 5, "a"), (6, None, None), (7, 5, None)]
+    lanes = Lanes.from_rows(available, [(1, None, "a")], partition_limit=1)
+    assert len(lanes) == 6 and lanes.holding == {1: (5, b"a")}
+    assert lanes.take(10) == [3, 4, 6, 7]  # a is at its limit (1 in flight); NULL is priority 5
+    assert lanes.ended(1) == (5, b"a")
+    assert lanes.take(10) == [2]
+    assert lanes.ended(2) == (5, b"a") and lanes.take(10) == [5]
+
+
+def test_a_plain_order_turns_into_the_default_lane_as_it_is():
+    from ezra.broker.available import AvailableOrder
+    lanes = Lanes.from_order(AvailableOrder([10, 11, 12]), [9])
+    lanes.add(13, 0, b"x")
+    assert lanes.take(2) == [13, 10]
+    assert lanes.ended(9) == (5, NO_PARTITION)
+    assert lanes.take(5) == [11, 12]
+
+
+def test_a_second_entry_of_a_task_handed_out_is_stepped_over():
+    lanes = Lanes()
+    lanes.add(1, 5, b"a")
+    lanes.add(1, 5, NO_PARTITION)  # XNACK FORCE of a task nobody held: a second entry
+    assert lanes.take(10) == [1]
+    assert lanes.take(10) == [] and lanes.holding == {1: (5, b"a")}

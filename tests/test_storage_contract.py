@@ -203,7 +203,7 @@ def test_a_delayed_task_becomes_available_only_when_due(db):
     before = rows(db)
     assert db.promote_due(DUE - 1, 100) == []
     assert rows(db) == before
-    assert db.promote_due(DUE, 100) == [(queue_of(DELAYED).decode(), rowid(db, DELAYED))]
+    assert db.promote_due(DUE, 100) == [(queue_of(DELAYED).decode(), rowid(db, DELAYED), None, None)]
     after = rows(db)
     assert changed(before, after) == {DELAYED} and after[DELAYED][-1] == AVAILABLE
 

@@ -182,7 +182,7 @@ class Admin:
         queue = self.transitions.queue(name, now)
         idmp_before, paused_before = queue.idmp_limits(), queue.is_paused()
         queue.configured(changes)  # retention may have changed: the reaper looks again
-        flow_changed = any(column in FLOW_COLUMNS for column in changes)
+        flow_changed = any(column in FLOW_COLUMNS for column in changes) or "partition_limit" in changes
         if queue.idmp_limits() != idmp_before:
             self.db.producers.forget(name)  # as Redis: other IDMP limits start from an empty map
         self.db.save_settings(name, changes)
@@ -204,11 +204,11 @@ class Admin:
             return 0
         now = self.clock()
         self._release_held_keys(name, ids)
-        rowids = self.db.requeue(name, ids, now)
-        moved = len(rowids)
+        rows = self.db.requeue(name, ids, now)
+        moved = len(rows)
         queue.move(DEAD, AVAILABLE, moved)
-        for rowid in rowids:
-            self.transitions.became_available(queue, rowid)
+        for rowid, priority, partition in rows:
+            self.transitions.became_available(queue, rowid, (priority, partition))
         queue.tally("requeued", moved)
         self.transitions.serve_waiters(queue, now)
         return moved
@@ -303,18 +303,20 @@ class Admin:
             return [False] * len(ids)
         replies, deleted = [], []
         for task_id in ids:
-            state = (self.db.delete_by_id(name, task_id, (IN_FLIGHT, DONE)) or (None,))[0]
+            state, rowid = self.db.delete_by_id(name, task_id, (IN_FLIGHT, DONE)) or (None, None)
             if state is None:
                 replies.append(False)
                 continue
             queue.move(state, GONE)
             if state == IN_FLIGHT:
                 self.in_flight.ended(queue, task_id)
+                if queue.lanes_on:  # its partition has room again (lanes.py)
+                    self.transitions.lease_ended(queue, rowid)
                 queue.tally("acked")
             deleted.append(task_id)
             replies.append(True)
         self.transitions.note_deleted(queue, deleted)
-        if queue.flow is not None and name in self.waiters.blocked:  # a slot under MAX-IN-FLIGHT freed
+        if (queue.flow is not None or queue.lanes_on) and name in self.waiters.blocked:  # a slot freed
             self.transitions.serve_waiters(queue, self.clock())
         return replies
 
@@ -391,6 +393,8 @@ class Admin:
             shown["max-in-flight"] = str(queue.max_in_flight)
         if queue.rate_limit_count is not None:
             shown["rate-limit"] = f"{queue.rate_limit_count} {number(queue.rate_limit_seconds)}"
+        if queue.partition_limit is not None:
+            shown["partition-limit"] = str(queue.partition_limit)
         if shown:
             shown["held-back"] = queue.held_back(self.clock()) or "no"
         return shown

@@ -14,7 +14,9 @@ serves its waiters at once.
 
 A queue's MAX-IN-FLIGHT and RATE-LIMIT (flow.py) bound what a `>` claim takes, in
 Transitions.claim_rows and, between batches, in `nothing_to_claim`: a claim at a limit
-finds nothing, and waits with BLOCK until a slot frees or the window opens.
+finds nothing, and waits with BLOCK until a slot frees or the window opens. So does a claim
+of a queue whose every partition with work is at its PARTITION-LIMIT (lanes.py), until one of
+their leases ends.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class Claims:
             queue = queues.get(name)
             if queue is not None and queue.counts[AVAILABLE] and not queue.is_paused():
                 flow = queue.flow  # MAX-IN-FLIGHT, RATE-LIMIT (flow.py): the same room as claim_rows'
-                if flow is None or flow.room(queue.counts[IN_FLIGHT], self.clock()):
+                if (flow is None or flow.room(queue.counts[IN_FLIGHT], self.clock())) and (
+                        not queue.lanes_on or queue.order is None or queue.order.ready()):  # PARTITION-LIMIT
                     return False
         return True
 

@@ -13,21 +13,25 @@ So a partition with 100,000 tasks queued takes one turn in a round like a partit
 another partition's first task waits at most one round, not behind the 100,000.
 
 A lane's turn is kept only while it has work and room: a partition at its limit leaves the
-round, and comes back when one of its tasks ends its lease (`ended`) if it still has work. A
+round, and comes back when one of its tasks ends its lease (`ended`) if it still has work. The
+limit counts a partition's tasks in flight at every priority together (`flying`). A
 claim is O(1) in the tasks and partitions queued (the priorities are ten).
 
 The lanes remember, for each task they handed out and whose lease has not ended, its priority
 and partition (`holding`): the count of a partition's tasks in flight, and where a task that
 comes back (a nack, an expired lease) goes again. A task taken that the claim's write did not
 find available any more (a stale entry: XDEL, XCLAIM FORCE took it) is given back
-(`not_claimed`). XCLAIM FORCE of an available task leases it outside the lanes: it does not
-count against its partition's limit.
+(`not_claimed`). XCLAIM FORCE of an available task leases it outside the lanes' order: it
+counts against its partition's limit all the same (`leased_outside`), as it does once the lanes
+are read again from the file, and its entry left in a lane is stepped over.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 
+from ..lifecycle import DEFAULT_PRIORITY
+from ..storage import name_bytes
 from .available import AvailableOrder
 
 PRIORITIES = 10  # 0 (served first) .. 9
@@ -39,9 +43,9 @@ class Lane:
 
     __slots__ = ("key", "order", "in_flight", "in_turn")
 
-    def __init__(self, key):
+    def __init__(self, key, order: AvailableOrder | None = None):
         self.key = key
-        self.order = AvailableOrder()
+        self.order = AvailableOrder() if order is None else order
         self.in_flight = 0    # its tasks handed out whose leases have not ended
         self.in_turn = False  # in its level's round now (it has work and room)
 
@@ -59,20 +63,104 @@ class Level:
 class Lanes:
     """A queue's available tasks in claim order: priority, then partitions in turn, then push order."""
 
-    __slots__ = ("levels", "partition_limit", "holding", "_waiting")
+    __slots__ = ("levels", "partition_limit", "holding", "flying", "_waiting")
+    complete = True  # as a complete AvailableOrder: every available task of the queue is here
 
     def __init__(self, partition_limit: int = 1):
         self.levels: list[Level | None] = [None] * PRIORITIES
         self.partition_limit = partition_limit
         self.holding: dict[int, tuple] = {}  # row id handed out -> (priority, partition key)
+        self.flying: dict = {}  # partition key -> its tasks handed out, at every priority (the limit's count)
         self._waiting = 0  # entries in the lanes' orders (stale ones included)
 
     def __len__(self) -> int:
         return self._waiting
 
+    @classmethod
+    def from_order(cls, order: AvailableOrder, in_flight_rowids, partition_limit: int = 1) -> Lanes:
+        """A plain queue's complete order, and its tasks in flight, as the lanes of a queue that
+        turns to them (the first push with PRIORITY or PARTITION): all of the default priority,
+        in no partition, the order itself the one lane (no copy)."""
+        lanes = cls(partition_limit)
+        level = lanes.levels[DEFAULT_PRIORITY] = Level()
+        lane = level.lanes[NO_PARTITION] = Lane(NO_PARTITION, order)
+        lanes._waiting = len(order)
+        for rowid in in_flight_rowids:
+            lanes.holding[rowid] = (DEFAULT_PRIORITY, NO_PARTITION)
+            lane.in_flight += 1
+        if lane.in_flight:
+            lanes.flying[NO_PARTITION] = lane.in_flight
+        lanes._in_turn_if_ready(level, lane)
+        lanes._drop_if_idle(level, lane)
+        return lanes
+
+    @classmethod
+    def from_rows(cls, available, in_flight, partition_limit: int = 1) -> Lanes:
+        """The lanes of a queue as the file has them (after a start or a rollback): its available
+        tasks and its tasks in flight, (rowid, priority, partition_key) each, in row id order
+        (storage/placements.py), grouped here in one pass, each lane's order made from its list at
+        once (a million rows: no `add` each)."""
+        waiting: dict[tuple, list] = defaultdict(list)
+        for rowid, priority, partition in available:
+            waiting[priority, partition].append(rowid)
+        flying: dict[tuple, list] = defaultdict(list)
+        for rowid, priority, partition in in_flight:
+            flying[DEFAULT_PRIORITY if priority is None else priority, partition].append(rowid)
+        lanes = cls(partition_limit)
+        keyed: dict[tuple, list] = {}
+        for (priority, partition), rowids in waiting.items():
+            key = (DEFAULT_PRIORITY if priority is None else priority, None if partition is None else name_bytes(partition))
+            if key in keyed:  # NULL and 5, or a key stored as text and as BLOB: one lane, kept in order
+                rowids = sorted([*keyed[key], *rowids])
+            keyed[key] = rowids
+        for (priority, key), rowids in keyed.items():  # the oldest first task's lane first in the round
+            level = lanes.levels[priority]
+            if level is None:
+                level = lanes.levels[priority] = Level()
+            level.lanes[key] = Lane(key, AvailableOrder(rowids))  # its order made at once, from its list
+            lanes._waiting += len(rowids)
+        for (priority, partition), rowids in flying.items():
+            key = None if partition is None else name_bytes(partition)
+            lane = lanes._lane(priority, key)
+            lane.in_flight += len(rowids)
+            lanes.flying[key] = lanes.flying.get(key, 0) + len(rowids)
+            lanes.holding.update(dict.fromkeys(rowids, (priority, key)))
+        for level in lanes.levels:
+            if level is not None:
+                for lane in list(level.lanes.values()):
+                    lanes._in_turn_if_ready(level, lane)
+        return lanes
+
+    def _lane(self, priority: int, partition) -> Lane:
+        level = self.levels[priority]
+        if level is None:
+            level = self.levels[priority] = Level()
+        lane = level.lanes.get(partition)
+        if lane is None:
+            lane = level.lanes[partition] = Lane(partition)
+        return lane
+
     # ------------------------------------------------------------ in
 
-    def add(self, rowid: int, priority: int, partition) -> None:
+    def add_pushed(self, rowids) -> None:
+        """A run of plain pushes (no PRIORITY, no PARTITION): the default priority, no partition."""
+        for rowid in rowids:
+            self.add(rowid)
+
+    def ready(self) -> bool:
+        """Some lane has work and room: a claim would take a task (or a stale entry: the claim
+        steps over it)."""
+        for level in self.levels:
+            if level is None:
+                continue
+            turns = level.turns
+            while turns and not self._has_room(turns[0].key):  # full since it joined: out of the round
+                turns.popleft().in_turn = False
+            if turns:
+                return True
+        return False
+
+    def add(self, rowid: int, priority: int = DEFAULT_PRIORITY, partition=NO_PARTITION) -> None:
         """A task became available (a push, or one coming back)."""
         level = self.levels[priority]
         if level is None:
@@ -90,12 +178,30 @@ class Lanes:
         placed = self.holding.pop(rowid, None)
         if placed is not None:
             priority, partition = placed
-            level = self.levels[priority]
-            lane = level.lanes[partition]
+            lane = self.levels[priority].lanes[partition]
             lane.in_flight -= 1
-            self._in_turn_if_ready(level, lane)
-            self._drop_if_idle(level, lane)
+            flying = self.flying[partition] - 1
+            if flying:
+                self.flying[partition] = flying
+            else:
+                del self.flying[partition]
+            if partition is NO_PARTITION:
+                self._in_turn_if_ready(self.levels[priority], lane)
+                self._drop_if_idle(self.levels[priority], lane)
+            else:  # room for the partition: its lanes with work, at every priority, into their rounds
+                for level in self.levels:
+                    if level is not None and (lane := level.lanes.get(partition)) is not None:
+                        self._in_turn_if_ready(level, lane)
+                        self._drop_if_idle(level, lane)
         return placed
+
+    def leased_outside(self, rowid: int, priority: int, partition) -> None:
+        """An available task was leased other than by `take` (XCLAIM FORCE): held, and counted in
+        its partition (over its limit, maybe: the worker asked for that task)."""
+        if rowid not in self.holding:
+            self._lane(priority, partition).in_flight += 1
+            self.flying[partition] = self.flying.get(partition, 0) + 1
+            self.holding[rowid] = (priority, partition)
 
     def not_claimed(self, rowids) -> None:
         """Taken here, but the claim's write found them no longer available (stale entries)."""
@@ -114,13 +220,22 @@ class Lanes:
             turns = level.turns
             while turns and len(taken) < n:
                 lane = turns.popleft()
+                if not self._has_room(lane.key):  # its partition filled up at another priority since
+                    lane.in_turn = False
+                    continue
                 rowid = lane.order.take_one()
                 if rowid is None:  # emptied by `forget`: out of the round until a task comes
                     lane.in_turn = False
                     self._drop_if_idle(level, lane)
                     continue
                 self._waiting -= 1
+                if rowid in self.holding:  # a stale entry (XNACK FORCE of an available task added one)
+                    lane.in_turn = False
+                    self._in_turn_if_ready(level, lane)
+                    self._drop_if_idle(level, lane)
+                    continue
                 lane.in_flight += 1
+                self.flying[lane.key] = self.flying.get(lane.key, 0) + 1
                 self.holding[rowid] = (priority, lane.key)
                 lane.in_turn = False
                 self._in_turn_if_ready(level, lane)
@@ -161,10 +276,15 @@ class Lanes:
 
     # ------------------------------------------------------------ the round
 
+    def _has_room(self, key) -> bool:
+        """The partition may have one more task in flight (the tasks without one always may)."""
+        return key is NO_PARTITION or self.flying.get(key, 0) < self.partition_limit
+
     def _in_turn_if_ready(self, level: Level, lane: Lane) -> None:
-        """Into the round when it has work and room, unless there already."""
-        if (not lane.in_turn and len(lane.order)
-                and (lane.key is NO_PARTITION or lane.in_flight < self.partition_limit)):
+        """Into the round when it has work and room, unless there already. (A partition's limit
+        counts its tasks in flight at every priority: a lane of it in a round may find it full
+        when its turn comes, and leaves the round then.)"""
+        if not lane.in_turn and len(lane.order) and self._has_room(lane.key):
             lane.in_turn = True
             level.turns.append(lane)
 

@@ -102,7 +102,8 @@ class Leases:
             self.in_flight.all_ended(queue, held)
             queue.move(IN_FLIGHT, AVAILABLE, len(held))
             for _, lease in held:
-                self.transitions.became_available(queue, lease[ROWID])
+                placed = self.transitions.lease_ended(queue, lease[ROWID]) if queue.lanes_on else None
+                self.transitions.became_available(queue, lease[ROWID], placed)
             given += len(held)
         if given:
             logger.info("gave {} tasks in flight back to available for the next start", given)
@@ -196,6 +197,7 @@ class Leases:
         self.workers.leased(worker, queue)
         if state == AVAILABLE:  # XCLAIM FORCE of a task nobody held
             queue.delivered([(ms, seq, fields, attempts)])
+            self.transitions.leased_outside(queue, rowid)
         elif not renewal:
             queue.tally("delivered")
             if attempts > 1 or state == IN_FLIGHT:  # delivered before, or taken from another worker

@@ -55,7 +55,8 @@ class QueueState:
 
     __slots__ = ("name", "defaults", "journal", "all_totals", "observers", "last_id", "counts", "order", "leases",
                  "group", "last_delivered", "next_purge", "trim_floor", "unmarked_done", "mark_from", "deleted",
-                 "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates", "totals", "flow", *SETTING_COLUMNS)
+                 "max_deleted", "deleted_dirty", "iids_added", "iids_duplicates", "totals", "flow", "lanes_on",
+                 *SETTING_COLUMNS)
 
     def __init__(self, name: bytes, table: Queues, last_id=(0, 0), leases: QueueLeases | None = None):
         self.name = name
@@ -81,6 +82,8 @@ class QueueState:
         for column in SETTING_COLUMNS:
             setattr(self, column, None)
         self.flow = None  # MAX-IN-FLIGHT and RATE-LIMIT (flow.py); None: neither, as most queues
+        # A task of it has a priority or partition: `order` is its Lanes (lanes.py), not an AvailableOrder.
+        self.lanes_on = False
 
     def read(self, row, before: QueueState | None = None) -> None:
         """Its state as the file's queue row says (start-up, a rollback's reload); the counters
@@ -96,6 +99,7 @@ class QueueState:
         self.deleted = row["deleted_count"]
         self.unmarked_done = bool(row["unmarked_done"])
         self.max_deleted = (row["max_deleted_ms"], row["max_deleted_seq"])
+        self.lanes_on = bool(row["lanes"])
         self.set_flow(None if before is None else before.flow)  # a rollback keeps the hand-outs made
 
     def counted(self, state: str, n: int) -> None:
@@ -222,6 +226,8 @@ class QueueState:
         self.next_purge = 0
         if any(column in FLOW_COLUMNS for column in changes):
             self.set_flow()
+        if "partition_limit" in changes and self.lanes_on and self.order is not None:
+            self.order.set_partition_limit(self.partition_cap())
 
     def named_group(self, group: bytes | None) -> None:
         """XGROUP CREATE named its group (None: XGROUP DESTROY forgot it)."""
@@ -233,6 +239,12 @@ class QueueState:
         if self.order is None:
             self.order = AvailableOrder(complete=False)
         return self.order
+
+    def turned_to_lanes(self, lanes) -> None:
+        """Its first task with a priority or partition: its claim order is `lanes` from now on
+        (None: read from the file by the next claim, Transitions.order)."""
+        self.lanes_on = True
+        self.order = lanes
 
     def forget_order(self) -> None:
         """Its available order is dropped: the next claim reads it again from the file."""
@@ -266,6 +278,11 @@ class QueueState:
         if grace is None:
             return self.defaults.release_on_disconnect
         return None if grace < 0 else grace
+
+    def partition_cap(self) -> int:
+        """PARTITION-LIMIT: tasks of one partition in flight at once (NULL: 1)."""
+        limit = self.partition_limit
+        return 1 if limit is None else limit
 
     def is_paused(self) -> bool:
         """XCFGSET PAUSED 1: nothing is handed out from this queue (stored 1; 0 or None: running)."""

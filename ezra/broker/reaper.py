@@ -148,15 +148,15 @@ class Reaper:
     def _promote(self, now: int) -> bool:
         """Delayed tasks whose time came become available, and blocked workers get them."""
         rows = self.db.promote_due(now, PROMOTE_BATCH)
-        by_queue: dict[bytes, list[int]] = {}
-        for name, rowid in rows:
-            by_queue.setdefault(name_bytes(name), []).append(rowid)
+        by_queue: dict[bytes, list[tuple]] = {}
+        for name, rowid, priority, partition in rows:
+            by_queue.setdefault(name_bytes(name), []).append((rowid, (priority, partition)))
         for name, rowids in by_queue.items():
             queue = self.queues.get(name)
             if queue is not None:
                 queue.move(DELAYED, AVAILABLE, len(rowids))
-                for rowid in rowids:
-                    self.transitions.became_available(queue, rowid)
+                for rowid, placed in rowids:
+                    self.transitions.became_available(queue, rowid, placed)
                 self.transitions.serve_waiters(queue, now)
         if len(rows) == PROMOTE_BATCH:
             return True

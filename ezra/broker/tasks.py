@@ -160,6 +160,8 @@ class Tasks:
                     self.remember_push(queue, idmp, holder, now)  # a retry answers the same id
                 return stream_ids.format_id(holder)
         task_id = stream_ids.new_id(push.requested_id, queue.last_id, now)
+        if (push.priority is not None or push.partition is not None) and not queue.lanes_on:
+            self.transitions.turn_to_lanes(queue)  # for good: its claims take priorities and partitions
         state, available_at = (DELAYED, due_after(now, push.delay_ms)) if push.delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD
@@ -171,7 +173,7 @@ class Tasks:
         if push.trim is not None:
             self.reaper.trim_done(queue, push.trim)  # as Redis: after the add, the new task counted
         if state == AVAILABLE:
-            self.transitions.became_available(queue, rowid)
+            self.transitions.became_available(queue, rowid, (push.priority, push.partition))
             if name in self.blocked:
                 self.transitions.serve_waiters(queue, now)
         elif state == DELAYED:
@@ -222,7 +224,9 @@ class Tasks:
         if held:
             self._finish(queue, held)
             queue.tally("acked", len(held))
-            if queue.flow is not None and name in self.blocked:  # a slot under MAX-IN-FLIGHT freed
+            if queue.lanes_on:  # their partitions have room again (lanes.py)
+                self.transitions.leases_ended(queue, held, self.clock())
+            elif queue.flow is not None and name in self.blocked:  # a slot under MAX-IN-FLIGHT freed
                 self.transitions.serve_waiters(queue, self.clock())
         return counts
 

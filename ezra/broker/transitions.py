@@ -18,6 +18,7 @@ from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
 from .available import AvailableOrder
+from .lanes import Lanes
 from .queues import MAX_QUEUE_NAME, QueueState
 
 
@@ -53,7 +54,10 @@ class Transitions:
 
     def order(self, queue: QueueState, wanted: int = 1) -> AvailableOrder:
         """The queue's available order, with at least `wanted` entries if the file has them: after
-        a start or a rollback it is read a slice at a time (AvailableOrder says why)."""
+        a start or a rollback it is read a slice at a time (AvailableOrder says why). A lanes
+        queue's (lanes.py) is read whole, in one read, with its tasks in flight (`holding`)."""
+        if queue.lanes_on and queue.order is None:
+            queue.turned_to_lanes(Lanes.from_rows(*self.db.placements.rows(queue.name), queue.partition_cap()))
         order = queue.reading_order()
         while not order.complete and len(order) < wanted:
             after = None if order.read_to is None else order.read_to[2]
@@ -61,10 +65,51 @@ class Transitions:
             order.read(rows, complete=len(rows) < ORDER_SLICE)
         return order
 
-    def became_available(self, queue: QueueState, rowid: int) -> None:
-        """In a batch: a task of the queue became available (a push, or one coming back)."""
-        if queue.order is not None:  # not built yet: the build will read it from the file
-            queue.order.add(rowid)
+    def became_available(self, queue: QueueState, rowid: int, placed: tuple | None = None) -> None:
+        """In a batch: a task of the queue became available (a push, or one coming back). `placed`:
+        its (priority, partition key) as stored, for a lanes queue (None: read here if needed)."""
+        order = queue.order
+        if order is not None:  # not built yet: the build will read it from the file
+            if queue.lanes_on:
+                priority, partition = self.db.placements.of(rowid) if placed is None else placed
+                order.add(rowid, lifecycle.DEFAULT_PRIORITY if priority is None else priority,
+                          None if partition is None else name_bytes(partition))
+            else:
+                order.add(rowid)
+
+    def turn_to_lanes(self, queue: QueueState) -> None:
+        """The queue's first task with a priority or partition (a push, an import): its claims take
+        the order by priority and partition (lanes.py) from now on, noted in the file in the same
+        transaction. A complete order moves into the lanes as it is (the default priority, no
+        partition: what every task before had); one not read whole yet is read by the next claim."""
+        self.db.placements.use_lanes(queue.name)
+        order = queue.order
+        lanes = None
+        if order is not None and order.complete:
+            lanes = Lanes.from_order(order, [lease[0] for lease in queue.leases.values()], queue.partition_cap())
+        queue.turned_to_lanes(lanes)
+
+    def leased_outside(self, queue: QueueState, rowid: int) -> None:
+        """XCLAIM FORCE leased an available task: a lanes queue counts it in its partition."""
+        if queue.lanes_on and queue.order is not None:
+            priority, partition = self.db.placements.of(rowid)
+            queue.order.leased_outside(rowid, lifecycle.DEFAULT_PRIORITY if priority is None else priority,
+                                       None if partition is None else name_bytes(partition))
+
+    def lease_ended(self, queue: QueueState, rowid: int) -> tuple | None:
+        """A task of a lanes queue left flight: its partition has room again (lanes.py). Its
+        (priority, partition) if the lanes handed it out."""
+        order = queue.order
+        return None if order is None else order.ended(rowid)
+
+    def leases_ended(self, queue: QueueState, held: list[tuple], now: int) -> None:
+        """These (task id, lease) pairs of a lanes queue left flight other than back to available
+        (an ack, XACKDEL): their partitions have room again, and the queue's blocked workers are
+        served if that lets a task out."""
+        for _, lease in held:
+            self.lease_ended(queue, lease[0])
+        if queue.name in self.waiters.blocked:
+            self.serve_waiters(queue, now)
 
     def claim_rows(self, queue: QueueState, worker: bytes, count: int, noack: bool, now: int) -> list:
         """Up to `count` available tasks of the queue leased to `worker` (done at once with NOACK)."""
@@ -77,6 +122,9 @@ class Transitions:
         retained = self.retained_mark(queue, queue.retention()) if noack and want > 0 else None
         order = queue.order if queue.order is not None and queue.order.complete else self.order(queue, want)
         rows, rebuilt = [], False
+        if queue.lanes_on:  # priorities and partitions (lanes.py): what they let out is all there is
+            rows = self._claim_from_lanes(queue, order, want, worker, now, deadline, state, retained)
+            want = len(rows)
         while len(rows) < want:  # more than one pass only past stale entries (XCLAIM/XNACK FORCE)
             missing = want - len(rows)
             if missing == 1:  # a worker's COUNT 1, or a waiter's
@@ -102,6 +150,24 @@ class Transitions:
             queue.delivered(rows, state)
             if flow is not None:
                 self.handed_out(queue, len(rows), now)
+        return rows
+
+    def _claim_from_lanes(self, queue: QueueState, lanes: Lanes, want: int, worker: bytes, now: int,
+                          deadline: int | None, state: str, retained: int | None) -> list:
+        """claim_rows' take of a lanes queue: the lanes' claim order, stale entries given back
+        (`not_claimed`); fewer than `want` when every lane with work is at its PARTITION-LIMIT."""
+        rows = []
+        while len(rows) < want:
+            rowids = lanes.take(want - len(rows))
+            if not rowids:
+                break
+            got = self.db.claim(queue.name, rowids, worker, now, deadline, state, retained)
+            if len(got) != len(rowids):
+                found = {row[4] for row in got}
+                lanes.not_claimed([rowid for rowid in rowids if rowid not in found])
+            if deadline is None:  # NOACK: done at once, no lease held
+                lanes.not_claimed([row[4] for row in got])
+            rows += got
         return rows
 
     def handed_out(self, queue: QueueState, n: int, now: int) -> None:
@@ -162,11 +228,14 @@ class Transitions:
                 failure = lifecycle.failure_record(cause, why, held_by, now)
             if not self.db.set_outcome(rowid, new_state, attempts, now, available_at, failure):
                 raise errors.guard_failed("failure", rowid, state)  # the SELECT above said it was unfinished
+            placed = None
             if state == IN_FLIGHT:
                 self.in_flight.ended(queue, task_id)
+                if queue.lanes_on:
+                    placed = self.lease_ended(queue, rowid)
             queue.move(state, new_state)
             if new_state == AVAILABLE:
-                self.became_available(queue, rowid)
+                self.became_available(queue, rowid, placed)
             elif new_state == DELAYED:
                 self.schedule.due_at(available_at)
             elif new_state == DEAD:

@@ -13,9 +13,10 @@
     PAUSED 1 | 0                                    1: pushes land, claims and take-overs hand out nothing
     MAX-IN-FLIGHT <n>                               at most n tasks leased at once, all workers together
     RATE-LIMIT <n> <seconds>                        at most n handed out in any window of that many seconds
+    PARTITION-LIMIT <n>                             at most n tasks of one partition leased at once (default 1)
 
 Every value may also be DEFAULT: the server's flag applies again (PAUSED: 0; MAX-IN-FLIGHT and
-RATE-LIMIT: no limit, broker/flow.py). A parsed
+RATE-LIMIT: no limit, broker/flow.py; PARTITION-LIMIT: 1, broker/lanes.py). A parsed
 setting is {column: value}; the column is the `queues` table's, the value is
 what that column stores (None: the server's default; -1: FOREVER / OFF).
 """
@@ -49,6 +50,7 @@ COLUMNS = {  # XCFGSET token -> queues column
     b"PAUSED": "paused",
     b"MAX-IN-FLIGHT": "max_in_flight",
     b"RATE-LIMIT": "rate_limit",  # two columns: rate_limit_count, rate_limit_seconds (RATE_COLUMNS)
+    b"PARTITION-LIMIT": "partition_limit",
 }
 RATE_COLUMNS = ("rate_limit_count", "rate_limit_seconds")
 IDMP_COLUMNS = ("idmp_duration", "idmp_maxsize")
@@ -149,6 +151,10 @@ def _max_in_flight(arg: bytes) -> int:
     return integer(arg, 1, MAX_LIMIT, "MAX-IN-FLIGHT")
 
 
+def _partition_limit(arg: bytes) -> int:
+    return integer(arg, 1, MAX_LIMIT, "PARTITION-LIMIT")
+
+
 def _take_rate_limit(args: list[bytes], i: int, _) -> tuple[tuple | None, int]:
     """RATE-LIMIT <n> <seconds> | DEFAULT -> ((n, seconds) or None, index after it)."""
     if args[i + 1].upper() == b"DEFAULT":
@@ -168,6 +174,7 @@ PARSERS = {
     "idmp_maxsize": _idmp_maxsize,
     "paused": _paused,
     "max_in_flight": _max_in_flight,
+    "partition_limit": _partition_limit,
 }
 
 

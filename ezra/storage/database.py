@@ -29,6 +29,7 @@ from .retention import Retention
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
 from .wal_file import WalFile
+from .placements import Placements
 from .schema import ROOM_SQL, SETTING_COLUMNS, claim_room, encode_failure, name_bytes, name_value, row_list
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
@@ -90,6 +91,7 @@ class Database:
         self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
         self.unique_keys = UniqueKeys(conn)  # XADD UNIQUE (storage/unique_keys.py)
         self.producers = IdempotentProducers(conn)  # XADD IDMP (storage/producers.py)
+        self.placements = Placements(conn, self.span)  # priorities and partitions (storage/placements.py)
         # Each queue's done and available tasks, {queue: (done, available)} (in no index): as the last clean
         # stop left them (opening.py, storage/done_counts.py), and as this server leaves them at `close`.
         self.counts_at_close: dict[bytes, tuple[int, int]] | None = None
@@ -485,10 +487,11 @@ class Database:
                                                                  encode_failure(failure), rowid)).rowcount
 
     def promote_due(self, now: int, limit: int) -> list:
-        """Delayed tasks whose time came become available; (queue, row id) of each."""
+        """Delayed tasks whose time came become available; (queue, row id, priority, partition_key) of each."""
         return self.conn.execute(
             "UPDATE tasks SET state = 'available' WHERE rowid IN (SELECT rowid FROM tasks "
-            "WHERE state = 'delayed' AND available_at <= ? ORDER BY available_at LIMIT ?) RETURNING queue, rowid",
+            "WHERE state = 'delayed' AND available_at <= ? ORDER BY available_at LIMIT ?) "
+            "RETURNING queue, rowid, priority, partition_key",
             (now, limit)).fetchall()
 
     def next_due(self) -> int | None:
@@ -497,14 +500,14 @@ class Database:
 
     def requeue(self, queue: bytes, ids: list[tuple] | None, now: int) -> list[int]:
         """dead -> available with attempts reset: the given ids, or all of the queue's (None);
-        the row ids of those moved."""
+        (row id, priority, partition_key) of those moved."""
         sql = ("UPDATE tasks SET state = 'available', attempts = 0, worker = NULL, deadline = NULL, "
                "finished_at = NULL, available_at = ? WHERE queue = ? AND state = 'dead'")
         q = name_value(queue)
         if ids is None:
-            return [row[0] for row in self.conn.execute(sql + " RETURNING rowid", (now, q))]
-        sql += " AND id_ms = ? AND id_seq = ? RETURNING rowid"
-        return [row[0] for ms, seq in dict.fromkeys(ids) for row in self.conn.execute(sql, (now, q, ms, seq))]
+            return self.conn.execute(sql + " RETURNING rowid, priority, partition_key", (now, q)).fetchall()
+        sql += " AND id_ms = ? AND id_seq = ? RETURNING rowid, priority, partition_key"
+        return [row for ms, seq in dict.fromkeys(ids) for row in self.conn.execute(sql, (now, q, ms, seq))]
 
     def delete_dead(self, queue: bytes, ids: list[tuple]) -> list[tuple]:
         """Delete dead tasks for good; the ids deleted."""

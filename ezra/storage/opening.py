@@ -47,7 +47,9 @@ QUEUE_COLUMNS_V2 = {
 }
 QUEUE_COLUMNS_V3 = {"paused": "INTEGER"}  # version 3 only adds columns
 # Version 15, flow control: MAX-IN-FLIGHT and RATE-LIMIT (broker/flow.py); NULL: no limit.
-QUEUE_COLUMNS_FLOW = {"max_in_flight": "INTEGER", "rate_limit_count": "INTEGER", "rate_limit_seconds": "REAL"}
+# PARTITION-LIMIT, and `lanes`: 1 once a task of the queue has a priority or partition (broker/lanes.py).
+QUEUE_COLUMNS_FLOW = {"max_in_flight": "INTEGER", "rate_limit_count": "INTEGER", "rate_limit_seconds": "REAL",
+                      "partition_limit": "INTEGER", "lanes": "INTEGER NOT NULL DEFAULT 0"}
 QUEUE_COLUMNS_V10 = {"unmarked_done": "INTEGER NOT NULL DEFAULT 1"}  # every done task is unmarked
 TASK_COLUMNS_V1 = ("queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, "
                    "deadline, delivered_at, finished_at")

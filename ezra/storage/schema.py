@@ -21,7 +21,8 @@ APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
 # 4: schedules (XSCHEDULE); 5: tasks.failure (why a task last failed, XNACK REASON);
 # 6: unique tasks (XADD UNIQUE: tasks.unique_key, index tasks_unique)
 SCHEMA_VERSION = 15  # 15: flow control: tasks.priority and tasks.partition_key (XADD PRIORITY,
-# PARTITION), shown by tasks_readable; queues.max_in_flight, rate_limit_count, rate_limit_seconds;
+# PARTITION), shown by tasks_readable; queues.max_in_flight, rate_limit_count, rate_limit_seconds,
+# partition_limit and lanes (the claim order by priority and partition, broker/lanes.py);
 # 14: a queue's tasks are a range of row ids (queues.number, storage/row_ranges.py),
 # no primary key on (queue, id); 13: no tasks.id column (the id's text is tasks_readable's); 12: no
 # tasks_in_flight index (the leases are in memory); 11: tasks.reserved
@@ -63,7 +64,7 @@ SCHEMA_STATEMENTS = _named_statements(SCHEMA)
 # The queues table's settings columns (XCFGSET); NULL in one: the server's flag.
 SETTING_COLUMNS = ("visibility_timeout", "max_attempts", "retention_seconds", "backoff",
                    "release_on_disconnect", "idmp_duration", "idmp_maxsize", "paused",
-                   "max_in_flight", "rate_limit_count", "rate_limit_seconds")
+                   "max_in_flight", "rate_limit_count", "rate_limit_seconds", "partition_limit")
 
 # A task waiting for its first claim keeps room in its row (tasks.reserved: zeros) for the columns
 # its claim fills (worker, deadline, delivered_at). The claim sets it NULL, so the row keeps its size

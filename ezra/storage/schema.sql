@@ -19,6 +19,10 @@ CREATE TABLE IF NOT EXISTS queues (
     max_in_flight         INTEGER,  -- MAX-IN-FLIGHT: at most this many leased at once; NULL: no cap
     rate_limit_count      INTEGER,  -- RATE-LIMIT: at most this many handed out in any window
     rate_limit_seconds    REAL,     --   of this many seconds; NULL: no rate limit
+    partition_limit       INTEGER,  -- PARTITION-LIMIT: at most this many of one partition leased at once; NULL: 1
+    -- 1: some task of the queue was pushed with PRIORITY or PARTITION (or imported with one), and
+    -- its claims take the claim order by priority and partition (broker/lanes.py); set once, for good.
+    lanes                 INTEGER NOT NULL DEFAULT 0,
     group_name            TEXT,     -- the name XGROUP CREATE gave the queue's one group
     deleted_count         INTEGER NOT NULL DEFAULT 0,  -- tasks removed for good (XINFO entries-added)
     max_deleted_ms        INTEGER NOT NULL DEFAULT 0,  -- the newest removed id (XINFO
