@@ -267,7 +267,7 @@ def test_random_pushes_claims_acks_nacks_and_rollbacks_keep_the_order_s_promises
     priority, the oldest of its partition at that priority; no partition is ever over the limit."""
     import random
     broker, rng = clocked_broker, random.Random(47)
-    broker.configure(b"q", {"max_attempts": 1000, "partition_limit": 2}).wait()
+    broker.admin.configure(b"q", {"max_attempts": 1000, "partition_limit": 2}).wait()
     available, flying = {}, {}  # id -> (priority, partition)
     seen = {"claimed": 0, "held back": 0, "rollbacks": 0}
     for step in range(1500):
@@ -303,7 +303,7 @@ def test_random_pushes_claims_acks_nacks_and_rollbacks_keep_the_order_s_promises
             del flying[task_id]
         elif action < 0.95 and flying:
             task_id = rng.choice(sorted(flying))
-            assert broker.nack(b"q", [task_id]).wait() == 1
+            assert broker.tasks.fail(b"q", [task_id]).wait() == 1
             available[task_id] = flying.pop(task_id)
         elif action >= 0.95:
             submit_broken_request(broker)  # a rollback: the lanes are read again from the file
