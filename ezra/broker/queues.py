@@ -29,6 +29,7 @@ from .observers import VIEW_GROWS, Observers
 # queues an older EZRA created with longer names keep working (drain, settings, XINFO), and
 # /metrics and the dashboard show their names cut (web/).
 MAX_QUEUE_NAME = 256  # bytes
+NO_MARK = (0, 0)  # QueueState.mark_from when no marking walk is under way (from the first id)
 # Events counted since start, per queue and in all (INFO stats, /metrics, the dashboard):
 # pushed, delivered (of which redelivered: a task delivered before), acked, failed (XNACK,
 # XDEL), expired (lease ran out), released (worker gone), dead, requeued (from dead), purged.
@@ -73,7 +74,7 @@ class QueueState:
         self.next_purge = 0         # no done task is due for purging before this (ms)
         self.trim_floor = (0, 0)    # no done task has a lower id (trimming scans from here)
         self.unmarked_done = True   # done tasks may lack `retained` (queues.unmarked_done; a new queue's: 1)
-        self.mark_from = (0, 0)     # where the marking walk goes on (Reaper._mark_retained)
+        self.mark_from = NO_MARK    # where the marking walk goes on (Reaper._mark_retained)
         self.deleted = 0            # tasks removed for good, and the newest of them
         self.max_deleted = (0, 0)
         self.deleted_dirty = False
@@ -204,7 +205,7 @@ class QueueState:
         way starts over (it may have passed this task)."""
         first = not self.unmarked_done
         self.unmarked_done = True
-        self.mark_from = (0, 0)
+        self.mark_from = NO_MARK
         return first
 
     def marked_to(self, task_id: tuple | None) -> None:

@@ -19,7 +19,7 @@ from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
 from .available import AvailableOrder
 from .lanes import Lanes
-from .queues import MAX_QUEUE_NAME, QueueState
+from .queues import MAX_QUEUE_NAME, NO_MARK, QueueState
 
 
 ORDER_SLICE = 10_000  # available tasks read from the file at a time into a queue's order
@@ -265,8 +265,9 @@ class Transitions:
         queue.retention(), which the caller has read already."""
         if retention is not None:
             return 1
-        if queue.done_unmarked():
-            self.db.retention.save_unmarked_done(queue.name, True)
+        if queue.mark_from != NO_MARK or not queue.unmarked_done:  # (read here: no call on every ack)
+            if queue.done_unmarked():
+                self.db.retention.save_unmarked_done(queue.name, True)
         return None
 
     def purged(self, queue: QueueState, ids: list[tuple]) -> None:
