@@ -12,6 +12,8 @@ that command's reply); its wake-up is polled with a deadline.
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 
 from support_broker import acked, claim_committed, push_one
@@ -257,6 +259,23 @@ def test_a_task_taken_by_xclaim_force_or_cancelled_by_xdel_is_stepped_over(r, qu
     assert r.xack(queue, "g", a3) == 1
     assert take(r, queue, count=10) == ["a2"]  # a3's entry in A's lane is stepped over
     assert take(r, queue, count=10) == []
+
+
+def test_info_metrics_and_the_dashboard_count_the_partitions_with_work(ezra_factory):
+    server = ezra_factory("--http-port", "0")
+    r = server.client(2)
+    for partition in ("a", "a", "b", "c"):
+        push(r, "tenants", partition)
+    push(r, "plain")  # the control: a queue with no partition shows no such figure
+    take(r, "tenants", count=10)  # a1, b1, c1: a still has work, b and c have none
+    info = r.info("queues")
+    assert info["queue_tenants"]["partitions"] == 1 and "partitions" not in info["queue_plain"]
+    with urllib.request.urlopen(server.http_url + "/metrics", timeout=10) as reply:
+        body = reply.read().decode()
+    assert 'ezra_queue_partitions_with_work{queue="tenants"} 1.0' in body
+    assert 'ezra_queue_partitions_with_work{queue="plain"}' not in body
+    with urllib.request.urlopen(server.http_url + "/queue?name=tenants", timeout=10) as reply:
+        assert "1 partition with work" in reply.read().decode()
 
 
 # ---------------------------------------------------------------- against a model

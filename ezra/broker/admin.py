@@ -267,7 +267,9 @@ class Admin:
         return {name: {"counts": dict(queue.counts), "totals": dict(queue.totals), "paused": queue.is_paused(),
                        "held_back": queue.held_back(now),  # None, or flow.PAUSED, CAP, RATE
                        # when the next task to deliver became available (ms): how long it waits
-                       "head_since": self._head_since(queue) if head_since and queue.counts[AVAILABLE] else None}
+                       "head_since": self._head_since(queue) if head_since and queue.counts[AVAILABLE] else None,
+                       # after _head_since, which builds the order if no claim did
+                       "partitions": queue.partitions_with_work()}  # None: no task has a partition or priority
                 for name, queue in queues}
 
     def _head_since(self, queue) -> int | None:

@@ -294,6 +294,11 @@ class QueueState:
         self.flow = flow_of(self.max_in_flight, self.rate_limit_count, self.rate_limit_seconds,
                             before if before is not None else self.flow)
 
+    def partitions_with_work(self) -> int | None:
+        """How many partitions have available tasks; None for a queue without lanes (no task of it
+        has a priority or partition), or whose order is not read yet."""
+        return self.order.partitions_with_work() if self.lanes_on and self.order is not None else None
+
     def held_back(self, now: int) -> str | None:
         """What keeps the queue from handing out a task now: flow.PAUSED, CAP, RATE, or None."""
         if self.is_paused():

@@ -317,6 +317,8 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
     facts = (f'oldest waiting {text(duration(None if since is None else now - since))} · since start: '
              f'{totals["pushed"]} pushed, {totals["acked"]} acked, {totals["failed"]} failed, '
              f'{totals["expired"]} timed out, {totals["dead"]} dead')
+    if queue.get("partitions") is not None:  # a queue whose tasks have partitions or priorities
+        facts += f' · {queue["partitions"]} partition{"" if queue["partitions"] == 1 else "s"} with work'
     paused = queue["paused"]
     body = [header(state, figures), f'<main><p><a href="/">← queues</a></p>'
                            f'<h1>{text(shown_name(name))}{PAUSED_BADGE if paused else held_badge(queue)}</h1>']

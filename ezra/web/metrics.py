@@ -79,6 +79,10 @@ class SnapshotCollector:
             "ezra_queue_held_back",
             "1 while the queue hands out nothing because of `reason`: paused, cap (XCFGSET MAX-IN-FLIGHT) or "
             "rate limit (XCFGSET RATE-LIMIT); no series while nothing holds it back.", labels=["queue", "reason"])
+        partitions = GaugeMetricFamily(
+            "ezra_queue_partitions_with_work",
+            "Partitions (XADD PARTITION) with available tasks; only for queues whose tasks have partitions "
+            "or priorities.", labels=["queue"])
         counters = {name: CounterMetricFamily(name, help_text, labels=["queue"])
                     for _, name, help_text in QUEUE_COUNTERS}
         for name, queue in sorted(figures.queues.items()):
@@ -90,6 +94,8 @@ class SnapshotCollector:
             paused.add_metric([label], int(queue["paused"]))
             if queue["held_back"] is not None:
                 held.add_metric([label, queue["held_back"]], 1)
+            if queue["partitions"] is not None:
+                partitions.add_metric([label], queue["partitions"])
             for event, metric, _ in QUEUE_COUNTERS:
                 counters[metric].add_metric([label], queue["totals"][event])
         rest = figures.rest
@@ -103,6 +109,7 @@ class SnapshotCollector:
         yield oldest
         yield paused
         yield held
+        yield partitions
         yield from counters.values()
         yield from schedule_families(snap["schedules"])
         yield gauge("ezra_queues", "Queues (the --metrics-queues busiest have their own series, the rest "
