@@ -30,6 +30,11 @@ Workloads (all but latency, backlog and footprint also report server CPU µs per
   rb-xadd             redis-benchmark -c 50 XADD q * f v (10x --tasks XADDs; a C client, so the
                       server is what is measured; from redis-tools)
   rb-xadd-p16         the same with -P 16 (16 pipelined XADDs per connection)
+  priority-mixed      cycle-batched with a random PRIORITY (0-9) on every task (EZRA only)
+  partitions-10k      tasks over 10,000 partitions (PARTITION-LIMIT 1) pushed, then drained by 8
+                      workers claiming 50: at --tasks and at --backlog-n queued (EZRA only)
+  fairness            one partition with 100,000 queued, then 50 with 10 each: claims until every
+                      one of the 50's first tasks was handed out, at most 100 (EZRA only)
   raw-1x1, celery, dramatiq, taskiq, xadd-litestream   see scripts/bench_frameworks.py
 """
 import argparse
@@ -68,7 +73,8 @@ FOOTPRINT_IDLE_S = 3.0  # footprint: how long the connections sit idle before "R
 BACKLOG_DRAIN = 5000  # tasks drained at the head of the backlog (and from an empty queue)
 now = time.monotonic  # CLOCK_MONOTONIC: comparable across processes on Linux
 ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "many-clients", "push-drain", "push-drain-batched",
-                 "latency", "idle-waiters", "backlog", "footprint", "rb-xadd", "rb-xadd-p16"] + list(bench_frameworks.WORKLOADS)
+                 "latency", "idle-waiters", "backlog", "footprint", "rb-xadd", "rb-xadd-p16",
+                 "priority-mixed", "partitions-10k", "fairness"] + list(bench_frameworks.WORKLOADS)
 TOOL_WORKLOADS = {"rb-xadd": "redis-benchmark", "rb-xadd-p16": "redis-benchmark"}  # skipped without the tool
 ALIASES = {"push-only": "push-drain", "drain": "push-drain"}
 BEANSTALK_WORKLOADS = {"cycle-4x4", "push-drain", "latency"}
@@ -894,11 +900,108 @@ def wl_redis_benchmark(srv, a, q, pipeline=1):
     return {"tasks/s": float(rows[0][1].strip('"')), "server CPU µs/task": cpu * 1e6 / n}, errors
 
 
+
+# --------------------------------------------------------------------------- flow control (EZRA only)
+# Issue 47: XADD PRIORITY / PARTITION and the claim order they make. Redis and the floor have neither:
+# these rows run on EZRA servers alone.
+FLOW_WORKLOADS = {"priority-mixed", "partitions-10k", "fairness"}
+FLOW_PARTITIONS = 10_000  # partitions-10k: the tasks spread over this many partitions, PARTITION-LIMIT 1
+FAIR_BIG, FAIR_OTHERS, FAIR_EACH = 100_000, 50, 10  # fairness: one partition's backlog, then the others'
+
+
+def flow_producer_main(port, q, lo, hi, batch, kind, barrier, deadline, resq):
+    """Pipelined XADDs of tasks lo..hi-1, `batch` a round trip, each with PRIORITY (kind "priority":
+    0-9, random, seeded by the task's number) or PARTITION (kind "partition": number % FLOW_PARTITIONS)."""
+    res = {"role": "producer", "sent": 0, "t_end": None, "errors": []}
+    try:
+        c = Resp(port, timeout=120)
+        barrier.wait(60)
+        for start in range(lo, hi, batch):
+            if now() >= deadline:
+                raise RuntimeError(f"producer deadline after {res['sent']} tasks")
+            seqs = range(start, min(start + batch, hi))
+            if kind == "priority":
+                c.send([("XADD", q, "PRIORITY", (s * 2654435761) % 10, "*", "d", payload(s, now())) for s in seqs])
+            else:
+                c.send([("XADD", q, "PARTITION", f"p{s % FLOW_PARTITIONS}", "*", "d", payload(s, now())) for s in seqs])
+            bad = [r for r in c.read(len(seqs)) if not isinstance(r, bytes)]
+            if bad:
+                raise RuntimeError(f"XADD -> {bad[0]!r}")
+            res["sent"] += len(seqs)
+        res["t_end"] = now()
+    except Exception as e:
+        res["errors"].append(f"flow producer: {e!r}")
+    resq.put(res)
+
+
+def wl_priority_mixed(srv, a, q):
+    """cycle-batched with a random priority (0-9) on every task."""
+    create_group(srv, q)
+    n, errors = a.tasks, []
+    specs = [(flow_producer_main, (srv.port, q, n * k // 2, n * (k + 1) // 2, 50, "priority")) for k in range(2)]
+    specs += [(worker_main, (srv.proto, srv.port, q, f"w{k}", 50)) for k in range(2)]
+    m = tally(srv, specs, n, True, a.timeout)
+    check_acks(m, range(n), errors)
+    check_pending(srv, q, errors)
+    return {"tasks/s": m["rate"], "server CPU µs/task": m["cpu_us"]}, errors
+
+
+def wl_partitions_10k(srv, a, q):
+    """Tasks over FLOW_PARTITIONS partitions (PARTITION-LIMIT 1) pushed first, then drained by 8 workers
+    claiming 50 at a time: the drain at --tasks and at --backlog-n tasks queued, so that a claim's cost
+    shows whether it grows with what is queued."""
+    metrics, errors = {}, []
+    for n, label in ((a.tasks, "at --tasks"), (a.backlog_n, "at --backlog-n")):
+        queue = f"{q}-{n}"
+        create_group(srv, queue)
+        srv.admin().call("XCFGSET", queue, "PARTITION-LIMIT", 1)
+        pushed = tally(srv, [(flow_producer_main, (srv.port, queue, 0, n, 1000, "partition"))], n, False,
+                       a.timeout + n / 5000)
+        errors.extend(pushed["errors"])
+        drained = phase(srv, queue, n, workers=8, count=50, timeout=a.timeout + n / 5000)
+        check_acks(drained, range(n), errors)
+        check_pending(srv, queue, errors)
+        metrics[f"drain tasks/s {label}"] = drained["rate"]
+        metrics[f"drain server CPU µs/task {label}"] = drained["cpu_us"]
+    return metrics, errors
+
+
+def wl_fairness(srv, a, q):
+    """One partition with FAIR_BIG tasks queued, then FAIR_OTHERS partitions with FAIR_EACH each: how many
+    claims (COUNT 1, each acked) until every one of the others' first tasks was handed out (<= 100)."""
+    create_group(srv, q)
+    errors, c = [], Resp(srv.port, timeout=120)
+    for start in range(0, FAIR_BIG, 1000):
+        c.send([("XADD", q, "PARTITION", "big", "*", "d", f"big {i}") for i in range(start, min(start + 1000, FAIR_BIG))])
+        c.read(min(1000, FAIR_BIG - start))
+    firsts = set()
+    for p in range(FAIR_OTHERS):
+        for i in range(FAIR_EACH):
+            task_id = c.call("XADD", q, "PARTITION", f"tenant{p}", "*", "d", f"tenant{p} {i}")
+            if i == 0:
+                firsts.add(task_id)
+    claims, waiting = 0, set(firsts)
+    while waiting and claims < FAIR_BIG:
+        reply = c.call("XREADGROUP", "GROUP", GROUP, "w", "COUNT", 1, "STREAMS", q, ">")
+        if not reply:
+            errors.append(f"nothing to claim after {claims} claims")
+            break
+        task_id = reply[0][1][0][0]
+        claims += 1
+        waiting.discard(task_id)
+        c.call("XACK", q, GROUP, task_id)
+    if waiting:
+        errors.append(f"{len(waiting)} partitions' first tasks not handed out after {claims} claims")
+    elif claims > 100:
+        errors.append(f"the last partition's first task came at claim {claims}, after the first 100")
+    return {"claims until every partition's first task": claims}, errors
+
 WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "many-clients": wl_many_clients,
              "push-drain": wl_push_drain,
              "push-drain-batched": wl_push_drain_batched, "latency": wl_latency,
              "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint,
              "rb-xadd": wl_redis_benchmark, "rb-xadd-p16": lambda srv, a, q: wl_redis_benchmark(srv, a, q, 16),
+             "priority-mixed": wl_priority_mixed, "partitions-10k": wl_partitions_10k, "fairness": wl_fairness,
              **bench_frameworks.WORKLOADS}
 
 
@@ -985,7 +1088,8 @@ def run_one(name, spec, wl, run, a):
 
 
 def lower_is_better(metric):
-    return metric.endswith((" ms", " s")) or any(u in metric for u in ("µs", "MB", "KB"))
+    return (metric.endswith((" ms", " s")) or any(u in metric for u in ("µs", "MB", "KB"))
+            or metric.startswith("claims until"))
 
 
 def summarize(records, servers):
@@ -1076,7 +1180,7 @@ def main(argv=None):
             for s in servers:
                 if specs[s][0] == "beanstalk" and wl not in BEANSTALK_WORKLOADS:
                     continue
-                if not bench_frameworks.runs_on(wl, s):
+                if not bench_frameworks.runs_on(wl, s) or (wl in FLOW_WORKLOADS and not s.startswith("ezra")):
                     continue
                 rec = run_one(s, specs[s], wl, run, a)
                 records.append(rec)
