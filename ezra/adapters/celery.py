@@ -6,8 +6,11 @@
 
 `pip install 'ezra[celery]'`. What maps to what (docs/celery.md tells it for users):
 
-    publish                    XADD queue [DELAY s] * payload <kombu's JSON message>
-                               (DELAY from the message's ETA / countdown, rounded up to 1 ms)
+    publish                    XADD queue [DELAY s] [PRIORITY p] * payload <kombu's JSON message>
+                               (DELAY from the message's ETA / countdown, rounded up to 1 ms;
+                               PRIORITY from its `priority`, 0 first as kombu's Redis transport
+                               reads it, clamped to 0-9 as kombu does; none given: no PRIORITY,
+                               told apart from 0 by sent_without_priority below)
     the worker waiting         one XREADGROUP GROUP celery <worker> COUNT <what prefetch allows>
                                BLOCK <the drain timeout> STREAMS <its queues> > ...
     ack                        XACK
@@ -43,6 +46,7 @@ from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.utils.json import dumps, loads
 from kombu.utils.url import as_url
 
+from .priorities import clamped
 from .leases import LeaseKeeper, visibility_timeout
 
 logger = logging.getLogger("ezra.celery")  # the public module's name (ezra/celery.py), which users configure
@@ -109,6 +113,41 @@ def eta_delay(message: dict, now: datetime | None = None) -> float:
     return math.ceil(seconds * 1000) / 1000 if seconds > 0 else 0.0
 
 
+def sent_without_priority(properties=None, **_) -> None:
+    """Celery's before_task_publish: a task sent without a priority is published with priority None
+    (no PRIORITY), not kombu Producer.publish's default 0, which the transport could not tell from
+    priority=0. Only for an app whose broker is EZRA: other transports keep kombu's default."""
+    if properties is None or "priority" in properties:
+        return
+    from celery import current_app
+    conf = current_app.conf
+    url = str(conf.broker_write_url or conf.broker_url or "")
+    if url.startswith(("ezra://", "ezras://")) or conf.broker_transport == "ezra.celery:Transport":
+        properties["priority"] = None
+
+
+try:
+    from celery.signals import before_task_publish
+except ImportError:  # kombu without Celery: its messages' priority is given or 0
+    pass
+else:
+    before_task_publish.connect(sent_without_priority, weak=False)
+
+
+def priority_option(message: dict) -> list:
+    """XADD's PRIORITY for the message's `priority` property, clamped to 0-9 as kombu's Redis
+    transport does ([] when the message has none: the queue's default). A value that is no integer
+    is refused (ValueError): kombu's Redis transport would quietly serve it first."""
+    priority = (message.get("properties") or {}).get("priority")
+    if priority is None:
+        return []
+    try:
+        number = int(priority)
+    except (TypeError, ValueError):
+        raise ValueError(f"priority must be an integer from 0 (first) to 9, got {priority!r}") from None
+    return clamped(number)
+
+
 class QoS(virtual.QoS):
     """Prefetch as kombu's; acks and rejects settle the task on EZRA."""
 
@@ -167,9 +206,18 @@ class Channel(virtual.Channel):
 
     # ------------------------------------------------------------ producing
 
+    def prepare_message(self, body, priority=None, content_type=None, content_encoding=None, headers=None,
+                        properties=None):
+        """kombu's, but a message sent without a priority has none (kombu's gives it 0, the first)."""
+        unset = priority is None and "priority" not in (properties or {})
+        message = super().prepare_message(body, priority, content_type, content_encoding, headers, properties)
+        if unset:
+            message["properties"].pop("priority", None)
+        return message
+
     def _put(self, queue, message, **kwargs):
         delay = eta_delay(message)
-        options = ["DELAY", repr(delay)] if delay else []
+        options = (["DELAY", repr(delay)] if delay else []) + priority_option(message)
         self.client.execute_command("XADD", queue, *options, "*", PAYLOAD, dumps(message))
 
     def _lookup(self, exchange, routing_key, default=None):
