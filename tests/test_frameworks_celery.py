@@ -241,7 +241,9 @@ def test_a_message_priority_is_the_task_priority(ezra_factory, queue, python, wo
     assert "priority must be an integer from 0 (first) to 9, got 'x'" in result["refused"]["6"]
     assert priorities(client, queue) == [0, 3, 9, 5, 9, 0]
     configure(client, queue, "PAUSED", "0")
-    wait_until(lambda: counts(client, queue)["done"] == 6, 60, message=f"the 6 tasks done ({worker.log})")
+    # acked as they start (acks_late off): each one's DONE line comes after its ack
+    wait_until(lambda: counts(client, queue)["done"] == 6 and len(worker.lines("DONE")) >= 6, 60,
+               message=f"the 6 tasks done ({worker.log})")
     once(worker.lines("DONE"), 6)
     client.close()
 
