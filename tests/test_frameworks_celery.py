@@ -14,7 +14,8 @@ import time
 import pytest
 
 from support_servers import wait_until
-from frameworks.harness import app_env, blocked, compat_json, counts, produce, python, workers  # noqa: F401 (fixtures)
+from frameworks.harness import (app_env, blocked, compat_json, counts, priorities, produce, python,  # noqa: F401 (fixtures)
+                                workers)
 from support_queue import configure
 from support_worker_libs import Row, dist_version
 
@@ -215,4 +216,44 @@ def test_a_worker_without_events_starts_without_a_warning_and_its_banner_shows_n
     expected = f"ezra://{':**@' if password else ''}127.0.0.1:{server.port}//"
     assert f"transport:   {expected}" in output and f"Connected to {expected}" in output, output[:3000]
     assert password is None or f":{password}@" not in output
+    client.close()
+
+
+def paused_worker(ezra_factory, queue, python, workers):
+    """A solo worker waiting on a paused queue: what is pushed stays available to be looked at."""
+    server = ezra_factory()
+    client = server.client()
+    configure(client, queue, "PAUSED", "1")
+    env = app_env(server, queue)
+    worker = celery_worker(workers, python, env, "solo", 1)
+    ready(worker, client)
+    return client, env, worker
+
+
+def test_a_message_priority_is_the_task_priority(ezra_factory, queue, python, workers):
+    """apply_async(priority=p) lands as XADD PRIORITY p (0 first, as kombu's Redis transport reads
+    it); out of 0-9 it is clamped as kombu clamps it (12 -> 9, -2 -> 0); none given is the queue's
+    default (5), not kombu's 0; "x" is refused at publish and stores nothing. The worker then runs
+    them all."""
+    client, env, worker = paused_worker(ezra_factory, queue, python, workers)
+    result = produce(python, "celery_app", "produce_priorities([0, 3, 9, None, 12, -2, 'x'])", env)
+    assert result["pushed"] == 6 and list(result["refused"]) == ["6"], result
+    assert "priority must be an integer from 0 (first) to 9, got 'x'" in result["refused"]["6"]
+    assert priorities(client, queue) == [0, 3, 9, 5, 9, 0]
+    configure(client, queue, "PAUSED", "0")
+    # acked as they start (acks_late off): each one's DONE line comes after its ack
+    wait_until(lambda: counts(client, queue)["done"] == 6 and len(worker.lines("DONE")) >= 6, 60,
+               message=f"the 6 tasks done ({worker.log})")
+    once(worker.lines("DONE"), 6)
+    client.close()
+
+
+@pytest.mark.xfail(reason="claim order: branch lanes", strict=False)
+def test_the_worker_runs_priority_0_first(ezra_factory, queue, python, workers):
+    """Pushed 9, 9, 0, 5, 0 on a paused queue, then resumed: the solo worker runs 2, 4, 3, 0, 1."""
+    client, env, worker = paused_worker(ezra_factory, queue, python, workers)
+    produce(python, "celery_app", "produce_priorities([9, 9, 0, 5, 0])", env)
+    configure(client, queue, "PAUSED", "0")
+    wait_until(lambda: len(worker.lines("DONE")) == 5, 60, message=f"the 5 tasks done ({worker.log})")
+    assert [n for n, _ in worker.lines("DONE")] == [2, 4, 3, 0, 1]
     client.close()

@@ -14,7 +14,8 @@ import time
 import pytest
 
 from support_servers import wait_until
-from frameworks.harness import app_env, blocked, compat_json, counts, produce, python, workers  # noqa: F401 (fixtures)
+from frameworks.harness import (app_env, blocked, compat_json, counts, priorities, produce, python,  # noqa: F401 (fixtures)
+                                workers)
 from support_queue import configure
 from support_worker_libs import Row, dist_version
 
@@ -153,4 +154,25 @@ def test_a_graceful_shutdown_loses_nothing(ezra_factory, queue, python, workers)
     wait_until(lambda: counts(client, queue)["done"] == 40, 60, message=f"the rest done ({second.log})")
     once(first.lines("DONE") + second.lines("DONE"), 40)
     assert counts(client, queue)["dead"] == 0
+    client.close()
+
+
+def test_a_dramatiq_priority_is_the_task_priority(ezra_factory, queue, python, workers):
+    """Dramatiq's priority (lower first, 0 its default) lands as PRIORITY 5 + it, clamped to 0-9:
+    0 -> the queue's default 5, actor priority -10 -> 0, actor 2 -> 7, send_with_options -2 -> 3
+    and 100 -> 9; "x" is refused at send and stores nothing. The worker then runs them all."""
+    server = ezra_factory()
+    client = server.client()
+    configure(client, queue, "PAUSED", "1")
+    env = app_env(server, queue)
+    worker = dramatiq_worker(workers, python, env, 1, 1)
+    ready(worker, client, 1)
+    result = produce(python, "dramatiq_app", "produce_priorities()", env)
+    assert result["pushed"] == 5 and list(result["refused"]) == ["5"], result
+    assert "a dramatiq priority is an integer (lower first), got 'x'" in result["refused"]["5"]
+    assert priorities(client, queue) == [5, 0, 7, 3, 9]
+    configure(client, queue, "PAUSED", "0")
+    wait_until(lambda: counts(client, queue)["done"] == 5 and len(worker.lines("DONE")) == 5, 60,
+               message=f"the 5 tasks done ({worker.log})")
+    once(worker.lines("DONE"), 5)
     client.close()

@@ -7,40 +7,19 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import subprocess
-import sys
 import threading
-import uuid
 
 import pytest
 import redis
 
 from support_compat import node_env
+from support_move import ezra_cli, ok, raw_client, unique
 from support_servers import ROOT
 from ezra.tools.progress import Progress
 
 EXAMPLES = ROOT / "examples"
 BLOB = bytes(range(256))  # every byte value, NUL and non-UTF-8 ones included
-
-
-def ezra_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("EZRA_")}
-    return subprocess.run([sys.executable, "-m", "ezra", *args], cwd=ROOT, capture_output=True, text=True,
-                          errors="replace", timeout=timeout, env=dict(env, PYTHONPATH=str(ROOT)))
-
-
-def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
-
-
-def raw_client(port: int, protocol: int = 2) -> redis.Redis:
-    """redis-py with XRANGE replies left as they come: fields keep their order and repeats."""
-    client = redis.Redis(port=port, protocol=protocol, socket_timeout=30)
-    for command in ("XRANGE", "XREVRANGE", "XREADGROUP"):
-        client.set_response_callback(command, lambda reply, **options: reply)
-    return client
 
 
 def as_map(reply) -> dict:
@@ -56,10 +35,6 @@ def ezra_tasks(client: redis.Redis, queue: str, state: str) -> dict:
 def entries(client: redis.Redis, key: str) -> dict:
     """{id: fields as sent} of a stream."""
     return {entry_id: fields for entry_id, fields in client.execute_command("XRANGE", key, "-", "+")}
-
-
-def unique(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def fill(client: redis.Redis, queue: str) -> dict:

@@ -2,7 +2,8 @@
 
 celery.py (a kombu transport), dramatiq.py (a Dramatiq broker) and taskiq.py (a taskiq-redis
 stream broker) let those frameworks run on EZRA; leases.py renews the leases their workers
-hold; client.py is the small RESP2 client the command-line tools use. They import only each
+hold; priorities.py is XADD PRIORITY's range, which their priorities map onto; client.py
+is the small RESP2 client the command-line tools use. They import only each
 other and ezra/protocol/ (the shared grammar), never the server's parts, and the frameworks'
 modules are imported only here: users type ezra.celery, ezra.dramatiq and ezra.taskiq, thin
 modules at the package's root that re-export these.

@@ -8,6 +8,9 @@
 
     actor.send() / enqueue      XADD queue * message <dramatiq's encoded message>
     enqueue(delay=ms)           XADD queue DELAY <s> ... (EZRA holds it; no delay queue, no eta)
+    priority (lower first)      XADD queue PRIORITY 5 + priority, clamped to 0-9: the message's
+                                `priority` option, else its actor's; 0, dramatiq's default, sends
+                                no PRIORITY (the queue's default, 5)
     the consumer waiting        XREADGROUP GROUP dramatiq <consumer> COUNT <prefetch left>
                                 BLOCK <worker timeout> STREAMS queue >  (no BLOCK right after
                                 a read that filled the prefetch: more are likely waiting)
@@ -38,6 +41,7 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.logging import get_logger
 from dramatiq.message import Message
 
+from .priorities import DEFAULT_PRIORITY, clamped
 from .leases import LeaseKeeper, visibility_timeout
 
 GROUP = "dramatiq"     # accepted and ignored by EZRA (one implicit group per queue)
@@ -48,6 +52,18 @@ READ_MARGIN = 10.0     # seconds the socket waits beyond a blocking read
 def delay_seconds(delay_ms) -> str:
     """XADD DELAY's seconds for dramatiq's milliseconds, rounded up to EZRA's millisecond."""
     return repr(math.ceil(delay_ms) / 1000)
+
+
+def priority_option(priority) -> list:
+    """XADD's PRIORITY for a dramatiq priority (any integer, lower first, 0 the default): EZRA's
+    default 5 plus it, clamped to 0-9, so -5 and below are 0 and 4 and above 9; [] for 0 (the
+    queue's default). One that is no integer is refused (ValueError), as dramatiq would when it
+    sorts its work queue."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"a dramatiq priority is an integer (lower first), got {priority!r}")
+    if priority == 0:
+        return []
+    return clamped(DEFAULT_PRIORITY + priority)
 
 
 class EzraMessage(MessageProxy):
@@ -99,7 +115,7 @@ class EzraBroker(Broker):
 
     def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
         """XADD; with `delay` (ms) EZRA holds the task until then, so no worker does."""
-        options = ["DELAY", delay_seconds(delay)] if delay else []
+        options = (["DELAY", delay_seconds(delay)] if delay else []) + priority_option(self.priority_of(message))
         self.logger.debug("Enqueueing message %r on queue %r.", message.message_id, message.queue_name)
         self.emit_before("enqueue", message, delay)
         try:
@@ -109,6 +125,14 @@ class EzraBroker(Broker):
             raise ConnectionClosed(exc) from None
         self.emit_after("enqueue", message, delay)
         return message
+
+    def priority_of(self, message: Message) -> int:
+        """The message's `priority` option (send_with_options(priority=...)), else its actor's (0 if
+        the actor is not declared in this process)."""
+        if "priority" in message.options:
+            return message.options["priority"]
+        actor = self.actors.get(message.actor_name)
+        return 0 if actor is None else actor.priority
 
     def get_declared_queues(self) -> set[str]:
         return self.queues.copy()

@@ -14,7 +14,9 @@ only. While a message is unacked its lease is renewed (XCLAIM by its owner with 
 every third of the queue's visibility timeout, so a task longer than the lease runs once.
 kiq() and the acks send the same XADD and XACK as RedisStreamBroker's, through clients made
 once (a connection of their own while one at a time is sent), where RedisStreamBroker makes a
-redis-py client per push and per ack (~100 µs of CPU each: a sequential producer waits for it). docs/taskiq.md tells the rest.
+redis-py client per push and per ack (~100 µs of CPU each: a sequential producer waits for it).
+A task's `priority` label (`.kicker().with_labels(priority=3)`) is XADD's PRIORITY: 0 to 9, 0 first;
+any other value is refused at kiq(). docs/taskiq.md tells the rest.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from redis.asyncio import Redis
 from taskiq import AckableMessage, BrokerMessage
 from taskiq_redis import RedisStreamBroker
 
+from .priorities import PRIORITIES
 from .leases import pending_query, split_held
 
 logger = logging.getLogger("ezra.taskiq")  # the public module's name (ezra/taskiq.py), which users configure
@@ -39,6 +42,19 @@ def visibility_timeout(info: dict) -> float:
     fields = {(key.decode() if isinstance(key, bytes) else key): value for key, value in info.items()}
     value = fields.get("visibility-timeout", DEFAULT_VISIBILITY_TIMEOUT)
     return float(value.decode() if isinstance(value, bytes) else value)
+
+
+def priority_option(labels: dict) -> list:
+    """XADD's PRIORITY for the task's `priority` label ([] without one: the queue's default). Only
+    0 to 9 as EZRA takes them (0 first); anything else is refused (ValueError), nothing pushed."""
+    priority = labels.get("priority")
+    if priority is None:
+        return []
+    text = str(priority)
+    if not (text.isascii() and text.isdigit() and int(text) in PRIORITIES):
+        raise ValueError(f"the priority label is EZRA's XADD PRIORITY, an integer from 0 (first) to 9; "
+                         f"got {priority!r}")
+    return ["PRIORITY", str(int(text))]
 
 
 class EzraStreamBroker(RedisStreamBroker):
@@ -69,10 +85,16 @@ class EzraStreamBroker(RedisStreamBroker):
             self._own_busy = False
 
     async def kick(self, message: BrokerMessage) -> None:
-        """XADD, as RedisStreamBroker.kick (its queue label, maxlen and approximate)."""
+        """XADD, as RedisStreamBroker.kick (its queue label, maxlen and approximate), with PRIORITY
+        from the priority label."""
         queue_name = message.labels.get("queue_name") or self.queue_name
-        await self._send("xadd", queue_name, {b"data": message.message}, maxlen=self.maxlen,
-                         approximate=self.approximate)
+        priority = priority_option(message.labels)
+        if not priority:  # redis-py's xadd: the same bytes as RedisStreamBroker's
+            await self._send("xadd", queue_name, {b"data": message.message}, maxlen=self.maxlen,
+                             approximate=self.approximate)
+            return
+        trim = [] if self.maxlen is None else ["MAXLEN", *(["~"] if self.approximate else []), self.maxlen]
+        await self._send("execute_command", "XADD", queue_name, *trim, *priority, "*", b"data", message.message)
 
     def _ack_generator(self, id: str, queue_name: str) -> Callable[[], Awaitable[None]]:
         async def ack() -> None:

@@ -13,6 +13,7 @@ What maps to what (docs/guides/moving-to-redis.md, docs/usage.md):
     a last failure (XNACK REASON)  ->   hash q::ezra-failures: id -> its JSON {cause, reason, worker, at}
     priority (XADD PRIORITY)       ->   hash q::ezra-priorities: id -> 0-9 (tasks pushed without one: none)
     partition (XADD PARTITION)     ->   hash q::ezra-partitions: id -> key
+    settings (XCFGSET)             ->   hash q::ezra-settings, set again by import (carried_settings.py)
     group name (XGROUP CREATE)     ->   XGROUP CREATE q <group> 0 MKSTREAM
 
     Redis stream q, group g             EZRA queue q
@@ -49,6 +50,7 @@ from .progress import Progress
 from ..lifecycle import DEFAULT_PRIORITY
 from ..storage import StorageError, name_bytes
 from ..protocol.task_fields import listed
+from .carried_settings import SETTINGS_SUFFIX, keep_settings, restore_settings, settings_line, settings_shown
 from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, format_id, next_id, pairs, parse_id,
                           report_verified, shown, stream_entries, stream_facts, verify)
 
@@ -96,7 +98,7 @@ class PortSource:
         counts = {state: info[key] for state, key in
                   (("available", b"available"), ("delayed", b"delayed"), ("in_flight", b"in-flight"),
                    ("dead", b"dead"))}
-        return {"group": pairs(groups[0])[b"name"], "counts": counts}
+        return {"group": pairs(groups[0])[b"name"], "counts": counts, "settings": settings_shown(info)}
 
     def pages(self, queue: bytes, dead: bool):
         after = b"0-0"
@@ -142,6 +144,7 @@ class FileSource:
         facts = self.snapshot.queue_facts(queue)
         if facts is not None:
             facts["group"] = facts["group"] or b"default"  # what XINFO GROUPS shows for it
+            facts["settings"] = None  # the file holds them, but not what the server's flags make of them
         return facts
 
     def close(self) -> None:
@@ -170,7 +173,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     last = {False: stream_facts(redis, queue)[1], True: stream_facts(redis, dead_key)[1]}
     stream_facts(redis, attempts_key, kinds=(b"hash",))
     stream_facts(redis, queue + UNIQUE_SUFFIX, kinds=(b"hash",))
-    for suffix in (FAILURES_SUFFIX, PRIORITIES_SUFFIX, PARTITIONS_SUFFIX):
+    for suffix in (FAILURES_SUFFIX, PRIORITIES_SUFFIX, PARTITIONS_SUFFIX, SETTINGS_SUFFIX):
         stream_facts(redis, queue + suffix, kinds=(b"hash",))
     group = os.fsencode(options.group) if options.group else facts["group"]
     counts, expected = copy_to_redis(source, CheckedPipeline(None if options.dry_run else redis), queue, last,
@@ -182,6 +185,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     if group == b"default" and not options.group and unfinished:
         warn("export", queue, "EZRA knows no group name for it (workers never ran XGROUP CREATE), so "
                               "the group is 'default'; --group NAME gives it your workers' name")
+    keep_settings(redis, queue, facts["settings"], options.dry_run)
     if options.dry_run:
         return dry_row(queue, counts, group)
     if unfinished:
@@ -192,7 +196,9 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
             f"({counts['available']} available, {counts['delayed']} delayed, {counts['in_flight']} in flight, "
             f"{counts['dead']} dead to {shown(dead_key)}); group {shown(group)!r}; {checked}"
             + placement_line(queue, counts, "kept in", "Redis serves entries in id order, whatever their "
-                                                       "priority or partition; `ezra import` restores both"))
+                                                       "priority or partition; `ezra import` restores both")
+            + settings_line(queue, facts["settings"], "kept in", "Redis enforces none of them"))
+
 
 
 def placement_line(queue: bytes, counts: Counter, verb: str, note: str) -> str:
@@ -400,6 +406,7 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
     priorities = side_hash(redis, queue + PRIORITIES_SUFFIX, priority_of) if has_priorities else {}
     has_partitions = stream_facts(redis, queue + PARTITIONS_SUFFIX, kinds=(b"hash",))[0] == b"hash"
     partitions = side_hash(redis, queue + PARTITIONS_SUFFIX, bytes) if has_partitions else {}
+    settings = restore_settings(redis, ezra, queue, options.dry_run)
     tasks = redis_tasks(redis, queue, group, pending, attempts, keys, failures, priorities, partitions)
     progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
     counts, expected = copy_to_ezra(tasks, CheckedPipeline(None if options.dry_run else ezra), queue,
@@ -426,7 +433,8 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
             f"({counts['available']} new, {counts['pending']} pending (their delivery counts added to "
             f"attempts), {counts['dead']} dead; {counts['done']} done in Redis, not copied); "
             f"{f'group {shown(name)!r}' if name else 'no group'}; {checked}"
-            + placement_line(queue, counts, "from", "pushed with XADD PRIORITY and PARTITION"))
+            + placement_line(queue, counts, "from", "pushed with XADD PRIORITY and PARTITION")
+            + settings_line(queue, settings, "from", "set with XCFGSET"))
 
 
 def copy_to_ezra(tasks, pipeline: CheckedPipeline, queue: bytes, last: tuple, progress: Progress) -> tuple:

@@ -73,3 +73,15 @@ def produce_failing(n):
     for i in range(n):
         always_fails.delay(i)
     report(pushed=n)
+
+
+def produce_priorities(priorities):
+    """work(i) for each priority, apply_async(priority=p) (None: sent without one); one refused
+    (ValueError at publish) is reported with its error instead."""
+    refused = {}
+    for i, priority in enumerate(priorities):
+        try:
+            work.apply_async((i, 0.0), **({} if priority is None else {"priority": priority}))
+        except ValueError as exc:
+            refused[i] = str(exc)
+    report(pushed=len(priorities) - len(refused), refused=refused)

@@ -36,6 +36,32 @@ def always_fails(n):
     raise RuntimeError(f"task {n} always fails")
 
 
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, priority=-10)
+def urgent(n):
+    line("DONE", n)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, priority=2)
+def later(n):
+    line("DONE", n)
+
+
+def produce_priorities():
+    """Tasks 0-4 with dramatiq priorities 0 (the default), -10 and 2 (their actors'), -2 and 100
+    (send_with_options); task 5's priority "x" is refused at send."""
+    work.send(0)
+    urgent.send(1)
+    later.send(2)
+    work.send_with_options(args=(3,), priority=-2)
+    work.send_with_options(args=(4,), priority=100)
+    refused = {}
+    try:
+        work.send_with_options(args=(5,), priority="x")
+    except ValueError as exc:
+        refused[5] = str(exc)
+    report(pushed=5, refused=refused)
+
+
 def produce(n, seconds=0.0, first=0):
     for i in range(first, first + n):
         work.send(i, seconds)

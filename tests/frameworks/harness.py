@@ -124,3 +124,9 @@ def compat_json():
 
 def blocked(client) -> int:
     return client.info("clients")["blocked_clients"]
+
+
+def priorities(client, queue: str) -> list[int]:
+    """XINFO TASKS' priority of each available task, in push (id) order."""
+    tasks = [dict(zip(flat[::2], flat[1::2])) for flat in client.execute_command("XINFO", "TASKS", queue, "available")]
+    return [task[b"priority"] for task in tasks]
