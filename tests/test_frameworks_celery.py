@@ -248,7 +248,6 @@ def test_a_message_priority_is_the_task_priority(ezra_factory, queue, python, wo
     client.close()
 
 
-@pytest.mark.xfail(reason="claim order: branch lanes", strict=False)
 def test_the_worker_runs_priority_0_first(ezra_factory, queue, python, workers):
     """Pushed 9, 9, 0, 5, 0 on a paused queue, then resumed: the solo worker runs 2, 4, 3, 0, 1."""
     client, env, worker = paused_worker(ezra_factory, queue, python, workers)

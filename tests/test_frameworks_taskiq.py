@@ -126,7 +126,6 @@ def test_the_priority_label_is_the_task_priority(server, queue, python, workers)
     client.close()
 
 
-@pytest.mark.xfail(reason="claim order: branch lanes", strict=False)
 def test_the_worker_runs_priority_0_first(server, queue, python, workers):
     """Labels 9, 9, 0, 5, 0 pushed on a paused queue, then resumed: one worker taking one task at
     a time runs 2, 4, 3, 0, 1."""

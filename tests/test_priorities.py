@@ -54,8 +54,18 @@ def test_equal_priorities_go_in_push_order_and_a_count_takes_the_most_urgent(r, 
     for priority, name in order:
         push(r, queue, priority, name)
     [*got] = claim(r, queue, count=3)
-    assert sorted(names(got)) == ["b", "d", "f"]  # the reply is in id order; the three most urgent
+    assert names(got) == ["f", "b", "d"]  # the three most urgent, listed in claim order: a worker runs them so
     assert one_at_a_time(r, queue, 3) == ["a", "c", "e"]
+
+
+def test_a_claim_of_several_lists_them_most_urgent_first_and_a_plain_queue_in_id_order(r, queue):
+    for priority, name in [(9, "low"), (5, "mid"), (0, "urgent"), (5, "mid2")]:
+        push(r, queue, priority, name)
+    assert names(claim(r, queue, count=10)) == ["urgent", "mid", "mid2", "low"]
+    plain = queue + "-plain"  # the control: without priorities a claim lists them as Redis does, by id
+    for name in ("a", "b", "c"):
+        push(r, plain, name=name)
+    assert names(claim(r, plain, count=10)) == ["a", "b", "c"]
 
 
 def test_a_nacked_task_keeps_its_priority_s_place(r, queue):

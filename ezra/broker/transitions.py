@@ -112,7 +112,9 @@ class Transitions:
             self.serve_waiters(queue, now)
 
     def claim_rows(self, queue: QueueState, worker: bytes, count: int, noack: bool, now: int) -> list:
-        """Up to `count` available tasks of the queue leased to `worker` (done at once with NOACK)."""
+        """Up to `count` available tasks of the queue leased to `worker` (done at once with NOACK),
+        in id order; a queue with priorities or partitions's in its claim order (most urgent first),
+        so that a worker taking several runs them in that order."""
         state = DONE if noack else IN_FLIGHT
         deadline = None if noack else lifecycle.lease_deadline(now, queue.lease_seconds())
         want = min(count, queue.counts[AVAILABLE])
@@ -121,9 +123,10 @@ class Transitions:
             want = min(want, flow.room(queue.counts[IN_FLIGHT], now))
         retained = self.retained_mark(queue, queue.retention()) if noack and want > 0 else None
         order = queue.order if queue.order is not None and queue.order.complete else self.order(queue, want)
-        rows, rebuilt = [], False
+        rows, rebuilt, claim_order = [], False, None
         if queue.lanes_on:  # priorities and partitions (lanes.py): what they let out is all there is
-            rows = self._claim_from_lanes(queue, order, want, worker, now, deadline, state, retained)
+            rows = claim_order = self._claim_from_lanes(queue, order, want, worker, now, deadline, state, retained)
+            rows = sorted(rows)  # the leases and counts below take them in id order; the reply, as claimed
             want = len(rows)
         while len(rows) < want:  # more than one pass only past stale entries (XCLAIM/XNACK FORCE)
             missing = want - len(rows)
@@ -150,7 +153,7 @@ class Transitions:
             queue.delivered(rows, state)
             if flow is not None:
                 self.handed_out(queue, len(rows), now)
-        return rows
+        return rows if claim_order is None else claim_order
 
     def _claim_from_lanes(self, queue: QueueState, lanes: Lanes, want: int, worker: bytes, now: int,
                           deadline: int | None, state: str, retained: int | None) -> list:
@@ -167,6 +170,9 @@ class Transitions:
                 lanes.not_claimed([rowid for rowid in rowids if rowid not in found])
             if deadline is None:  # NOACK: done at once, no lease held
                 lanes.not_claimed([row[4] for row in got])
+            if len(got) > 1:  # the write returns them in no set order: the lanes' order again
+                place = {rowid: i for i, rowid in enumerate(rowids)}
+                got.sort(key=lambda row: place[row[4]])
             rows += got
         return rows
 
