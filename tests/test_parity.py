@@ -295,6 +295,23 @@ SCENARIOS: dict[str, list[Step]] = {
         S("w1", "EXEC"),
         S("p", "XPENDING", "{k}", "g"),
     ],
+    "flow_control": [  # issue 47: what Redis does instead of EZRA's priorities and limits
+        S("p", "XGROUP", "CREATE", "{k}", "g", "0", "MKSTREAM"),
+        S("p", "XADD", "{k}", "9-1", "n", "1"),
+        S("p", "XADD", "{k}", "9-3", "n", "3"),
+        S("p", "XADD", "{k}", "PRIORITY", "0", "9-4", "n", "4", differ=Differ(
+            "XADD PRIORITY is EZRA's (0 served first); Redis reads the word as the id and refuses it",
+            "$3\r\n9-4\r\n", Prefix("-ERR Invalid stream ID"))),
+        S("w1", "XREADGROUP", "GROUP", "g", "w1", "COUNT", "1", "STREAMS", "{k}", ">", differ=Differ(
+            "the most urgent task is claimed first, pushed last; Redis hands a stream's entries out in id order",
+            read1("9-4", "4"), read1("9-1", "1"))),
+        S("p", "XCFGSET", "{k}", "MAX-IN-FLIGHT", "1", differ=Differ(
+            "XCFGSET is Redis 8.6's command with EZRA's settings; Redis 7 does not have it",
+            "+OK\r\n", unknown("XCFGSET"))),
+        S("w2", "XREADGROUP", "GROUP", "g", "w2", "COUNT", "1", "STREAMS", "{k}", ">", differ=Differ(
+            "MAX-IN-FLIGHT 1: a task is in flight, so nothing more is handed out; Redis has no such limit",
+            NIL, read1("9-3", "3"))),
+    ],
     "lease_timeout": [
         S("p", "XGROUP", "CREATE", "{k}", "g", "0", "MKSTREAM"),
         S("p", "XCFGSET", "{k}", "VISIBILITY-TIMEOUT", "0.2", differ=Differ(
