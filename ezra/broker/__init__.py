@@ -60,6 +60,9 @@ calls. From the bottom up (a part imports only those below it):
                     and the reads XPENDING, XINFO and XAUTOCLAIM make
     available.py    AvailableOrder: a queue's available tasks by row id, oldest first (schema 8
                     keeps no index of them), read from the file a slice at a time after a start
+    lanes.py        Lanes: the claim order of a queue whose tasks have priorities or partitions
+                    (priority, then partitions in turn, then push order; PARTITION-LIMIT)
+    flow.py         Flow: a queue's MAX-IN-FLIGHT and RATE-LIMIT, the room a claim has now
     observers.py    XREAD's blocked readers (Observer), per view, woken after a batch that grew it
     queues.py       QueueState: one queue's counts, settings, and the policy they make with the
                     server's defaults, changed only through its own verbs (pushed, delivered,
