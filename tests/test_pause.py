@@ -216,7 +216,10 @@ def test_bad_paused_values_are_refused_and_change_nothing(r, queue, settings, me
     assert len(claim(r, queue)) == 1
 
 
-def test_paused_shows_in_xinfo_info_and_ezra_stats_and_default_resumes(shared_server, r, queue):
+def test_paused_shows_in_xinfo_info_and_ezra_stats_and_default_resumes(ezra_factory, protocol):
+    # A server of its own: INFO lists the first 100 queues by name, and a shared server holds more
+    server = ezra_factory()
+    r, queue = server.client(protocol), "paused-one"
     r.xadd(queue, {"n": 1})
     assert text(r.xinfo_stream(queue)["paused"]) == "0"
     assert r.info("queues")[f"queue_{queue}"]["paused"] == 0
@@ -224,7 +227,7 @@ def test_paused_shows_in_xinfo_info_and_ezra_stats_and_default_resumes(shared_se
     assert text(r.xinfo_stream(queue)["paused"]) == "1"
     assert text(r.xinfo_stream(queue, full=True)["paused"]) == "1"
     assert r.info("queues")[f"queue_{queue}"]["paused"] == 1
-    stats = subprocess.run([sys.executable, "-m", "ezra", "stats", "--port", str(shared_server.port)],
+    stats = subprocess.run([sys.executable, "-m", "ezra", "stats", "--port", str(server.port)],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert stats.returncode == 0, stats.stderr
     assert any(line.startswith(f"{queue} (paused) ") for line in stats.stdout.splitlines()), stats.stdout
