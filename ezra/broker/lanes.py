@@ -162,15 +162,10 @@ class Lanes:
 
     def add(self, rowid: int, priority: int = DEFAULT_PRIORITY, partition=NO_PARTITION) -> None:
         """A task became available (a push, or one coming back)."""
-        level = self.levels[priority]
-        if level is None:
-            level = self.levels[priority] = Level()
-        lane = level.lanes.get(partition)
-        if lane is None:
-            lane = level.lanes[partition] = Lane(partition)
+        lane = self._lane(priority, partition)
         lane.order.add(rowid)
         self._waiting += 1
-        self._in_turn_if_ready(level, lane)
+        self._in_turn_if_ready(self.levels[priority], lane)
 
     def ended(self, rowid: int) -> tuple | None:
         """A task handed out left flight (acked, failed, expired, released): its partition has room
