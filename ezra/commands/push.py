@@ -67,16 +67,22 @@ def push_attempts(arg: bytes) -> int:
 MAX_UNIQUE_KEY = 256  # bytes
 
 
-def take_unique(args: list[bytes], i: int, key):
-    """UNIQUE key: at most one unfinished task per key in the queue (an EZRA extension)."""
-    if key is not None:
-        raise errors.UNIQUE_TWICE
-    key = args[i + 1]
-    if not key:
-        raise errors.UNIQUE_KEY_EMPTY
-    if len(key) > MAX_UNIQUE_KEY:
-        raise errors.unique_key_too_long(len(key), MAX_UNIQUE_KEY)
-    return key, i + 2
+def key_option(twice, empty, too_long, most: int):
+    """The option parser's take of a key (UNIQUE, PARTITION): given once, 1 to `most` bytes."""
+    def take(args: list[bytes], i: int, key):
+        if key is not None:
+            raise twice
+        key = args[i + 1]
+        if not key:
+            raise empty
+        if len(key) > most:
+            raise too_long(len(key), most)
+        return key, i + 2
+    return take
+
+
+# UNIQUE key: at most one unfinished task per key in the queue (an EZRA extension).
+take_unique = key_option(errors.UNIQUE_TWICE, errors.UNIQUE_KEY_EMPTY, errors.unique_key_too_long, MAX_UNIQUE_KEY)
 
 
 def take_priority(args: list[bytes], i: int, priority):
@@ -90,16 +96,9 @@ def take_priority(args: list[bytes], i: int, priority):
     return digit[0] - 48, i + 2
 
 
-def take_partition(args: list[bytes], i: int, key):
-    """PARTITION key: the task's partition of the queue (tasks.partition_key)."""
-    if key is not None:
-        raise errors.PARTITION_TWICE
-    key = args[i + 1]
-    if not key:
-        raise errors.PARTITION_KEY_EMPTY
-    if len(key) > lifecycle.MAX_PARTITION_KEY:
-        raise errors.partition_key_too_long(len(key), lifecycle.MAX_PARTITION_KEY)
-    return key, i + 2
+# PARTITION key: the task's partition of the queue (tasks.partition_key).
+take_partition = key_option(errors.PARTITION_TWICE, errors.PARTITION_KEY_EMPTY, errors.partition_key_too_long,
+                            lifecycle.MAX_PARTITION_KEY)
 
 
 def push_failure(arg: bytes) -> dict:
