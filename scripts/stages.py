@@ -81,6 +81,7 @@ from ezra.writer.writer import Writer  # noqa: E402
 
 KINDS = ("XADD", "XREADGROUP", "XACK")
 PAYLOAD = b"x" * 200
+PUSH_OPTIONS: list = []  # --priorities: each XADD's own options, taken in turn (EZRA only)
 WAITS = "waits for the commit/fsync"
 ROW_ORDER = ("connection loop", "parse", "dispatch", "handler", "options", "worker name", "id",
              "writer", "broker", "storage (Python)", "fields", "SQL", "commit", "fsync", "encode",
@@ -94,6 +95,10 @@ def frame(*args: bytes) -> bytes:
 def command_frames(kind: str, ids: list[bytes], tasks: int = 1) -> list[bytes]:
     """One command of `kind`; a claim or an ack of `tasks` tasks (XREADGROUP COUNT, XACK's ids)."""
     if kind == "XADD":
+        if PUSH_OPTIONS:
+            options = PUSH_OPTIONS.pop()
+            PUSH_OPTIONS.insert(0, options)
+            return [frame(b"XADD", b"q", *options, b"*", b"payload", PAYLOAD)]
         return [frame(b"XADD", b"q", b"*", b"payload", PAYLOAD)]
     if kind == "XREADGROUP":
         return [frame(b"XREADGROUP", b"GROUP", b"g", b"w1", b"COUNT", b"%d" % tasks, b"BLOCK", b"1000",
@@ -786,7 +791,11 @@ def main() -> None:
                     help="with --bytecodes: a row per function of EZRA's modules, not per module")
     ap.add_argument("--front", action="store_true",
                     help="EZRA's front alone: the loop, parser, dispatch and encode, handlers stubbed")
+    ap.add_argument("--priorities", action="store_true",
+                    help="every XADD with PRIORITY 0-9 in turn (priority-mixed's pushes; EZRA only)")
     a = ap.parse_args()
+    if a.priorities:
+        PUSH_OPTIONS.extend([b"PRIORITY", b"%d" % (i * 7 % 10)] for i in range(10))
     a.servers = [s for s in a.servers.split(",") if s]
     if a.real:
         real(a)

@@ -71,6 +71,71 @@ def test_a_pipeline_of_pushes_answers_as_the_same_commands_one_at_a_time(ezra_fa
     assert answers[0][17] == b":11\r\n"
 
 
+# Placed pushes (PRIORITY, PARTITION and nothing else) make runs too, plain ones joining them; every
+# other shape is XADD's alone, with its error: a priority out of range, an option twice, an empty or
+# long key, another option beside them, no field after the `*`.
+PLACED = [
+    ["XADD", "q", "PRIORITY", "7", "*", "n", "0"], ["XADD", "q", "*", "n", "1"],
+    ["XADD", "q", "priority", "0", "*", "n", "2"], ["XADD", "q", "PARTITION", "a", "*", "n", "3"],
+    ["XADD", "q", "PARTITION", "a", "PRIORITY", "0", "*", "n", "4"],
+    ["XADD", "q", "PRIORITY", "1", "partition", "b", "*", "n", "5"],
+    ["XADD", "q", "PRIORITY", "10", "*", "n", "x"], ["XADD", "q", "PRIORITY", "-1", "*", "n", "x"],
+    ["XADD", "q", "PRIORITY", "01", "*", "n", "x"], ["XADD", "q", "PRIORITY", "1", "PRIORITY", "2", "*", "n", "x"],
+    ["XADD", "q", "PRIORITY", "3", "*", "n", "6"],
+    ["XADD", "q", "PARTITION", "", "*", "n", "x"], ["XADD", "q", "PARTITION", "k" * 257, "*", "n", "x"],
+    ["XADD", "q", "PARTITION", "k" * 256, "*", "n", "7"], ["XADD", "q", "PARTITION", "*", "*", "n", "8"],
+    ["XADD", "q", "PRIORITY", "2", "*", "n"], ["XADD", "q", "PRIORITY", "2", "*"],
+    ["XADD", "q", "PRIORITY", "2", "*", "n", "9", "big", "x" * (LIMIT + 1)],
+    ["XADD", "q", "PRIORITY", "2", "UNIQUE", "u", "*", "n", "10"], ["XADD", "q", "PRIORITY", "4", "*", "n", "11"],
+    ["XADD", "q", "PRIORITY", "4", "DELAY", "0", "*", "n", "12"], ["XADD", "q", "PRIORITY", "2", "0-1", "n", "x"],
+    ["XADD", "other", "PRIORITY", "0", "*", "n", "13"], ["XADD", "q", "PARTITION", "b", "*", "n", "14"],
+    ["XADD", "q::dead", "PRIORITY", "0", "*", "n", "15"], ["XADD", "q", "PRIORITY", "9", "*", "n", "16"],
+]
+
+
+@pytest.mark.parametrize("resp3", [False, True], ids=["resp2", "resp3"])
+def test_pipelined_pushes_with_priority_or_partition_answer_and_order_as_one_at_a_time(ezra_factory, resp3):
+    """The replies byte for byte (ids aside), what each queue holds, and the claim order the stored
+    priorities and partitions give (PARTITION-LIMIT 1: one task of a partition at a time)."""
+    answers, contents, orders = [], [], []
+    for pipelined in (False, True):
+        conn = RespConnection(ezra_factory("--max-task-size", str(LIMIT)).port)
+        if resp3:
+            conn.call(["HELLO", "3"])
+        answers.append(shapes(replies_of(conn, PLACED, pipelined)))
+        contents.append(stored(conn))
+        conn.call(["XGROUP", "CREATE", "q", "g", "0"])
+        claimed = [conn.call(["XREADGROUP", "GROUP", "g", "w", "COUNT", "100", "STREAMS", "q", ">"])]
+        orders.append([re.sub(rb"\$\d+\r\n\d+-\d+\r\n", b"ID", reply) for reply in claimed])
+    assert answers[1] == answers[0]
+    assert contents[1] == contents[0]
+    assert orders[1] == orders[0]
+    assert answers[0].count(b"ID") == 16  # the control: 16 stored, 10 refused
+    names = re.findall(rb"\$1\r\nn\r\n\$\d+\r\n(\d+)\r\n", orders[0][0])
+    # priority 0: 2 (no partition) and 4 (a); 1: 5 (b); 2: 10 (with UNIQUE); 3: 6; 4: 11, 12; 5: 1, 7, 8;
+    # 7: 0; 9: 16. Partition a's 3 and b's 14 wait for their partition's task in flight.
+    assert names == [b"2", b"4", b"5", b"10", b"6", b"11", b"12", b"1", b"7", b"8", b"0", b"16"]
+
+
+def test_pipelined_pushes_with_priority_and_partition_are_one_request(ezra_factory):
+    """20 pipelined XADDs with PRIORITY and PARTITION: one writer request, each task in its place."""
+    client = ezra_factory().client(2)
+    client.xgroup_create("q", "g", "0", mkstream=True)
+    client.execute_command("XCFGSET", "q", "PARTITION-LIMIT", "20")
+    used = []
+    for _ in range(3):  # the reaper commits a pass of its own now and then: the least of three counts
+        before = client.info("persistence")["committed_requests"]
+        pipe = client.pipeline(transaction=False)
+        for i in range(20):
+            pipe.execute_command("XADD", "q", "PRIORITY", 9 - i % 10, "PARTITION", f"p{i % 3}", "*", "n", i)
+        pushed = pipe.execute()
+        used.append(client.info("persistence")["committed_requests"] - before)
+        claimed = client.xreadgroup("g", "w", {"q": ">"}, count=100)[0][1]
+        assert [int(fields[b"n"]) for _, fields in claimed] == sorted(range(20), key=lambda i: (9 - i % 10, i))
+        assert client.xack("q", "g", *pushed) == 20
+    assert min(used) == 1, f"20 pipelined pushes took {used} requests"
+
+
 def test_short_pushes_in_a_run_get_xadds_arity_error(ezra_factory):
     """XADD with too few arguments, pipelined beside plain ones: XADD's own error, the connection kept."""
     conn = RespConnection(ezra_factory().port)

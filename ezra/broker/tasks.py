@@ -113,6 +113,8 @@ class Tasks:
         error that refused it when others of the run are stored."""
         first = pushes[0]
         if type(first) is not bytes:
+            if type(first) is tuple:
+                return self._push_placed(name, pushes)
             return [self._push_with_options(name, first)]
         now = self.clock()
         queue = self.queues.get(name) or self.transitions.queue(name, now, create=True)
@@ -120,25 +122,51 @@ class Tasks:
             task_id = stream_ids.new_id(None, queue.last_id, now)
             self._joined_available(queue, task_id, 1, self.db.insert_plain(name, task_id, first, now, now), now)
             return [b"%d-%d" % task_id]  # stream_ids.format_id, inlined
+        results, tasks, last = self._run_ids(queue, pushes, now)
+        if tasks:
+            self._joined_available(queue, last, len(tasks), self.db.insert_available(name, tasks, now), now)
+        return results
+
+    @staticmethod
+    def _run_ids(queue: QueueState, pushes: list, now: int) -> tuple[list, list, tuple]:
+        """A run's new ids: (each push's result, (id_ms, id_seq, push) of each push stored, the last id)."""
         run = stream_ids.new_ids(len(pushes), queue.last_id, now)
         if run is not None:  # nearly always: one ms, consecutive seqs, each step in C (no loop here)
             ms, seqs = run
             tasks = list(zip(repeat(ms), seqs, pushes))
             results = list(map(b"%d-%d".__mod__, zip(repeat(ms), seqs)))  # stream_ids.format_id of each
-            last = (ms, seqs[-1])
-        else:  # the seqs run out within the run: the pushes past the largest id are refused
-            results, tasks, last = [], [], queue.last_id
-            for fields in pushes:
-                try:
-                    last = stream_ids.new_id(None, last, now)
-                except errors.CommandError as exc:
-                    results.append(exc)
-                    continue
-                tasks.append((last[0], last[1], fields))
-                results.append(stream_ids.format_id(last))
-            if not tasks:
-                return results
-        self._joined_available(queue, last, len(tasks), self.db.insert_available(name, tasks, now), now)
+            return results, tasks, (ms, seqs[-1])
+        # the seqs run out within the run: the pushes past the largest id are refused
+        results, tasks, last = [], [], queue.last_id
+        for push in pushes:
+            try:
+                last = stream_ids.new_id(None, last, now)
+            except errors.CommandError as exc:
+                results.append(exc)
+                continue
+            tasks.append((last[0], last[1], push))
+            results.append(stream_ids.format_id(last))
+        return results, tasks, last
+
+    def _push_placed(self, name: bytes, pushes: list) -> list:
+        """A run of placed pushes ((fields, priority, partition) each: XADD PRIORITY, PARTITION and
+        nothing else), stored as a plain run is, with the two columns, into the queue's lanes."""
+        now = self.clock()
+        queue = self.queues.get(name) or self.transitions.queue(name, now, create=True)
+        if not queue.lanes_on:
+            self.transitions.turn_to_lanes(queue)  # for good: its claims take priorities and partitions
+        results, tasks, last = self._run_ids(queue, pushes, now)
+        if not tasks:
+            return results
+        rows = [(ms, seq, *push) for ms, seq, push in tasks]
+        rowids = self.db.insert_available(name, rows, now)
+        queue.pushed(last, AVAILABLE, len(rows))
+        order = queue.order
+        if order is not None:  # not built yet: the build reads them from the file
+            for rowid, (_, _, _, priority, partition) in zip(rowids, rows):
+                order.add(rowid, lifecycle.DEFAULT_PRIORITY if priority is None else priority, partition)
+        if name in self.blocked:
+            self.transitions.serve_waiters(queue, now)
         return results
 
     def _push_with_options(self, name: bytes, push: Push):

@@ -1,10 +1,13 @@
 """XADD: one place checks a push (its size, id and options), for one XADD and for a pipeline's
 run of them alike, and one route stores them (Tasks.push, a list of pushes).
 
-A plain push, `XADD q * field value...` as producers send it, is its fields as stored; a push
-with options is a Push (broker/tasks.py). `read_pushes` checks the XADD it is given and, when
-it is plain, the plain XADDs to the same queue right after it in the pipeline: the connection's
-run strategy (runs.py) sends them as one request, the handler sends one XADD as a run of one.
+A plain push, `XADD q * field value...` as producers send it, is its fields as stored; a placed
+push, `XADD q PRIORITY p PARTITION key * field value...` (either option alone, in either order),
+is (fields, priority, partition); a push with other options is a Push (broker/tasks.py).
+`read_pushes` checks the XADD it is given and, when it is plain or placed, the XADDs of its kind
+to the same queue right after it in the pipeline (a placed run takes plain pushes too: placed at
+the default): the connection's run strategy (runs.py) sends them as one request, the handler
+sends one XADD as a run of one.
 """
 
 from __future__ import annotations
@@ -152,11 +155,15 @@ def read_pushes(session, commands, start: int) -> tuple[bytes, list, int]:
     the same way. A command that is not so ends the run: it is dispatched alone."""
     first = commands[start]
     name = first[1]
-    if first[2] != b"*" or not len(first) & 1 or name.endswith(DEAD_VIEW):
-        queue, dead = split_queue(name)
-        return queue, [push_with_options(session, first, queue, dead)], start + 1
-    # `XADD q * field value...`: no option, so none of their checks
     limit = session.state.settings.max_task_size
+    if first[2] != b"*" or not len(first) & 1 or name.endswith(DEAD_VIEW):
+        placed = None if name.endswith(DEAD_VIEW) else placed_push(first, limit)
+        if placed is None:
+            queue, dead = split_queue(name)
+            return queue, [push_with_options(session, first, queue, dead)], start + 1
+        pushes = placed_run(commands, start, name, limit, [placed])
+        return name, pushes, start + len(pushes)
+    # `XADD q * field value...`: no option, so none of their checks
     fields = first[3:]
     size = sum(map(len, fields))
     if size > limit:
@@ -171,6 +178,47 @@ def read_pushes(session, commands, start: int) -> tuple[bytes, list, int]:
                 break  # refused by XADD itself, with its message
             pushes.append(stored(fields))
     return name, pushes, start + len(pushes)
+
+
+# The options a placed push may have: PRIORITY p, PARTITION key (as clients send them).
+PLACING = {b"PRIORITY": 0, b"priority": 0, b"PARTITION": 1, b"partition": 1}
+
+
+def placed_push(args: list[bytes], limit: int) -> tuple | None:
+    """`XADD q PRIORITY p PARTITION key * field value...` (either option alone, in either order):
+    (its fields as stored, priority or None, partition key or None). None for any other XADD, or
+    one XADD refuses: push_with_options reads it then, and says why."""
+    placed, i = [None, None], 2
+    while (option := PLACING.get(args[i])) is not None and placed[option] is None and len(args) > i + 4:
+        placed[option] = args[i + 1]
+        i += 2
+    fields = args[i + 1:]
+    if i == 2 or args[i] != b"*" or len(fields) & 1 or sum(map(len, fields)) > limit:
+        return None
+    digit, partition = placed
+    if digit is not None and (len(digit) != 1 or digit[0] - 48 not in lifecycle.PRIORITIES):
+        return None
+    if partition is not None and not 0 < len(partition) <= lifecycle.MAX_PARTITION_KEY:
+        return None
+    return stored(fields), None if digit is None else digit[0] - 48, partition
+
+
+def placed_run(commands, start: int, name: bytes, limit: int, pushes: list) -> list:
+    """The placed push `pushes` holds, and the placed or plain XADDs to the same queue right
+    after it, each checked (a plain one is placed at the default: no priority, no partition)."""
+    for args in commands[start + 1:]:
+        if len(args) < 5 or not len(args) & 1 or args[0] not in PUSH_NAMES or args[1] != name:
+            break
+        if args[2] == b"*":
+            fields = args[3:]
+            if sum(map(len, fields)) > limit:
+                break
+            pushes.append((stored(fields), None, None))
+        elif (placed := placed_push(args, limit)) is not None:
+            pushes.append(placed)
+        else:
+            break
+    return pushes
 
 
 def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> Push:

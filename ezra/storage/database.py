@@ -58,9 +58,10 @@ _INSERT_TASK_SQL = ("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fiel
 # A push run's rows go in as statements of 64, 32, ... 1 rows (50 = 32 + 16 + 2): one INSERT of many
 # rows costs 1.56 µs a row against executemany's 2.65, which binds, steps and resets each (measured).
 INSERT_ROWS = 64
-_INSERT_AVAILABLE_SQL = {rows: "INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, "
-                         "available_at, reserved) VALUES " + ", ".join([f"(?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})"] * rows)
-                         for rows in (1 << power for power in range(INSERT_ROWS.bit_length()))}
+_INSERT_AVAILABLE_SQL, _INSERT_PLACED_SQL = ({rows: f"INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, "
+    f"created_at, available_at{more}, reserved) VALUES " + ", ".join([f"(?, ?, ?, ?, 'available', ?, ?, ?{values}, "
+    f"{ROOM_SQL})"] * rows) for rows in (1 << power for power in range(INSERT_ROWS.bit_length()))}
+    for more, values in (("", ""), (", priority, partition_key", ", ?, ?")))  # plain pushes, placed ones
 # A claim of many rows (Database.claim): only the queue's own (its range of row ids), as a guard.
 # attempts + 1: this delivery counted (the broker counts redeliveries). reserved: schema.py.
 _CLAIMABLE = "rowid IN (SELECT value FROM json_each(?)) AND rowid BETWEEN ? AND ? AND state = 'available'"
@@ -378,19 +379,21 @@ class Database:
         return rowid
 
     def insert_available(self, queue: bytes, tasks: list[tuple], now: int) -> range | list[int]:
-        """Pushed tasks, (id_ms, id_seq, fields as stored) each, available now: their row ids, the
-        queue's next ones (a list if a hand-written row was in the way). Statements of INSERT_ROWS."""
+        """Pushed tasks, (id_ms, id_seq, fields as stored[, priority, partition key]) each, available now: their
+        row ids, the queue's next ones (a list if a hand-written row was in the way). Statements of INSERT_ROWS."""
         first, high = self._new_rows(queue, len(tasks))
         name, start = name_value(queue), 0
-        mss, seqs, fields = zip(*tasks)  # by column: each statement's parameters made in C, no loop
+        mss, seqs, fields, *placed = zip(*tasks)  # by column: each statement's parameters made in C, no loop
+        if placed:  # priority, partition key
+            placed[1] = [None if key is None else name_value(key) for key in placed[1]]
         while start < len(tasks):  # a statement of the most rows that fit, down to one row
             rows = min(INSERT_ROWS, 1 << (len(tasks) - start).bit_length() - 1)
             end = start + rows
             params = list(chain.from_iterable(zip(range(first + start, first + end), repeat(name, rows),
                                                   mss[start:end], seqs[start:end], fields[start:end],
-                                                  repeat(now, rows), repeat(now, rows))))
+                                                  repeat(now, rows), repeat(now, rows), *(c[start:end] for c in placed))))
             try:
-                self.conn.execute(_INSERT_AVAILABLE_SQL[rows], params)
+                self.conn.execute((_INSERT_PLACED_SQL if placed else _INSERT_AVAILABLE_SQL)[rows], params)
             except sqlite3.IntegrityError as exc:  # the statement wrote nothing; those before it stay
                 self.hand_rows.make_way(queue, (first + start, first + end - 1), exc, self._next_rows)
                 return [*range(first, first + start), *self.insert_available(queue, tasks[start:], now)]
