@@ -186,21 +186,26 @@ def test_a_hand_written_row_with_a_priority_xadd_refuses_is_set_aside(ezra_facto
     server.stop()
     path = server.data_dir / "ezra.db"
     db = sqlite3.connect(path)
-    first, second, third = hand_rowids(db, "jobs", 3)
+    first, second, third, fourth, fifth, sixth = hand_rowids(db, "jobs", 6)
+    # keys of 200 bytes in 100 characters (kept) and of 280 in 70 (set aside): the check counts bytes
     db.executemany("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, "
                    "priority, partition_key) VALUES (?, 'jobs', 9999999999999, ?, 'available', '[\"n\", \"v\"]', "
-                   "0, 0, ?, ?)", [(first, 0, 1, "mine"), (second, 1, 42, None), (third, 2, None, "k" * 300)])
+                   "0, 0, ?, ?)", [(first, 0, 1, "mine"), (second, 1, 42, None), (third, 2, None, "k" * 300),
+                                   (fourth, 3, None, ""), (fifth, 4, None, "\U0001f600" * 70),
+                                   (sixth, 5, 2, "\u00e9" * 100)])
     db.commit()
     db.close()
     server.start()
     client = server.client()
     # positive control: the good row is served with its priority and partition
     assert tasks(client, "jobs")[b"9999999999999-0"] == (b"available", 1, b"mine")
-    assert client.xlen("jobs") == 2
+    assert tasks(client, "jobs")[b"9999999999999-5"] == (b"available", 2, ("\u00e9" * 100).encode())
+    assert client.xlen("jobs") == 3
     client.close()
     server.stop()
     set_aside = "SELECT id_seq, priority, length(partition_key), reason FROM unreadable_tasks ORDER BY id_seq"
-    assert rows(path, set_aside) == [
+    assert [row[:3] for row in rows(path, set_aside)] == [(1, 42, None), (2, None, 300), (3, None, 0), (4, None, 70)]
+    assert rows(path, set_aside)[:2] == [
         (1, 42, None, "its priority (42) is not an integer from 0 to 9 (NULL: the default)"),
         (2, None, 300, "its partition key ('" + "k" * 59 + ") is not 1 to 256 bytes of text or a BLOB (NULL: none)")]
 

@@ -18,6 +18,7 @@ from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
 from .available import AvailableOrder
+from .in_flight import ROWID
 from .lanes import Lanes
 from .queues import MAX_QUEUE_NAME, NO_MARK, QueueState
 
@@ -57,7 +58,8 @@ class Transitions:
         a start or a rollback it is read a slice at a time (AvailableOrder says why). A lanes
         queue's (lanes.py) is read whole, in one read, with its tasks in flight (`holding`)."""
         if queue.lanes_on and queue.order is None:
-            queue.turned_to_lanes(Lanes.from_rows(*self.db.placements.rows(queue.name), queue.partition_cap()))
+            in_flight = [lease[ROWID] for lease in queue.leases.values()]
+            queue.turned_to_lanes(Lanes.from_rows(*self.db.placements.rows(queue.name, in_flight), queue.partition_cap()))
         order = queue.reading_order()
         while not order.complete and len(order) < wanted:
             after = None if order.read_to is None else order.read_to[2]
@@ -86,7 +88,7 @@ class Transitions:
         order = queue.order
         lanes = None
         if order is not None and order.complete:
-            lanes = Lanes.from_order(order, [lease[0] for lease in queue.leases.values()], queue.partition_cap())
+            lanes = Lanes.from_order(order, [lease[ROWID] for lease in queue.leases.values()], queue.partition_cap())
         queue.turned_to_lanes(lanes)
 
     def leased_outside(self, queue: QueueState, rowid: int) -> None:
