@@ -94,7 +94,7 @@ def test_forgotten_tasks_at_a_lanes_head_go_and_the_rest_are_stepped_over():
         lanes.add(rowid, 0, b"a")
     lanes.add(4, 5, NO_PARTITION)
     assert lanes.head() == 1
-    lanes.forget({1, 2})
+    lanes.forget([(1, 0, b"a"), (2, 0, b"a")])
     assert lanes.head() == 3 and len(lanes) == 2
     assert lanes.take(5) == [3, 4]
     assert lanes.partitions_with_work() == 0

@@ -261,6 +261,25 @@ def test_a_task_taken_by_xclaim_force_or_cancelled_by_xdel_is_stepped_over(r, qu
     assert take(r, queue, count=10) == []
 
 
+def test_xdel_takes_tasks_out_of_their_own_lanes_at_every_priority(ezra_factory, protocol):
+    """Deleted available tasks leave their lane (priority and partition as stored, text or not):
+    a lane they emptied no longer counts as a partition with work; the rest keep their order."""
+    server = ezra_factory()
+    r = server.client(protocol)
+    x = push(r, "jobs", "X", "x", "PRIORITY", 0)
+    a1 = push(r, "jobs", "A", "a1", "PRIORITY", 1)
+    b1 = push(r, "jobs", b"\xffB", "b1", "PRIORITY", 3)
+    push(r, "jobs", b"\xffB", "b2", "PRIORITY", 3)
+    p1 = push(r, "jobs", None, "p1", "PRIORITY", 2)
+    push(r, "jobs", None, "p2")
+    assert take(r, "jobs", count=1) == ["x"]  # the lanes are built (a claim read them)
+    assert r.xack("jobs", "g", x) == 1
+    assert r.info("queues")["queue_jobs"]["partitions"] == 2  # the control: A and B have work
+    assert r.xdel("jobs", a1, b1, p1) == 3
+    assert r.info("queues")["queue_jobs"]["partitions"] == 1  # B, with b2; A's lane is empty
+    assert take(r, "jobs", count=10) == ["b2", "p2"]
+
+
 def test_info_metrics_and_the_dashboard_count_the_partitions_with_work(ezra_factory):
     server = ezra_factory("--http-port", "0")
     r = server.client(2)

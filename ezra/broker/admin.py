@@ -305,7 +305,7 @@ class Admin:
             return [False] * len(ids)
         replies, deleted = [], []
         for task_id in ids:
-            state, rowid = self.db.delete_by_id(name, task_id, (IN_FLIGHT, DONE)) or (None, None)
+            state, rowid, _, _ = self.db.delete_by_id(name, task_id, (IN_FLIGHT, DONE)) or (None, None, None, None)
             if state is None:
                 replies.append(False)
                 continue

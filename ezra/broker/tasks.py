@@ -326,16 +326,16 @@ class Tasks:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        deleted, available = [], set()
+        deleted, available = [], []
         for task_id in dict.fromkeys(ids):
             row = self.db.delete_by_id(name, task_id, (AVAILABLE, DELAYED))
             if row is not None:
                 queue.move(row[0], GONE)
                 deleted.append(task_id)
                 if row[0] == AVAILABLE:
-                    available.add(row[1])
+                    available.append(row[1:])
         if available and queue.order is not None:
-            queue.order.forget(available)
+            self.transitions.forget(queue, available)
         self.transitions.note_deleted(queue, deleted)
         return len(deleted)
 

@@ -91,6 +91,15 @@ class Transitions:
             lanes = Lanes.from_order(order, [lease[ROWID] for lease in queue.leases.values()], queue.partition_cap())
         queue.turned_to_lanes(lanes)
 
+    def forget(self, queue: QueueState, rows: list[tuple]) -> None:
+        """Available tasks deleted (XDEL), (rowid, priority, partition_key) each as stored: out of the
+        queue's order (a lanes queue's: each from its own lane)."""
+        if queue.lanes_on:
+            queue.order.forget([(rowid, lifecycle.DEFAULT_PRIORITY if priority is None else priority,
+                                 None if partition is None else name_bytes(partition)) for rowid, priority, partition in rows])
+        else:
+            queue.order.forget({row[0] for row in rows})
+
     def leased_outside(self, queue: QueueState, rowid: int) -> None:
         """XCLAIM FORCE leased an available task: a lanes queue counts it in its partition."""
         if queue.lanes_on and queue.order is not None:

@@ -453,10 +453,11 @@ class Database:
 
     def delete_by_id(self, queue: bytes, task_id: tuple, states: tuple) -> tuple | None:
         """Delete one task if it is in one of two `states` (XACKDEL: in flight or done; XDEL: available
-        or delayed, nobody holds it): (its former state, its row id), or None."""
+        or delayed, nobody holds it): (its former state, its row id, priority, partition_key), or None."""
         rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
-        return None if rowid is None else self.conn.execute(
-            "DELETE FROM tasks WHERE rowid = ? AND state IN (?, ?) RETURNING state, rowid", (rowid, *states)).fetchone()
+        return None if rowid is None else self.conn.execute("DELETE FROM tasks WHERE rowid = ? AND state IN (?, ?) "
+                                                            "RETURNING state, rowid, priority, partition_key",
+                                                            (rowid, *states)).fetchone()
 
     def unfinished_attempts(self, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
         """(rowid, attempts, state, worker, (id_ms, id_seq)) of the given tasks that are in one of
