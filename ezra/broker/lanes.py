@@ -19,7 +19,9 @@ claim is O(1) in the tasks and partitions queued (the priorities are ten).
 
 The lanes remember, for each task they handed out and whose lease has not ended, its priority
 and partition (`holding`): the count of a partition's tasks in flight, and where a task that
-comes back (a nack, an expired lease) goes again. A task taken that the claim's write did not
+comes back (a nack, an expired lease) goes again. The tasks without a partition are never
+limited, so theirs are not counted: their lane hands out many at once when it is alone in its
+round (a queue of priorities only), and their acks only forget where they were. A task taken that the claim's write did not
 find available any more (a stale entry: XDEL, XCLAIM FORCE took it) is given back
 (`not_claimed`). XCLAIM FORCE of an available task leases it outside the lanes' order: it
 counts against its partition's limit all the same (`leased_outside`), as it does once the lanes
@@ -46,7 +48,7 @@ class Lane:
     def __init__(self, key, order: AvailableOrder | None = None):
         self.key = key
         self.order = AvailableOrder() if order is None else order
-        self.in_flight = 0    # its tasks handed out whose leases have not ended
+        self.in_flight = 0    # its tasks handed out whose leases have not ended (a partition's lane only)
         self.in_turn = False  # in its level's round now (it has work and room)
 
 
@@ -85,11 +87,7 @@ class Lanes:
         level = lanes.levels[DEFAULT_PRIORITY] = Level()
         lane = level.lanes[NO_PARTITION] = Lane(NO_PARTITION, order)
         lanes._waiting = len(order)
-        for rowid in in_flight_rowids:
-            lanes.holding[rowid] = (DEFAULT_PRIORITY, NO_PARTITION)
-            lane.in_flight += 1
-        if lane.in_flight:
-            lanes.flying[NO_PARTITION] = lane.in_flight
+        lanes.holding = dict.fromkeys(in_flight_rowids, (DEFAULT_PRIORITY, NO_PARTITION))
         lanes._in_turn_if_ready(level, lane)
         lanes._drop_if_idle(level, lane)
         return lanes
@@ -121,10 +119,10 @@ class Lanes:
             lanes._waiting += len(rowids)
         for (priority, partition), rowids in flying.items():
             key = None if partition is None else name_bytes(partition)
-            lane = lanes._lane(priority, key)
-            lane.in_flight += len(rowids)
-            lanes.flying[key] = lanes.flying.get(key, 0) + len(rowids)
             lanes.holding.update(dict.fromkeys(rowids, (priority, key)))
+            if key is not NO_PARTITION:
+                lanes._lane(priority, key).in_flight += len(rowids)
+                lanes.flying[key] = lanes.flying.get(key, 0) + len(rowids)
         for level in lanes.levels:
             if level is not None:
                 for lane in list(level.lanes.values()):
@@ -171,32 +169,40 @@ class Lanes:
         """A task handed out left flight (acked, failed, expired, released): its partition has room
         again. Its (priority, partition), for a task that comes back (None: not handed out here)."""
         placed = self.holding.pop(rowid, None)
-        if placed is not None:
-            priority, partition = placed
-            lane = self.levels[priority].lanes[partition]
-            lane.in_flight -= 1
-            flying = self.flying[partition] - 1
-            if flying:
-                self.flying[partition] = flying
-            else:
-                del self.flying[partition]
-            if partition is NO_PARTITION:
-                self._in_turn_if_ready(self.levels[priority], lane)
-                self._drop_if_idle(self.levels[priority], lane)
-            else:  # room for the partition: its lanes with work, at every priority, into their rounds
-                for level in self.levels:
-                    if level is not None and (lane := level.lanes.get(partition)) is not None:
-                        self._in_turn_if_ready(level, lane)
-                        self._drop_if_idle(level, lane)
+        if placed is not None and placed[1] is not NO_PARTITION:  # (never limited: nothing counted)
+            self._partition_ended(*placed)
         return placed
+
+    def all_ended(self, rowids) -> None:
+        """`ended` for each of these tasks (an ack of many)."""
+        pop = self.holding.pop
+        for rowid in rowids:
+            placed = pop(rowid, None)
+            if placed is not None and placed[1] is not NO_PARTITION:
+                self._partition_ended(*placed)
+
+    def _partition_ended(self, priority: int, partition) -> None:
+        """One of the partition's tasks at that priority left flight: room for the partition, its
+        lanes with work, at every priority, into their rounds."""
+        self.levels[priority].lanes[partition].in_flight -= 1
+        flying = self.flying[partition] - 1
+        if flying:
+            self.flying[partition] = flying
+        else:
+            del self.flying[partition]
+        for level in self.levels:
+            if level is not None and (lane := level.lanes.get(partition)) is not None:
+                self._in_turn_if_ready(level, lane)
+                self._drop_if_idle(level, lane)
 
     def leased_outside(self, rowid: int, priority: int, partition) -> None:
         """An available task was leased other than by `take` (XCLAIM FORCE): held, and counted in
         its partition (over its limit, maybe: the worker asked for that task)."""
         if rowid not in self.holding:
-            self._lane(priority, partition).in_flight += 1
-            self.flying[partition] = self.flying.get(partition, 0) + 1
             self.holding[rowid] = (priority, partition)
+            if partition is not NO_PARTITION:
+                self._lane(priority, partition).in_flight += 1
+                self.flying[partition] = self.flying.get(partition, 0) + 1
 
     def not_claimed(self, rowids) -> None:
         """Taken here, but the claim's write found them no longer available (stale entries)."""
@@ -215,6 +221,9 @@ class Lanes:
             turns = level.turns
             while turns and len(taken) < n:
                 lane = turns.popleft()
+                if lane.key is NO_PARTITION and not turns:  # alone in its round: many at once
+                    self._take_alone(level, lane, priority, n - len(taken), taken)
+                    continue
                 if not self._has_room(lane.key):  # its partition filled up at another priority since
                     lane.in_turn = False
                     continue
@@ -229,8 +238,9 @@ class Lanes:
                     self._in_turn_if_ready(level, lane)
                     self._drop_if_idle(level, lane)
                     continue
-                lane.in_flight += 1
-                self.flying[lane.key] = self.flying.get(lane.key, 0) + 1
+                if lane.key is not NO_PARTITION:
+                    lane.in_flight += 1
+                    self.flying[lane.key] = self.flying.get(lane.key, 0) + 1
                 self.holding[rowid] = (priority, lane.key)
                 lane.in_turn = False
                 self._in_turn_if_ready(level, lane)
@@ -238,6 +248,20 @@ class Lanes:
             if len(taken) == n:
                 break
         return taken
+
+    def _take_alone(self, level: Level, lane: Lane, priority: int, n: int, taken: list) -> None:
+        """`take` from the lane of the tasks without a partition while no other lane of its priority
+        is in the round: up to n in one slice of its order, stale entries stepped over."""
+        rowids = lane.order.take(n)
+        self._waiting -= len(rowids)
+        holding = self.holding
+        if not holding.keys().isdisjoint(rowids):  # stale entries (XNACK FORCE of an available task)
+            rowids = [rowid for rowid in rowids if rowid not in holding]
+        holding.update(dict.fromkeys(rowids, (priority, NO_PARTITION)))
+        taken += rowids
+        lane.in_turn = False
+        self._in_turn_if_ready(level, lane)
+        self._drop_if_idle(level, lane)
 
     def forget(self, placed: list[tuple]) -> None:
         """These tasks, (rowid, priority, partition key) each, left available other than by a claim

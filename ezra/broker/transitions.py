@@ -117,8 +117,8 @@ class Transitions:
         """These (task id, lease) pairs of a lanes queue left flight other than back to available
         (an ack, XACKDEL): their partitions have room again, and the queue's blocked workers are
         served if that lets a task out."""
-        for _, lease in held:
-            self.lease_ended(queue, lease[0])
+        if queue.order is not None:
+            queue.order.all_ended([lease[ROWID] for _, lease in held])
         if queue.name in self.waiters.blocked:
             self.serve_waiters(queue, now)
 
