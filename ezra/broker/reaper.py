@@ -65,7 +65,7 @@ class Reaper:
         self.writer = writer
         self.clock = clock
         self._greenlet = None
-        self._can_vacuum = db.incremental_vacuum_enabled()
+        self._can_vacuum = db.file_space.incremental_vacuum_enabled()
 
     # -- the loop
 
@@ -261,17 +261,17 @@ class Reaper:
         missing = self.writer.disk.room_missing()
         # Only what is missing (the other free pages are room too), and one step per checkpoint:
         # a step may move live pages into the WAL, which must fit in the released reserve.
-        if missing <= 0 or self.db.shrink_pending():
+        if missing <= 0 or self.db.file_space.shrink_pending():
             return
-        free, _ = self.db.free_pages()
+        free, _ = self.db.file_space.free_pages()
         if free:
-            self.db.vacuum_some(min(free, VACUUM_STEP_PAGES, -(-missing // self.db.page_size)))
+            self.db.file_space.vacuum_some(min(free, VACUUM_STEP_PAGES, -(-missing // self.db.file_space.page_size)))
             self.writer.checkpoint_soon()
 
     def _vacuum(self) -> None:
         """Give free pages back to the file system, a step per pass, when much of the file is free."""
-        free, total = self.db.free_pages()
+        free, total = self.db.file_space.free_pages()
         if free > max(VACUUM_MIN_FREE_PAGES, total // 4):
-            self.db.vacuum_some(VACUUM_STEP_PAGES)
+            self.db.file_space.vacuum_some(VACUUM_STEP_PAGES)
         else:
             self.schedule.rows_since_vacuum = 0

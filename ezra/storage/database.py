@@ -23,6 +23,7 @@ from loguru import logger
 from .. import errors, lifecycle
 from . import acks, done_counts, hand_rows, reads, row_ranges
 from .reads import tasks_by_id
+from .file_space import FileSpace
 from .integrity import Integrity
 from .producers import IdempotentProducers
 from .retention import Retention
@@ -87,6 +88,7 @@ class Database:
         # fdatasync the WAL: what was committed before a call is durable after it (a call less per fsync).
         self.sync_wal = self.wal.sync
         self.page_size = conn.execute("PRAGMA page_size").fetchone()[0]  # fixed once the file is in WAL mode
+        self.file_space = FileSpace(conn, path, self.page_size)  # free pages, the incremental vacuum
         self._checkpointer: sqlite3.Connection | None = None  # checkpoints' own connection
         self.integrity = Integrity(conn)  # read-only once found corrupt
         self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
@@ -161,29 +163,6 @@ class Database:
     def is_busy(exc: BaseException) -> bool:
         """True for SQLITE_BUSY: a checkpoint that would have had to wait for a reader."""
         return isinstance(exc, sqlite3.Error) and getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
-
-    def incremental_vacuum_enabled(self) -> bool:
-        return self.conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
-
-    def free_pages(self) -> tuple[int, int]:
-        """(free pages, all pages) of the file."""
-        return (self.conn.execute("PRAGMA freelist_count").fetchone()[0],
-                self.conn.execute("PRAGMA page_count").fetchone()[0])
-
-    def free_bytes_inside(self) -> int:
-        """Bytes of free pages in the database file: room for new rows even when the disk has none."""
-        return self.conn.execute("PRAGMA freelist_count").fetchone()[0] * self.page_size
-
-    def shrink_pending(self) -> bool:
-        """The incremental vacuum shrank the database, and no checkpoint has cut the file yet."""
-        return os.path.getsize(self.path) > self.conn.execute("PRAGMA page_count").fetchone()[0] * self.page_size
-
-    def vacuum_some(self, pages: int) -> None:
-        """Give up to `pages` free pages back to the file system (incremental vacuum)."""
-        for _ in range(pages):
-            # Each step of the pragma frees one page; Python's sqlite3 runs only the first
-            # step of a statement whose rows have no columns, so step it one call at a time.
-            self.conn.execute("PRAGMA incremental_vacuum(1)")
 
     # -- start-up
 
@@ -455,9 +434,9 @@ class Database:
         """Delete one task if it is in one of two `states` (XACKDEL: in flight or done; XDEL: available
         or delayed, nobody holds it): (its former state, its row id, priority, partition_key), or None."""
         rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
-        return None if rowid is None else self.conn.execute("DELETE FROM tasks WHERE rowid = ? AND state IN (?, ?) "
-                                                            "RETURNING state, rowid, priority, partition_key",
-                                                            (rowid, *states)).fetchone()
+        return None if rowid is None else self.conn.execute(
+            "DELETE FROM tasks WHERE rowid = ? AND state IN (?, ?) RETURNING state, rowid, priority, partition_key",
+            (rowid, *states)).fetchone()
 
     def unfinished_attempts(self, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:
         """(rowid, attempts, state, worker, (id_ms, id_seq)) of the given tasks that are in one of

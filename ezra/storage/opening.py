@@ -424,7 +424,7 @@ def _state_check_as_comparisons(conn) -> None:
 
 
 def _set_pragmas(conn) -> None:
-    # Freed pages are reused; incremental vacuum (Database.vacuum_some) gives them back to the
+    # Freed pages are reused; incremental vacuum (FileSpace.vacuum_some, storage/file_space.py) gives them back to the
     # file system. Only takes effect on a new file (an existing one keeps its mode until VACUUM).
     conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
     conn.execute("PRAGMA journal_mode = WAL").fetchone()

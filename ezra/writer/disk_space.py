@@ -49,7 +49,7 @@ class DiskGuard:
     @classmethod
     def beside(cls, db: Database, statvfs=os.statvfs) -> DiskGuard:
         """The guard of the database's data directory, with its reserve size."""
-        return cls(os.path.dirname(db.path), db.reserve_bytes, db.wal_limit, db.free_bytes_inside, db.wal_size,
+        return cls(os.path.dirname(db.path), db.reserve_bytes, db.wal_limit, db.file_space.free_bytes_inside, db.wal_size,
                    statvfs)
 
     def start(self) -> None:
