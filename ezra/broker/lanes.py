@@ -30,7 +30,9 @@ are read again from the file, and its entry left in a lane is stepped over.
 
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict, deque
+from functools import partial
 
 from ..lifecycle import DEFAULT_PRIORITY
 from ..storage import name_bytes
@@ -96,9 +98,10 @@ class Lanes:
     def from_rows(cls, available, in_flight, partition_limit: int = 1) -> Lanes:
         """The lanes of a queue as the file has them (after a start or a rollback): its available
         tasks and its tasks in flight, (rowid, priority, partition_key) each, in row id order
-        (storage/placements.py), grouped here in one pass, each lane's order made from its list at
-        once (a million rows: no `add` each)."""
-        waiting: dict[tuple, list] = defaultdict(list)
+        (storage/placements.py: the available ones read as they come, never a list of them all),
+        grouped here in one pass, each lane's order made from its list at once (a million rows: no
+        `add` each)."""
+        waiting: dict[tuple, array] = defaultdict(partial(array, "q"))  # 8 bytes a row id, not an int object
         for rowid, priority, partition in available:
             waiting[priority, partition].append(rowid)
         flying: dict[tuple, list] = defaultdict(list)
