@@ -79,7 +79,7 @@ class App:
         settings = self.settings
         # Before anything reads the file: a second server's recovery would hand out the first one's leases.
         self.lock = DataDirLock.acquire(settings.data_dir, settings.lock_timeout, sleep=gevent.sleep)
-        self.db = open_database(settings.data_dir, settings.disk_reserve)
+        self.db = open_database(settings.data_dir, settings.disk_reserve, read_lanes_ahead=True)
         check_directories(settings)
         recovered = self.db.recover()  # before the port opens: in-flight -> available
         if recovered:

@@ -175,3 +175,37 @@ def test_a_million_queued_with_priorities_and_partitions_serve_the_first_task_so
         peak_mb = next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:"))
     assert peak_mb < 100, f"peak RSS {peak_mb:.0f} MB"
     r.close()
+
+
+def test_a_start_after_a_crash_reads_the_lanes_queues_tasks_while_it_checks_the_rows(ezra_factory):
+    """After a kill -9 the start checks every row (rows written by hand) and, meanwhile, on a
+    thread, reads each lanes queue's tasks available or in flight (the recovery makes the latter
+    available), for their first claims; a plain queue's are not read. After a clean stop
+    nothing is checked, and the first claim reads them (the control)."""
+    from ezra.storage.opening import open_database
+
+    server = ezra_factory()
+    r = server.client(2)
+    placed = [push(r, "jobs", priority, f"t{priority}") for priority in (3, None, 0)]
+    push(r, "plain", None, "p")
+    [(held, _)] = claim(r, "jobs", count=1)
+    assert held == placed[2]
+    server.kill9()
+
+    db = open_database(str(server.data_dir), read_lanes_ahead=True)
+    try:
+        ahead = db.lanes_read_ahead
+        assert set(ahead) == {b"jobs"}
+        spans = {rowid: (priority, key) for (priority, key), rowids in ahead[b"jobs"].items() for rowid in rowids}
+        assert sorted(spans.values(), key=repr) == sorted([(3, None), (None, None), (0, None)], key=repr)
+    finally:
+        db.close()
+    server.start()
+    r = server.client(2)
+    assert one_at_a_time(r, "jobs", 3) == ["t0", "t3", "tNone"]
+    server.stop()
+    db = open_database(str(server.data_dir), read_lanes_ahead=True)
+    try:
+        assert db.lanes_read_ahead == {}  # a clean stop: no check, no read ahead
+    finally:
+        db.close()

@@ -22,6 +22,7 @@ from .admin import Admin
 from .claims import Claims
 from .clock import ServerClock
 from .in_flight import APART_LEASES, InFlight, pending_of
+from .lanes import Lanes
 from .leases import Leases
 from .observers import Observer, Observers
 from .queues import Defaults, Queues
@@ -212,6 +213,11 @@ class Broker:
             queue = self.queues.new(key, leases=before[key].leases if key in before else None)
             queue.read(row, before.get(key))
             queues[key] = queue
+        ahead, self.db.lanes_read_ahead = self.db.lanes_read_ahead, {}
+        for name, groups in ahead.items():  # read during the start (storage/opening.py): the first claim needn't
+            queue = queues.get(name)
+            if queue is not None and queue.lanes_on and self.db.in_flight_recovered and not queue.leases:
+                queue.turned_to_lanes(Lanes.from_groups(groups, (), queue.partition_cap()))
         in_flight = {key: len(queue.leases) for key, queue in queues.items() if queue.leases}
         for name, state, count in self.db.count_states(done, in_flight, available):
             queue = queues.get(name_bytes(name))

@@ -30,12 +30,11 @@ are read again from the file, and its entry left in a lane is stepped over.
 
 from __future__ import annotations
 
-from array import array
 from collections import defaultdict, deque
-from functools import partial
 
 from ..lifecycle import DEFAULT_PRIORITY
 from ..storage import name_bytes
+from ..storage.placements import grouped
 from .available import AvailableOrder
 
 PRIORITIES = 10  # 0 (served first) .. 9
@@ -96,14 +95,17 @@ class Lanes:
 
     @classmethod
     def from_rows(cls, available, in_flight, partition_limit: int = 1) -> Lanes:
-        """The lanes of a queue as the file has them (after a start or a rollback): its available
-        tasks and its tasks in flight, (rowid, priority, partition_key) each, in row id order
-        (storage/placements.py: the available ones read as they come, never a list of them all),
-        grouped here in one pass, each lane's order made from its list at once (a million rows: no
-        `add` each)."""
-        waiting: dict[tuple, array] = defaultdict(partial(array, "q"))  # 8 bytes a row id, not an int object
-        for rowid, priority, partition in available:
-            waiting[priority, partition].append(rowid)
+        """The lanes of a queue as the file has them (after a rollback, or the first claim after a
+        start): its available tasks and its tasks in flight, (rowid, priority, partition_key) each, in
+        row id order (storage/placements.py: the available ones read as they come, never a list of
+        them all), grouped in one pass."""
+        return cls.from_groups(grouped(available), in_flight, partition_limit)
+
+    @classmethod
+    def from_groups(cls, waiting: dict, in_flight, partition_limit: int = 1) -> Lanes:
+        """The lanes of the available tasks grouped by (priority, partition_key) as stored (placements.grouped:
+        each group's row ids in order) and of the tasks in flight: each lane's order made from its
+        group at once (a million tasks: no `add` each)."""
         flying: dict[tuple, list] = defaultdict(list)
         for rowid, priority, partition in in_flight:
             flying[DEFAULT_PRIORITY if priority is None else priority, partition].append(rowid)

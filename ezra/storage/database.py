@@ -104,6 +104,7 @@ class Database:
         self.ack = partial(acks.ack, conn)
         self.delete_acked = partial(acks.delete_acked, conn)
         self.in_flight_recovered = False  # `recover` ran: no task is in flight in the file
+        self.lanes_read_ahead: dict = {}  # the start's read of the lanes queues' tasks (opening.py), taken once
         # Each queue's range of row ids (storage/row_ranges.py), and the row id its next push takes: read
         # from the file once, forgotten at a rollback (a queue made in the batch is gone again).
         self._spans: dict[bytes, tuple[int, int]] = {}

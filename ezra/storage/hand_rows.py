@@ -74,10 +74,10 @@ _REPEATS = ("SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY qu
 REPEAT_REASON = "a duplicate: a second row with an id its queue has (the row written first stays in the queue)"
 
 
-def check(conn, path: str, renumber, blob_bytes: bool) -> None:
+def check(conn, path: str, renumber, blob_bytes: bool) -> bool:
     """Set aside rows that cannot be read and repeated ids, and put every task in its queue's place
     (`renumber(conn)`, opening.py's), in one transaction each; log what was found. `blob_bytes`:
-    look at BLOBs' bytes too (the file was written by another program)."""
+    look at BLOBs' bytes too (the file was written by another program). True if it moved any row."""
     unreadable, out_of_place = [], 0
     for rowid, queue, ms, seq, fields, blob, priority, partition, suspect, out in conn.execute(CHECK_SQL[blob_bytes]):
         reason = _unreadable(ms, seq, fields, blob, priority, partition) if suspect else None
@@ -87,7 +87,7 @@ def check(conn, path: str, renumber, blob_bytes: bool) -> None:
     if unreadable:
         _set_aside(conn, path, unreadable)
     if not out_of_place:
-        return
+        return bool(unreadable)
     logger.warning("{}: {} tasks are out of place (another queue's range of row ids, or out of order in their "
                    "own: written by hand?); renumbering the tasks table", path, out_of_place)
     conn.execute("BEGIN IMMEDIATE")
@@ -102,6 +102,7 @@ def check(conn, path: str, renumber, blob_bytes: bool) -> None:
     except BaseException:
         roll_back(conn)
         raise
+    return True
 
 
 def _unreadable(id_ms, id_seq, fields, blob: bool, priority=None, partition=None) -> str | None:

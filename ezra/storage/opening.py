@@ -19,11 +19,12 @@ import re
 import shutil
 import sqlite3
 import stat
+import threading
 import time
 
 from loguru import logger
 
-from . import done_counts, hand_rows, row_ranges
+from . import done_counts, hand_rows, placements, row_ranges
 from .database import DEFAULT_RESERVE_BYTES, RESERVE_FILENAME, Database
 from .dirlock import LOCK_FILENAME
 from .schema import APPLICATION_ID, SCHEMA, SCHEMA_STATEMENTS, SCHEMA_VERSION, StorageError, roll_back
@@ -55,8 +56,9 @@ TASK_COLUMNS_V1 = ("queue, id_ms, id_seq, state, fields, attempts, worker, creat
                    "deadline, delivered_at, finished_at")
 
 
-def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> Database:
-    """Open (or create) data_dir/ezra.db, migrate it; refuse a file that is not EZRA's."""
+def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES, read_lanes_ahead: bool = False) -> Database:
+    """Open (or create) data_dir/ezra.db, migrate it; refuse a file that is not EZRA's.
+    `read_lanes_ahead`: a server's start, which recovers the tasks in flight (see _check_hand_rows)."""
     os.makedirs(data_dir, mode=0o700, exist_ok=True)
     _check_own_files(data_dir)
     path = os.path.join(data_dir, DB_FILENAME)
@@ -68,6 +70,7 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
                            "its place, or, if this is a new install, delete it and start EZRA again (it creates "
                            "the database)")
     counts_at_close, written_since = done_counts.take(data_dir, path)  # before anything writes to the file
+    lanes_ahead = {}
     conn = connect(path)
     try:
         version = _check_owner(conn, path)
@@ -78,7 +81,7 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
             counts_at_close = None  # a migration may move tasks between states (schema 12's): count them
         conn.executescript(SCHEMA)
         if counts_at_close is None and version:  # the start reads every row anyway: rows written by hand
-            hand_rows.check(conn, path, _renumber_tasks, blob_bytes=written_since)
+            lanes_ahead = _check_hand_rows(conn, path, written_since, read_lanes_ahead)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a fresh WAL; the file exists from here on
@@ -93,7 +96,35 @@ def open_database(data_dir: str, reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> 
     fsync_directory(data_dir)  # the new files' names are durable too
     db = Database(conn, path, reserve_bytes)
     db.counts_at_close = counts_at_close
+    db.lanes_read_ahead = lanes_ahead
     return db
+
+
+def _check_hand_rows(conn, path: str, blob_bytes: bool, read_lanes: bool) -> dict:
+    """The check of rows written by hand (hand_rows.py), and with `read_lanes` the lanes queues' tasks
+    read on a thread meanwhile (placements.read_ahead), for their first claims. The check is SQLite's
+    work and the read mostly Python's, so they overlap on two cores: after a kill -9 with 1,000,000
+    tasks over 10,000 partitions, 1.33-1.41 s one after the other, 0.91-1.01 s together (measured). {}
+    if the check moved rows (the read saw them before) or the read failed (logged): the first claim
+    reads then, as after a clean stop."""
+    if not read_lanes:
+        hand_rows.check(conn, path, _renumber_tasks, blob_bytes=blob_bytes)
+        return {}
+    lanes = {}
+
+    def read() -> None:
+        try:
+            lanes.update(placements.read_ahead(path))
+        except Exception as exc:
+            logger.opt(exception=exc).warning("{}: reading the lanes queues' tasks at start failed ({}); "
+                                              "each queue's first claim reads them", path, exc)
+    reader = threading.Thread(target=read, name="ezra-lanes-read-ahead", daemon=True)
+    reader.start()
+    try:
+        moved = hand_rows.check(conn, path, _renumber_tasks, blob_bytes=blob_bytes)
+    finally:
+        reader.join()
+    return {} if moved else lanes
 
 
 def _disk_full_at_start(path: str, exc: sqlite3.Error) -> str:
