@@ -201,11 +201,12 @@ class Tasks:
         self.schedule.idmp_expires_at(expires_at)
 
     @transaction()
-    def ack(self, name: bytes, ids: list[tuple]) -> list[int]:
+    def ack(self, name: bytes, ids: list[tuple], result: bytes | None = None) -> list[int]:
         """XACK's one route: the ids of one XACK, or of a pipeline's run of single-id XACKs, to
         one queue. Per id, 1 if this ack finished its task (in flight until now), else 0: an id
         not in flight, or named again. An XACK answers the sum of its ids'; a run's XACKs each
-        answer their own, as each would have alone, one after another."""
+        answer their own, as each would have alone, one after another. `result` (XACK ... RESULT,
+        one id): kept with the done task, written with the ack; nothing is kept for an id not in flight."""
         queue = self.queues.get(name)
         if queue is None:
             return [0] * len(ids)
@@ -222,7 +223,7 @@ class Tasks:
                 else:
                     counts.append(0)
         if held:
-            self._finish(queue, held)
+            self._finish(queue, held, result)
             queue.tally("acked", len(held))
             if queue.lanes_on:  # their partitions have room again (lanes.py)
                 self.transitions.leases_ended(queue, held, self.clock())
@@ -230,24 +231,31 @@ class Tasks:
                 self.transitions.serve_waiters(queue, self.clock())
         return counts
 
-    def _finish(self, queue: QueueState, held: list[tuple]) -> None:
+    def _finish(self, queue: QueueState, held: list[tuple], result: bytes | None = None) -> None:
         """in_flight -> done for these (task id, lease) pairs, each row by its row id, their leases
         taken already (InFlight.take); under retention 0 the record goes with the ack, unless the
         task has a TTL of its own."""
         try:
-            self._write_done(queue, held)
+            self._write_done(queue, held, result)
         except BaseException:
             # A write refused on a corrupt file is no batch rollback (Writer._submit_read_only):
             # the leases go back here. (A rollback's journal would put the same ones back.)
             self.in_flight.put_back(queue, held)
             raise
 
-    def _write_done(self, queue: QueueState, held: list[tuple]) -> None:
+    def _write_done(self, queue: QueueState, held: list[tuple], result: bytes | None) -> None:
         retention = queue.retention()
-        if retention == 0:
+        if retention == 0:  # the done task goes at once (unless it has a TTL), and its result with it
             held = self._delete_acked(queue, held)
             if not held:
                 return
+        if result is not None:  # XACK ... RESULT: one task, its row written once, result and all
+            rowid = held[0][1][ROWID]
+            if self.db.ack_with_result(rowid, self.clock(), self.transitions.retained_mark(queue, retention),
+                                       result) != 1:
+                raise errors.guard_failed("ack", rowid, IN_FLIGHT)
+            queue.finished(held)
+            return
         rowids = [held[0][1][ROWID]] if len(held) == 1 else [lease[ROWID] for _, lease in held]
         if self.db.ack(rowids, self.clock(), self.transitions.retained_mark(queue, retention)) != len(rowids):
             raise errors.guard_failed("ack", rowids, IN_FLIGHT)  # the leases said in flight
