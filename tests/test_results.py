@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 
 import pytest
 import redis
 from support_queue import blocked, claim, configure, pending
-from support_servers import wait_until
+from support_http import http
+from support_servers import ROOT, wait_until
 
 ALL_BYTES = bytes(range(256)) * 3  # binary-safe: every byte value, NUL and CR LF included
 
@@ -301,3 +304,33 @@ def test_under_retention_0_an_acked_result_goes_with_the_task(r, queue):
     assert ack_result(r, queue, task_id, "dropped") == 1
     with pytest.raises(redis.ResponseError, match="no such task"):
         outcome(r, queue, task_id)
+
+
+def test_progress_and_result_are_shown_by_ezra_ls_and_the_dashboards_task_page(ezra_factory):
+    server = ezra_factory("--http-port", "0")
+    r = server.client()
+    working, finished, plain = r.xadd("shown", {"n": "1"}), r.xadd("shown", {"n": "2"}), r.xadd("shown", {"n": "3"})
+    claim(r, "shown", count=3)
+    r.execute_command("XPROGRESS", "shown", working, "step 3 of 7")
+    ack_result(r, "shown", finished, b"<b>" + b"r" * 2997)  # 3000 bytes, HTML in it
+    r.xack("shown", "g", plain)
+    listing = subprocess.run([sys.executable, "-m", "ezra", "ls", "shown", "--port", str(server.port)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    assert "progress" in listing.stdout.splitlines()[0] and "step 3 of 7" in listing.stdout
+
+    def page(task_id) -> bytes:
+        status, _, body = http(f"{server.http_url}/task?queue=shown&id={task_id.decode()}")
+        assert status == 200
+        return body
+
+    body = page(working)
+    assert b'<span class="progress">step 3 of 7</span>' in body
+    assert b'<tr data-fact="result"><th>result</th><td><span class="muted">none</span>' in body
+    body = page(finished)
+    assert b"&lt;b&gt;" + b"r" * 1997 + b"</pre>" in body  # the first 2000 bytes, escaped
+    assert b"(first 2000 of 3000 bytes: XRESULT reads it whole)" in body
+    assert b"<b>r" not in body
+    assert b"none reported" in body  # no progress was reported for it
+    body = page(plain)  # the control: a plain ack shows no result
+    assert b'<tr data-fact="result"><th>result</th><td><span class="muted">none</span>' in body
