@@ -311,6 +311,9 @@ def partition_key_too_long(size: int, limit: int) -> CommandError:
 
 # Results and progress (EZRA's XACK ... RESULT, XRESULT, XPROGRESS).
 RESULT_SYNTAX = _fixed("ERR XACK with RESULT takes one id and one value: XACK queue group id RESULT value")
+RESULT_PUSH_CONFLICT = _fixed(
+    "ERR XADD ... RESULT pushes a done task with its result (ezra import): DELAY, UNIQUE and a ::dead queue "
+    "do not apply to it")
 MAX_PROGRESS_BYTES = 8 * 1024  # XPROGRESS's value: a short report, not a second result
 
 

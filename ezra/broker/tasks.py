@@ -28,7 +28,8 @@ class Push:
     (trimming.Trim): done tasks removed after the push, in its transaction. `unique` (UNIQUE):
     while an unfinished task of the queue holds that key, its id is the answer and nothing is stored.
     `priority` (PRIORITY, 0-9; None: lifecycle.DEFAULT_PRIORITY) and `partition` (PARTITION) are
-    kept on the task, dead ones too."""
+    kept on the task, dead ones too. `progress` (PROGRESS) and `result` (RESULT: the task is pushed
+    done, with it) bring a task's progress and result in from elsewhere (ezra import)."""
 
     fields: bytes
     requested_id: tuple | None = None
@@ -43,6 +44,8 @@ class Push:
     failure: dict | None = None
     priority: int | None = None
     partition: bytes | None = None
+    progress: bytes | None = None
+    result: bytes | None = None
 
 
 class Tasks:
@@ -165,8 +168,13 @@ class Tasks:
         state, available_at = (DELAYED, due_after(now, push.delay_ms)) if push.delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD
+        elif push.result is not None:
+            state = DONE
         rowid = self.db.insert_task(name, task_id, push.fields, now, available_at, state, push.ttl_ms, push.attempts,
                                     push.failure, unique, push.priority, push.partition)
+        if push.result is not None or push.progress is not None:  # ezra import's
+            retained = self.transitions.retained_mark(queue, queue.retention()) if state == DONE else None
+            self.db.results.carry(rowid, push.result, push.progress, now if state == DONE else None, retained)
         if idmp is not None:
             self.remember_push(queue, idmp, task_id, now)
         queue.pushed(task_id, state)

@@ -123,11 +123,24 @@ def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> 
         "ORDER BY rowid LIMIT ?", (low, span[1], *states, count)).fetchall()
 
 
+def outcomes_after(conn, queue: bytes, count: int, after: tuple) -> list[tuple]:
+    """(id_ms, id_seq, state, fields, result, progress) of up to `count` tasks of the queue that have a
+    result or a progress, in id order after `after` (ezra export --data-dir: a walk of the queue's
+    range of row ids, no index)."""
+    span = row_ranges.queue_span(conn, queue)
+    if span is None:
+        return []
+    low = row_ranges.lowest_row(conn, span, after, above=True)
+    return conn.execute(
+        "SELECT id_ms, id_seq, state, fields, result, progress FROM tasks WHERE rowid BETWEEN ? AND ? "
+        "AND (result IS NOT NULL OR progress IS NOT NULL) ORDER BY rowid LIMIT ?", (low, span[1], count)).fetchall()
+
+
 def task_by_id(conn, queue: bytes, task_id: tuple) -> tuple | None:
-    """INSPECT_COLUMNS + state + the first RESULT_SHOWN_BYTES of its result, of one task (the
+    """INSPECT_COLUMNS + the first RESULT_SHOWN_BYTES of its result + state, of one task (the
     dashboard's task page), or None: a search of the queue's row ids."""
     span = row_ranges.queue_span(conn, queue)
     rowid = None if span is None else row_ranges.row_of(conn, span, task_id)
     return None if rowid is None else conn.execute(
-        f"SELECT {INSPECT_COLUMNS}, state, substr(result, 1, ?) FROM tasks WHERE rowid = ?",
+        f"SELECT {INSPECT_COLUMNS}, substr(result, 1, ?), state FROM tasks WHERE rowid = ?",
         (RESULT_SHOWN_BYTES, rowid)).fetchone()

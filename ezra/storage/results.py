@@ -31,6 +31,14 @@ class Results:
         outcome = self.outcome(queue, task_id)
         return None if outcome is None else outcome[0]
 
+    def carry(self, rowid: int, result: bytes | None, progress: bytes | None, finished_at: int | None,
+              retained: int | None) -> None:
+        """A task pushed with its result (done: `finished_at`, `retained` as an ack writes them) or its
+        progress, brought in from elsewhere (ezra import): written after its row's insert."""
+        self.conn.execute("UPDATE tasks SET result = ?, progress = ?, finished_at = coalesce(?, finished_at), "
+                          "retained = coalesce(?, retained) WHERE rowid = ?",
+                          (result, progress, finished_at, retained, rowid))
+
     def report_progress(self, rowid: int, progress: bytes, now: int, deadline: int) -> int:
         """A task in flight reports progress: kept, and its lease runs from now (delivered_at, deadline,
         as a renewal writes them); 1 if the row was in flight."""

@@ -18,8 +18,8 @@ from . import shown_name
 from .dashboard import (FAILURE, PARTITION, PRIORITY, PROGRESS, RESULT_SIZE, STATE_TITLES, UNIQUE_KEY, duration,
                         form, header, page, queue_link, text)
 
-STATE = 16                     # the state column after INSPECT_COLUMNS (storage.reads.task_by_id)
-RESULT_CUT = 17                # then the result's first bytes (storage.reads.RESULT_SHOWN_BYTES)
+RESULT_CUT = 16                # the result's first bytes after INSPECT_COLUMNS (storage.reads.task_by_id)
+STATE = 17                     # then the state column
 FIELDS_LISTED = 100            # fields shown on a task's page; XRANGE shows the rest
 VALUE_SHOWN = 2000             # characters of a field's value (or of its name, or the key) shown
 NAME_SHOWN_CHARS = 200         # characters of a field's name shown
