@@ -334,3 +334,15 @@ def test_progress_and_result_are_shown_by_ezra_ls_and_the_dashboards_task_page(e
     assert b"none reported" in body  # no progress was reported for it
     body = page(plain)  # the control: a plain ack shows no result
     assert b'<tr data-fact="result"><th>result</th><td><span class="muted">none</span>' in body
+
+
+def test_xresult_block_on_a_task_deleted_meanwhile_answers_that_it_is_gone(shared_server, protocol, queue):
+    r = shared_server.client(protocol)
+    task_id = r.xadd(queue, {"n": "1"})
+    before = blocked(r)
+    waiting = BlockedResult(shared_server, protocol, queue, task_id, 0)
+    wait_until(lambda: blocked(r) >= before + 1, message="XRESULT BLOCK to wait")
+    assert not waiting.done.is_set()  # the control: an available task is waited for
+    assert r.xdel(queue, task_id) == 1  # cancelled: nobody held it
+    assert waiting.done.wait(30), "XRESULT BLOCK was not woken by the deletion"
+    assert isinstance(waiting.error, redis.ResponseError) and "no such task" in str(waiting.error)
