@@ -346,3 +346,24 @@ def test_xresult_block_on_a_task_deleted_meanwhile_answers_that_it_is_gone(share
     assert r.xdel(queue, task_id) == 1  # cancelled: nobody held it
     assert waiting.done.wait(30), "XRESULT BLOCK was not woken by the deletion"
     assert isinstance(waiting.error, redis.ResponseError) and "no such task" in str(waiting.error)
+
+
+def test_pipelined_xack_results_each_answer_their_own_and_keep_their_own(ezra_factory, protocol):
+    server = ezra_factory("--max-task-size", "1000")
+    r = server.client(protocol)
+    ids = [r.xadd("piped", {"n": str(i)}) for i in range(6)]
+    claim(r, "piped", count=5)  # ids[5] stays available
+    pipe = r.pipeline(transaction=False)
+    for i in range(3):
+        pipe.execute_command("XACK", "piped", "g", ids[i], "RESULT", b"r%d" % i)
+    pipe.execute_command("XACK", "piped", "g", ids[0], "RESULT", b"again")  # named twice: 0, the first stays
+    pipe.execute_command("XACK", "piped", "g", ids[5], "RESULT", b"early")  # not in flight: 0, nothing kept
+    pipe.execute_command("XACK", "piped", "g", ids[3], "RESULT", b"x" * 1001)  # too large: refused, ends the run
+    pipe.execute_command("XACK", "piped", "g", ids[4], "RESULT", b"r4")
+    pipe.execute_command("XACK", "piped", "g", ids[3], "RESULT", b"r3")
+    replies = pipe.execute(raise_on_error=False)
+    assert replies[:5] == [1, 1, 1, 0, 0]
+    assert isinstance(replies[5], redis.ResponseError) and "RESULT too large" in str(replies[5])
+    assert replies[6:] == [1, 1]
+    assert [outcome(r, "piped", task_id)["result"] for task_id in ids] == [b"r0", b"r1", b"r2", b"r3", b"r4", None]
+    assert outcome(r, "piped", ids[5])["state"] == b"available"

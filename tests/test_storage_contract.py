@@ -132,7 +132,7 @@ MOVES = [
     Move("claim own (XREADGROUP id 0)", (IN_FLIGHT,), IN_FLIGHT, lambda db, q, r: db.renew([r], LATER, DEADLINE + 1)),
     Move("ack", (IN_FLIGHT,), DONE, lambda db, q, r: db.ack([r], LATER)),
     Move("ack of many", (IN_FLIGHT,), DONE, lambda db, q, r: db.ack([r, 10**9, 10**9 + 1], LATER)),
-    Move("ack with RESULT", (IN_FLIGHT,), DONE, lambda db, q, r: db.ack_with_result(r, LATER, None, b"result")),
+    Move("ack with RESULT", (IN_FLIGHT,), DONE, lambda db, q, r: db.ack_with_results([(LATER, None, b"result", r)])),
     Move("XPROGRESS (a heartbeat)", (IN_FLIGHT,), IN_FLIGHT,
          lambda db, q, r: db.results.report_progress(r, b"50%", LATER, DEADLINE + 1)),
     Move("ack, retention 0", (IN_FLIGHT,), None, lambda db, q, r: db.delete_acked(r)),

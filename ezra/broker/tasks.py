@@ -209,12 +209,13 @@ class Tasks:
         self.schedule.idmp_expires_at(expires_at)
 
     @transaction()
-    def ack(self, name: bytes, ids: list[tuple], result: bytes | None = None) -> list[int]:
+    def ack(self, name: bytes, ids: list[tuple], results: list[bytes] | None = None) -> list[int]:
         """XACK's one route: the ids of one XACK, or of a pipeline's run of single-id XACKs, to
         one queue. Per id, 1 if this ack finished its task (in flight until now), else 0: an id
         not in flight, or named again. An XACK answers the sum of its ids'; a run's XACKs each
-        answer their own, as each would have alone, one after another. `result` (XACK ... RESULT,
-        one id): kept with the done task, written with the ack; nothing is kept for an id not in flight."""
+        answer their own, as each would have alone, one after another. `results` (XACK ... RESULT,
+        or a run of them): each id's result, kept with its done task, written with the ack; an id
+        not in flight keeps nothing, and one named again keeps its first ack's."""
         queue = self.queues.get(name)
         if queue is None:
             return [0] * len(ids)
@@ -231,7 +232,7 @@ class Tasks:
                 else:
                     counts.append(0)
         if held:
-            self._finish(queue, held, result)
+            self._finish(queue, held, results and (ids, results))  # (a plain ack's: None, one test)
             queue.tally("acked", len(held))
             if queue.lanes_on:  # their partitions have room again (lanes.py)
                 self.transitions.leases_ended(queue, held, self.clock())
@@ -239,29 +240,31 @@ class Tasks:
                 self.transitions.serve_waiters(queue, self.clock())
         return counts
 
-    def _finish(self, queue: QueueState, held: list[tuple], result: bytes | None = None) -> None:
+    def _finish(self, queue: QueueState, held: list[tuple], results: tuple | None = None) -> None:
         """in_flight -> done for these (task id, lease) pairs, each row by its row id, their leases
         taken already (InFlight.take); under retention 0 the record goes with the ack, unless the
         task has a TTL of its own."""
         try:
-            self._write_done(queue, held, result)
+            self._write_done(queue, held, results)
         except BaseException:
             # A write refused on a corrupt file is no batch rollback (Writer._submit_read_only):
             # the leases go back here. (A rollback's journal would put the same ones back.)
             self.in_flight.put_back(queue, held)
             raise
 
-    def _write_done(self, queue: QueueState, held: list[tuple], result: bytes | None) -> None:
+    def _write_done(self, queue: QueueState, held: list[tuple], results: tuple | None) -> None:
         retention = queue.retention()
         if retention == 0:  # the done task goes at once (unless it has a TTL), and its result with it
             held = self._delete_acked(queue, held)
             if not held:
                 return
-        if result is not None:  # XACK ... RESULT: one task, its row written once, result and all
-            rowid = held[0][1][ROWID]
-            if self.db.ack_with_result(rowid, self.clock(), self.transitions.retained_mark(queue, retention),
-                                       result) != 1:
-                raise errors.guard_failed("ack", rowid, IN_FLIGHT)
+        if results is not None:  # XACK ... RESULT, (ids, their results): each row written once, result and all
+            # {task id: result}, built from the last id back: an id named twice keeps its first ack's
+            result_of = dict(zip(reversed(results[0]), reversed(results[1])))
+            now, retained = self.clock(), self.transitions.retained_mark(queue, retention)
+            rows = [(now, retained, result_of[task_id], lease[ROWID]) for task_id, lease in held]
+            if self.db.ack_with_results(rows) != len(rows):
+                raise errors.guard_failed("ack", [row[3] for row in rows], IN_FLIGHT)
             queue.finished(held)
             return
         rowids = [held[0][1][ROWID]] if len(held) == 1 else [lease[ROWID] for _, lease in held]

@@ -249,7 +249,7 @@ def xack_result(session, args):
     queue, dead = split_queue(args[1])
     if dead:
         return 0
-    return Deferred(session.state.broker.tasks.ack(queue, [task_id], result), sum)
+    return Deferred(session.state.broker.tasks.ack(queue, [task_id], [result]), sum)
 
 
 def ack_ids(args: list[bytes]) -> list[tuple]:

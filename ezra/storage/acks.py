@@ -35,7 +35,9 @@ def delete_acked(conn, rowid: int) -> bool:
     return conn.execute(_DELETE_SQL, (rowid,)).rowcount == 1
 
 
-def ack_with_result(conn, rowid: int, now: int, retained: int | None, result: bytes) -> int:
-    """XACK ... RESULT: in_flight -> done for one row, its result written in the same statement (the
-    row is written once, as a plain ack writes it); 1 if it finished it."""
-    return conn.execute(_RESULT_SQL, (now, retained, result, rowid)).rowcount
+def ack_with_results(conn, rows: list[tuple]) -> int:
+    """XACK ... RESULT: in_flight -> done for each (now, retained, result, rowid), its result written in
+    the same statement (each row is written once, as a plain ack writes it); how many it finished."""
+    if len(rows) == 1:
+        return conn.execute(_RESULT_SQL, rows[0]).rowcount
+    return conn.executemany(_RESULT_SQL, rows).rowcount

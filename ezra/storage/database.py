@@ -102,7 +102,7 @@ class Database:
         # in_flight -> done (storage/acks.py), bound here, not wrapped in methods: a call less per ack.
         self.ack = partial(acks.ack, conn)
         self.delete_acked = partial(acks.delete_acked, conn)
-        self.ack_with_result = partial(acks.ack_with_result, conn)  # XACK ... RESULT
+        self.ack_with_results = partial(acks.ack_with_results, conn)  # XACK ... RESULT
         self.in_flight_recovered = False  # `recover` ran: no task is in flight in the file
         # Each queue's range of row ids (storage/row_ranges.py), and the row id its next push takes: read
         # from the file once, forgotten at a rollback (a queue made in the batch is gone again).

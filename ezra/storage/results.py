@@ -1,7 +1,7 @@
 """The queries of a task's outcome as its producer sees it (XRESULT) and of its progress
 (XPROGRESS): the columns tasks.result and tasks.progress (schema 16), run in the writer's
 transaction like the rest. The result itself is written by the ack that finishes the task
-(acks.ack_with_result), in the same statement."""
+(acks.ack_with_results), in the same statement."""
 
 from __future__ import annotations
 
