@@ -309,6 +309,36 @@ def partition_key_too_long(size: int, limit: int) -> CommandError:
     return err(f"PARTITION key is {size} bytes long; at most {limit} bytes")
 
 
+# Results and progress (EZRA's XACK ... RESULT, XRESULT, XPROGRESS).
+RESULT_SYNTAX = _fixed("ERR XACK with RESULT takes one id and one value: XACK queue group id RESULT value")
+RESULT_PUSH_CONFLICT = _fixed(
+    "ERR XADD ... RESULT pushes a done task with its result (ezra import): DELAY, UNIQUE and a ::dead queue "
+    "do not apply to it")
+MAX_PROGRESS_BYTES = 8 * 1024  # XPROGRESS's value: a short report, not a second result
+
+
+def result_too_large(size: int, limit: int) -> CommandError:
+    return err(f"RESULT too large: {size} bytes, the limit is {limit} (--max-task-size); nothing was acked")
+
+
+def progress_too_large(size: int) -> CommandError:
+    return err(f"progress too large: {size} bytes, the limit is {MAX_PROGRESS_BYTES} (8 KB); nothing was recorded")
+
+
+def no_such_queue(queue: bytes) -> CommandError:
+    return err(f"no such queue '{_text(queue, 256)}'")
+
+
+def no_such_task(queue: bytes, task_id: tuple) -> CommandError:
+    return err(f"no such task {task_id[0]}-{task_id[1]} in queue '{_text(queue, 256)}' "
+               "(never pushed, or removed: retention, TTL, XTRIM, XDEL)")
+
+
+def progress_not_in_flight(task_id: tuple, state: str) -> CommandError:
+    return err(f"task {task_id[0]}-{task_id[1]} is {state.replace('_', '-')}, not in flight: "
+               "XPROGRESS reports the progress of a task a worker holds")
+
+
 # Reads, nacks and take-overs (XREADGROUP, XNACK, XCLAIM, XAUTOCLAIM): Redis's words where it has them.
 BLOCK_NOT_INTEGER = _fixed("ERR timeout is not an integer or out of range")
 MIN_IDLE_NOT_INTEGER = _fixed("ERR min-idle-time is not an integer")

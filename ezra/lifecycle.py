@@ -9,7 +9,7 @@
               available/delayed -> cancelled (XDEL: deleted, nobody held it)
 
     transition   from                 to                                  attempts
-    push         -                    available | delayed | dead (q::dead: ezra import)   0
+    push         -                    available | delayed | dead | done (dead: q::dead; done: RESULT; ezra import)   0
     promote      delayed              available (its time came)           =
     claim        available            in_flight | done (NOACK)            +1 (every delivery counts)
     claim own    in_flight            in_flight (lease renewed)           +1 (as Redis counts re-reads with id 0)
@@ -61,6 +61,7 @@ MOVES = {
     (GONE, AVAILABLE): "push",
     (GONE, DELAYED): "push DELAY",
     (GONE, DEAD): "push to q::dead (ezra import)",
+    (GONE, DONE): "push with RESULT (ezra import)",
     (DELAYED, AVAILABLE): "promote; nack FORCE",
     (AVAILABLE, IN_FLIGHT): "claim; take over (XCLAIM FORCE)",
     (AVAILABLE, DONE): "claim NOACK",

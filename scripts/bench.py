@@ -35,6 +35,9 @@ Workloads (all but latency, backlog and footprint also report server CPU µs per
                       workers claiming 50: at --tasks and at --backlog-n queued (EZRA only)
   fairness            one partition with 100,000 queued, then 50 with 10 each: claims until every
                       one of the 50's first tasks was handed out, at most 100 (EZRA only)
+  results             cycle-batched with a 200-byte XACK ... RESULT on every ack (50 pipelined), and
+                      each producer waiting for its 50 tasks' results with XRESULT BLOCK, one per
+                      task (pipelined), before its next 50 (EZRA only)
   raw-1x1, celery, dramatiq, taskiq, xadd-litestream   see scripts/bench_frameworks.py
 """
 import argparse
@@ -74,7 +77,7 @@ BACKLOG_DRAIN = 5000  # tasks drained at the head of the backlog (and from an em
 now = time.monotonic  # CLOCK_MONOTONIC: comparable across processes on Linux
 ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "many-clients", "push-drain", "push-drain-batched",
                  "latency", "idle-waiters", "backlog", "footprint", "rb-xadd", "rb-xadd-p16",
-                 "priority-mixed", "partitions-10k", "fairness"] + list(bench_frameworks.WORKLOADS)
+                 "priority-mixed", "partitions-10k", "fairness", "results"] + list(bench_frameworks.WORKLOADS)
 TOOL_WORKLOADS = {"rb-xadd": "redis-benchmark", "rb-xadd-p16": "redis-benchmark"}  # skipped without the tool
 ALIASES = {"push-only": "push-drain", "drain": "push-drain"}
 BEANSTALK_WORKLOADS = {"cycle-4x4", "push-drain", "latency"}
@@ -596,7 +599,7 @@ def run_procs(srv, specs, timeout, n_total=0):
     ctx = mp.get_context("fork")
     resq, done, barrier = ctx.Queue(), ctx.Value("q", 0), ctx.Barrier(len(specs) + 1)
     deadline = now() + timeout
-    counted = (worker_main, many_workers_main)  # these stop when `done` reaches n_total
+    counted = (worker_main, many_workers_main, results_worker_main)  # these stop when `done` reaches n_total
     procs = [ctx.Process(target=f, args=a + (barrier, deadline, resq) if f not in counted
                          else a + (n_total, done, barrier, deadline, resq), daemon=True) for f, a in specs]
     for p in procs:
@@ -904,7 +907,7 @@ def wl_redis_benchmark(srv, a, q, pipeline=1):
 # --------------------------------------------------------------------------- flow control (EZRA only)
 # Issue 47: XADD PRIORITY / PARTITION and the claim order they make. Redis and the floor have neither:
 # these rows run on EZRA servers alone.
-FLOW_WORKLOADS = {"priority-mixed", "partitions-10k", "fairness"}
+FLOW_WORKLOADS = {"priority-mixed", "partitions-10k", "fairness", "results"}  # and results (issue 49)
 FLOW_PARTITIONS = 10_000  # partitions-10k: the tasks spread over this many partitions, PARTITION-LIMIT 1
 FAIR_BIG, FAIR_OTHERS, FAIR_EACH = 100_000, 50, 10  # fairness: one partition's backlog, then the others'
 
@@ -996,12 +999,81 @@ def wl_fairness(srv, a, q):
         errors.append(f"the last partition's first task came at claim {claims}, after the first 100")
     return {"claims until every partition's first task": claims}, errors
 
+# --------------------------------------------------------------------------- results (EZRA only)
+# Issue 49: XACK ... RESULT, XRESULT BLOCK. Redis has neither.
+RESULT = b"r" * PAYLOAD_BYTES  # the result every worker keeps with its ack
+
+
+def results_producer_main(port, q, lo, hi, batch, barrier, deadline, resq):
+    """Pipelined XADDs of `batch` tasks, then one XRESULT ... BLOCK per task of them (pipelined: each
+    answers when its task is done), each checked to be done with its result; then the next batch."""
+    res = {"role": "producer", "sent": 0, "t_end": None, "errors": []}
+    try:
+        c = Resp(port, timeout=120)
+        barrier.wait(60)
+        for start in range(lo, hi, batch):
+            if now() >= deadline:
+                raise RuntimeError(f"producer deadline after {res['sent']} tasks")
+            seqs = range(start, min(start + batch, hi))
+            c.send([("XADD", q, "*", "d", payload(s, now())) for s in seqs])
+            ids = c.read(len(seqs))
+            c.send([("XRESULT", q, task_id, "BLOCK", 60_000) for task_id in ids])
+            for reply in c.read(len(seqs)):
+                outcome = dict(zip(reply[::2], reply[1::2])) if isinstance(reply, list) else {}
+                if outcome.get(b"state") != b"done" or outcome.get(b"result") != RESULT:
+                    raise RuntimeError(f"XRESULT BLOCK -> {reply!r}")
+            res["sent"] += len(seqs)
+        res["t_end"] = now()
+    except Exception as e:
+        res["errors"].append(f"results producer: {e!r}")
+    resq.put(res)
+
+
+def results_worker_main(port, q, consumer, count, n_total, done, barrier, deadline, resq):
+    """Claims `count` tasks at a time and acks each with XACK ... RESULT (pipelined), as worker_main counts."""
+    res = {"role": "worker", "seqs": [], "acked": 0, "pop_lat": [], "ack_lat": [], "t_end": None, "errors": []}
+    try:
+        c = Resp(port, timeout=120)
+        barrier.wait(60)
+        while done.value < n_total and now() < deadline:
+            reply = c.call("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", count, "BLOCK", 1000, "STREAMS", q, ">")
+            if not reply:
+                continue
+            items = reply[0][1]
+            c.send([("XACK", q, GROUP, task_id, "RESULT", RESULT) for task_id, _ in items])
+            acked = c.read(len(items))
+            if acked != [1] * len(items):
+                res["errors"].append(f"XACK ... RESULT of {len(items)} tasks -> {acked[:3]!r}")
+            res["seqs"] += [int(fields[1].split(b" ", 1)[0]) for _, fields in items]
+            res["acked"] += len(items)
+            res["t_end"] = now()
+            with done.get_lock():
+                done.value += len(items)
+    except Exception as e:
+        res["errors"].append(f"results worker {consumer}: {e!r}")
+    resq.put(res)
+
+
+def wl_results(srv, a, q):
+    """cycle-batched's shape with results: 2 producers (50 a batch, then XRESULT BLOCK for each), 2 workers
+    claiming 50 and acking each with a 200-byte RESULT."""
+    create_group(srv, q)
+    n, errors = a.tasks, []
+    specs = [(results_producer_main, (srv.port, q, n * k // 2, n * (k + 1) // 2, 50)) for k in range(2)]
+    specs += [(results_worker_main, (srv.port, q, f"w{k}", 50)) for k in range(2)]
+    m = tally(srv, specs, n, True, a.timeout)
+    check_acks(m, range(n), errors)
+    check_pending(srv, q, errors)
+    return {"tasks/s": m["rate"], "server CPU µs/task": m["cpu_us"]}, errors
+
+
 WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "many-clients": wl_many_clients,
              "push-drain": wl_push_drain,
              "push-drain-batched": wl_push_drain_batched, "latency": wl_latency,
              "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint,
              "rb-xadd": wl_redis_benchmark, "rb-xadd-p16": lambda srv, a, q: wl_redis_benchmark(srv, a, q, 16),
              "priority-mixed": wl_priority_mixed, "partitions-10k": wl_partitions_10k, "fairness": wl_fairness,
+             "results": wl_results,
              **bench_frameworks.WORKLOADS}
 
 

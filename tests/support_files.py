@@ -26,10 +26,23 @@ def hand_rowids(conn, queue, count: int) -> range:
     return range(first, first + count)
 
 
-def schema_14_text() -> str:
-    """Schema 14 as EZRA wrote it: today's, without tasks.priority and tasks.partition_key (schema 15's)
-    in tasks, unreadable_tasks and the view tasks_readable."""
+def schema_15_text() -> str:
+    """Schema 15 as EZRA wrote it: today's, without tasks.result and tasks.progress (schema 16's) in
+    tasks, unreadable_tasks and the view tasks_readable."""
     old = SCHEMA
+    for new_text, old_text in [
+            ("    partition_key TEXT,\n    result        BLOB,\n    progress      BLOB\n);", "    partition_key TEXT\n);"),
+            ("priority, partition_key, result, progress\nFROM tasks;", "priority, partition_key\nFROM tasks;"),
+            ("priority, partition_key, result, progress,  -- as tasks had them", "priority, partition_key,  -- as tasks had them")]:
+        assert old.count(new_text) == 1, new_text
+        old = old.replace(new_text, old_text)
+    return old
+
+
+def schema_14_text() -> str:
+    """Schema 14 as EZRA wrote it: schema 15's, without tasks.priority and tasks.partition_key (schema 15's)
+    in tasks, unreadable_tasks and the view tasks_readable."""
+    old = schema_15_text()
     for new_text, old_text in [
             ("    reserved      BLOB,\n    priority      INTEGER,\n    partition_key TEXT\n);",
              "    reserved      BLOB\n);"),

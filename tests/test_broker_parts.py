@@ -163,10 +163,12 @@ def test_the_broker_has_no_part_that_calls_back_through_self():
 def test_blocking_is_declared_in_the_table_and_no_handler_waits_or_flushes():
     from ezra.commands.table import COMMANDS, Block
     import ezra.commands.queue as queue_commands
+    import ezra.commands.results as result_commands
 
     blocking = sorted(name.decode() for name, (fn, _, _) in COMMANDS.items() if hasattr(fn, "__wrapped__"))
-    assert blocking == ["XREAD", "XREADGROUP"]
+    assert blocking == ["XREAD", "XREADGROUP", "XRESULT"]
     assert issubclass(queue_commands.ClaimWait, Block) and issubclass(queue_commands.ObserveWait, Block)
+    assert issubclass(result_commands.OutcomeWait, Block)
     waiting = [f"{path.relative_to(PACKAGE)}:{n}" for path in sorted((PACKAGE / "commands").glob("*.py"))
                if path.name != "table.py"
                for n, line in enumerate(path.read_text().splitlines(), 1)

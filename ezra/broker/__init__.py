@@ -13,6 +13,7 @@ and returns its Request (`.wait()`: the result), answered after the fsync that f
     unblock                     commit        XREADGROUP > BLOCK         the wait ends: what a commit just now claimed
     claims.claim_own            commit        XREADGROUP <id>            the worker's own tasks in flight, leased again
     tasks.ack                   fsync         XACK                       tasks done: one XACK's ids, or a pipeline's run
+                                                                         (one id with RESULT: kept with the done task)
     tasks.fail                  fsync         XNACK                      a delivery failed: back (with backoff) or dead
     tasks.delete                fsync         XDEL                       cancel tasks nobody holds; fail those in flight
     tasks.cancel                fsync         (dashboard delete)         cancel available or delayed tasks
@@ -39,6 +40,9 @@ and returns its Request (`.wait()`: the result), answered after the fsync that f
     admin.backup                              BACKUP                     hot backup of the database
     views.look                  commit        XREAD                      read without claiming
     watch, observers.unwatch    commit        XREAD BLOCK                an Observer to wait on, after a first look
+    results.outcome             commit        XRESULT                    a task's state, attempts, failure, result, progress
+    results.watch, unwatch                    XRESULT BLOCK              an Observer of one task, woken after the batch that ends it
+    results.report_progress     fsync         XPROGRESS                  progress kept on a task in flight; its lease renewed
     names_after                               XINFO QUEUES, INFO         a page of the queue names, in byte order
     reaper.maintain             commit        (the reaper, tests)        one pass: expire, promote, purge, trim
     reaper.start, stop, cancel_waiters                                   life: the reaper, shutdown
@@ -63,7 +67,8 @@ calls. From the bottom up (a part imports only those below it):
     lanes.py        Lanes: the claim order of a queue whose tasks have priorities or partitions
                     (priority, then partitions in turn, then push order; PARTITION-LIMIT)
     flow.py         Flow: a queue's MAX-IN-FLIGHT and RATE-LIMIT, the room a claim has now
-    observers.py    XREAD's blocked readers (Observer), per view, woken after a batch that grew it
+    observers.py    XREAD's blocked readers (Observer), per view, woken after a batch that grew it;
+                    XRESULT BLOCK's, per task, woken after a batch that ended it
     queues.py       QueueState: one queue's counts, settings, and the policy they make with the
                     server's defaults, changed only through its own verbs (pushed, delivered,
                     finished, removed, tally...; `tally` is the one way to count an event);
@@ -80,6 +85,7 @@ calls. From the bottom up (a part imports only those below it):
     reaper.py       the reaper: expiry, delayed tasks coming due, retention, TTL, trimming, vacuum
     admin.py        XCFGSET, XREQUEUE, XACKDEL, XINFO's figures, figures(), hot backup
     views.py        XREAD's looks at a view after an id
+    results.py      XRESULT's look at a task's outcome, XPROGRESS, XRESULT BLOCK's watch
     core.py         Broker: builds them, the verbs that span them, the writer's hooks (after a
                     batch, a reload)
 

@@ -30,6 +30,7 @@ from .deadlines import ReaperSchedule
 from .tasks import Tasks
 from .transitions import Transitions
 from .reaper import Reaper
+from .results import Results
 from .views import Views
 from .waiters import Claim, Waiter, Waiters
 from .workers import WorkerNames
@@ -74,6 +75,7 @@ class Broker:
         self.admin = Admin(db, self.queues, self.in_flight, self.transitions, self.waiters, self.observers, self.writer,
                            settings, clock)
         self.views = Views(db, self.queues, self.writer)
+        self.results = Results(db, self.queues, self.in_flight, self.schedule, self.observers, self.writer, clock)
 
     # ------------------------------------------------------------ life
 

@@ -64,7 +64,7 @@ class QueueState:
         self.defaults = table.defaults
         self.journal = table.journal        # the batch's undo steps (journal.py): its count moves
         self.all_totals = table.totals      # the events in all queues (Queues.totals)
-        self.observers = table.observers    # XREAD's blocked readers, told when a view grows
+        self.observers = table.observers    # XREAD's and XRESULT's blocked readers: a view grew, a task ended
         self.last_id = last_id
         self.counts = dict.fromkeys(lifecycle.STATES, 0)
         self.order = None           # its available tasks' AvailableOrder; None: not built yet
@@ -161,6 +161,8 @@ class QueueState:
         n = len(rows)
         if state == DONE:  # NOACK: done tasks below the trimming floor now
             self.trim_floor = min(self.trim_floor, rows[0][:2])
+            if self.observers.watching:
+                self.settled([row[:2] for row in rows])
         self.last_delivered = max(self.last_delivered or (0, 0), rows[-1][:2])
         self.move(AVAILABLE, state, n)
         self.tally("delivered", n)
@@ -183,6 +185,14 @@ class QueueState:
             if first < self.trim_floor:
                 self.trim_floor = first
         self.move(IN_FLIGHT, DONE, len(held))
+        if self.observers.watching:  # a blocked XREAD or XRESULT: seldom any
+            self.settled([task_id for task_id, _ in held])
+
+    def settled(self, ids) -> None:
+        """These tasks ended (done, dead, removed): XRESULT BLOCK's watchers of them look again
+        after the commit (observers.py)."""
+        if self.observers.watching:
+            self.observers.ended(self.name, ids)
 
     def removed(self, n: int, newest: tuple) -> None:
         """n tasks were removed for good, the newest of them `newest`: counted (XINFO); the

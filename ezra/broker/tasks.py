@@ -28,7 +28,8 @@ class Push:
     (trimming.Trim): done tasks removed after the push, in its transaction. `unique` (UNIQUE):
     while an unfinished task of the queue holds that key, its id is the answer and nothing is stored.
     `priority` (PRIORITY, 0-9; None: lifecycle.DEFAULT_PRIORITY) and `partition` (PARTITION) are
-    kept on the task, dead ones too."""
+    kept on the task, dead ones too. `progress` (PROGRESS) and `result` (RESULT: the task is pushed
+    done, with it) bring a task's progress and result in from elsewhere (ezra import)."""
 
     fields: bytes
     requested_id: tuple | None = None
@@ -43,6 +44,8 @@ class Push:
     failure: dict | None = None
     priority: int | None = None
     partition: bytes | None = None
+    progress: bytes | None = None
+    result: bytes | None = None
 
 
 class Tasks:
@@ -193,8 +196,13 @@ class Tasks:
         state, available_at = (DELAYED, due_after(now, push.delay_ms)) if push.delay_ms > 0 else (AVAILABLE, now)
         if dead:
             state = DEAD
+        elif push.result is not None:
+            state = DONE
         rowid = self.db.insert_task(name, task_id, push.fields, now, available_at, state, push.ttl_ms, push.attempts,
                                     push.failure, unique, push.priority, push.partition)
+        if push.result is not None or push.progress is not None:  # ezra import's
+            retained = self.transitions.retained_mark(queue, queue.retention()) if state == DONE else None
+            self.db.results.carry(rowid, push.result, push.progress, now if state == DONE else None, retained)
         if idmp is not None:
             self.remember_push(queue, idmp, task_id, now)
         queue.pushed(task_id, state)
@@ -229,11 +237,13 @@ class Tasks:
         self.schedule.idmp_expires_at(expires_at)
 
     @transaction()
-    def ack(self, name: bytes, ids: list[tuple]) -> list[int]:
+    def ack(self, name: bytes, ids: list[tuple], results: list[bytes] | None = None) -> list[int]:
         """XACK's one route: the ids of one XACK, or of a pipeline's run of single-id XACKs, to
         one queue. Per id, 1 if this ack finished its task (in flight until now), else 0: an id
         not in flight, or named again. An XACK answers the sum of its ids'; a run's XACKs each
-        answer their own, as each would have alone, one after another."""
+        answer their own, as each would have alone, one after another. `results` (XACK ... RESULT,
+        or a run of them): each id's result, kept with its done task, written with the ack; an id
+        not in flight keeps nothing, and one named again keeps its first ack's."""
         queue = self.queues.get(name)
         if queue is None:
             return [0] * len(ids)
@@ -250,7 +260,7 @@ class Tasks:
                 else:
                     counts.append(0)
         if held:
-            self._finish(queue, held)
+            self._finish(queue, held, results and (ids, results))  # (a plain ack's: None, one test)
             queue.tally("acked", len(held))
             if queue.lanes_on:  # their partitions have room again (lanes.py)
                 self.transitions.leases_ended(queue, held, self.clock())
@@ -258,24 +268,33 @@ class Tasks:
                 self.transitions.serve_waiters(queue, self.clock())
         return counts
 
-    def _finish(self, queue: QueueState, held: list[tuple]) -> None:
+    def _finish(self, queue: QueueState, held: list[tuple], results: tuple | None = None) -> None:
         """in_flight -> done for these (task id, lease) pairs, each row by its row id, their leases
         taken already (InFlight.take); under retention 0 the record goes with the ack, unless the
         task has a TTL of its own."""
         try:
-            self._write_done(queue, held)
+            self._write_done(queue, held, results)
         except BaseException:
             # A write refused on a corrupt file is no batch rollback (Writer._submit_read_only):
             # the leases go back here. (A rollback's journal would put the same ones back.)
             self.in_flight.put_back(queue, held)
             raise
 
-    def _write_done(self, queue: QueueState, held: list[tuple]) -> None:
+    def _write_done(self, queue: QueueState, held: list[tuple], results: tuple | None) -> None:
         retention = queue.retention()
-        if retention == 0:
+        if retention == 0:  # the done task goes at once (unless it has a TTL), and its result with it
             held = self._delete_acked(queue, held)
             if not held:
                 return
+        if results is not None:  # XACK ... RESULT, (ids, their results): each row written once, result and all
+            # {task id: result}, built from the last id back: an id named twice keeps its first ack's
+            result_of = dict(zip(reversed(results[0]), reversed(results[1])))
+            now, retained = self.clock(), self.transitions.retained_mark(queue, retention)
+            rows = [(now, retained, result_of[task_id], lease[ROWID]) for task_id, lease in held]
+            if self.db.ack_with_results(rows) != len(rows):
+                raise errors.guard_failed("ack", [row[3] for row in rows], IN_FLIGHT)
+            queue.finished(held)
+            return
         rowids = [held[0][1][ROWID]] if len(held) == 1 else [lease[ROWID] for _, lease in held]
         if self.db.ack(rowids, self.clock(), self.transitions.retained_mark(queue, retention)) != len(rowids):
             raise errors.guard_failed("ack", rowids, IN_FLIGHT)  # the leases said in flight

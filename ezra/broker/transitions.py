@@ -257,6 +257,7 @@ class Transitions:
                 self.schedule.due_at(available_at)
             elif new_state == DEAD:
                 queue.tally("dead")
+                queue.settled((task_id,))
         if queue.name in self.waiters.blocked:  # a blocked worker gets what went back
             self.serve_waiters(queue, now)
 
@@ -271,6 +272,7 @@ class Transitions:
             self.db.save_last_id(queue.name, queue.last_id)
         queue.removed(len(ids), newest)
         self.schedule.deleted_rows(len(ids))
+        queue.settled(ids)  # a producer waiting in XRESULT BLOCK learns it is gone
 
     def retained_mark(self, queue: QueueState, retention: float | None) -> int | None:
         """The `retained` value of tasks the queue finishes now (an ack, a NOACK claim): 1 under a

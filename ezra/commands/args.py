@@ -6,6 +6,7 @@ from __future__ import annotations
 from .. import errors
 from ..lifecycle import split_queue
 from ..protocol.stream_ids import parse_ids
+from ..protocol.integers import to_int
 
 RANGE_DEFAULT_COUNT = 10000  # XRANGE without COUNT: Redis means "all"; EZRA pages
 # RETRYCOUNT above this means the same (above any MAX-ATTEMPTS): the deliveries counted after it stay 64-bit.
@@ -35,3 +36,11 @@ def live_queue(name: bytes) -> bytes:
 
 def broker_of(session):
     return session.state.broker
+
+
+def block_timeout(arg: bytes) -> int:
+    """BLOCK's milliseconds (XREADGROUP, XREAD, XRESULT): 0 is for ever."""
+    block_ms = to_int(arg, errors.BLOCK_NOT_INTEGER)
+    if block_ms < 0:
+        raise errors.TIMEOUT_NEGATIVE
+    return block_ms

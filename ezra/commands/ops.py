@@ -255,7 +255,7 @@ def task_reply(row, state: str) -> dict:
     if state == UNFINISHED:
         *row, state = row  # those rows carry their own state
     (ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished, unique_key, failure,
-     priority, partition) = row
+     priority, partition, progress, result_size) = row
     failure = decode_failure(failure) or {}
     return {"id": stream_ids.format_id((ms, seq)), "state": state, "attempts": attempts,
             "worker": None if worker is None else name_bytes(worker), "created-at": created,
@@ -267,7 +267,9 @@ def task_reply(row, state: str) -> dict:
             "failure-worker": failure.get("worker"), "failed-at": failure.get("at"),
             # XADD PRIORITY's (the default when pushed without it) and PARTITION's (None: none)
             "priority": lifecycle.DEFAULT_PRIORITY if priority is None else priority,
-            "partition": None if partition is None else name_bytes(partition)}
+            "partition": None if partition is None else name_bytes(partition),
+            # XPROGRESS's last value, and the size of XACK ... RESULT's value (XRESULT reads it): None if none
+            "progress": None if progress is None else bytes(progress), "result-size": result_size}
 
 
 def stream_full_count(rest: list[bytes]) -> int | None:

@@ -124,6 +124,13 @@ def push_failure(arg: bytes) -> dict:
     return lifecycle.failure_record(cause, reason, worker, at)
 
 
+def push_progress(arg: bytes) -> bytes:
+    """PROGRESS: the task's progress where it came from (ezra import), bounded as XPROGRESS's."""
+    if len(arg) > errors.MAX_PROGRESS_BYTES:
+        raise errors.progress_too_large(len(arg))
+    return arg
+
+
 TRIMMING = take_trimming("xadd")
 IDMP = Custom(take_idmp, need=3)
 # XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS, UNIQUE, FAILURE,
@@ -135,7 +142,9 @@ PUSH_OPTIONS = Options(
     IDMP=IDMP, IDMPAUTO=Custom(take_idmpauto, need=2, shares=IDMP),
     DELAY=Value(push_ms, 0, need=2), TTL=Value(push_ms, need=2), ATTEMPTS=Value(push_attempts, 0, need=2),
     UNIQUE=Custom(take_unique, need=2), FAILURE=Value(push_failure, need=2),
-    PRIORITY=Custom(take_priority, need=2), PARTITION=Custom(take_partition, need=2), unknown=STOP)
+    PRIORITY=Custom(take_priority, need=2), PARTITION=Custom(take_partition, need=2),
+    # ezra import's: a task's progress, and a done task with its result (XACK ... RESULT's, elsewhere)
+    PROGRESS=Value(push_progress, need=2), RESULT=Value(bytes, need=2), unknown=STOP)
 
 
 # ---------------------------------------------------------------- XADD
@@ -143,7 +152,8 @@ PUSH_OPTIONS = Options(
 @command("XADD", -5)
 def xadd(session, args):
     """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
-    [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] [PRIORITY p] [PARTITION key] <* | id> field value ...
+    [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] [PRIORITY p] [PARTITION key] [PROGRESS value]
+    [RESULT value] <* | id> field value ...
     (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, pushes, _ = read_pushes(session, (args,), 0)
     return Deferred(session.state.broker.tasks.push(queue, pushes), ONLY)  # its id is the reply
@@ -227,7 +237,8 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
         live_queue(queue)  # 'x::dead::dead': 'x::dead' is a view itself, not a queue that has dead tasks
     # '*' where the options begin: none, and a new id, without the parser's loop
     options, i = (PUSH_OPTIONS.defaults, 2) if args[2] == b"*" else parse_options(args, 2, PUSH_OPTIONS)
-    nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure, priority, partition = options
+    (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure, priority, partition, progress,
+     result) = options
     requested_id = stream_ids.push_id(args[i]) if i < len(args) else None  # as Redis: a bad id first
     if trimming is not None:
         trimming.check()
@@ -238,6 +249,8 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
         raise errors.DELAY_ON_DEAD_TASK
     if dead and unique is not None:
         raise errors.UNIQUE_ON_DEAD_TASK
+    if result is not None and (dead or delay_ms or unique is not None):
+        raise errors.RESULT_PUSH_CONFLICT
     # Exact trimming is refused here, before anything is stored.
     trim = None if trimming is None else trimming.trim()
     if dead and trim is not None:
@@ -246,10 +259,12 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
     limit = session.state.settings.max_task_size
     if size > limit:
         raise errors.task_too_large(size, limit)
+    if result is not None and len(result) > limit:
+        raise errors.result_too_large(len(result), limit)
     if idmp is not None:
         idmp = idempotency(idmp, requested_id, fields)
     return Push(stored(fields), requested_id, nomkstream, delay_ms, ttl_ms, idmp, attempts, dead, trim, unique, failure,
-                priority, partition)
+                priority, partition, progress, result)
 
 
 def idempotency(idmp: tuple, requested_id: tuple | None, fields: list[bytes]) -> tuple:

@@ -18,7 +18,7 @@ from ..protocol.resp import NULL_ARRAY, OK, Mapped, PairsMap, SimpleString
 from ..protocol.stream_ids import NEW_TASKS, format_id, xread_id, xreadgroup_id
 from ..protocol.task_fields import stored
 from ..settings.trimming import REFERENCES, take_trimming
-from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, broker_of, ids_of, live_queue, worker_name
+from .args import MAX_RETRY_COUNT, RANGE_DEFAULT_COUNT, block_timeout, broker_of, ids_of, live_queue, worker_name
 from .replies import LONG, claim_reply, claimed_reply, claimed_size, entries, long_entries, read_reply
 from .table import Block, Deferred, command
 
@@ -40,14 +40,6 @@ def xtrim(session, args):
         raise errors.XTRIM_WITHOUT_STRATEGY
     trimming.check()
     return Deferred(broker_of(session).tasks.trim(queue, trimming.trim()))
-
-
-def block_timeout(arg: bytes) -> int:
-    """BLOCK's milliseconds: 0 is for ever."""
-    block_ms = to_int(arg, errors.BLOCK_NOT_INTEGER)
-    if block_ms < 0:
-        raise errors.TIMEOUT_NEGATIVE
-    return block_ms
 
 
 def claim_min_idle(arg: bytes) -> int:
@@ -231,12 +223,33 @@ def read_mixed(session, queues, ids, claim: Claim):
 
 @command("XACK", -4)
 def xack(session, args):
-    """XACK queue group id [id ...]: integer, how many were in flight and are now done."""
-    ids = ack_ids(args)
+    """XACK queue group id [id ...] | XACK queue group id RESULT value: integer, how many were in
+    flight and are now done."""
+    try:  # no test on the plain path: RESULT is not an id, so only an XACK with it gets here
+        ids = ack_ids(args)
+    except CommandError:
+        if any(arg.upper() == b"RESULT" for arg in args[3:]):
+            return xack_result(session, args)
+        raise
     queue, dead = split_queue(args[1])
     if dead:
         return 0
     return Deferred(session.state.broker.tasks.ack(queue, ids), sum)  # each id's count (Tasks.ack)
+
+
+def xack_result(session, args):
+    """XACK queue group id RESULT value (EZRA's): acks one task and keeps `value` (bytes, at most
+    --max-task-size) with it, in the ack's transaction: 1, or 0 for an id not in flight (nothing kept)."""
+    if len(args) != 6 or args[4].upper() != b"RESULT":
+        raise errors.RESULT_SYNTAX
+    task_id = stream_ids.parse_id(args[3])
+    result, limit = args[5], session.state.settings.max_task_size
+    if len(result) > limit:
+        raise errors.result_too_large(len(result), limit)
+    queue, dead = split_queue(args[1])
+    if dead:
+        return 0
+    return Deferred(session.state.broker.tasks.ack(queue, [task_id], [result]), sum)
 
 
 def ack_ids(args: list[bytes]) -> list[tuple]:

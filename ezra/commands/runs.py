@@ -15,13 +15,16 @@ run and is dispatched as before (an XADD with options is a run of one, read once
 Acks go the same way: a worker that pipelines `XACK q group id`, one id each (an auto-pipelining
 client, acks sent as tasks finish), has them sent as one list of ids down XACK's route
 (Tasks.ack answers each id's count), each XACK answering 1 or 0 for its own
-task as it would alone. An id XACK would refuse ends the run.
+task as it would alone. An id XACK would refuse ends the run. So do `XACK q group id RESULT
+value`s in a row (EZRA's): one list of ids and one of results, the rows written by one
+statement; a value over --max-task-size ends the run (XACK refuses it alone, with its message).
 """
 
 from __future__ import annotations
 
 from ..lifecycle import split_queue
 from ..protocol.resp import ErrorReply, Replies
+from ..protocol.stream_ids import parse_id
 from .push import PUSH_NAMES, read_pushes
 from .queue import ack_ids
 from .table import Deferred, internal_error
@@ -45,7 +48,9 @@ def ack_run(session, commands: list[list[bytes]], start: int):
     """(the reply of the run of single-id XACKs from commands[start], the index after it), or None:
     commands[start] is to be dispatched alone."""
     first = commands[start]
-    if len(first) != 4 or session.queued is not None or not session.authenticated or split_queue(first[1])[1]:
+    if len(first) != 4:
+        return ack_result_run(session, commands, start) if len(first) == 6 else None
+    if session.queued is not None or not session.authenticated or split_queue(first[1])[1]:
         return None
     queue, ids = first[1], []
     for args in commands[start:]:
@@ -58,6 +63,27 @@ def ack_run(session, commands: list[list[bytes]], start: int):
     if len(ids) < 2:
         return None
     return _one_request(session, commands, start, session.state.broker.tasks.ack, queue, ids)
+
+
+def ack_result_run(session, commands: list[list[bytes]], start: int):
+    """ack_run's for `XACK q group id RESULT value`s in a row: one request with their ids and results."""
+    first = commands[start]
+    if session.queued is not None or not session.authenticated or split_queue(first[1])[1]:
+        return None
+    queue, ids, results, limit = first[1], [], [], session.state.settings.max_task_size
+    for args in commands[start:]:
+        if (len(args) != 6 or args[0] not in ACK_NAMES or args[1] != queue or args[4].upper() != b"RESULT"
+                or len(args[5]) > limit):
+            break
+        try:
+            ids.append(parse_id(args[3]))
+        except ErrorReply:
+            break  # refused by XACK itself, with its message
+        results.append(args[5])
+    if len(ids) < 2:
+        return None
+    ack = session.state.broker.tasks.ack
+    return _one_request(session, commands, start, lambda name, items: ack(name, items, results), queue, ids)
 
 
 def _one_request(session, commands: list[list[bytes]], start: int, submit, queue: bytes, items: list):

@@ -10,7 +10,8 @@ snapshots.py (hot backup, the export's read-only snapshot, the import's in-use
 check: connections of their own, on a native thread or in a command-line
 program). schedules.py holds the schedules table's queries (XSCHEDULE), which the
 Database carries as `db.schedules`; unique_keys.py those of XADD UNIQUE
-(`db.unique_keys`); producers.py those of XADD IDMP (`db.producers`); acks.py the
+(`db.unique_keys`); producers.py those of XADD IDMP (`db.producers`); results.py those of
+XRESULT and XPROGRESS (`db.results`); acks.py the
 ack's statements, by row id (`db.ack`, `db.delete_acked`); wal_file.py the WAL file's own
 descriptor (fdatasync, size, zeros kept ahead; `db.wal`). row_ranges.py says where a queue's
 tasks sit (a range of row ids, in id order: schema 14) and finds an id's row by a binary search

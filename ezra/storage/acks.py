@@ -14,6 +14,8 @@ from .schema import row_list
 _DONE = "UPDATE tasks SET state = 'done', deadline = NULL, finished_at = ?, retained = ? WHERE "
 _ONE_SQL = _DONE + "rowid = ? AND state = 'in_flight'"
 _MANY_SQL = _DONE + "rowid IN (SELECT value FROM json_each(?)) AND state = 'in_flight'"
+_RESULT_SQL = ("UPDATE tasks SET state = 'done', deadline = NULL, finished_at = ?, retained = ?, result = ? "
+               "WHERE rowid = ? AND state = 'in_flight'")
 _DELETE_SQL = "DELETE FROM tasks WHERE rowid = ? AND state = 'in_flight' AND ttl_ms IS NULL"
 
 
@@ -31,3 +33,11 @@ def delete_acked(conn, rowid: int) -> bool:
     """Retention 0: an acked task without its own TTL goes at once; False if it has a TTL (then
     `ack` it: it is kept that long)."""
     return conn.execute(_DELETE_SQL, (rowid,)).rowcount == 1
+
+
+def ack_with_results(conn, rows: list[tuple]) -> int:
+    """XACK ... RESULT: in_flight -> done for each (now, retained, result, rowid), its result written in
+    the same statement (each row is written once, as a plain ack writes it); how many it finished."""
+    if len(rows) == 1:
+        return conn.execute(_RESULT_SQL, rows[0]).rowcount
+    return conn.executemany(_RESULT_SQL, rows).rowcount

@@ -31,6 +31,7 @@ from .schedules import Schedules
 from .unique_keys import UniqueKeys
 from .wal_file import WalFile
 from .placements import Placements
+from .results import Results
 from .schema import ROOM_SQL, SETTING_COLUMNS, claim_room, encode_failure, name_bytes, name_value, row_list
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
@@ -95,6 +96,7 @@ class Database:
         self.unique_keys = UniqueKeys(conn)  # XADD UNIQUE (storage/unique_keys.py)
         self.producers = IdempotentProducers(conn)  # XADD IDMP (storage/producers.py)
         self.placements = Placements(conn, self.span)  # priorities and partitions (storage/placements.py)
+        self.results = Results(conn, self.span)  # XRESULT, XPROGRESS (storage/results.py)
         # Each queue's done and available tasks, {queue: (done, available)} (in no index): as the last clean
         # stop left them (opening.py, storage/done_counts.py), and as this server leaves them at `close`.
         self.counts_at_close: dict[bytes, tuple[int, int]] | None = None
@@ -103,6 +105,7 @@ class Database:
         # in_flight -> done (storage/acks.py), bound here, not wrapped in methods: a call less per ack.
         self.ack = partial(acks.ack, conn)
         self.delete_acked = partial(acks.delete_acked, conn)
+        self.ack_with_results = partial(acks.ack_with_results, conn)  # XACK ... RESULT
         self.in_flight_recovered = False  # `recover` ran: no task is in flight in the file
         self.lanes_read_ahead: dict = {}  # the start's read of the lanes queues' tasks (opening.py), taken once
         # Each queue's range of row ids (storage/row_ranges.py), and the row id its next push takes: read

@@ -276,6 +276,8 @@ def _migrate(conn, version: int, path: str) -> None:
         if version < 15:  # flow control: the tasks' priority and partition, the queues' limits
             _migrate_to_v15_task_priority_and_partition(conn)
             _add_queue_columns(conn, QUEUE_COLUMNS_FLOW)
+        if version < 16:  # results and progress: two columns of tasks
+            _migrate_to_v16_task_result_and_progress(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -349,14 +351,35 @@ def _migrate_to_v15_task_priority_and_partition(conn) -> None:
     aside by hand_rows.py), is made anew with them, its rows copied."""
     _add_task_column(conn, "priority", "INTEGER")
     _add_task_column(conn, "partition_key", "TEXT")
-    if _has_table(conn, "unreadable_tasks"):  # a file from before it has none: the schema makes it
-        conn.execute("ALTER TABLE unreadable_tasks RENAME TO unreadable_tasks_v14")
-        conn.execute(SCHEMA_STATEMENTS["unreadable_tasks"])
-        columns = ", ".join(row[1] for row in conn.execute("PRAGMA table_info(unreadable_tasks_v14)"))
-        conn.execute(f"INSERT INTO unreadable_tasks ({columns}) SELECT {columns} FROM unreadable_tasks_v14")
-        conn.execute("DROP TABLE unreadable_tasks_v14")
+    _unreadable_tasks_anew(conn)
     conn.execute("DROP VIEW IF EXISTS tasks_readable")
     conn.execute(SCHEMA_STATEMENTS["tasks_readable"])
+
+
+def _migrate_to_v16_task_result_and_progress(conn) -> None:
+    """XACK ... RESULT and XPROGRESS: tasks gain result and progress, NULL in every existing row (no
+    result, no progress reported: SQLite adds a nullable column without rewriting the table); the view
+    shows them; unreadable_tasks is made anew with them, as schema 15's step does."""
+    _add_task_column(conn, "result", "BLOB")
+    _add_task_column(conn, "progress", "BLOB")
+    _unreadable_tasks_anew(conn)
+    conn.execute("DROP VIEW IF EXISTS tasks_readable")
+    conn.execute(SCHEMA_STATEMENTS["tasks_readable"])
+
+
+def _unreadable_tasks_anew(conn) -> None:
+    """unreadable_tasks keeps every column of the rows it holds (a few, set aside by hand_rows.py): made
+    anew as schema.sql has it, its rows copied. A file from before it has none: the schema makes it."""
+    if not _has_table(conn, "unreadable_tasks"):
+        return
+    have = {row[1] for row in conn.execute("PRAGMA table_info(unreadable_tasks)")}
+    if {"result", "progress"} <= have:  # made by this schema already (a file rebuilt from schema.sql)
+        return
+    conn.execute("ALTER TABLE unreadable_tasks RENAME TO unreadable_tasks_old")
+    conn.execute(SCHEMA_STATEMENTS["unreadable_tasks"])
+    columns = ", ".join(row[1] for row in conn.execute("PRAGMA table_info(unreadable_tasks_old)"))
+    conn.execute(f"INSERT INTO unreadable_tasks ({columns}) SELECT {columns} FROM unreadable_tasks_old")
+    conn.execute("DROP TABLE unreadable_tasks_old")
 
 
 def _renumber_tasks(conn) -> None:

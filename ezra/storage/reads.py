@@ -17,9 +17,11 @@ from .schema import name_value, row_list
 
 # Done tasks have no index (schema 10): a walk of their listing looks at this many tasks at most.
 DONE_LOOK_BACK = 10_000
-# What the dashboard and XINFO TASKS show of a task; `ezra export --data-dir` carries it.
+# What the dashboard and XINFO TASKS show of a task; `ezra export --data-dir` carries it. Of a
+# result (up to --max-task-size) its size only: a listing of 100 done tasks reads no result.
 INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, available_at, deadline, "
-                   "delivered_at, finished_at, unique_key, failure, priority, partition_key")
+                   "delivered_at, finished_at, unique_key, failure, priority, partition_key, progress, length(result)")
+RESULT_SHOWN_BYTES = 2000  # of a task's result, on its dashboard page (task_by_id)
 # Each state's listing in an order that costs no sort of a million rows (tasks_in_state).
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.DEAD: "id_ms, id_seq",
                  lifecycle.DELAYED: "available_at, id_ms, id_seq", lifecycle.DONE: "id_ms DESC, id_seq DESC"}
@@ -121,10 +123,24 @@ def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> 
         "ORDER BY rowid LIMIT ?", (low, span[1], *states, count)).fetchall()
 
 
+def outcomes_after(conn, queue: bytes, count: int, after: tuple) -> list[tuple]:
+    """(id_ms, id_seq, state, fields, result, progress) of up to `count` tasks of the queue that have a
+    result or a progress, in id order after `after` (ezra export --data-dir: a walk of the queue's
+    range of row ids, no index)."""
+    span = row_ranges.queue_span(conn, queue)
+    if span is None:
+        return []
+    low = row_ranges.lowest_row(conn, span, after, above=True)
+    return conn.execute(
+        "SELECT id_ms, id_seq, state, fields, result, progress FROM tasks WHERE rowid BETWEEN ? AND ? "
+        "AND (result IS NOT NULL OR progress IS NOT NULL) ORDER BY rowid LIMIT ?", (low, span[1], count)).fetchall()
+
+
 def task_by_id(conn, queue: bytes, task_id: tuple) -> tuple | None:
-    """INSPECT_COLUMNS + state of one task (the dashboard's task page), or None: a search of the
-    queue's row ids."""
+    """INSPECT_COLUMNS + the first RESULT_SHOWN_BYTES of its result + state, of one task (the
+    dashboard's task page), or None: a search of the queue's row ids."""
     span = row_ranges.queue_span(conn, queue)
     rowid = None if span is None else row_ranges.row_of(conn, span, task_id)
     return None if rowid is None else conn.execute(
-        f"SELECT {INSPECT_COLUMNS}, state FROM tasks WHERE rowid = ?", (rowid,)).fetchone()
+        f"SELECT {INSPECT_COLUMNS}, substr(result, 1, ?), state FROM tasks WHERE rowid = ?",
+        (RESULT_SHOWN_BYTES, rowid)).fetchone()

@@ -78,10 +78,15 @@ CREATE TABLE IF NOT EXISTS tasks (
     -- no transition changes them. Schema 15 added both at the end (ALTER TABLE ADD COLUMN), so a
     -- new file has them there too. Their comments come first: ALTER TABLE DROP COLUMN of the last
     -- column (tests make older files with it) cuts the text back to the last comma before it.
+    -- result: XACK ... RESULT's value, kept with the done task (bytes, at most --max-task-size);
+    -- progress: XPROGRESS's last value for the task (at most 8 KB), kept across redeliveries.
+    -- NULL: none given; a plain XACK writes neither. Schema 16 added both at the end.
     retained      INTEGER,
     reserved      BLOB,
     priority      INTEGER,
-    partition_key TEXT
+    partition_key TEXT,
+    result        BLOB,
+    progress      BLOB
 );
 
 -- Few indexes on purpose: every index costs a page write per state change. Available tasks
@@ -126,7 +131,7 @@ SELECT queue, id_ms || '-' || id_seq AS id, id_ms, id_seq, state,
          SELECT json_group_array(CAST(value AS TEXT)) FROM (SELECT value FROM part WHERE n > 0 ORDER BY n))
        ELSE fields END AS fields,
        attempts, worker, created_at, available_at, deadline, delivered_at, finished_at, ttl_ms, unique_key, failure,
-       coalesce(priority, 5) AS priority, partition_key
+       coalesce(priority, 5) AS priority, partition_key, result, progress
 FROM tasks;
 
 -- Tasks the start found unreadable (fields that are neither a JSON array of text nor a RESP array,
@@ -136,7 +141,7 @@ FROM tasks;
 CREATE TABLE IF NOT EXISTS unreadable_tasks (
     row           INTEGER,  -- its row id in tasks
     queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, deadline,
-    delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved, priority, partition_key,  -- as tasks had them
+    delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved, priority, partition_key, result, progress,  -- as tasks had them
     reason        TEXT    NOT NULL,  -- why it was set aside
     found_at      INTEGER NOT NULL   -- ms since the epoch
 );

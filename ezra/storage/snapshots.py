@@ -14,7 +14,7 @@ from loguru import logger
 
 from .. import lifecycle
 from .opening import BUSY_TIMEOUT_MS, connect, fsync_directory, fsync_file
-from .reads import tasks_by_id
+from .reads import outcomes_after, tasks_by_id
 from .row_ranges import NO_ROWS, queue_span
 from .schema import APPLICATION_ID, SCHEMA_VERSION, StorageError, name_bytes, name_value
 
@@ -168,6 +168,10 @@ class Snapshot:
 
     def tasks_by_id(self, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
         return tasks_by_id(self.conn, queue, states, count, after)
+
+    def outcomes_after(self, queue: bytes, count: int, after: tuple) -> list[tuple]:
+        """Tasks with a result or a progress (reads.outcomes_after), for the export."""
+        return outcomes_after(self.conn, queue, count, after)
 
     def close(self) -> None:
         self.conn.close()  # ends the read transaction: nothing was written

@@ -26,7 +26,8 @@ FIELDS_WIDTH = 60
 KEY_WIDTH = 30  # characters of an XADD UNIQUE or PARTITION key shown by `ezra ls`
 # `ezra ls`'s columns shown only when a listed task's cell says something: what says something.
 OPTIONAL_COLUMNS = {"priority": lambda cell: cell not in ("", str(DEFAULT_PRIORITY)), "partition": bool,
-                    "unique key": bool}
+                    "unique key": bool, "progress": bool}
+PROGRESS_WIDTH = 30  # characters of a task's progress (XPROGRESS) shown by `ezra ls`
 CLEAR_SCREEN = "\033[H\033[2J"
 
 
@@ -255,12 +256,14 @@ def ls_main(argv: list[str]) -> int:
                              "" if partition is None else shown(partition, KEY_WIDTH),
                              "" if key is None else shown(key, KEY_WIDTH),
                              text[:FIELDS_WIDTH - 1] + "…" if len(text) > FIELDS_WIDTH else text,
+                             # XPROGRESS's: a server before it sends none
+                             "" if task.get(b"progress") is None else shown(task[b"progress"], PROGRESS_WIDTH),
                              last_failure(task)])
     if not rows:
         print(f"no {' / '.join(states)} tasks in {printable(options.queue)}")
         return 0
     headers = ["id", "state", "attempts", "worker", "when", "priority", "partition", "unique key", "fields",
-               "last failure"]
+               "progress", "last failure"]
     # The priority, partition and key columns only when a listed task has one (a priority of its own)
     shown_columns = [column for column, header in enumerate(headers) if header not in OPTIONAL_COLUMNS
                      or any(OPTIONAL_COLUMNS[header](row[column]) for row in rows)]

@@ -14,6 +14,8 @@ What maps to what (docs/guides/moving-to-redis.md, docs/usage.md):
     priority (XADD PRIORITY)       ->   hash q::ezra-priorities: id -> 0-9 (tasks pushed without one: none)
     partition (XADD PARTITION)     ->   hash q::ezra-partitions: id -> key
     settings (XCFGSET)             ->   hash q::ezra-settings, set again by import (carried_settings.py)
+    progress, done tasks' results  ->   hash q::ezra-progress; stream q::ezra-done and hash q::ezra-results
+                                        (carried_outcomes.py: import pushes them with PROGRESS, RESULT)
     group name (XGROUP CREATE)     ->   XGROUP CREATE q <group> 0 MKSTREAM
 
     Redis stream q, group g             EZRA queue q
@@ -51,8 +53,9 @@ from ..lifecycle import DEFAULT_PRIORITY
 from ..storage import StorageError, name_bytes
 from ..protocol.task_fields import listed
 from .carried_settings import SETTINGS_SUFFIX, keep_settings, restore_settings, settings_line, settings_shown
+from .carried_outcomes import carried_options, export_outcomes, outcomes_line, with_outcomes
 from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, format_id, next_id, pairs, parse_id,
-                          report_verified, shown, stream_entries, stream_facts, verify)
+                          report_verified, shown, side_hash, stream_entries, stream_facts, verify)
 
 DEAD_SUFFIX = b"::dead"
 ATTEMPTS_SUFFIX = b"::ezra-attempts"
@@ -186,6 +189,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
         warn("export", queue, "EZRA knows no group name for it (workers never ran XGROUP CREATE), so "
                               "the group is 'default'; --group NAME gives it your workers' name")
     keep_settings(redis, queue, facts["settings"], options.dry_run)
+    outcomes = export_outcomes(source, redis, queue, options.dry_run)
     if options.dry_run:
         return dry_row(queue, counts, group)
     if unfinished:
@@ -197,7 +201,8 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
             f"{counts['dead']} dead to {shown(dead_key)}); group {shown(group)!r}; {checked}"
             + placement_line(queue, counts, "kept in", "Redis serves entries in id order, whatever their "
                                                        "priority or partition; `ezra import` restores both")
-            + settings_line(queue, facts["settings"], "kept in", "Redis enforces none of them"))
+            + settings_line(queue, facts["settings"], "kept in", "Redis enforces none of them")
+            + outcomes_line(queue, outcomes, "kept in", "q::ezra-done, q::ezra-results, q::ezra-progress"))
 
 
 
@@ -309,18 +314,6 @@ def pending_counts(redis: Client, queue: bytes, group: bytes) -> dict:
         start = next_id(page[-1][0])
 
 
-def side_hash(redis: Client, key: bytes, value=int) -> dict:
-    """{id: value} from an export's q::ezra-attempts (int), q::ezra-unique (bytes) or other hash
-    (HSCAN: never one huge reply)."""
-    found, cursor = {}, b"0"
-    while True:
-        cursor, flat = redis.call("HSCAN", key, cursor, "COUNT", PAGE)
-        for raw_id, raw in pairs(flat).items():
-            found[parse_id(raw_id)] = value(raw)
-        if cursor == b"0":
-            return found
-
-
 def priority_of(raw: bytes) -> int:
     """A q::ezra-priorities value: what XADD PRIORITY takes, else the queue is not moved."""
     if len(raw) != 1 or not raw.isdigit():
@@ -407,7 +400,9 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
     has_partitions = stream_facts(redis, queue + PARTITIONS_SUFFIX, kinds=(b"hash",))[0] == b"hash"
     partitions = side_hash(redis, queue + PARTITIONS_SUFFIX, bytes) if has_partitions else {}
     settings = restore_settings(redis, ezra, queue, options.dry_run)
-    tasks = redis_tasks(redis, queue, group, pending, attempts, keys, failures, priorities, partitions)
+    carried = Counter()  # results and progress values (carried_outcomes.py)
+    tasks = with_outcomes(redis, queue, redis_tasks(redis, queue, group, pending, attempts, keys, failures,
+                                                    priorities, partitions), carried)
     progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
     counts, expected = copy_to_ezra(tasks, CheckedPipeline(None if options.dry_run else ezra), queue,
                                     ezra_last_id(ezra, queue), progress)
@@ -434,7 +429,8 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
             f"attempts), {counts['dead']} dead; {counts['done']} done in Redis, not copied); "
             f"{f'group {shown(name)!r}' if name else 'no group'}; {checked}"
             + placement_line(queue, counts, "from", "pushed with XADD PRIORITY and PARTITION")
-            + settings_line(queue, settings, "from", "set with XCFGSET"))
+            + settings_line(queue, settings, "from", "set with XCFGSET")
+            + outcomes_line(queue, carried, "from", "pushed with XADD RESULT (done) and PROGRESS"))
 
 
 def copy_to_ezra(tasks, pipeline: CheckedPipeline, queue: bytes, last: tuple, progress: Progress) -> tuple:
@@ -471,6 +467,7 @@ def copy_to_ezra(tasks, pipeline: CheckedPipeline, queue: bytes, last: tuple, pr
         if task.partition is not None:
             counts["partition"] += 1
             attempts += [b"PARTITION", task.partition]
+        attempts += carried_options(task)
         pipeline.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, *unique, format_id(task.id),
                     *task.fields], expected=format_id(task.id))
     pipeline.flush()

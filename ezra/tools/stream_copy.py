@@ -35,6 +35,8 @@ class Task(NamedTuple):
     failure: bytes | None = None  # its last failure, JSON as tasks.failure holds it (None: never failed)
     priority: int | None = None  # XADD PRIORITY's (None: pushed without one, the default)
     partition: bytes | None = None  # XADD PARTITION's key (None: none)
+    progress: bytes | None = None  # XPROGRESS's last value (import: XADD PROGRESS; carried_outcomes.py)
+    result: bytes | None = None  # a done task's result (import: XADD RESULT, a done task; carried_outcomes.py)
 
 
 def parse_id(text: bytes) -> tuple:
@@ -84,6 +86,18 @@ def stream_facts(client: Client, key: bytes, kinds: tuple = (b"stream",)) -> tup
     if kind != b"stream":
         return kind, ZERO
     return kind, parse_id(pairs(client.call("XINFO", "STREAM", key))[b"last-generated-id"])
+
+
+def side_hash(redis: Client, key: bytes, value=int) -> dict:
+    """{id: value} from an export's q::ezra-attempts (int), q::ezra-unique (bytes) or other hash
+    (HSCAN: never one huge reply)."""
+    found, cursor = {}, b"0"
+    while True:
+        cursor, flat = redis.call("HSCAN", key, cursor, "COUNT", PAGE)
+        for raw_id, raw in pairs(flat).items():
+            found[parse_id(raw_id)] = value(raw)
+        if cursor == b"0":
+            return found
 
 
 def stream_entries(client: Client, key: bytes, low: tuple = ZERO, high: bytes = b"+"):

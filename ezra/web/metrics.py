@@ -128,7 +128,7 @@ class SnapshotCollector:
                     int(snap["database_corrupt"]))
         yield gauge("ezra_connected_clients", "Client connections open on the Redis-protocol port.",
                     snap["connected"])
-        yield gauge("ezra_blocked_clients", "Clients waiting in a blocking XREADGROUP or XREAD.", figures.blocked)
+        yield gauge("ezra_blocked_clients", "Clients waiting in a blocking XREADGROUP, XREAD or XRESULT.", figures.blocked)
         yield gauge("ezra_parked_clients", "Idle connections kept without a greenlet (quiet for a second or more).",
                     snap["parked"])
         yield gauge("ezra_database_bytes", "Size of ezra.db and its WAL.", figures.database_bytes)

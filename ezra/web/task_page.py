@@ -1,7 +1,7 @@
 """The dashboard's page of one task (/task?queue=<name>&id=<ms-seq>): everything stored about it.
 
 Its id, state, attempts, worker, times, XADD UNIQUE key, priority and partition, last failure in
-full and its fields. Like every page, all user data goes through dashboard.text() (escaped); values
+full, its progress (XPROGRESS), its result (XACK ... RESULT: cut, with its size) and its fields. Like every page, all user data goes through dashboard.text() (escaped); values
 that are not text are shown with \\xNN escapes, and the page is bounded: at most
 FIELDS_LISTED fields, each name and value cut with a note saying how much was left out.
 """
@@ -15,10 +15,11 @@ from ..lifecycle import AVAILABLE, DEAD, DEFAULT_PRIORITY, DELAYED, MAX_REASON_B
 from ..storage import decode_failure
 from ..protocol.task_fields import shown as shown_fields
 from . import shown_name
-from .dashboard import (FAILURE, PARTITION, PRIORITY, STATE_TITLES, UNIQUE_KEY, duration, form, header, page,
-                        queue_link, text)
+from .dashboard import (FAILURE, PARTITION, PRIORITY, PROGRESS, RESULT_SIZE, STATE_TITLES, UNIQUE_KEY, duration,
+                        form, header, page, queue_link, text)
 
-STATE = 14                     # the state column after INSPECT_COLUMNS (storage.reads.task_by_id)
+RESULT_CUT = 16                # the result's first bytes after INSPECT_COLUMNS (storage.reads.task_by_id)
+STATE = 17                     # then the state column
 FIELDS_LISTED = 100            # fields shown on a task's page; XRANGE shows the rest
 VALUE_SHOWN = 2000             # characters of a field's value (or of its name, or the key) shown
 NAME_SHOWN_CHARS = 200         # characters of a field's name shown
@@ -105,6 +106,24 @@ def failure_section(failure_json: str | None, now: int) -> str:
     return f'{head}<table class="facts failure">{cells}</table>'
 
 
+def outcome_section(row: tuple) -> str:
+    """Its progress (XPROGRESS's last value) and result (XACK ... RESULT's: its first bytes and size)."""
+    size = row[RESULT_SIZE]
+    if size is None:
+        result = '<span class="muted">none</span>'
+    else:
+        shown = bytes(row[RESULT_CUT] or b"")
+        note = f" <span class=\"muted\">(first {len(shown)} of {size} bytes: XRESULT reads it whole)</span>" \
+            if size > len(shown) else f' <span class="muted">({size} bytes)</span>'
+        result = f'<pre class="result">{shown_bytes(shown)}</pre>{note}'
+    progress = row[PROGRESS]
+    progress = '<span class="muted">none reported</span>' if progress is None else \
+        f'<span class="progress">{shown_bytes(bytes(progress))}</span>'
+    cells = f'<tr data-fact="progress"><th>progress</th><td>{progress}</td></tr>' \
+            f'<tr data-fact="result"><th>result</th><td>{result}</td></tr>'
+    return f'<h2>Progress and result</h2><table class="facts outcome">{cells}</table>'
+
+
 def fields_section(row: tuple) -> str:
     values = shown_fields(row[2], row[:2])
     pairs = [(values[i], values[i + 1]) for i in range(0, len(values) - 1, 2)]
@@ -140,6 +159,7 @@ def render(state, queue: bytes, row: tuple, figures, csrf: str) -> bytes:
             f'<main><p><a href="/">← queues</a> · queue {queue_link(queue)}</p>'
             f'<h1>task <span class="id">{text(task_id)}</span></h1>',
             actions(queue, task_id, row[STATE], csrf),
-            facts_table(row, now), failure_section(row[FAILURE], now), fields_section(row), "</main>"]
+            facts_table(row, now), failure_section(row[FAILURE], now), outcome_section(row), fields_section(row),
+            "</main>"]
     title = f"{task_id} in {shown_name(queue).decode('utf-8', 'replace')}"
     return page(title, "".join(body), refresh=False)  # a still page: the reason stays put while it is read
