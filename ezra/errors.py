@@ -309,6 +309,28 @@ def partition_key_too_long(size: int, limit: int) -> CommandError:
     return err(f"PARTITION key is {size} bytes long; at most {limit} bytes")
 
 
+# XADD AFTER n queue id ... (dependencies, an EZRA extension)
+AFTER_TWICE = _fixed("ERR AFTER specified multiple times")
+AFTER_ON_DEAD_TASK = _fixed(
+    "ERR AFTER does not apply to a dead task (XADD on a ::dead queue): it never runs")
+AFTER_WITH_UNIQUE = _fixed(
+    "ERR AFTER and UNIQUE cannot be combined: a waiting task holds no unique key")
+
+
+def after_count_out_of_range(most: int) -> CommandError:
+    return err(f"AFTER needs a number of tasks from 1 to {most}, then that many queue and id pairs")
+
+
+def after_pairs_missing(n: int) -> CommandError:
+    return err(f"AFTER {n} needs {n} queue and id pairs, then the task's id and its fields")
+
+
+def dependency_unknown(queue: bytes, task_id: bytes) -> CommandError:
+    return err(f"AFTER names a task that does not exist: queue '{queue.decode('utf-8', 'replace')}' id "
+               f"{task_id.decode('utf-8', 'replace')} (a task named must exist; a done one counts at once); "
+               "nothing was stored")
+
+
 # Reads, nacks and take-overs (XREADGROUP, XNACK, XCLAIM, XAUTOCLAIM): Redis's words where it has them.
 BLOCK_NOT_INTEGER = _fixed("ERR timeout is not an integer or out of range")
 MIN_IDLE_NOT_INTEGER = _fixed("ERR min-idle-time is not an integer")
@@ -332,7 +354,8 @@ def unknown_xclaim_option(word: bytes) -> CommandError:
 
 
 # Listings (XINFO TASKS, XINFO QUEUES) and BACKUP.
-TASK_STATE_UNKNOWN = _fixed("ERR state must be one of available, delayed, in_flight, done, dead, unfinished")
+TASK_STATE_UNKNOWN = _fixed(
+    "ERR state must be one of available, delayed, in_flight, done, dead, waiting, unfinished")
 
 
 def count_out_of_range(most: int) -> CommandError:

@@ -35,7 +35,7 @@ from .flow import FLOW_COLUMNS
 from ..writer.transactions import transaction
 from .in_flight import APART_LEASES, ROWID, pel_of
 
-LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
+LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE, lifecycle.WAITING)  # what XRANGE shows of a queue
 STREAM_NODE_ENTRIES = 100  # Redis's stream-node-max-entries: XINFO's radix-tree figures estimate it
 ALL_QUEUES = "all"  # figures(ALL_QUEUES): every queue's figures
 
@@ -205,13 +205,18 @@ class Admin:
         now = self.clock()
         self._release_held_keys(name, ids)
         rows = self.db.requeue(name, ids, now)
+        waiting = ()
+        if self.transitions.dependencies.any:  # a task that waited (XADD AFTER) waits again, or stays dead
+            rows, waiting = self.transitions.dependencies.requeued(rows, now)
+            if waiting:
+                queue.move(DEAD, lifecycle.WAITING, len(waiting))
         moved = len(rows)
         queue.move(DEAD, AVAILABLE, moved)
         for rowid, priority, partition in rows:
             self.transitions.became_available(queue, rowid, (priority, partition))
-        queue.tally("requeued", moved)
+        queue.tally("requeued", moved + len(waiting))
         self.transitions.serve_waiters(queue, now)
-        return moved
+        return moved + len(waiting)
 
     def _release_held_keys(self, name: bytes, ids: list[tuple] | None) -> None:
         """XADD UNIQUE: a dead task whose key is held meanwhile (by a task pushed with it since, or by
@@ -231,7 +236,7 @@ class Admin:
         if name not in self.queues:
             raise errors.NO_SUCH_KEY
         if state == "unfinished":  # ezra export's one pass in id order: rows carry their state
-            return self.db.tasks_by_id(name, lifecycle.WAITING, count, after)
+            return self.db.tasks_by_id(name, lifecycle.UNFINISHED, count, after)
         queue = self.queues[name]
         if state == IN_FLIGHT:  # the leases say which, in id order
             held = queue.leases.first(count, [pair for pair in queue.leases.items() if pair[0] > after])
@@ -315,6 +320,8 @@ class Admin:
                 if queue.lanes_on:  # its partition has room again (lanes.py)
                     self.transitions.lease_ended(queue, rowid)
                 queue.tally("acked")
+                if self.transitions.dependencies.any:  # acked: tasks waiting for it may go (XADD AFTER)
+                    self.transitions.dependencies.finished([rowid], self.clock())
             deleted.append(task_id)
             replies.append(True)
         self.transitions.note_deleted(queue, deleted)
@@ -347,7 +354,7 @@ class Admin:
         last = self.db.range(queue.name, LIVE_STATES, (0, 0), TOP, 1, True)
         nodes = math.ceil(sum(counts[state] for state in LIVE_STATES) / STREAM_NODE_ENTRIES)
         return {
-            "length": sum(counts[state] for state in lifecycle.WAITING), "stream_nodes": nodes,
+            "length": sum(counts[state] for state in lifecycle.UNFINISHED), "stream_nodes": nodes,
             "last_id": queue.last_id, "max_deleted": queue.max_deleted,
             "entries_added": sum(counts.values()) + queue.deleted,
             "first": first[0] if first else None, "last": last[0] if last else None,

@@ -30,7 +30,7 @@ from loguru import logger
 
 from .. import lifecycle
 from ..settings import trimming
-from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT, WAITING
 from ..storage import name_bytes
 from ..protocol.stream_ids import TOP
 from ..settings.trimming import MAXLEN, MINID
@@ -206,7 +206,7 @@ class Reaper:
         """XADD/XTRIM MAXLEN|MINID ~: done tasks go, lowest ids first, at most `trim.limit`;
         never an available, delayed, in-flight or dead one. How many went."""
         if trim.strategy == MAXLEN:  # the entries XRANGE shows: dead tasks are in q::dead
-            entries = sum(queue.counts[state] for state in (AVAILABLE, DELAYED, IN_FLIGHT, DONE))
+            entries = sum(queue.counts[state] for state in (AVAILABLE, DELAYED, IN_FLIGHT, DONE, WAITING))
             excess = entries - trim.threshold
             if excess <= trimming.slack(trim.threshold):
                 return 0  # approximate: a queue a little over n waits, then many go in one statement

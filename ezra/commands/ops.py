@@ -191,7 +191,7 @@ def xinfo(session, args):
 
 TASKS_DEFAULT_COUNT = 100
 UNFINISHED = "unfinished"  # XINFO TASKS' word for available, delayed and in-flight tasks together
-TASK_STATES = ({state.encode(): state for state in lifecycle.STATES} | {b"in-flight": IN_FLIGHT}
+TASK_STATES = ({state.encode(): state for state in lifecycle.COUNTED} | {b"in-flight": IN_FLIGHT}
                | {UNFINISHED.encode(): UNFINISHED})
 
 
@@ -208,7 +208,8 @@ TASKS_OPTIONS = Options(COUNT=Value(tasks_count, TASKS_DEFAULT_COUNT), AFTER=Val
 def xinfo_tasks(session, args):
     """XINFO TASKS queue state [COUNT n] [AFTER id]: one map per task, in the state's order
     (available, in_flight, dead: by id, AFTER pages; delayed: next due first; done: newest first;
-    unfinished: available, delayed and in-flight ones by id, each with its own state)."""
+    waiting (XADD AFTER): by id; unfinished: available, delayed, in-flight and waiting ones by id, each
+    with its own state)."""
     if len(args) < 4:
         raise errors.wrong_subcommand_arity("xinfo", b"TASKS")
     queue = live_queue(args[2])

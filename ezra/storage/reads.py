@@ -22,7 +22,8 @@ INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, availab
                    "delivered_at, finished_at, unique_key, failure, priority, partition_key")
 # Each state's listing in an order that costs no sort of a million rows (tasks_in_state).
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.DEAD: "id_ms, id_seq",
-                 lifecycle.DELAYED: "available_at, id_ms, id_seq", lifecycle.DONE: "id_ms DESC, id_seq DESC"}
+                 lifecycle.DELAYED: "available_at, id_ms, id_seq", lifecycle.DONE: "id_ms DESC, id_seq DESC",
+                 lifecycle.WAITING: "id_ms, id_seq"}
 
 
 def tasks_in_state(conn, span: tuple, queue: bytes, state: str, count: int, after: tuple,

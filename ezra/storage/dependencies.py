@@ -1,0 +1,101 @@
+"""The queries of XADD AFTER (broker/dependencies.py), named; run in the writer's transaction.
+
+An edge (dependency, dependent) of the dependencies table says: the dependent, a task's row id,
+waits for the dependency, another's, to be done. The broker asks for them only while some edge
+exists (Dependencies.any), so a plain ack runs none of these.
+"""
+
+from __future__ import annotations
+
+from . import row_ranges
+from .schema import ROOM_SQL, encode_failure, name_value, row_list
+
+_DONE_ONE_SQL = "DELETE FROM dependencies WHERE dependency = ? RETURNING dependent"
+_DONE_MANY_SQL = "DELETE FROM dependencies WHERE dependency IN (SELECT value FROM json_each(?)) RETURNING dependent"
+# Released: available, or delayed while its own DELAY runs (available_at, set by its push).
+_RELEASE_SQL = ("UPDATE tasks SET state = CASE WHEN available_at > ? THEN 'delayed' ELSE 'available' END, "
+                f"reserved = {ROOM_SQL} WHERE rowid = ? AND state = 'waiting' "
+                "RETURNING queue, state, available_at, priority, partition_key")
+_ORPHAN_SQL = ("UPDATE tasks SET state = 'dead', finished_at = ?, failure = ?, reserved = NULL "
+               "WHERE rowid = ? AND state = ? RETURNING queue, id_ms, id_seq")
+
+
+class Dependencies:
+    """The dependencies table and the waiting tasks' rows."""
+
+    def __init__(self, conn, span):
+        self.conn = conn
+        self.span = span  # Database.span: a queue's range of row ids
+
+    def any(self) -> bool:
+        """Some edge exists (start-up, a rollback's reload)."""
+        return self.conn.execute("SELECT EXISTS (SELECT 1 FROM dependencies)").fetchone()[0] == 1
+
+    def find(self, queue: bytes, task_id: tuple) -> tuple[int, str] | None:
+        """(row id, state) of a task named by AFTER, or None: no such task."""
+        rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
+        if rowid is None:
+            return None
+        row = self.conn.execute("SELECT state FROM tasks WHERE rowid = ? AND queue = ?",
+                                (rowid, name_value(queue))).fetchone()
+        return None if row is None else (rowid, row[0])
+
+    def add(self, dependent: int, dependencies: list[int]) -> None:
+        """The dependent waits for each of these (a task named twice is one edge)."""
+        self.conn.executemany("INSERT OR IGNORE INTO dependencies (dependency, dependent) VALUES (?, ?)",
+                              [(dependency, dependent) for dependency in dependencies])
+
+    def done(self, rowids: list[int]) -> list[int]:
+        """These tasks are done: their edges go; the dependents that waited for them (maybe repeated)."""
+        if len(rowids) == 1:
+            return [row[0] for row in self.conn.execute(_DONE_ONE_SQL, (rowids[0],))]
+        return [row[0] for row in self.conn.execute(_DONE_MANY_SQL, (row_list(rowids),))]
+
+    def waits(self, dependent: int) -> bool:
+        """The dependent still has an edge: some task it named is not done."""
+        return self.conn.execute("SELECT EXISTS (SELECT 1 FROM dependencies WHERE dependent = ?)",
+                                 (dependent,)).fetchone()[0] == 1
+
+    def release(self, rowid: int, now: int) -> tuple | None:
+        """A waiting task with no edge left becomes available (or delayed): (queue, state, available_at,
+        priority, partition_key), or None if it was not waiting."""
+        return self.conn.execute(_RELEASE_SQL, (now, rowid)).fetchone()
+
+    def wait_again(self, rowid: int) -> None:
+        """A requeued task (available) waits again: some task it names is not done."""
+        self.conn.execute("UPDATE tasks SET state = 'waiting', reserved = NULL WHERE rowid = ? AND state = 'available'",
+                          (rowid,))
+
+    def dependents(self, rowids: list[int]) -> list[int]:
+        """The tasks waiting for any of these (their edges stay)."""
+        return [row[0] for row in self.conn.execute(
+            "SELECT dependent FROM dependencies WHERE dependency IN (SELECT value FROM json_each(?))",
+            (row_list(rowids),))]
+
+    def orphan(self, rowid: int, failure: dict, now: int, state: str = "waiting") -> tuple | None:
+        """A task in `state` (waiting; dead: a requeue undone) dies, why in `failure`: (queue, id_ms, id_seq),
+        or None if it was not in that state."""
+        return self.conn.execute(_ORPHAN_SQL, (now, encode_failure(failure), rowid, state)).fetchone()
+
+    def forget(self, rowids: list[int]) -> None:
+        """These tasks are gone (deleted, purged): the edges where they wait go."""
+        self.conn.execute("DELETE FROM dependencies WHERE dependent IN (SELECT value FROM json_each(?))",
+                          (row_list(rowids),))
+
+    def waited_for(self, dependent: int) -> list[tuple]:
+        """(row id, queue, id_ms, id_seq, state) of each task the dependent waits for; queue etc. None: gone."""
+        return self.conn.execute(
+            "SELECT d.dependency, t.queue, t.id_ms, t.id_seq, t.state FROM dependencies AS d "
+            "LEFT JOIN tasks AS t ON t.rowid = d.dependency WHERE d.dependent = ? ORDER BY d.dependency",
+            (dependent,)).fetchall()
+
+    def waiting_on(self, dependency: int, limit: int = 1000) -> list[tuple]:
+        """(queue, id_ms, id_seq, state) of the tasks that wait for this one (up to `limit`)."""
+        return self.conn.execute(
+            "SELECT t.queue, t.id_ms, t.id_seq, t.state FROM dependencies AS d JOIN tasks AS t "
+            "ON t.rowid = d.dependent WHERE d.dependency = ? ORDER BY d.dependent LIMIT ?",
+            (dependency, limit)).fetchall()
+
+    def row_of(self, queue: bytes, task_id: tuple) -> int | None:
+        """A task's row id (the dashboard's and export's look-ups), or None."""
+        return row_ranges.row_of(self.conn, self.span(queue), task_id)
