@@ -291,14 +291,15 @@ class Admin:
         # 10,000 queues rank and sum in a few milliseconds.
         def rank(queue):
             counts = queue.counts
-            return -(counts[AVAILABLE] + counts[lifecycle.DELAYED] + counts[IN_FLIGHT] + counts[DEAD]), queue.name
+            return -(counts[AVAILABLE] + counts[lifecycle.DELAYED] + counts[IN_FLIGHT] + counts[DEAD]
+                     + counts[lifecycle.WAITING]), queue.name
         shown = [queue.name for queue in heapq.nsmallest(
             count, (queue for name, queue in self.queues.items() if name), key=rank)]
         shown_set = set(shown)
         rest = [queue for name, queue in self.queues.items() if name not in shown_set]
         counts, totals = [queue.counts for queue in rest], [queue.totals for queue in rest]
         return shown, None if not rest else {
-            "counts": {state: sum(map(itemgetter(state), counts)) for state in lifecycle.STATES},
+            "counts": {state: sum(map(itemgetter(state), counts)) for state in lifecycle.COUNTED},
             "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]},
             "paused": sum(1 for queue in rest if queue.is_paused())}
 
@@ -364,7 +365,7 @@ class Admin:
         """The one implicit group, and the workers holding its tasks (XINFO GROUPS / CONSUMERS)."""
         if queue.last_delivered is None:  # not known since start: ask the file once
             queue.last_delivered_read(self.db.last_delivered(queue.name) or (0, 0))
-        waiting = queue.counts[AVAILABLE] + queue.counts[lifecycle.DELAYED]
+        waiting = queue.counts[AVAILABLE] + queue.counts[lifecycle.DELAYED] + queue.counts[lifecycle.WAITING]
         return {
             "group": queue.group or b"default",
             "pending": queue.counts[IN_FLIGHT],

@@ -327,6 +327,8 @@ def ezra_fields(info) -> dict:
         "iids-duplicates": info.iids_duplicates,
         "available": counts[lifecycle.AVAILABLE], "delayed": counts[DELAYED],
         "in-flight": counts[IN_FLIGHT], "done": counts[DONE], "dead": counts[DEAD],
+        # XADD AFTER's waiting tasks, only while there are some: a reply as before otherwise
+        **({"waiting": counts[lifecycle.WAITING]} if counts[lifecycle.WAITING] else {}),
         **info.settings,
     }
 
