@@ -26,10 +26,23 @@ def hand_rowids(conn, queue, count: int) -> range:
     return range(first, first + count)
 
 
+def schema_15_text() -> str:
+    """Schema 15 as EZRA wrote it: today's, without schema 16's (XADD AFTER): 'waiting' in the state
+    CHECK, the index tasks_waiting, the table dependencies and its index."""
+    old = SCHEMA.replace(" OR state = 'dead' OR state = 'waiting'),", " OR state = 'dead'),")
+    assert "'waiting')," not in old
+    start = old.index("-- XADD AFTER's waiting tasks, for start-up's counts")
+    old = old[:start] + old[old.index("-- The reaper makes delayed tasks available", start):]
+    start = old.index("-- XADD AFTER (broker/dependencies.py)")
+    old = old[:start] + old[old.index("-- Idempotent producers", start):]
+    assert "waiting" not in old.replace("waits for its first claim", "").replace("while the task waits", ""), old
+    return old
+
+
 def schema_14_text() -> str:
-    """Schema 14 as EZRA wrote it: today's, without tasks.priority and tasks.partition_key (schema 15's)
+    """Schema 14 as EZRA wrote it: schema 15's, without tasks.priority and tasks.partition_key (schema 15's)
     in tasks, unreadable_tasks and the view tasks_readable."""
-    old = SCHEMA
+    old = schema_15_text()
     for new_text, old_text in [
             ("    reserved      BLOB,\n    priority      INTEGER,\n    partition_key TEXT\n);",
              "    reserved      BLOB\n);"),

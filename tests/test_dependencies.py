@@ -7,6 +7,7 @@ the release exactly once across kill -9."""
 from __future__ import annotations
 
 import re
+import sqlite3
 import threading
 import uuid
 
@@ -315,3 +316,33 @@ def test_an_ack_cut_by_kill9_releases_at_most_once(ezra_factory):
     released = claim(client, "after", 100)
     assert sorted(released) == sorted(b for _, b in rounds)
     assert claim(client, "after", 100) == []
+
+
+def test_a_schema_15_file_is_upgraded_and_its_tasks_can_be_waited_for(ezra_factory, tmp_path):
+    """Schema 16's step: the state CHECK admits 'waiting' (its text rewritten, no copy), and the
+    index and table of the waiting tasks are made; a task the old file holds can be named."""
+    from support_files import hand_rowids, schema_15_text, write_old_file
+    from ezra.storage import SCHEMA_VERSION
+
+    data_dir = tmp_path / "old"
+    db = write_old_file(data_dir, schema_15_text(), 15)
+    db.execute("INSERT INTO queues (name, created_at) VALUES ('old', 1)")
+    [rowid] = hand_rowids(db, "old", 1)
+    db.execute("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at) "
+               "VALUES (?, 'old', 5, 0, 'available', '[\"n\", \"1\"]', 1, 1)", (rowid,))
+    db.commit()
+    with pytest.raises(sqlite3.IntegrityError):  # the old CHECK: no waiting task fits
+        db.execute("UPDATE tasks SET state = 'waiting'")
+    db.close()
+    server = ezra_factory(data_dir=data_dir)
+    assert f"from schema 15 to {SCHEMA_VERSION}" in server.log()
+    client = server.client()
+    waiting = push(client, "new", *after(("old", "5-0")))
+    assert [t[b"state"] for t in tasks(client, "new")] == [b"waiting"]
+    assert run(client, "old") == b"5-0"
+    assert claim(client, "new") == [waiting]
+    server.stop()
+    with sqlite3.connect(data_dir / "ezra.db") as conn:
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()[0]
+        assert "state = 'waiting'" in sql
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
