@@ -346,3 +346,44 @@ def test_a_schema_15_file_is_upgraded_and_its_tasks_can_be_waited_for(ezra_facto
         sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'tasks'").fetchone()[0]
         assert "state = 'waiting'" in sql
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_the_dashboard_and_metrics_show_waiting_tasks_and_dependencies_both_ways(ezra_factory):
+    from urllib.parse import quote
+
+    from support_http import http, scrape, value
+
+    server = ezra_factory("--http-port", "0")
+    client = server.client()
+    a = push(client, "src").decode()
+    b = push(client, "joined", *after(("src", a))).decode()
+    samples = scrape(server)
+    assert value(samples, "ezra_tasks", queue="joined", state="waiting") == 1
+    assert value(samples, "ezra_tasks", queue="src", state="waiting") == 0
+    status, _, body = http(f"{server.http_url}/queue?name=joined")
+    assert status == 200 and b'data-state="waiting">1<' in body
+    status, _, body = http(f"{server.http_url}/queue?name=src")
+    assert b'data-state="waiting"' not in body  # no tile while none waits
+    status, _, body = http(f"{server.http_url}/task?queue=joined&id={quote(b)}")
+    assert status == 200 and b"waits for (not done yet)" in body and f"id={a}".encode() in body
+    status, _, body = http(f"{server.http_url}/task?queue=src&id={quote(a)}")
+    assert b"waited for by" in body and f"id={b}".encode() in body
+    status, _, body = http(f"{server.http_url}/task?queue=src&id={quote(push(client, 'src').decode())}")
+    assert b"Dependencies" not in body  # positive control above: a task with none has no section
+
+
+def test_ezra_ls_shows_waiting_tasks(ezra_factory):
+    import subprocess
+    import sys
+
+    from support_servers import ROOT
+
+    server = ezra_factory()
+    client = server.client()
+    a = push(client, "src")
+    b = push(client, "joined", *after(("src", a)))
+    out = subprocess.run([sys.executable, "-m", "ezra", "ls", "joined", "--port", str(server.port)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    [line] = [line for line in out.stdout.splitlines() if b.decode() in line]
+    assert "waiting" in line and "waiting for others" in line

@@ -29,6 +29,7 @@ from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
 from ..settings.queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, reads
 from ..storage.reads import task_by_id
+from ..storage.dependencies import task_dependencies
 from ..protocol.task_fields import UNREADABLE
 from ..protocol.stream_ids import TOP
 from .flow import FLOW_COLUMNS
@@ -133,6 +134,10 @@ class Admin:
         """One task by id (storage.INSPECT_COLUMNS + state), or None: the dashboard's task page.
         Read apart, on a native thread: a page load never waits in the writer's queue nor holds it."""
         return self.read_apart(task_by_id, queue, task_id)
+
+    def task_dependencies(self, queue: bytes, task_id: tuple) -> tuple[list, list]:
+        """XADD AFTER's edges of one task, both ways (the dashboard's task page), read apart as `task`."""
+        return self.read_apart(task_dependencies, queue, task_id)
 
     def figures(self, queues=(), head_since: bool = True, busiest: int | None = None) -> Figures:
         """The broker's figures in one snapshot, taken on the event loop in one go (INFO, /metrics,

@@ -20,6 +20,21 @@ _ORPHAN_SQL = ("UPDATE tasks SET state = 'dead', finished_at = ?, failure = ?, r
                "WHERE rowid = ? AND state = ? RETURNING queue, id_ms, id_seq")
 
 
+def task_dependencies(conn, queue: bytes, task_id: tuple) -> tuple[list, list]:
+    """(what the task waits for, what waits for it): (queue, id_ms, id_seq, state) each, queue None for a
+    task deleted since (the dashboard's task page, read apart on its own connection). An edge goes when
+    its dependency is done, so these are the ones not done yet."""
+    span = row_ranges.queue_span(conn, queue)
+    rowid = None if span is None else row_ranges.row_of(conn, span, task_id)
+    if rowid is None:
+        return [], []
+    edges = Dependencies(conn, None)
+    return [row[1:] for row in edges.waited_for(rowid)], edges.waiting_on(rowid, SHOWN)
+
+
+SHOWN = 100  # tasks the task page lists each way
+
+
 class Dependencies:
     """The dependencies table and the waiting tasks' rows."""
 
