@@ -6,6 +6,7 @@ the release exactly once across kill -9."""
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import threading
@@ -387,3 +388,35 @@ def test_ezra_ls_shows_waiting_tasks(ezra_factory):
     assert out.returncode == 0, out.stderr
     [line] = [line for line in out.stdout.splitlines() if b.decode() in line]
     assert "waiting" in line and "waiting for others" in line
+
+
+@pytest.mark.parametrize("from_file", [False, True], ids=["port", "data-dir"])
+def test_export_to_redis_and_import_back_restores_waiting_tasks(ezra_factory, redis_server_port, from_file):
+    """EZRA -> Redis -> EZRA: a waiting task is an entry of its stream in Redis (delivered at once
+    there), its dependencies in q::ezra-after; imported back into a fresh EZRA it waits again for the
+    tasks it named, in whichever queue they are."""
+    from support_move import ezra_cli, ok, raw_client, unique
+
+    source, target = ezra_factory(), ezra_factory()
+    src, red = raw_client(source.port), raw_client(redis_server_port)
+    deps, joined = unique("deps"), unique("joined")
+    done = push(src, deps)
+    run(src, deps)
+    a, b = push(src, deps), push(src, deps)
+    waiting = push(src, joined, *after((deps, a), (deps, b), (deps, done)))
+    plain = push(src, joined)
+    redis_url = f"redis://127.0.0.1:{redis_server_port}"
+    where = ["--data-dir", str(source.data_dir)] if from_file else ["--port", str(source.port)]
+    exported = ok(ezra_cli("export", *where, "--to", redis_url, deps, joined))
+    assert f"{joined}: 1 waiting task(s), their dependencies kept in {joined}::ezra-after" in exported.stdout
+    assert red.xlen(joined) == 2 and json.loads(red.hget(f"{joined}::ezra-after", waiting)) == [
+        [deps, a.decode()], [deps, b.decode()]]  # the done one is not waited for any more
+    imported = ok(ezra_cli("import", "--port", str(target.port), "--from", redis_url, deps, joined))
+    assert f"{joined}: 1 task(s) pushed with XADD AFTER" in imported.stdout
+    dst = target.client()
+    [row] = tasks(dst, joined, "waiting")
+    assert row[b"id"] == waiting and row[b"waits-for"] == [[deps.encode(), a], [deps.encode(), b]]
+    assert claim(dst, joined) == [plain]
+    assert sorted(claim(dst, deps)) == sorted([a, b])
+    dst.xack(deps, "g", a, b)
+    assert claim(dst, joined) == [waiting]

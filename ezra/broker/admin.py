@@ -251,6 +251,16 @@ class Admin:
         return self.db.tasks_in_state(name, state, count, after, head)
 
     @transaction(durable=False)
+    def tasks_and_waits(self, name: bytes, state: str, count: int, after: tuple = (0, 0)) -> tuple[list, dict]:
+        """XINFO TASKS waiting or unfinished: `tasks`'s rows, and {task id: [(queue, id)]}: what each waiting
+        one among them waits for (XADD AFTER; ezra export carries it)."""
+        rows = Admin.tasks.body(self, name, state, count, after)
+        if state == lifecycle.WAITING or state == "unfinished" and any(row[-1] == lifecycle.WAITING for row in rows):
+            return rows, self.transitions.dependencies.waits_of(name, [row[:2] for row in rows
+                                                                    if state != "unfinished" or row[-1] == lifecycle.WAITING])
+        return rows, {}
+
+    @transaction(durable=False)
     def leases_copy(self, name: bytes) -> tuple[dict, int]:
         """A copy of the queue's leases and the time now, for a pick among many on a native thread."""
         return self.in_flight.copy(name)

@@ -72,6 +72,17 @@ class Dependencies:
         return lifecycle.failure_record(DEPENDENCY_LOST, f"dependency {queue.decode('utf-8', 'replace')} "
                                         f"{text.decode('utf-8', 'replace')} {how}", None, now)
 
+    def waits_of(self, name: bytes, ids: list[tuple]) -> dict:
+        """{task id: [(queue, id)]}: what each of these tasks of the queue waits for (not done yet; a task
+        deleted since is left out)."""
+        waits = {}
+        for task_id in ids:
+            rowid = self.edges.row_of(name, task_id)
+            if rowid is not None:
+                waits[task_id] = [(name_bytes(queue), (ms, seq)) for _, queue, ms, seq, _ in self.edges.waited_for(rowid)
+                                  if queue is not None]
+        return waits
+
     # ------------------------------------------------------------ a dependency done
 
     def finished(self, rowids: list[int], now: int) -> None:

@@ -217,8 +217,20 @@ def xinfo_tasks(session, args):
     if state is None:
         raise errors.TASK_STATE_UNKNOWN
     (count, after), _ = parse_options(args, 4, TASKS_OPTIONS)
+    if state == lifecycle.WAITING or state == UNFINISHED:  # with what the waiting ones wait for (XADD AFTER)
+        return Deferred(broker_of(session).admin.tasks_and_waits(queue, state, count, after),
+                        lambda found: [with_waits(task_reply(row, state), row, found[1]) for row in found[0]])
     return Deferred(broker_of(session).admin.tasks(queue, state, count, after),
                     lambda rows: [task_reply(row, state) for row in rows])
+
+
+def with_waits(reply: dict, row, waits: dict) -> dict:
+    """A waiting task's XINFO TASKS map, with `waits-for`: [[queue, id], ...], the tasks it waits for
+    that are not done yet (XADD AFTER); other tasks' maps as they are."""
+    waited = waits.get(row[:2])
+    if waited is not None:
+        reply["waits-for"] = [[queue, stream_ids.format_id(task_id)] for queue, task_id in waited]
+    return reply
 
 
 QUEUES_DEFAULT_COUNT = 100

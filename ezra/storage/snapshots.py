@@ -14,6 +14,7 @@ from loguru import logger
 
 from .. import lifecycle
 from .opening import BUSY_TIMEOUT_MS, connect, fsync_directory, fsync_file
+from .dependencies import task_dependencies
 from .reads import tasks_by_id
 from .row_ranges import NO_ROWS, queue_span
 from .schema import APPLICATION_ID, SCHEMA_VERSION, StorageError, name_bytes, name_value
@@ -168,6 +169,11 @@ class Snapshot:
 
     def tasks_by_id(self, queue: bytes, states: tuple, count: int, after: tuple) -> list[tuple]:
         return tasks_by_id(self.conn, queue, states, count, after)
+
+    def waits_for(self, queue: bytes, task_id: tuple) -> list[tuple]:
+        """[(queue, id)]: what a waiting task waits for (XADD AFTER; the tasks not done yet)."""
+        return [(name_bytes(name), (ms, seq)) for name, ms, seq, _ in task_dependencies(self.conn, queue, task_id)[0]
+                if name is not None]
 
     def close(self) -> None:
         self.conn.close()  # ends the read transaction: nothing was written
