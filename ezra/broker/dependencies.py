@@ -19,6 +19,8 @@ push that adds edges, and read again after a batch removed some.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from .. import errors, lifecycle
 from ..lifecycle import AVAILABLE, DEAD, DONE, WAITING
 from ..protocol.stream_ids import format_id
@@ -91,21 +93,18 @@ class Dependencies:
         dependents = self.edges.done(rowids)
         if not dependents:
             return
-        served = {}
-        for dependent in dict.fromkeys(dependents):
-            if self.edges.waits(dependent):
-                continue
-            row = self.edges.release(dependent, now)
-            if row is None:  # not waiting: dead with another dependency (XREQUEUE decides)
-                continue
-            queue = self.queues[name_bytes(row[0])]
-            state = row[1]
-            queue.move(WAITING, state)
+        served, moved = {}, Counter()
+        # Those waiting for nothing more (a dead one, which died with another dependency, is XREQUEUE's)
+        for rowid, name, state, available_at, priority, partition in self.edges.release(list(set(dependents)), now):
+            queue = self.queues[name_bytes(name)]
+            moved[queue, state] += 1
             if state == AVAILABLE:
-                self.transitions.became_available(queue, dependent, (row[3], row[4]))
+                self.transitions.became_available(queue, rowid, (priority, partition))
                 served[queue.name] = queue
             else:
-                self.schedule.due_at(row[2])
+                self.schedule.due_at(available_at)
+        for (queue, state), n in moved.items():  # one count move per queue and state, however many went
+            queue.move(WAITING, state, n)
         blocked = self.transitions.waiters.blocked
         for name, queue in served.items():
             if name in blocked:

@@ -12,10 +12,14 @@ from .schema import ROOM_SQL, encode_failure, name_value, row_list
 
 _DONE_ONE_SQL = "DELETE FROM dependencies WHERE dependency = ? RETURNING dependent"
 _DONE_MANY_SQL = "DELETE FROM dependencies WHERE dependency IN (SELECT value FROM json_each(?)) RETURNING dependent"
-# Released: available, or delayed while its own DELAY runs (available_at, set by its push).
+# Released, those of the rows given that wait for nothing more: available, or delayed while their own
+# DELAY runs (available_at, set by the push). One statement for many (an ack that releases 100,000:
+# 10 times faster than a look-up and an update each).
 _RELEASE_SQL = ("UPDATE tasks SET state = CASE WHEN available_at > ? THEN 'delayed' ELSE 'available' END, "
-                f"reserved = {ROOM_SQL} WHERE rowid = ? AND state = 'waiting' "
-                "RETURNING queue, state, available_at, priority, partition_key")
+                f"reserved = {ROOM_SQL} WHERE rowid IN (SELECT value FROM json_each(?)) AND state = 'waiting' "
+                "AND NOT EXISTS (SELECT 1 FROM dependencies WHERE dependent = tasks.rowid) "
+                "RETURNING rowid, queue, state, available_at, priority, partition_key")
+RELEASE_ROWS = 10_000  # row ids per statement: a bounded JSON text
 _ORPHAN_SQL = ("UPDATE tasks SET state = 'dead', finished_at = ?, failure = ?, reserved = NULL "
                "WHERE rowid = ? AND state = ? RETURNING queue, id_ms, id_seq")
 
@@ -66,15 +70,14 @@ class Dependencies:
             return [row[0] for row in self.conn.execute(_DONE_ONE_SQL, (rowids[0],))]
         return [row[0] for row in self.conn.execute(_DONE_MANY_SQL, (row_list(rowids),))]
 
-    def waits(self, dependent: int) -> bool:
-        """The dependent still has an edge: some task it named is not done."""
-        return self.conn.execute("SELECT EXISTS (SELECT 1 FROM dependencies WHERE dependent = ?)",
-                                 (dependent,)).fetchone()[0] == 1
-
-    def release(self, rowid: int, now: int) -> tuple | None:
-        """A waiting task with no edge left becomes available (or delayed): (queue, state, available_at,
-        priority, partition_key), or None if it was not waiting."""
-        return self.conn.execute(_RELEASE_SQL, (now, rowid)).fetchone()
+    def release(self, dependents: list[int], now: int) -> list[tuple]:
+        """The waiting tasks among these with no edge left become available (or delayed): (rowid, queue,
+        state, available_at, priority, partition_key) of each, in row id order (push order per queue)."""
+        rows = []
+        for start in range(0, len(dependents), RELEASE_ROWS):
+            rows += self.conn.execute(_RELEASE_SQL, (now, row_list(dependents[start:start + RELEASE_ROWS])))
+        rows.sort()
+        return rows
 
     def wait_again(self, rowid: int) -> None:
         """A requeued task (available) waits again: some task it names is not done."""
