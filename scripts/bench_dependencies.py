@@ -107,6 +107,10 @@ def wl_waiting_1m(srv, a, q):
     if c.xack(deps, GROUP, claimed) != 1:
         errors.append("the dependency's ack did not count")
     metrics["ack releasing them all s"] = now() - t0
+    info = c.execute_command("XINFO", "STREAM", joined)
+    info = dict(zip(info[::2], info[1::2]))
+    if info.get(b"available") != n or b"waiting" in info:
+        errors.append(f"after the release: {info.get(b'available')!r} available, {info.get(b'waiting')!r} waiting")
     first = c.xreadgroup(GROUP, "w", {joined: ">"}, count=1)
     metrics["RSS MB after the release"] = rss_mb(srv.proc.pid)
     if not first or not first[0][1][0][1][b"d"].startswith(b"0 "):

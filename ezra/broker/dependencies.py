@@ -90,19 +90,20 @@ class Dependencies:
     def finished(self, rowids: list[int], now: int) -> None:
         """These tasks are done (an ack): the dependents waiting for nothing else are released. The
         caller tests `any` first, so a plain ack pays nothing more."""
-        dependents = self.edges.done(rowids)
-        if not dependents:
+        served, moved, any_done = {}, Counter(), False
+        for dependents in self.edges.done(rowids):  # a slice at a time (a task a million wait for)
+            any_done = True
+            # Those waiting for nothing more (a dead one, which died with another dependency, is XREQUEUE's)
+            for rowid, name, state, available_at, priority, partition in self.edges.release(dependents, now):
+                queue = self.queues[name_bytes(name)]
+                moved[queue, state] += 1
+                if state == AVAILABLE:
+                    self.transitions.became_available(queue, rowid, (priority, partition))
+                    served[queue.name] = queue
+                else:
+                    self.schedule.due_at(available_at)
+        if not any_done:
             return
-        served, moved = {}, Counter()
-        # Those waiting for nothing more (a dead one, which died with another dependency, is XREQUEUE's)
-        for rowid, name, state, available_at, priority, partition in self.edges.release(list(set(dependents)), now):
-            queue = self.queues[name_bytes(name)]
-            moved[queue, state] += 1
-            if state == AVAILABLE:
-                self.transitions.became_available(queue, rowid, (priority, partition))
-                served[queue.name] = queue
-            else:
-                self.schedule.due_at(available_at)
         for (queue, state), n in moved.items():  # one count move per queue and state, however many went
             queue.move(WAITING, state, n)
         blocked = self.transitions.waiters.blocked

@@ -64,18 +64,23 @@ class Dependencies:
         self.conn.executemany("INSERT OR IGNORE INTO dependencies (dependency, dependent) VALUES (?, ?)",
                               [(dependency, dependent) for dependency in dependencies])
 
-    def done(self, rowids: list[int]) -> list[int]:
-        """These tasks are done: their edges go; the dependents that waited for them (maybe repeated)."""
-        if len(rowids) == 1:
-            return [row[0] for row in self.conn.execute(_DONE_ONE_SQL, (rowids[0],))]
-        return [row[0] for row in self.conn.execute(_DONE_MANY_SQL, (row_list(rowids),))]
+    def done(self, rowids: list[int]):
+        """These tasks are done: their edges go. Yields the dependents that waited for them (one may come
+        twice), RELEASE_ROWS at a time, in row id order for one task: SQLite holds the rest, so that a task
+        a million wait for costs no list of a million here."""
+        cursor = (self.conn.execute(_DONE_ONE_SQL, (rowids[0],)) if len(rowids) == 1 else
+                  self.conn.execute(_DONE_MANY_SQL, (row_list(rowids),)))
+        while True:
+            rows = cursor.fetchmany(RELEASE_ROWS)
+            if rows:
+                yield [row[0] for row in rows]
+            if len(rows) < RELEASE_ROWS:
+                return
 
     def release(self, dependents: list[int], now: int) -> list[tuple]:
-        """The waiting tasks among these with no edge left become available (or delayed): (rowid, queue,
-        state, available_at, priority, partition_key) of each, in row id order (push order per queue)."""
-        rows = []
-        for start in range(0, len(dependents), RELEASE_ROWS):
-            rows += self.conn.execute(_RELEASE_SQL, (now, row_list(dependents[start:start + RELEASE_ROWS])))
+        """The waiting tasks among these (up to RELEASE_ROWS) with no edge left become available (or
+        delayed): (rowid, queue, state, available_at, priority, partition_key) of each, in row id order."""
+        rows = self.conn.execute(_RELEASE_SQL, (now, row_list(dependents))).fetchall()
         rows.sort()
         return rows
 
