@@ -420,3 +420,43 @@ def test_export_to_redis_and_import_back_restores_waiting_tasks(ezra_factory, re
     assert sorted(claim(dst, deps)) == sorted([a, b])
     dst.xack(deps, "g", a, b)
     assert claim(dst, joined) == [waiting]
+
+
+def test_a_dependency_out_of_attempts_kills_the_dependent(r, queue):
+    """Not only FATAL: the failure rule's dead (the shared server allows 3 attempts)."""
+    a = push(r, queue + "-a")
+    b = push(r, queue, *after((queue + "-a", a)))
+    claim(r, queue + "-a")
+    assert r.execute_command("XNACK", queue + "-a", "g", "FAIL", "IDS", 1, a) == 1  # attempts left: back
+    assert [t[b"state"] for t in tasks(r, queue)] == [b"waiting"]  # positive control: still waiting
+    claim(r, queue + "-a")
+    r.execute_command("XNACK", queue + "-a", "g", "FAIL", "IDS", 1, a, "RETRYCOUNT", 3)
+    assert [t[b"id"] for t in tasks(r, queue, "dead")] == [b]
+
+
+def test_a_deleted_dead_dependency_keeps_its_dependent_dead_on_requeue(r, queue):
+    a = push(r, queue + "-a")
+    b = push(r, queue, *after((queue + "-a", a)))
+    claim(r, queue + "-a")
+    r.execute_command("XNACK", queue + "-a", "g", "FATAL", "IDS", 1, a)
+    assert r.xdel(queue + "-a::dead", a) == 1
+    assert r.execute_command("XREQUEUE", queue, "IDS", 1, b) == 0
+    [dead] = tasks(r, queue, "dead")
+    assert dead[b"failure-reason"] == b"a task it waits for was deleted"
+
+
+def test_a_purged_dead_dependent_leaves_no_edge(ezra_factory, tmp_path):
+    server = ezra_factory()
+    client = server.client()
+    a = push(client, "src")
+    push(client, "joined", "TTL", "0.2", *after(("src", a)))
+    claim(client, "src")
+    client.execute_command("XNACK", "src", "g", "FATAL", "IDS", 1, a)
+
+    def edges():
+        with sqlite3.connect(f"file:{server.data_dir / 'ezra.db'}?mode=ro", uri=True) as conn:
+            return conn.execute("SELECT count(*) FROM dependencies").fetchone()[0]
+
+    assert edges() == 1 and client.xlen("joined::dead") == 1  # positive control: dead, its edge kept
+    wait_until(lambda: client.xlen("joined::dead") == 0, message="the dead dependent's TTL purge")
+    assert edges() == 0

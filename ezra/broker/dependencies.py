@@ -132,6 +132,13 @@ class Dependencies:
                 queue.tally("dead")
                 pending.append((dependent, queue.name, format_id(row[1:3]), False))
 
+    def purged(self, rowids: list[int]) -> None:
+        """These dead tasks were purged (TTL): what they waited for is forgotten (their dependents died
+        with them already)."""
+        if rowids:
+            self.edges.forget(rowids)
+            self.any = self.edges.any()
+
     # ------------------------------------------------------------ a requeue
 
     def requeued(self, rows: list[tuple], now: int) -> tuple[list[tuple], list[int]]:
@@ -151,7 +158,7 @@ class Dependencies:
                 waiting.append(row[0])
                 continue
             queue, ms, seq, state = lost
-            record = (self.lost_record(b"?", b"(deleted)", now, True) if queue is None else
-                      self.lost_record(name_bytes(queue), format_id((ms, seq)), now))
+            record = (lifecycle.failure_record(DEPENDENCY_LOST, "a task it waits for was deleted", None, now)
+                      if queue is None else self.lost_record(name_bytes(queue), format_id((ms, seq)), now))
             self.edges.orphan(row[0], record, now, AVAILABLE)
         return kept, waiting
