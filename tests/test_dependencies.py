@@ -217,6 +217,8 @@ def test_waiting_tasks_are_counted_and_listed(r, queue):
     assert r.xrange(queue) == [(b, {b"n": b"1"})]
     [row] = tasks(r, queue, "waiting")
     assert row[b"id"] == b and row[b"state"] == b"waiting"
+    assert row[b"waits-for"] == [[(queue + "-a").encode(), a]]  # what it waits for, in both protocols
+    assert b"waits-for" not in tasks(r, queue + "-a", "available")[0]  # only a waiting task's map has it
     info = r.info("queues")
     line = info[f"queue_{queue}"]
     assert line["waiting"] == 1
