@@ -312,7 +312,7 @@ def partition_key_too_long(size: int, limit: int) -> CommandError:
 # Results and progress (EZRA's XACK ... RESULT, XRESULT, XPROGRESS).
 RESULT_SYNTAX = _fixed("ERR XACK with RESULT takes one id and one value: XACK queue group id RESULT value")
 RESULT_PUSH_CONFLICT = _fixed(
-    "ERR XADD ... RESULT pushes a done task with its result (ezra import): DELAY, UNIQUE and a ::dead queue "
+    "ERR XADD ... RESULT pushes a done task with its result (ezra import): DELAY, UNIQUE, AFTER and a ::dead queue "
     "do not apply to it")
 MAX_PROGRESS_BYTES = 8 * 1024  # XPROGRESS's value: a short report, not a second result
 
@@ -337,6 +337,26 @@ def no_such_task(queue: bytes, task_id: tuple) -> CommandError:
 def progress_not_in_flight(task_id: tuple, state: str) -> CommandError:
     return err(f"task {task_id[0]}-{task_id[1]} is {state.replace('_', '-')}, not in flight: "
                "XPROGRESS reports the progress of a task a worker holds")
+# XADD AFTER n queue id ... (dependencies, an EZRA extension)
+AFTER_TWICE = _fixed("ERR AFTER specified multiple times")
+AFTER_ON_DEAD_TASK = _fixed(
+    "ERR AFTER does not apply to a dead task (XADD on a ::dead queue): it never runs")
+AFTER_WITH_UNIQUE = _fixed(
+    "ERR AFTER and UNIQUE cannot be combined: a waiting task holds no unique key")
+
+
+def after_count_out_of_range(most: int) -> CommandError:
+    return err(f"AFTER needs a number of tasks from 1 to {most}, then that many queue and id pairs")
+
+
+def after_pairs_missing(n: int) -> CommandError:
+    return err(f"AFTER {n} needs {n} queue and id pairs, then the task's id and its fields")
+
+
+def dependency_unknown(queue: bytes, task_id: bytes) -> CommandError:
+    return err(f"AFTER names a task that does not exist: queue '{queue.decode('utf-8', 'replace')}' id "
+               f"{task_id.decode('utf-8', 'replace')} (a task named must exist; a done one counts at once); "
+               "nothing was stored")
 
 
 # Reads, nacks and take-overs (XREADGROUP, XNACK, XCLAIM, XAUTOCLAIM): Redis's words where it has them.
@@ -362,7 +382,8 @@ def unknown_xclaim_option(word: bytes) -> CommandError:
 
 
 # Listings (XINFO TASKS, XINFO QUEUES) and BACKUP.
-TASK_STATE_UNKNOWN = _fixed("ERR state must be one of available, delayed, in_flight, done, dead, unfinished")
+TASK_STATE_UNKNOWN = _fixed(
+    "ERR state must be one of available, delayed, in_flight, done, dead, waiting, unfinished")
 
 
 def count_out_of_range(most: int) -> CommandError:

@@ -2,6 +2,7 @@
 
     [push] -> available -> in_flight (claim) -> done (ack)
     [push DELAY] -> delayed -> available    (due)
+    [push AFTER] -> waiting -> available | delayed   (its last dependency done) ; -> dead (one died or went)
                            in_flight -> available | delayed   (nack, timeout, worker gone: attempts left;
                                                                delayed while the queue's backoff runs)
                            in_flight -> dead        (nack or timeout: no attempts left)
@@ -9,7 +10,9 @@
               available/delayed -> cancelled (XDEL: deleted, nobody held it)
 
     transition   from                 to                                  attempts
-    push         -                    available | delayed | dead | done (dead: q::dead; done: RESULT; ezra import)   0
+    push         -                    available | delayed | dead | done | waiting (dead: q::dead; done: RESULT; ezra import; waiting: AFTER)   0
+    release      waiting              available | delayed (its last dependency done; delayed: its DELAY)   =
+    orphan       waiting              dead (a dependency went dead or was deleted: the reason names it)   =
     promote      delayed              available (its time came)           =
     claim        available            in_flight | done (NOACK)            +1 (every delivery counts)
     claim own    in_flight            in_flight (lease renewed)           +1 (as Redis counts re-reads with id 0)
@@ -23,8 +26,8 @@
     expire       in_flight            = fail (a timeout is a failure nobody reported)
     release      in_flight            = fail (the worker's last connection closed)
     recover      in_flight            available (server restart, never dead)   =
-    requeue      dead                 available                           0
-    cancel       available | delayed  - (XDEL, the dashboard's delete: nobody holds it)   -
+    requeue      dead                 available | waiting (waiting: an orphan whose dependency is not done)   0
+    cancel       available | delayed | waiting  - (XDEL, the dashboard's delete: nobody holds it)   -
     purge        done | dead          - (retention, TTL; done: trimming, XACKDEL; dead: XDEL on q::dead)
 
 Every failure (fail, fatal, expire, release; XDEL of a task in flight and XGROUP DELCONSUMER
@@ -49,8 +52,13 @@ DELAYED = "delayed"  # waits for its time (XADD DELAY, retry backoff), then beco
 IN_FLIGHT = "in_flight"
 DONE = "done"
 DEAD = "dead"
+# XADD AFTER: waits until every task it names is done (broker/dependencies.py); not claimable,
+# in no available order. A state apart from STATES: replies that list the five states by name
+# (XINFO QUEUES, INFO's counts) keep their shape; those that show it add it only when non-zero.
+WAITING = "waiting"
 STATES = (AVAILABLE, DELAYED, IN_FLIGHT, DONE, DEAD)
-WAITING = (AVAILABLE, DELAYED, IN_FLIGHT)  # not done yet: what XLEN counts
+COUNTED = (*STATES, WAITING)  # every state a queue counts (QueueState.counts)
+UNFINISHED = (AVAILABLE, DELAYED, IN_FLIGHT, WAITING)  # not done yet: what XLEN counts
 GONE = None  # outside the queue: before its push, after its delete or purge
 
 # The table above, executable: every change of a queue's state counts is one of these moves
@@ -76,6 +84,12 @@ MOVES = {
     (DELAYED, DELAYED): "nack FORCE",
     (DELAYED, DEAD): "nack FORCE",
     (DEAD, AVAILABLE): "requeue",
+    (GONE, WAITING): "push AFTER",
+    (WAITING, AVAILABLE): "release (its last dependency done)",
+    (WAITING, DELAYED): "release (its DELAY not over)",
+    (WAITING, DEAD): "orphan (a dependency dead or deleted)",
+    (WAITING, GONE): "cancel (XDEL)",
+    (DEAD, WAITING): "requeue (an orphan whose dependency is not done)",
     (AVAILABLE, GONE): "cancel (XDEL)",
     (DELAYED, GONE): "cancel (XDEL)",
     (DONE, GONE): "purge (retention, TTL); trim; XACKDEL",

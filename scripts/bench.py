@@ -38,6 +38,7 @@ Workloads (all but latency, backlog and footprint also report server CPU µs per
   results             cycle-batched with a 200-byte XACK ... RESULT on every ack (50 pipelined), and
                       each producer waiting for its 50 tasks' results with XRESULT BLOCK, one per
                       task (pipelined), before its next 50 (EZRA only)
+  fan-in-1000, waiting-1m   XADD AFTER (EZRA only), see scripts/bench_dependencies.py
   raw-1x1, celery, dramatiq, taskiq, xadd-litestream   see scripts/bench_frameworks.py
 """
 import argparse
@@ -66,6 +67,7 @@ import urllib.request
 import hiredis
 import redis
 
+import bench_dependencies  # XADD AFTER's rows (scripts/bench_dependencies.py)
 import bench_frameworks  # the frameworks' and Litestream's rows (scripts/bench_frameworks.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,7 +79,8 @@ BACKLOG_DRAIN = 5000  # tasks drained at the head of the backlog (and from an em
 now = time.monotonic  # CLOCK_MONOTONIC: comparable across processes on Linux
 ALL_WORKLOADS = ["cycle-4x4", "cycle-batched", "many-clients", "push-drain", "push-drain-batched",
                  "latency", "idle-waiters", "backlog", "footprint", "rb-xadd", "rb-xadd-p16",
-                 "priority-mixed", "partitions-10k", "fairness", "results"] + list(bench_frameworks.WORKLOADS)
+                 "priority-mixed", "partitions-10k", "fairness", "results"] + list(bench_dependencies.WORKLOADS) \
+    + list(bench_frameworks.WORKLOADS)
 TOOL_WORKLOADS = {"rb-xadd": "redis-benchmark", "rb-xadd-p16": "redis-benchmark"}  # skipped without the tool
 ALIASES = {"push-only": "push-drain", "drain": "push-drain"}
 BEANSTALK_WORKLOADS = {"cycle-4x4", "push-drain", "latency"}
@@ -907,7 +910,7 @@ def wl_redis_benchmark(srv, a, q, pipeline=1):
 # --------------------------------------------------------------------------- flow control (EZRA only)
 # Issue 47: XADD PRIORITY / PARTITION and the claim order they make. Redis and the floor have neither:
 # these rows run on EZRA servers alone.
-FLOW_WORKLOADS = {"priority-mixed", "partitions-10k", "fairness", "results"}  # and results (issue 49)
+FLOW_WORKLOADS = {"priority-mixed", "partitions-10k", "fairness", "results", *bench_dependencies.WORKLOADS}
 FLOW_PARTITIONS = 10_000  # partitions-10k: the tasks spread over this many partitions, PARTITION-LIMIT 1
 FAIR_BIG, FAIR_OTHERS, FAIR_EACH = 100_000, 50, 10  # fairness: one partition's backlog, then the others'
 
@@ -1073,8 +1076,7 @@ WORKLOADS = {"cycle-4x4": wl_cycle, "cycle-batched": wl_cycle_batched, "many-cli
              "idle-waiters": wl_idle_waiters, "backlog": wl_backlog, "footprint": wl_footprint,
              "rb-xadd": wl_redis_benchmark, "rb-xadd-p16": lambda srv, a, q: wl_redis_benchmark(srv, a, q, 16),
              "priority-mixed": wl_priority_mixed, "partitions-10k": wl_partitions_10k, "fairness": wl_fairness,
-             "results": wl_results,
-             **bench_frameworks.WORKLOADS}
+             "results": wl_results, **bench_dependencies.WORKLOADS, **bench_frameworks.WORKLOADS}
 
 
 # --------------------------------------------------------------------------- driver

@@ -27,15 +27,28 @@ def hand_rowids(conn, queue, count: int) -> range:
 
 
 def schema_15_text() -> str:
-    """Schema 15 as EZRA wrote it: today's, without tasks.result and tasks.progress (schema 16's) in
+    """Schema 15 as EZRA wrote it: schema 16's, without tasks.result and tasks.progress (schema 16's) in
     tasks, unreadable_tasks and the view tasks_readable."""
-    old = SCHEMA
+    old = schema_16_text()
     for new_text, old_text in [
             ("    partition_key TEXT,\n    result        BLOB,\n    progress      BLOB\n);", "    partition_key TEXT\n);"),
             ("priority, partition_key, result, progress\nFROM tasks;", "priority, partition_key\nFROM tasks;"),
             ("priority, partition_key, result, progress,  -- as tasks had them", "priority, partition_key,  -- as tasks had them")]:
         assert old.count(new_text) == 1, new_text
         old = old.replace(new_text, old_text)
+    return old
+
+
+def schema_16_text() -> str:
+    """Schema 16 as EZRA wrote it: today's, without schema 17's (XADD AFTER): 'waiting' in the state
+    CHECK, the index tasks_waiting, the table dependencies and its index."""
+    old = SCHEMA.replace(" OR state = 'dead' OR state = 'waiting'),", " OR state = 'dead'),")
+    assert "'waiting')," not in old
+    start = old.index("-- XADD AFTER's waiting tasks, for start-up's counts")
+    old = old[:start] + old[old.index("-- The reaper makes delayed tasks available", start):]
+    start = old.index("-- XADD AFTER (broker/dependencies.py)")
+    old = old[:start] + old[old.index("-- Idempotent producers", start):]
+    assert "waiting" not in old.replace("waits for its first claim", "").replace("while the task waits", ""), old
     return old
 
 

@@ -106,7 +106,7 @@ MOVED = [
     (["XGROUP", "CREATE", "{q}"], "-ERR wrong number of arguments for 'xgroup|create' command"),
     (["XINFO", "TASKS", "{q}"], "-ERR wrong number of arguments for 'xinfo|tasks' command"),
     (["XINFO", "TASKS", "{q}", "sleeping"],
-     "-ERR state must be one of available, delayed, in_flight, done, dead, unfinished"),
+     "-ERR state must be one of available, delayed, in_flight, done, dead, waiting, unfinished"),
     (["XINFO", "QUEUES", "COUNT", "0"], "-ERR COUNT must be 1..1000"),
     (["XADD", "{q}", "IDMP", "p", "i", "IDMP", "p", "j", "*", "f", "v"],
      "-ERR IDMP/IDMPAUTO specified multiple times"),

@@ -150,7 +150,7 @@ def drawn_moves() -> set[tuple]:
         to = to.split("(", 1)[0].strip()
         targets[name] = targets[to[2:]] if to.startswith("= ") else states(to)
         pairs |= {(a, b) for a in states(froms) for b in targets[name]}
-    assert set(a for pair in pairs for a in pair) <= {*lifecycle.STATES, lifecycle.GONE}, pairs
+    assert set(a for pair in pairs for a in pair) <= {*lifecycle.COUNTED, lifecycle.GONE}, pairs
     return pairs
 
 

@@ -168,6 +168,28 @@ def test_xresult_block_is_woken_when_the_task_dies(shared_server, protocol, queu
     assert waiting.reply["state"] == b"dead" and waiting.reply["failure-reason"] == b"bad input"
 
 
+def test_xresult_shows_a_waiting_task_and_block_is_woken_when_its_dependency_dies(shared_server, protocol, queue):
+    """A task pushed AFTER another is `waiting`; it dies with its dependency (not through a failure of
+    its own), and an XRESULT BLOCK on it is woken by that commit, with the reason."""
+    r = shared_server.client(protocol)
+    first = r.xadd(queue + "-a", {"n": "1"})
+    task_id = r.execute_command("XADD", queue, "AFTER", 1, queue + "-a", first, "*", "n", "2")
+    assert outcome(r, queue, task_id) == {"state": b"waiting", "result": None, "progress": None, "attempts": 0,
+                                          "failure-reason": None}
+    r.xgroup_create(queue + "-a", "g", "0")
+    reply = r.xreadgroup("g", "w", {queue + "-a": ">"}, count=1)
+    entries = list(reply.values())[0][0] if isinstance(reply, dict) else reply[0][1]
+    assert [entry[0] for entry in entries] == [first]
+    before = blocked(r)
+    waiting = BlockedResult(shared_server, protocol, queue, task_id, 0)
+    wait_until(lambda: blocked(r) >= before + 1, message="XRESULT BLOCK to wait")
+    assert not waiting.done.is_set()  # the control: it waits while its dependency runs
+    r.execute_command("XNACK", queue + "-a", "g", "FATAL", "IDS", 1, first)
+    assert waiting.done.wait(30), "XRESULT BLOCK was not woken when the task died with its dependency"
+    assert waiting.reply["state"] == b"dead"
+    assert waiting.reply["failure-reason"] == f"dependency {queue}-a {first.decode()} is dead".encode()
+
+
 def test_xresult_block_answers_at_once_for_a_task_that_has_ended(r, queue):
     task_id = r.xadd(queue, {"n": "1"})
     claim(r, queue)

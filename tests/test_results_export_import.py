@@ -87,7 +87,7 @@ def test_xadd_result_and_progress_are_checked(ezra_factory):
     r = ezra_factory("--max-task-size", "100").client()
     with pytest.raises(redis.ResponseError, match="RESULT too large: 101 bytes"):
         r.execute_command("XADD", "q", "RESULT", b"x" * 101, "*", "n", "1")
-    with pytest.raises(redis.ResponseError, match="DELAY, UNIQUE and a ::dead queue do not apply"):
+    with pytest.raises(redis.ResponseError, match="DELAY, UNIQUE, AFTER and a ::dead queue do not apply"):
         r.execute_command("XADD", "q::dead", "RESULT", b"x", "*", "n", "1")
     with pytest.raises(redis.ResponseError, match="progress too large"):
         r.execute_command("XADD", "q", "PROGRESS", b"x" * 8193, "*", "n", "1")

@@ -29,13 +29,14 @@ from ..lifecycle import AVAILABLE, DEAD, DONE, GONE, IN_FLIGHT
 from ..settings.queue_settings import backoff_text, number, optional_seconds
 from ..storage import StorageError, backup_database, reads
 from ..storage.reads import task_by_id
+from ..storage.dependencies import task_dependencies
 from ..protocol.task_fields import UNREADABLE
 from ..protocol.stream_ids import TOP
 from .flow import FLOW_COLUMNS
 from ..writer.transactions import transaction
 from .in_flight import APART_LEASES, ROWID, pel_of
 
-LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a queue
+LIVE_STATES = (AVAILABLE, lifecycle.DELAYED, IN_FLIGHT, DONE, lifecycle.WAITING)  # what XRANGE shows of a queue
 STREAM_NODE_ENTRIES = 100  # Redis's stream-node-max-entries: XINFO's radix-tree figures estimate it
 ALL_QUEUES = "all"  # figures(ALL_QUEUES): every queue's figures
 
@@ -134,6 +135,10 @@ class Admin:
         Read apart, on a native thread: a page load never waits in the writer's queue nor holds it."""
         return self.read_apart(task_by_id, queue, task_id)
 
+    def task_dependencies(self, queue: bytes, task_id: tuple) -> tuple[list, list]:
+        """XADD AFTER's edges of one task, both ways (the dashboard's task page), read apart as `task`."""
+        return self.read_apart(task_dependencies, queue, task_id)
+
     def figures(self, queues=(), head_since: bool = True, busiest: int | None = None) -> Figures:
         """The broker's figures in one snapshot, taken on the event loop in one go (INFO, /metrics,
         the dashboard). Per-queue figures cost per queue, so the caller says which it needs:
@@ -205,13 +210,18 @@ class Admin:
         now = self.clock()
         self._release_held_keys(name, ids)
         rows = self.db.requeue(name, ids, now)
+        waiting = ()
+        if self.transitions.dependencies.any:  # a task that waited (XADD AFTER) waits again, or stays dead
+            rows, waiting = self.transitions.dependencies.requeued(rows, now)
+            if waiting:
+                queue.move(DEAD, lifecycle.WAITING, len(waiting))
         moved = len(rows)
         queue.move(DEAD, AVAILABLE, moved)
         for rowid, priority, partition in rows:
             self.transitions.became_available(queue, rowid, (priority, partition))
-        queue.tally("requeued", moved)
+        queue.tally("requeued", moved + len(waiting))
         self.transitions.serve_waiters(queue, now)
-        return moved
+        return moved + len(waiting)
 
     def _release_held_keys(self, name: bytes, ids: list[tuple] | None) -> None:
         """XADD UNIQUE: a dead task whose key is held meanwhile (by a task pushed with it since, or by
@@ -231,7 +241,7 @@ class Admin:
         if name not in self.queues:
             raise errors.NO_SUCH_KEY
         if state == "unfinished":  # ezra export's one pass in id order: rows carry their state
-            return self.db.tasks_by_id(name, lifecycle.WAITING, count, after)
+            return self.db.tasks_by_id(name, lifecycle.UNFINISHED, count, after)
         queue = self.queues[name]
         if state == IN_FLIGHT:  # the leases say which, in id order
             held = queue.leases.first(count, [pair for pair in queue.leases.items() if pair[0] > after])
@@ -239,6 +249,16 @@ class Admin:
         # Done tasks are in no index: their listing also walks down from the oldest available task.
         head = self.transitions.order(queue).head() if state == DONE else None
         return self.db.tasks_in_state(name, state, count, after, head)
+
+    @transaction(durable=False)
+    def tasks_and_waits(self, name: bytes, state: str, count: int, after: tuple = (0, 0)) -> tuple[list, dict]:
+        """XINFO TASKS waiting or unfinished: `tasks`'s rows, and {task id: [(queue, id)]}: what each waiting
+        one among them waits for (XADD AFTER; ezra export carries it)."""
+        rows = Admin.tasks.body(self, name, state, count, after)
+        if state == lifecycle.WAITING or state == "unfinished" and any(row[-1] == lifecycle.WAITING for row in rows):
+            return rows, self.transitions.dependencies.waits_of(name, [row[:2] for row in rows
+                                                                    if state != "unfinished" or row[-1] == lifecycle.WAITING])
+        return rows, {}
 
     @transaction(durable=False)
     def leases_copy(self, name: bytes) -> tuple[dict, int]:
@@ -286,14 +306,15 @@ class Admin:
         # 10,000 queues rank and sum in a few milliseconds.
         def rank(queue):
             counts = queue.counts
-            return -(counts[AVAILABLE] + counts[lifecycle.DELAYED] + counts[IN_FLIGHT] + counts[DEAD]), queue.name
+            return -(counts[AVAILABLE] + counts[lifecycle.DELAYED] + counts[IN_FLIGHT] + counts[DEAD]
+                     + counts[lifecycle.WAITING]), queue.name
         shown = [queue.name for queue in heapq.nsmallest(
             count, (queue for name, queue in self.queues.items() if name), key=rank)]
         shown_set = set(shown)
         rest = [queue for name, queue in self.queues.items() if name not in shown_set]
         counts, totals = [queue.counts for queue in rest], [queue.totals for queue in rest]
         return shown, None if not rest else {
-            "counts": {state: sum(map(itemgetter(state), counts)) for state in lifecycle.STATES},
+            "counts": {state: sum(map(itemgetter(state), counts)) for state in lifecycle.COUNTED},
             "totals": {tally: sum(map(itemgetter(tally), totals)) for tally in totals[0]},
             "paused": sum(1 for queue in rest if queue.is_paused())}
 
@@ -315,6 +336,8 @@ class Admin:
                 if queue.lanes_on:  # its partition has room again (lanes.py)
                     self.transitions.lease_ended(queue, rowid)
                 queue.tally("acked")
+                if self.transitions.dependencies.any:  # acked: tasks waiting for it may go (XADD AFTER)
+                    self.transitions.dependencies.finished([rowid], self.clock())
             deleted.append(task_id)
             replies.append(True)
         self.transitions.note_deleted(queue, deleted)
@@ -347,7 +370,7 @@ class Admin:
         last = self.db.range(queue.name, LIVE_STATES, (0, 0), TOP, 1, True)
         nodes = math.ceil(sum(counts[state] for state in LIVE_STATES) / STREAM_NODE_ENTRIES)
         return {
-            "length": sum(counts[state] for state in lifecycle.WAITING), "stream_nodes": nodes,
+            "length": sum(counts[state] for state in lifecycle.UNFINISHED), "stream_nodes": nodes,
             "last_id": queue.last_id, "max_deleted": queue.max_deleted,
             "entries_added": sum(counts.values()) + queue.deleted,
             "first": first[0] if first else None, "last": last[0] if last else None,
@@ -357,7 +380,7 @@ class Admin:
         """The one implicit group, and the workers holding its tasks (XINFO GROUPS / CONSUMERS)."""
         if queue.last_delivered is None:  # not known since start: ask the file once
             queue.last_delivered_read(self.db.last_delivered(queue.name) or (0, 0))
-        waiting = queue.counts[AVAILABLE] + queue.counts[lifecycle.DELAYED]
+        waiting = queue.counts[AVAILABLE] + queue.counts[lifecycle.DELAYED] + queue.counts[lifecycle.WAITING]
         return {
             "group": queue.group or b"default",
             "pending": queue.counts[IN_FLIGHT],

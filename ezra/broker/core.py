@@ -226,6 +226,7 @@ class Broker:
             if queue is not None:
                 queue.counted(state, count)
         self.queues.replace(queues)
+        self.transitions.dependencies.reload()
 
     def _reload_after_rollback(self) -> None:
         """The batch was rolled back: the file is as before it; the batch journal takes back what it

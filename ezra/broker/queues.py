@@ -66,7 +66,7 @@ class QueueState:
         self.all_totals = table.totals      # the events in all queues (Queues.totals)
         self.observers = table.observers    # XREAD's and XRESULT's blocked readers: a view grew, a task ended
         self.last_id = last_id
-        self.counts = dict.fromkeys(lifecycle.STATES, 0)
+        self.counts = dict.fromkeys(lifecycle.COUNTED, 0)  # the five states, and waiting (XADD AFTER)
         self.order = None           # its available tasks' AvailableOrder; None: not built yet
         self.leases = QueueLeases() if leases is None else leases  # its tasks in flight (in_flight.py)
         self.group = None           # the name XGROUP CREATE gave
@@ -139,7 +139,7 @@ class QueueState:
             self.observers.grew(self.name, VIEW_GROWS[event])
 
     def pushed(self, last_id: tuple, state: str = AVAILABLE, n: int = 1) -> None:
-        """n tasks pushed into `state` (available, delayed, or dead: an import), the last of them
+        """n tasks pushed into `state` (available, delayed, waiting, or dead: an import), the last of them
         `last_id`."""
         self.last_id = last_id
         self.move(GONE, state, n)

@@ -30,7 +30,7 @@ from loguru import logger
 
 from .. import lifecycle
 from ..settings import trimming
-from ..lifecycle import AVAILABLE, DELAYED, DONE, GONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, WAITING
 from ..storage import name_bytes
 from ..protocol.stream_ids import TOP
 from ..settings.trimming import MAXLEN, MINID
@@ -206,7 +206,7 @@ class Reaper:
         """XADD/XTRIM MAXLEN|MINID ~: done tasks go, lowest ids first, at most `trim.limit`;
         never an available, delayed, in-flight or dead one. How many went."""
         if trim.strategy == MAXLEN:  # the entries XRANGE shows: dead tasks are in q::dead
-            entries = sum(queue.counts[state] for state in (AVAILABLE, DELAYED, IN_FLIGHT, DONE))
+            entries = sum(queue.counts[state] for state in (AVAILABLE, DELAYED, IN_FLIGHT, DONE, WAITING))
             excess = entries - trim.threshold
             if excess <= trimming.slack(trim.threshold):
                 return 0  # approximate: a queue a little over n waits, then many go in one statement
@@ -231,8 +231,10 @@ class Reaper:
         """Finished tasks pushed with TTL go when it runs out (done or dead)."""
         rows = self.db.retention.purge_expired_ttl(now, PURGE_BATCH)
         by_queue: dict[bytes, list] = {}
-        for name, state, ms, seq in rows:
+        for name, state, ms, seq, _ in rows:
             by_queue.setdefault(name_bytes(name), []).append((state, (ms, seq)))
+        if rows and self.transitions.dependencies.any:  # a dead task that waited (XADD AFTER): its edges go
+            self.transitions.dependencies.purged([row[4] for row in rows if row[1] == DEAD])
         for name, items in by_queue.items():
             queue = self.queues.get(name)
             if queue is not None:

@@ -12,7 +12,7 @@ from itertools import repeat
 from .. import errors, lifecycle
 from ..writer.transactions import transaction
 from ..protocol import stream_ids
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, due_after
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT, WAITING, due_after
 from .in_flight import ROWID, failure_rows, pending_of
 from .queues import QueueState
 
@@ -29,7 +29,8 @@ class Push:
     while an unfinished task of the queue holds that key, its id is the answer and nothing is stored.
     `priority` (PRIORITY, 0-9; None: lifecycle.DEFAULT_PRIORITY) and `partition` (PARTITION) are
     kept on the task, dead ones too. `progress` (PROGRESS) and `result` (RESULT: the task is pushed
-    done, with it) bring a task's progress and result in from elsewhere (ezra import)."""
+    done, with it) bring a task's progress and result in from elsewhere (ezra import). `after` (AFTER):
+    [(queue, id text, id)] of the tasks it waits for (broker/dependencies.py)."""
 
     fields: bytes
     requested_id: tuple | None = None
@@ -46,6 +47,7 @@ class Push:
     partition: bytes | None = None
     progress: bytes | None = None
     result: bytes | None = None
+    after: list | None = None
 
 
 class Tasks:
@@ -60,6 +62,7 @@ class Tasks:
         self.reaper = reaper
         self.writer = writer
         self.clock = clock
+        self.dependencies = transitions.dependencies  # XADD AFTER (dependencies.py)
         # What a push reads on every call, held directly (the dict the waiters own): an
         # attribute hop less per push (scripts/core_paths.py).
         self.blocked = waiters.blocked
@@ -175,6 +178,9 @@ class Tasks:
     def _push_with_options(self, name: bytes, push: Push):
         """One XADD with options (Push): its id, or None (NOMKSTREAM and no queue)."""
         now = self.clock()
+        waits = dead_dependency = None
+        if push.after is not None:  # before anything is written: an unknown task refuses the push
+            waits, dead_dependency = self.dependencies.plan(push.after)
         queue = self.queues.get(name) or self.transitions.queue(name, now, create=not push.nomkstream)
         if queue is None:
             return None
@@ -194,12 +200,19 @@ class Tasks:
         if (push.priority is not None or push.partition is not None) and not queue.lanes_on:
             self.transitions.turn_to_lanes(queue)  # for good: its claims take priorities and partitions
         state, available_at = (DELAYED, due_after(now, push.delay_ms)) if push.delay_ms > 0 else (AVAILABLE, now)
+        failure = push.failure
         if dead:
             state = DEAD
         elif push.result is not None:
             state = DONE
+        elif dead_dependency is not None:  # a task it names is dead: so is it (XREQUEUE may bring it back)
+            state, failure = DEAD, self.dependencies.lost_record(*dead_dependency, now)
+        elif waits:
+            state = WAITING  # available_at kept: a DELAY still runs once it is released
         rowid = self.db.insert_task(name, task_id, push.fields, now, available_at, state, push.ttl_ms, push.attempts,
-                                    push.failure, unique, push.priority, push.partition)
+                                    failure, unique, push.priority, push.partition)
+        if waits:
+            self.dependencies.added(rowid, waits)
         if push.result is not None or push.progress is not None:  # ezra import's
             retained = self.transitions.retained_mark(queue, queue.retention()) if state == DONE else None
             self.db.results.carry(rowid, push.result, push.progress, now if state == DONE else None, retained)
@@ -299,6 +312,8 @@ class Tasks:
         if self.db.ack(rowids, self.clock(), self.transitions.retained_mark(queue, retention)) != len(rowids):
             raise errors.guard_failed("ack", rowids, IN_FLIGHT)  # the leases said in flight
         queue.finished(held)
+        if self.dependencies.any:  # tasks may wait for these (XADD AFTER): released in this transaction
+            self.dependencies.finished(rowids, self.clock())
 
     def _delete_acked(self, queue: QueueState, held: list[tuple]) -> list[tuple]:
         """Retention 0: the acked tasks' rows go at once; those with a TTL of their own are kept
@@ -309,6 +324,8 @@ class Tasks:
         if deleted:
             queue.move(IN_FLIGHT, GONE, len(deleted))
             self.transitions.note_deleted(queue, [task_id for task_id, _ in deleted])
+            if self.dependencies.any:  # acked: done, though its record is gone
+                self.dependencies.finished([lease[ROWID] for _, lease in deleted], self.clock())
         return kept
 
     @transaction()
@@ -345,17 +362,20 @@ class Tasks:
         queue = self.queues.get(name)
         if queue is None:
             return 0
-        deleted, available = [], []
+        deleted, available, gone = [], [], []
         for task_id in dict.fromkeys(ids):
-            row = self.db.delete_by_id(name, task_id, (AVAILABLE, DELAYED))
+            row = self.db.delete_by_id(name, task_id, (AVAILABLE, DELAYED, WAITING))
             if row is not None:
                 queue.move(row[0], GONE)
                 deleted.append(task_id)
+                gone.append((row[1], name, task_id))
                 if row[0] == AVAILABLE:
                     available.append(row[1:])
         if available and queue.order is not None:
             self.transitions.forget(queue, available)
         self.transitions.note_deleted(queue, deleted)
+        if gone and self.dependencies.any:  # tasks waiting for these die; what these waited for is forgotten
+            self.dependencies.lost(gone, self.clock(), deleted=True)
         return len(deleted)
 
     @transaction()
@@ -364,9 +384,15 @@ class Tasks:
         queue = self.queues.get(name)
         if queue is None:
             return 0
+        rows = [(self.db.dependencies.row_of(name, task_id), name, task_id) for task_id in ids] \
+            if self.dependencies.any else ()
         deleted = self.db.delete_dead(name, ids)
         queue.move(DEAD, GONE, len(deleted))
         self.transitions.note_deleted(queue, deleted)
+        if rows:  # a dead task's edges go with it (its dependents died with it already)
+            went = set(deleted)
+            self.dependencies.lost([row for row in rows if row[2] in went and row[0] is not None], self.clock(),
+                                   deleted=True)
         return len(deleted)
 
     @transaction(durable=False)
@@ -377,14 +403,14 @@ class Tasks:
             return 0
         if dead:
             return queue.counts[DEAD]
-        return sum(queue.counts[state] for state in lifecycle.WAITING)
+        return sum(queue.counts[state] for state in lifecycle.UNFINISHED)
 
     @transaction(durable=False)
     def range(self, name: bytes, dead: bool, start, end, count, reverse: bool):
         """XRANGE / XREVRANGE: task rows (id_ms, id_seq, fields JSON, ...); None for COUNT 0 on a queue."""
         if count <= 0:  # XRANGE ... COUNT 0: None if the queue exists (Redis answers a null array)
             return None if name in self.queues else []
-        states = (DEAD,) if dead else (AVAILABLE, DELAYED, IN_FLIGHT, DONE)
+        states = (DEAD,) if dead else (AVAILABLE, DELAYED, IN_FLIGHT, DONE, WAITING)
         return self.db.range(name, states, start, end, count, reverse)
 
     @transaction(durable=False)

@@ -19,6 +19,7 @@ from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, GONE, IN_FLIGHT
 from ..storage import name_bytes
 from .available import AvailableOrder
 from .in_flight import ROWID
+from .dependencies import Dependencies
 from .lanes import Lanes
 from .queues import MAX_QUEUE_NAME, NO_MARK, QueueState
 
@@ -41,6 +42,7 @@ class Transitions:
         self.waiters = waiters
         self.schedule = schedule
         self.workers = workers
+        self.dependencies = Dependencies(db, queues, self, schedule)  # XADD AFTER's waiting tasks
 
     def queue(self, name: bytes, now: int, create: bool = True) -> QueueState | None:
         """The queue's state, made (in the batch) when `create`."""
@@ -161,6 +163,8 @@ class Transitions:
                 self.in_flight.claimed(queue, rows, worker, deadline, now)
                 self.schedule.lease_until(deadline)
                 self.workers.leased(worker, queue)
+            elif self.dependencies.any:  # NOACK: done, so tasks waiting for them may go
+                self.dependencies.finished([row[4] for row in rows], now)
             queue.delivered(rows, state)
             if flow is not None:
                 self.handed_out(queue, len(rows), now)
@@ -233,6 +237,7 @@ class Transitions:
         (None: no reason given; a SILENT nack then keeps the record the task has)."""
         max_attempts, backoff = queue.attempts_allowed(), queue.backoff_policy()
         keep_record = mode == lifecycle.SILENT and reason is None
+        died = []
         for rowid, attempts, state, worker, task_id in rows:
             if retry_count is not None:
                 attempts = retry_count
@@ -258,6 +263,9 @@ class Transitions:
             elif new_state == DEAD:
                 queue.tally("dead")
                 queue.settled((task_id,))
+                died.append((rowid, queue.name, task_id))
+        if died and self.dependencies.any:  # the tasks waiting for them die too
+            self.dependencies.lost(died, now)
         if queue.name in self.waiters.blocked:  # a blocked worker gets what went back
             self.serve_waiters(queue, now)
 

@@ -8,11 +8,11 @@ and the front's (commands/table.py).
 
 from __future__ import annotations
 
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, WAITING
 from ..protocol.stream_ids import LAST_ONE, MAX_ID_PART, SINCE_NOW, previous_id
 from ..writer.transactions import transaction
 
-LIVE_VIEW = (AVAILABLE, DELAYED, IN_FLIGHT, DONE)  # what XRANGE shows of a live queue
+LIVE_VIEW = (AVAILABLE, DELAYED, IN_FLIGHT, DONE, WAITING)  # what XRANGE shows of a live queue
 DEAD_VIEW = (DEAD,)
 NEWEST = (MAX_ID_PART, MAX_ID_PART)
 

@@ -352,6 +352,8 @@ def info_queues(state: ServerState, figures):
             fields.append((held, 1))
         if queue["partitions"] is not None:  # only on a queue whose tasks have partitions or priorities
             fields.append(("partitions", queue["partitions"]))
+        if queue["counts"][lifecycle.WAITING]:  # only while tasks wait for others (XADD AFTER)
+            fields.append(("waiting", queue["counts"][lifecycle.WAITING]))
         lines.append((f"queue_{shown}", ",".join(f"{key}={value}" for key, value in fields)))
     return lines
 
@@ -359,7 +361,8 @@ def info_queues(state: ServerState, figures):
 # The counts by state (the first four fields first, as they always were), then totals of
 # events since start ('ezra stats --watch' turns those into rates), then paused=1|0 (XCFGSET PAUSED),
 # then, only while one holds the queue back, at_cap=1 (MAX-IN-FLIGHT) or rate_limited=1 (RATE-LIMIT),
-# then, on a queue whose tasks have partitions or priorities, partitions=n (those with work).
+# then, on a queue whose tasks have partitions or priorities, partitions=n (those with work),
+# then, while some of its tasks wait for others (XADD AFTER), waiting=n.
 # Integers all: `ezra stats` of any version reads every figure as one.
 INFO_STATES = (lifecycle.AVAILABLE, lifecycle.IN_FLIGHT, lifecycle.DONE, lifecycle.DEAD, lifecycle.DELAYED)
 INFO_TOTALS = ("pushed", "delivered", "acked", "failed", "expired")

@@ -191,7 +191,7 @@ def xinfo(session, args):
 
 TASKS_DEFAULT_COUNT = 100
 UNFINISHED = "unfinished"  # XINFO TASKS' word for available, delayed and in-flight tasks together
-TASK_STATES = ({state.encode(): state for state in lifecycle.STATES} | {b"in-flight": IN_FLIGHT}
+TASK_STATES = ({state.encode(): state for state in lifecycle.COUNTED} | {b"in-flight": IN_FLIGHT}
                | {UNFINISHED.encode(): UNFINISHED})
 
 
@@ -208,7 +208,8 @@ TASKS_OPTIONS = Options(COUNT=Value(tasks_count, TASKS_DEFAULT_COUNT), AFTER=Val
 def xinfo_tasks(session, args):
     """XINFO TASKS queue state [COUNT n] [AFTER id]: one map per task, in the state's order
     (available, in_flight, dead: by id, AFTER pages; delayed: next due first; done: newest first;
-    unfinished: available, delayed and in-flight ones by id, each with its own state)."""
+    waiting (XADD AFTER): by id; unfinished: available, delayed, in-flight and waiting ones by id, each
+    with its own state)."""
     if len(args) < 4:
         raise errors.wrong_subcommand_arity("xinfo", b"TASKS")
     queue = live_queue(args[2])
@@ -216,8 +217,20 @@ def xinfo_tasks(session, args):
     if state is None:
         raise errors.TASK_STATE_UNKNOWN
     (count, after), _ = parse_options(args, 4, TASKS_OPTIONS)
+    if state == lifecycle.WAITING or state == UNFINISHED:  # with what the waiting ones wait for (XADD AFTER)
+        return Deferred(broker_of(session).admin.tasks_and_waits(queue, state, count, after),
+                        lambda found: [with_waits(task_reply(row, state), row, found[1]) for row in found[0]])
     return Deferred(broker_of(session).admin.tasks(queue, state, count, after),
                     lambda rows: [task_reply(row, state) for row in rows])
+
+
+def with_waits(reply: dict, row, waits: dict) -> dict:
+    """A waiting task's XINFO TASKS map, with `waits-for`: [[queue, id], ...], the tasks it waits for
+    that are not done yet (XADD AFTER); other tasks' maps as they are."""
+    waited = waits.get(row[:2])
+    if waited is not None:
+        reply["waits-for"] = [[queue, stream_ids.format_id(task_id)] for queue, task_id in waited]
+    return reply
 
 
 QUEUES_DEFAULT_COUNT = 100
@@ -328,6 +341,8 @@ def ezra_fields(info) -> dict:
         "iids-duplicates": info.iids_duplicates,
         "available": counts[lifecycle.AVAILABLE], "delayed": counts[DELAYED],
         "in-flight": counts[IN_FLIGHT], "done": counts[DONE], "dead": counts[DEAD],
+        # XADD AFTER's waiting tasks, only while there are some: a reply as before otherwise
+        **({"waiting": counts[lifecycle.WAITING]} if counts[lifecycle.WAITING] else {}),
         **info.settings,
     }
 

@@ -104,6 +104,26 @@ take_partition = key_option(errors.PARTITION_TWICE, errors.PARTITION_KEY_EMPTY, 
                             lifecycle.MAX_PARTITION_KEY)
 
 
+# AFTER n: at most this many tasks named. Each costs the push a look-up and an edge written in the
+# writer's one transaction, on the event loop (10,000: tens of ms), and its arguments are read
+# whole first; a fan-in wider than this is better a chain of fan-ins.
+MAX_AFTER = 10_000
+
+
+def take_after(args: list[bytes], i: int, after):
+    """AFTER n queue1 id1 ... queueN idN -> [(queue, id), ...]: the tasks it waits for (broker/dependencies.py).
+    The ids are read as XACK's are; whether the tasks exist is the broker's to say."""
+    if after is not None:
+        raise errors.AFTER_TWICE
+    n = to_int(args[i + 1], lambda: errors.after_count_out_of_range(MAX_AFTER))
+    if not 1 <= n <= MAX_AFTER:
+        raise errors.after_count_out_of_range(MAX_AFTER)
+    end = i + 2 + 2 * n
+    if end >= len(args):  # the pairs, then at least the task's id
+        raise errors.after_pairs_missing(n)
+    return [(args[j], args[j + 1], stream_ids.parse_id(args[j + 1])) for j in range(i + 2, end, 2)], end
+
+
 def push_failure(arg: bytes) -> dict:
     """FAILURE: the task's last failure where it came from (ezra import), bounded as a REASON is."""
     import json  # here: only imports send it
@@ -144,7 +164,8 @@ PUSH_OPTIONS = Options(
     UNIQUE=Custom(take_unique, need=2), FAILURE=Value(push_failure, need=2),
     PRIORITY=Custom(take_priority, need=2), PARTITION=Custom(take_partition, need=2),
     # ezra import's: a task's progress, and a done task with its result (XACK ... RESULT's, elsewhere)
-    PROGRESS=Value(push_progress, need=2), RESULT=Value(bytes, need=2), unknown=STOP)
+    PROGRESS=Value(push_progress, need=2), RESULT=Value(bytes, need=2),
+    AFTER=Custom(take_after, need=4), unknown=STOP)
 
 
 # ---------------------------------------------------------------- XADD
@@ -153,7 +174,7 @@ PUSH_OPTIONS = Options(
 def xadd(session, args):
     """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
     [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] [PRIORITY p] [PARTITION key] [PROGRESS value]
-    [RESULT value] <* | id> field value ...
+    [RESULT value] [AFTER n queue id ...] <* | id> field value ...
     (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, pushes, _ = read_pushes(session, (args,), 0)
     return Deferred(session.state.broker.tasks.push(queue, pushes), ONLY)  # its id is the reply
@@ -238,7 +259,7 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
     # '*' where the options begin: none, and a new id, without the parser's loop
     options, i = (PUSH_OPTIONS.defaults, 2) if args[2] == b"*" else parse_options(args, 2, PUSH_OPTIONS)
     (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure, priority, partition, progress,
-     result) = options
+     result, after) = options
     requested_id = stream_ids.push_id(args[i]) if i < len(args) else None  # as Redis: a bad id first
     if trimming is not None:
         trimming.check()
@@ -249,8 +270,12 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
         raise errors.DELAY_ON_DEAD_TASK
     if dead and unique is not None:
         raise errors.UNIQUE_ON_DEAD_TASK
-    if result is not None and (dead or delay_ms or unique is not None):
+    if result is not None and (dead or delay_ms or unique is not None or after is not None):
         raise errors.RESULT_PUSH_CONFLICT
+    if after is not None and dead:
+        raise errors.AFTER_ON_DEAD_TASK
+    if after is not None and unique is not None:
+        raise errors.AFTER_WITH_UNIQUE
     # Exact trimming is refused here, before anything is stored.
     trim = None if trimming is None else trimming.trim()
     if dead and trim is not None:
@@ -264,7 +289,7 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
     if idmp is not None:
         idmp = idempotency(idmp, requested_id, fields)
     return Push(stored(fields), requested_id, nomkstream, delay_ms, ttl_ms, idmp, attempts, dead, trim, unique, failure,
-                priority, partition, progress, result)
+                priority, partition, progress, result, after)
 
 
 def idempotency(idmp: tuple, requested_id: tuple | None, fields: list[bytes]) -> tuple:

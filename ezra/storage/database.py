@@ -32,6 +32,7 @@ from .unique_keys import UniqueKeys
 from .wal_file import WalFile
 from .placements import Placements
 from .results import Results
+from .dependencies import Dependencies
 from .schema import ROOM_SQL, SETTING_COLUMNS, claim_room, encode_failure, name_bytes, name_value, row_list
 
 # A checkpoint never waits for a reader: a snapshot held elsewhere (ezra export, a BACKUP,
@@ -97,6 +98,7 @@ class Database:
         self.producers = IdempotentProducers(conn)  # XADD IDMP (storage/producers.py)
         self.placements = Placements(conn, self.span)  # priorities and partitions (storage/placements.py)
         self.results = Results(conn, self.span)  # XRESULT, XPROGRESS (storage/results.py)
+        self.dependencies = Dependencies(conn, self.span)  # XADD AFTER (storage/dependencies.py)
         # Each queue's done and available tasks, {queue: (done, available)} (in no index): as the last clean
         # stop left them (opening.py, storage/done_counts.py), and as this server leaves them at `close`.
         self.counts_at_close: dict[bytes, tuple[int, int]] | None = None
@@ -213,7 +215,7 @@ class Database:
                      available: dict[bytes, int] | None = None) -> list[tuple]:
         """(queue, state, count) for every queue; start-up and a rollback build the counters from it.
 
-        Delayed and dead tasks have a partial index each, already in queue order: counted there,
+        Delayed, dead and waiting tasks have a partial index each, already in queue order: counted there,
         with no sort of the whole table. Tasks in flight are the broker's to count (`in_flight`:
         {queue name: count}, broker/in_flight.py). Available and done tasks have no index
         (schemas 8 and 10: each would cost every push, claim or ack a B-tree write), nor has a
@@ -226,7 +228,7 @@ class Database:
         """
         rows = self.conn.execute(" UNION ALL ".join(
             f"SELECT queue, '{state}', count(*) FROM tasks INDEXED BY tasks_{state} "
-            f"WHERE state = '{state}' GROUP BY queue" for state in (lifecycle.DELAYED, lifecycle.DEAD))).fetchall()
+            f"WHERE state = '{state}' GROUP BY queue" for state in (lifecycle.DELAYED, lifecycle.DEAD, lifecycle.WAITING))).fetchall()
         rows += [(name_value(name), lifecycle.IN_FLIGHT, n) for name, n in (in_flight or {}).items() if n]
         if done is not None and available is not None:
             return rows + [(name_value(name), state, n) for state, counts in
@@ -435,11 +437,12 @@ class Database:
         return rows
 
     def delete_by_id(self, queue: bytes, task_id: tuple, states: tuple) -> tuple | None:
-        """Delete one task if it is in one of two `states` (XACKDEL: in flight or done; XDEL: available
-        or delayed, nobody holds it): (its former state, its row id, priority, partition_key), or None."""
+        """Delete one task if it is in one of `states` (XACKDEL: in flight or done; XDEL: available,
+        delayed or waiting, nobody holds it): (its former state, its row id, priority, partition_key), or None."""
         rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
         return None if rowid is None else self.conn.execute(
-            "DELETE FROM tasks WHERE rowid = ? AND state IN (?, ?) RETURNING state, rowid, priority, partition_key",
+            f"DELETE FROM tasks WHERE rowid = ? AND state IN ({','.join('?' * len(states))}) "
+            "RETURNING state, rowid, priority, partition_key",
             (rowid, *states)).fetchone()
 
     def unfinished_attempts(self, queue: bytes, ids: list[tuple], states: tuple) -> list[tuple]:

@@ -278,6 +278,8 @@ def _migrate(conn, version: int, path: str) -> None:
             _add_queue_columns(conn, QUEUE_COLUMNS_FLOW)
         if version < 16:  # results and progress: two columns of tasks
             _migrate_to_v16_task_result_and_progress(conn)
+        if version < 17:  # XADD AFTER: the waiting state, the dependencies table
+            _migrate_to_v17_waiting_tasks(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -380,6 +382,14 @@ def _unreadable_tasks_anew(conn) -> None:
     columns = ", ".join(row[1] for row in conn.execute("PRAGMA table_info(unreadable_tasks_old)"))
     conn.execute(f"INSERT INTO unreadable_tasks ({columns}) SELECT {columns} FROM unreadable_tasks_old")
     conn.execute("DROP TABLE unreadable_tasks_old")
+def _migrate_to_v17_waiting_tasks(conn) -> None:
+    """XADD AFTER: the state CHECK admits 'waiting' (the table's text rewritten, as schema 7's step:
+    no row is copied, since every row stays valid), the partial index of waiting tasks (none yet: a
+    pass over the table, no write per row) and the dependencies table."""
+    _rewrite_state_check(conn, STATE_CHECK_V15, 17)
+    conn.execute(SCHEMA_STATEMENTS["tasks_waiting"])
+    conn.execute(SCHEMA_STATEMENTS["dependencies"])
+    conn.execute(SCHEMA_STATEMENTS["dependencies_dependent"])
 
 
 def _renumber_tasks(conn) -> None:
@@ -411,6 +421,10 @@ def _renumber_tasks(conn) -> None:
     conn.execute(f"INSERT INTO tasks (rowid, {', '.join(columns)}) SELECT renumbered.new, "
                  f"{', '.join('old.' + column for column in columns)} FROM renumbered "
                  "JOIN tasks_old AS old ON old.rowid = renumbered.old ORDER BY renumbered.new")
+    if _has_table(conn, "dependencies"):  # XADD AFTER's edges name row ids: renumbered with them
+        for column in ("dependency", "dependent"):
+            conn.execute(f"UPDATE dependencies SET {column} = (SELECT new FROM renumbered WHERE old = {column}) "
+                         f"WHERE {column} IN (SELECT old FROM renumbered)")
     copied = conn.execute("SELECT count(*) FROM renumbered").fetchone()[0]
     had = conn.execute("SELECT count(*) FROM tasks_old").fetchone()[0]
     if copied != had:  # every task has its queue's row by now: never reached, and never a task lost
@@ -448,17 +462,30 @@ def _migrate_to_v2(conn) -> None:
 # same, so only the table's text in sqlite_master changes, as SQLite documents for constraint
 # changes that leave every row valid ("Making Other Kinds Of Table Schema Changes"): no copy,
 # instant with a million tasks. A file already in that form (rebuilt by _migrate_to_v2) is left.
+# Schema 17 (XADD AFTER) admits 'waiting' the same way: a wider rule, every row still valid.
 STATE_CHECK_V6 = "CHECK (state IN ('available', 'delayed', 'in_flight', 'done', 'dead'))"
+STATE_CHECK_V15 = ("CHECK (state = 'available' OR state = 'delayed' OR state = 'in_flight' OR state = 'done' "
+                   "OR state = 'dead')")
 STATE_CHECK = re.search(r"CHECK \(state = [^)]*\)", SCHEMA_STATEMENTS["tasks"]).group(0)
 
 
 def _state_check_as_comparisons(conn) -> None:
     """Schema 7's step. Where the text cannot be changed (a tasks table of another shape, an SQLite
     built to refuse writes to sqlite_master), the old CHECK stays: the same rule, slower to check."""
+    _rewrite_state_check(conn, STATE_CHECK_V6, 7)
+
+
+def _rewrite_state_check(conn, before: str, step: int) -> None:
+    """The tasks table's state CHECK `before` becomes STATE_CHECK (a rule every row meets already).
+    Schema 17's is required ('waiting' rows would be refused without it): where the text cannot be
+    changed, the migration fails, rolled back whole."""
     sql = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'tasks'").fetchone()[0]
     if STATE_CHECK in sql:
         return
-    if STATE_CHECK_V6 not in sql:
+    if before not in sql:
+        if step >= 17:
+            raise StorageError(f"schema {step}: the tasks table's state CHECK is not the expected text, so "
+                               f"it cannot admit 'waiting'; the file is left as it was: {sql}")
         logger.warning("schema 7: the tasks table's state CHECK is not the expected text; left as it is "
                        "(pushes and state changes cost ~1.7 µs more): {}", sql)
         return
@@ -466,9 +493,11 @@ def _state_check_as_comparisons(conn) -> None:
     conn.execute("PRAGMA writable_schema = ON")
     try:
         conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'tasks'",
-                     (sql.replace(STATE_CHECK_V6, STATE_CHECK),))
+                     (sql.replace(before, STATE_CHECK),))
         conn.execute(f"PRAGMA schema_version = {schema_version + 1}")  # every connection reads it again
     except sqlite3.Error as exc:  # only this statement is undone; the migration goes on
+        if step >= 17:
+            raise
         logger.warning("schema 7: cannot rewrite the tasks table's state CHECK, left as it is (pushes and "
                        "state changes cost ~1.7 µs more): {}", exc)
         return

@@ -24,7 +24,8 @@ INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, availab
 RESULT_SHOWN_BYTES = 2000  # of a task's result, on its dashboard page (task_by_id)
 # Each state's listing in an order that costs no sort of a million rows (tasks_in_state).
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.DEAD: "id_ms, id_seq",
-                 lifecycle.DELAYED: "available_at, id_ms, id_seq", lifecycle.DONE: "id_ms DESC, id_seq DESC"}
+                 lifecycle.DELAYED: "available_at, id_ms, id_seq", lifecycle.DONE: "id_ms DESC, id_seq DESC",
+                 lifecycle.WAITING: "id_ms, id_seq"}
 
 
 def tasks_in_state(conn, span: tuple, queue: bytes, state: str, count: int, after: tuple,

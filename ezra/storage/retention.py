@@ -65,11 +65,11 @@ class Retention:
             (name_value(queue),)).fetchone()[0]
 
     def purge_expired_ttl(self, now: int, limit: int) -> list[tuple]:
-        """Delete finished tasks whose TTL ran out; (queue, state, id_ms, id_seq) of each."""
+        """Delete finished tasks whose TTL ran out; (queue, state, id_ms, id_seq, rowid) of each."""
         return self.conn.execute(
             "DELETE FROM tasks WHERE rowid IN (SELECT rowid FROM tasks WHERE ttl_ms IS NOT NULL "
             "AND state IN ('done', 'dead') AND finished_at + ttl_ms <= ? LIMIT ?) "
-            "RETURNING queue, state, id_ms, id_seq", (now, limit)).fetchall()
+            "RETURNING queue, state, id_ms, id_seq, rowid", (now, limit)).fetchall()
 
     def next_ttl_expiry(self) -> int | None:
         return self.conn.execute(

@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     id_ms         INTEGER NOT NULL,  -- the Redis stream id is id_ms-id_seq
     id_seq        INTEGER NOT NULL,
     state         TEXT    NOT NULL
-                  CHECK (state = 'available' OR state = 'delayed' OR state = 'in_flight' OR state = 'done' OR state = 'dead'),
+                  CHECK (state = 'available' OR state = 'delayed' OR state = 'in_flight' OR state = 'done' OR state = 'dead' OR state = 'waiting'),
     fields        TEXT    NOT NULL,  -- BLOB: the RESP array of the names and values (*2 $1 n $1 v),
                                      -- replies send it as it is; TEXT: a JSON array [name, value, ...]
                                      -- (before schema 9, a schedule's push, by hand). tasks_readable: JSON
@@ -102,6 +102,9 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE INDEX IF NOT EXISTS tasks_retained ON tasks (queue, finished_at) WHERE retained IS NOT NULL;
 -- The dead-letter view (queue::dead) and start-up counts; tasks seldom die, so it costs little.
 CREATE INDEX IF NOT EXISTS tasks_dead ON tasks (queue, id_ms, id_seq) WHERE state = 'dead';
+-- XADD AFTER's waiting tasks, for start-up's counts (only waiting tasks are in it: a plain push,
+-- claim or ack writes nothing to it).
+CREATE INDEX IF NOT EXISTS tasks_waiting ON tasks (queue, id_ms, id_seq) WHERE state = 'waiting';
 -- The reaper makes delayed tasks available when their time comes (only delayed tasks are in it).
 CREATE INDEX IF NOT EXISTS tasks_delayed ON tasks (available_at) WHERE state = 'delayed';
 -- Finished tasks pushed with TTL, by expiry (tasks without TTL are never in it).
@@ -145,6 +148,19 @@ CREATE TABLE IF NOT EXISTS unreadable_tasks (
     reason        TEXT    NOT NULL,  -- why it was set aside
     found_at      INTEGER NOT NULL   -- ms since the epoch
 );
+
+-- XADD AFTER (broker/dependencies.py): the dependent task waits until the dependency is done. Both
+-- are tasks' row ids (unique across queues: storage/row_ranges.py). An edge goes when its dependency
+-- is done, so a waiting task with no edge left is released (in the transaction of that ack). A
+-- dependent that died with its dependency (dead or deleted) keeps its edges, so a requeue of it
+-- waits again for what is not done yet; edges go with their dependent's row (XDEL, purge).
+-- Keyed by the dependency: an ack finds its dependents in one search; the index finds what one waits for.
+CREATE TABLE IF NOT EXISTS dependencies (
+    dependency  INTEGER NOT NULL,  -- tasks.rowid of the task waited for
+    dependent   INTEGER NOT NULL,  -- tasks.rowid of the waiting task
+    PRIMARY KEY (dependency, dependent)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dependencies_dependent ON dependencies (dependent);
 
 -- Idempotent producers (XADD IDMP / IDMPAUTO): a retried push returns the first id.
 CREATE TABLE IF NOT EXISTS idempotency (

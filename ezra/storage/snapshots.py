@@ -14,6 +14,7 @@ from loguru import logger
 
 from .. import lifecycle
 from .opening import BUSY_TIMEOUT_MS, connect, fsync_directory, fsync_file
+from .dependencies import task_dependencies
 from .reads import outcomes_after, tasks_by_id
 from .row_ranges import NO_ROWS, queue_span
 from .schema import APPLICATION_ID, SCHEMA_VERSION, StorageError, name_bytes, name_value
@@ -172,6 +173,10 @@ class Snapshot:
     def outcomes_after(self, queue: bytes, count: int, after: tuple) -> list[tuple]:
         """Tasks with a result or a progress (reads.outcomes_after), for the export."""
         return outcomes_after(self.conn, queue, count, after)
+    def waits_for(self, queue: bytes, task_id: tuple) -> list[tuple]:
+        """[(queue, id)]: what a waiting task waits for (XADD AFTER; the tasks not done yet)."""
+        return [(name_bytes(name), (ms, seq)) for name, ms, seq, _ in task_dependencies(self.conn, queue, task_id)[0]
+                if name is not None]
 
     def close(self) -> None:
         self.conn.close()  # ends the read transaction: nothing was written

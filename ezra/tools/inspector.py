@@ -20,8 +20,9 @@ from ..config import Settings, port_number, positive_float, positive_int
 from .humanize import duration
 from ..lifecycle import DEFAULT_PRIORITY
 
-STATES = ("available", "delayed", "in_flight", "done", "dead")
-LISTED_BY_DEFAULT = ("in_flight", "available", "delayed", "dead")  # done tasks only when asked for
+STATES = ("available", "delayed", "in_flight", "done", "dead")  # INFO's counts, each queue's row in `ezra stats`
+# done tasks only when asked for; waiting ones (XADD AFTER) after the rest
+LISTED_BY_DEFAULT = ("in_flight", "available", "delayed", "dead", "waiting")
 FIELDS_WIDTH = 60
 KEY_WIDTH = 30  # characters of an XADD UNIQUE or PARTITION key shown by `ezra ls`
 # `ezra ls`'s columns shown only when a listed task's cell says something: what says something.
@@ -212,6 +213,8 @@ def task_age(task: dict, now_ms: int) -> str:
         return f"due in {duration(task[b'available-at'] - now_ms)}"
     if state in ("done", "dead"):
         return f"{state} {duration(now_ms - task[b'finished-at'])} ago"
+    if state == "waiting":  # XADD AFTER: for the tasks it names
+        return f"waiting for others {duration(now_ms - task[b'created-at'])}"
     return f"waiting {duration(now_ms - task[b'available-at'])}"
 
 
@@ -226,9 +229,9 @@ def last_failure(task: dict) -> str:
 def ls_main(argv: list[str]) -> int:
     parser = connection_parser("ezra ls", "The tasks of one queue of a running EZRA server (XINFO TASKS).")
     parser.add_argument("queue", help="the queue's name")
-    parser.add_argument("--state", choices=(*STATES, "all"), default=None,
-                        help="only this state (default: in flight, available, delayed and dead; "
-                             "'all' adds done)")
+    parser.add_argument("--state", choices=(*STATES, "waiting", "all"), default=None,
+                        help="only this state (default: in flight, available, delayed, dead and waiting "
+                             "(XADD AFTER); 'all' adds done)")
     parser.add_argument("--count", type=positive_int, default=20, help="tasks shown per state")
     options = parser.parse_args(argv)
     states = {None: LISTED_BY_DEFAULT, "all": (*LISTED_BY_DEFAULT, "done")}.get(options.state, (options.state,))

@@ -12,6 +12,7 @@ What maps to what (docs/guides/moving-to-redis.md, docs/usage.md):
     unique key (XADD UNIQUE)       ->   hash q::ezra-unique: id -> key (unfinished tasks: dead ones hold none)
     a last failure (XNACK REASON)  ->   hash q::ezra-failures: id -> its JSON {cause, reason, worker, at}
     priority (XADD PRIORITY)       ->   hash q::ezra-priorities: id -> 0-9 (tasks pushed without one: none)
+    waiting (XADD AFTER)           ->   an entry of q; hash q::ezra-after: id -> [[queue, id], ...] (carried_dependencies.py)
     partition (XADD PARTITION)     ->   hash q::ezra-partitions: id -> key
     settings (XCFGSET)             ->   hash q::ezra-settings, set again by import (carried_settings.py)
     progress, done tasks' results  ->   hash q::ezra-progress; stream q::ezra-done and hash q::ezra-results
@@ -49,13 +50,14 @@ import configargparse
 from ..adapters.client import Client, ClientError, ReplyError, from_url
 from .inspector import REPLY_SHAPE_ERRORS, connect, connection_parser, table, unexpected_reply
 from .progress import Progress
-from ..lifecycle import DEFAULT_PRIORITY
 from ..storage import StorageError, name_bytes
 from ..protocol.task_fields import listed
 from .carried_settings import SETTINGS_SUFFIX, keep_settings, restore_settings, settings_line, settings_shown
+from .carried_dependencies import AFTER_SUFFIX, after_of, after_options, dependencies_line, keep_after, waits_for
 from .carried_outcomes import carried_options, export_outcomes, outcomes_line, with_outcomes
-from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, format_id, next_id, pairs, parse_id,
-                          report_verified, shown, side_hash, stream_entries, stream_facts, verify)
+from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, failure_json, format_id, next_id,
+                          own_priority, pairs, parse_id, report_verified, shown, side_hash, stream_entries,
+                          stream_facts, verify)
 
 DEAD_SUFFIX = b"::dead"
 ATTEMPTS_SUFFIX = b"::ezra-attempts"
@@ -63,9 +65,7 @@ UNIQUE_SUFFIX = b"::ezra-unique"
 FAILURES_SUFFIX = b"::ezra-failures"
 PRIORITIES_SUFFIX = b"::ezra-priorities"
 PARTITIONS_SUFFIX = b"::ezra-partitions"
-FAILURE_FIELDS = ((b"failure-cause", "cause"), (b"failure-reason", "reason"), (b"failure-worker", "worker"),
-                  (b"failed-at", "at"))
-UNFINISHED = ("available", "delayed", "in_flight")
+UNFINISHED = ("available", "delayed", "in_flight", "waiting")
 RELOCATED = 1 << 62  # added to the sequence of a dead entry whose id the queue's stream has too
 
 
@@ -110,27 +110,11 @@ class PortSource:
                                     "COUNT", PAGE, "AFTER", after)
             tasks = [pairs(flat) for flat in page]
             yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"],
-                        t.get(b"unique-key"), failure_json(t), own_priority(t.get(b"priority")), t.get(b"partition"))
-                   for t in tasks]
+                        t.get(b"unique-key"), failure_json(t), own_priority(t.get(b"priority")), t.get(b"partition"),
+                        after=waits_for(t)) for t in tasks]
             if len(page) < PAGE:
                 return
             after = tasks[-1][b"id"]
-
-
-def own_priority(priority: int | None) -> int | None:
-    """XINFO TASKS shows the default priority of a task pushed without one: carried as none (None),
-    so that it keeps the default where it goes."""
-    return None if priority == DEFAULT_PRIORITY else priority
-
-
-def failure_json(task: dict) -> bytes | None:
-    """An XINFO TASKS task's failure-* fields as the JSON text tasks.failure holds (None: never failed)."""
-    if task.get(b"failure-cause") is None:  # a server older than REASON has no such fields
-        return None
-    record = {key: task[field] for field, key in FAILURE_FIELDS}
-    record = {key: value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-              for key, value in record.items()}
-    return json.dumps(record, ensure_ascii=False).encode()
 
 
 class FileSource:
@@ -160,7 +144,8 @@ class FileSource:
             yield [Task((row[0], row[1]), row[-1], row[3], listed(row[2]),
                         None if row[10] is None else name_bytes(row[10]),
                         None if row[11] is None else row[11].encode(), row[12],
-                        None if row[13] is None else name_bytes(row[13])) for row in rows]
+                        None if row[13] is None else name_bytes(row[13]),
+                        after=self.snapshot.waits_for(queue, row[:2]) if row[-1] == "waiting" else None) for row in rows]
             if len(rows) < PAGE:
                 return
             after = rows[-1][:2]
@@ -176,7 +161,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     last = {False: stream_facts(redis, queue)[1], True: stream_facts(redis, dead_key)[1]}
     stream_facts(redis, attempts_key, kinds=(b"hash",))
     stream_facts(redis, queue + UNIQUE_SUFFIX, kinds=(b"hash",))
-    for suffix in (FAILURES_SUFFIX, PRIORITIES_SUFFIX, PARTITIONS_SUFFIX, SETTINGS_SUFFIX):
+    for suffix in (FAILURES_SUFFIX, PRIORITIES_SUFFIX, PARTITIONS_SUFFIX, SETTINGS_SUFFIX, AFTER_SUFFIX):
         stream_facts(redis, queue + suffix, kinds=(b"hash",))
     group = os.fsencode(options.group) if options.group else facts["group"]
     counts, expected = copy_to_redis(source, CheckedPipeline(None if options.dry_run else redis), queue, last,
@@ -202,8 +187,8 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
             + placement_line(queue, counts, "kept in", "Redis serves entries in id order, whatever their "
                                                        "priority or partition; `ezra import` restores both")
             + settings_line(queue, facts["settings"], "kept in", "Redis enforces none of them")
-            + outcomes_line(queue, outcomes, "kept in", "q::ezra-done, q::ezra-results, q::ezra-progress"))
-
+            + outcomes_line(queue, outcomes, "kept in", "q::ezra-done, q::ezra-results, q::ezra-progress")
+            + dependencies_line(queue, counts, exported=True))
 
 
 def placement_line(queue: bytes, counts: Counter, verb: str, note: str) -> str:
@@ -243,6 +228,7 @@ def copy_to_redis(source, pipeline: CheckedPipeline, queue: bytes, last: dict, p
                 if task.partition is not None:
                     counts["partition"] += 1
                     pipeline.add([b"HSET", partitions_key, format_id(task.id), task.partition])
+                keep_after(pipeline, queue, task, counts)
                 pipeline.add([b"XADD", key, format_id(task.id), *task.fields], expected=format_id(task.id))
             pipeline.flush()
             progress.advance(len(page))
@@ -323,19 +309,22 @@ def priority_of(raw: bytes) -> int:
 
 
 def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict, keys: dict,
-                failures: dict | None = None, priorities: dict | None = None, partitions: dict | None = None):
+                failures: dict | None = None, priorities: dict | None = None, partitions: dict | None = None,
+                afters: dict | None = None):
     """Every entry of q and q::dead in id order, as Tasks: available, pending, done or dead;
     live ones with their unique key (`keys`, from q::ezra-unique); each with its last failure
-    (`failures`, from q::ezra-failures), priority and partition (q::ezra-priorities, q::ezra-partitions)."""
+    (`failures`, from q::ezra-failures), priority and partition (q::ezra-priorities, q::ezra-partitions);
+    new ones with what they wait for (`afters`, from q::ezra-after)."""
     delivered = parse_id(group[b"last-delivered-id"]) if group else ZERO
-    failures, priorities, partitions = failures or {}, priorities or {}, partitions or {}
+    failures, priorities, partitions, afters = failures or {}, priorities or {}, partitions or {}, afters or {}
 
     def live():
         for stream_id, fields in stream_entries(redis, queue):
             earlier, failure = attempts.get(stream_id, 0), failures.get(stream_id)
             placed = priorities.get(stream_id), partitions.get(stream_id)
             if stream_id > delivered:
-                yield Task(stream_id, "available", earlier, fields, keys.get(stream_id), failure, *placed)
+                yield Task(stream_id, "available", earlier, fields, keys.get(stream_id), failure, *placed,
+                           after=afters.get(stream_id))
             elif stream_id in pending:
                 yield Task(stream_id, "pending", earlier + pending[stream_id], fields, keys.get(stream_id), failure,
                            *placed)
@@ -399,10 +388,12 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
     priorities = side_hash(redis, queue + PRIORITIES_SUFFIX, priority_of) if has_priorities else {}
     has_partitions = stream_facts(redis, queue + PARTITIONS_SUFFIX, kinds=(b"hash",))[0] == b"hash"
     partitions = side_hash(redis, queue + PARTITIONS_SUFFIX, bytes) if has_partitions else {}
+    has_after = stream_facts(redis, queue + AFTER_SUFFIX, kinds=(b"hash",))[0] == b"hash"
+    afters = side_hash(redis, queue + AFTER_SUFFIX, after_of) if has_after else {}
     settings = restore_settings(redis, ezra, queue, options.dry_run)
     carried = Counter()  # results and progress values (carried_outcomes.py)
     tasks = with_outcomes(redis, queue, redis_tasks(redis, queue, group, pending, attempts, keys, failures,
-                                                    priorities, partitions), carried)
+                                                    priorities, partitions, afters), carried)
     progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
     counts, expected = copy_to_ezra(tasks, CheckedPipeline(None if options.dry_run else ezra), queue,
                                     ezra_last_id(ezra, queue), progress)
@@ -430,7 +421,8 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
             f"{f'group {shown(name)!r}' if name else 'no group'}; {checked}"
             + placement_line(queue, counts, "from", "pushed with XADD PRIORITY and PARTITION")
             + settings_line(queue, settings, "from", "set with XCFGSET")
-            + outcomes_line(queue, carried, "from", "pushed with XADD RESULT (done) and PROGRESS"))
+            + outcomes_line(queue, carried, "from", "pushed with XADD RESULT (done) and PROGRESS")
+            + dependencies_line(queue, counts, exported=False))
 
 
 def copy_to_ezra(tasks, pipeline: CheckedPipeline, queue: bytes, last: tuple, progress: Progress) -> tuple:
@@ -468,6 +460,7 @@ def copy_to_ezra(tasks, pipeline: CheckedPipeline, queue: bytes, last: tuple, pr
             counts["partition"] += 1
             attempts += [b"PARTITION", task.partition]
         attempts += carried_options(task)
+        attempts += after_options(pipeline, task, counts)  # XADD AFTER, from q::ezra-after
         pipeline.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, *unique, format_id(task.id),
                     *task.fields], expected=format_id(task.id))
     pipeline.flush()

@@ -9,17 +9,23 @@ in it, holding only those ids (`Ids`, 16 bytes each).
 from __future__ import annotations
 
 import heapq
+import json
 from array import array
 from typing import NamedTuple
 
 from ..adapters.client import Client, ReplyError
 from .inspector import printable
+from ..lifecycle import DEFAULT_PRIORITY
 from ..protocol.stream_ids import format_id  # noqa: F401  (move.py takes it from here too)
 
 PAGE = 1000              # entries per read (XINFO TASKS, XRANGE, XPENDING, HSCAN)
 BATCH = 500              # XADDs per pipeline...
 BATCH_BYTES = 4 << 20    # ...or this many bytes of fields, whichever comes first
 ZERO = (0, 0)
+
+
+FAILURE_FIELDS = ((b"failure-cause", "cause"), (b"failure-reason", "reason"), (b"failure-worker", "worker"),
+                  (b"failed-at", "at"))
 
 
 class MoveError(Exception):
@@ -37,6 +43,7 @@ class Task(NamedTuple):
     partition: bytes | None = None  # XADD PARTITION's key (None: none)
     progress: bytes | None = None  # XPROGRESS's last value (import: XADD PROGRESS; carried_outcomes.py)
     result: bytes | None = None  # a done task's result (import: XADD RESULT, a done task; carried_outcomes.py)
+    after: list | None = None  # a waiting task's [(queue, id)] not done yet (XADD AFTER; None: none)
 
 
 def parse_id(text: bytes) -> tuple:
@@ -172,3 +179,19 @@ def report_verified(found: int, total: int, present: int, where: str) -> str:
             f"had: it holds entries that are not from this move, or they were deleted there since)"
             if present else "")
     raise MoveError(f"verification failed: {total - found} of {total} tasks are not in {where}{hint}")
+
+
+def own_priority(priority: int | None) -> int | None:
+    """XINFO TASKS shows the default priority of a task pushed without one: carried as none (None),
+    so that it keeps the default where it goes."""
+    return None if priority == DEFAULT_PRIORITY else priority
+
+
+def failure_json(task: dict) -> bytes | None:
+    """An XINFO TASKS task's failure-* fields as the JSON text tasks.failure holds (None: never failed)."""
+    if task.get(b"failure-cause") is None:  # a server older than REASON has no such fields
+        return None
+    record = {key: task[field] for field, key in FAILURE_FIELDS}
+    record = {key: value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+              for key, value in record.items()}
+    return json.dumps(record, ensure_ascii=False).encode()

@@ -21,7 +21,7 @@ from ..tools import humanize
 from ..protocol import stream_ids
 from ..storage.schedules import NEVER
 from ..settings.cron import local_time
-from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT
+from ..lifecycle import AVAILABLE, DEAD, DELAYED, DONE, IN_FLIGHT, WAITING
 from ..storage import decode_failure
 from ..protocol.task_fields import shown as shown_fields
 from . import NAME_SHOWN, shown_name
@@ -40,7 +40,8 @@ RESULT_SIZE = 15               # the size of tasks.result (XACK ... RESULT) in a
 KEY_SHOWN = 80                 # characters of a task's XADD UNIQUE key shown in a table cell
 LISTED_STATES = (IN_FLIGHT, DEAD, AVAILABLE, DELAYED)
 STATIC_FILES = ("dashboard.css", "dashboard.js", "favicon.svg")
-STATE_TITLES = {AVAILABLE: "available", DELAYED: "delayed", IN_FLIGHT: "in flight", DONE: "done", DEAD: "dead"}
+STATE_TITLES = {AVAILABLE: "available", DELAYED: "delayed", IN_FLIGHT: "in flight", DONE: "done", DEAD: "dead",
+                WAITING: "waiting"}
 
 
 class History:
@@ -313,7 +314,8 @@ def queue_page(state, name: bytes, figures, lists: dict, history: History, csrf:
     now, queue = figures.now, figures.queues[name]
     counts = queue["counts"]
     tiles = "".join(f'<div class="{count_class("tile", s, counts[s])}"><div class="count" data-state="{s}">{counts[s]}</div>'
-                    f'<div class="muted">{STATE_TITLES[s]}</div></div>' for s in lifecycle.STATES)
+                    f'<div class="muted">{STATE_TITLES[s]}</div></div>'
+                    for s in (*lifecycle.STATES, *((WAITING,) if counts[WAITING] else ())))  # XADD AFTER's, if any
     since = queue["head_since"]
     totals = queue["totals"]
     facts = (f'oldest waiting {text(duration(None if since is None else now - since))} · since start: '

@@ -66,7 +66,8 @@ class SnapshotCollector:
 
     def collect(self):
         snap, figures = self.snap, self.snap["figures"]
-        tasks = GaugeMetricFamily("ezra_tasks", "Tasks in each queue by state.", labels=["queue", "state"])
+        tasks = GaugeMetricFamily("ezra_tasks", "Tasks in each queue by state (waiting: XADD AFTER, until the "
+                                  "tasks it names are done).", labels=["queue", "state"])
         oldest = GaugeMetricFamily(
             "ezra_oldest_available_age_seconds",
             "How long the next task to be delivered has been waiting (0 when none is available).",
@@ -87,7 +88,7 @@ class SnapshotCollector:
                     for _, name, help_text in QUEUE_COUNTERS}
         for name, queue in sorted(figures.queues.items()):
             label = queue_label(name)
-            for state in lifecycle.STATES:
+            for state in lifecycle.COUNTED:
                 tasks.add_metric([label, state], queue["counts"][state])
             since = queue["head_since"]
             oldest.add_metric([label], 0.0 if since is None else max(figures.now - since, 0) / 1000)
@@ -100,7 +101,7 @@ class SnapshotCollector:
                 counters[metric].add_metric([label], queue["totals"][event])
         rest = figures.rest
         if rest is not None:  # summed, with an empty queue label (Prometheus keeps such series without it)
-            for state in lifecycle.STATES:
+            for state in lifecycle.COUNTED:
                 tasks.add_metric(["", state], rest["counts"][state])
             paused.add_metric([""], rest["paused"])
             for event, metric, _ in QUEUE_COUNTERS:

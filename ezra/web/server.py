@@ -253,7 +253,8 @@ class WebApp:
         row = self.broker.admin.task(name, wanted)
         if row is None:
             raise errors.http_no_such_task(wanted)
-        return "200 OK", [], task_page.render(self.state, name, row, figures, self.csrf_token)
+        edges = self.broker.admin.task_dependencies(name, wanted)  # XADD AFTER, both ways
+        return "200 OK", [], task_page.render(self.state, name, row, figures, self.csrf_token, edges)
 
     def requeue(self, environ, form):
         name = required(form, "name")

@@ -1,7 +1,7 @@
 """The dashboard's page of one task (/task?queue=<name>&id=<ms-seq>): everything stored about it.
 
 Its id, state, attempts, worker, times, XADD UNIQUE key, priority and partition, last failure in
-full, its progress (XPROGRESS), its result (XACK ... RESULT: cut, with its size) and its fields. Like every page, all user data goes through dashboard.text() (escaped); values
+full, its progress (XPROGRESS), its result (XACK ... RESULT: cut, with its size), its dependencies both ways (XADD AFTER) and its fields. Like every page, all user data goes through dashboard.text() (escaped); values
 that are not text are shown with \\xNN escapes, and the page is bounded: at most
 FIELDS_LISTED fields, each name and value cut with a note saying how much was left out.
 """
@@ -12,11 +12,11 @@ import time
 
 from ..protocol import stream_ids
 from ..lifecycle import AVAILABLE, DEAD, DEFAULT_PRIORITY, DELAYED, MAX_REASON_BYTES
-from ..storage import decode_failure
+from ..storage import decode_failure, name_bytes
 from ..protocol.task_fields import shown as shown_fields
 from . import shown_name
 from .dashboard import (FAILURE, PARTITION, PRIORITY, PROGRESS, RESULT_SIZE, STATE_TITLES, UNIQUE_KEY, duration,
-                        form, header, page, queue_link, text)
+                        form, header, page, queue_link, task_link, text)
 
 RESULT_CUT = 16                # the result's first bytes after INSPECT_COLUMNS (storage.reads.task_by_id)
 STATE = 17                     # then the state column
@@ -151,15 +151,36 @@ def actions(queue: bytes, task_id: str, state: str, csrf: str) -> str:
             + "</div>")
 
 
-def render(state, queue: bytes, row: tuple, figures, csrf: str) -> bytes:
-    """The page of one task: `row` is storage.reads.task_by_id's (INSPECT_COLUMNS + state)."""
+def dependencies_section(edges: tuple | None) -> str:
+    """XADD AFTER, both ways: the tasks it waits for and those waiting for it (storage.dependencies's
+    task_dependencies; none either way: no section)."""
+    if not edges or not (edges[0] or edges[1]):
+        return ""
+
+    def listed(rows) -> str:
+        if not rows:
+            return '<span class="muted">none</span>'
+        return "<ul>" + "".join(
+            f'<li>{queue_link(name_bytes(queue))} {task_link(name_bytes(queue), (ms, seq))} '
+            f'<span class="state {text(state)}">{text(STATE_TITLES.get(state, state))}</span></li>'
+            if queue is not None else '<li><span class="muted">a task deleted since</span></li>'
+            for queue, ms, seq, state in rows) + "</ul>"
+
+    return (f'<h2>Dependencies</h2><table class="facts dependencies">'
+            f'<tr data-fact="waits for"><th>waits for (not done yet)</th><td>{listed(edges[0])}</td></tr>'
+            f'<tr data-fact="waited for by"><th>waited for by</th><td>{listed(edges[1])}</td></tr></table>')
+
+
+def render(state, queue: bytes, row: tuple, figures, csrf: str, edges: tuple | None = None) -> bytes:
+    """The page of one task: `row` is storage.reads.task_by_id's (INSPECT_COLUMNS + state); `edges`, its
+    dependencies both ways (XADD AFTER)."""
     now = figures.now
     task_id = stream_ids.format_id(row[:2])
     body = [header(state, figures),
             f'<main><p><a href="/">← queues</a> · queue {queue_link(queue)}</p>'
             f'<h1>task <span class="id">{text(task_id)}</span></h1>',
             actions(queue, task_id, row[STATE], csrf),
-            facts_table(row, now), failure_section(row[FAILURE], now), outcome_section(row), fields_section(row),
-            "</main>"]
+            facts_table(row, now), failure_section(row[FAILURE], now), outcome_section(row),
+            dependencies_section(edges), fields_section(row), "</main>"]
     title = f"{task_id} in {shown_name(queue).decode('utf-8', 'replace')}"
     return page(title, "".join(body), refresh=False)  # a still page: the reason stays put while it is read
