@@ -121,3 +121,33 @@ def test_celery_result_expires_is_the_results_ttl(ezra_factory, queue, python, w
     assert counts(client, RESULTS)["done"] == 1
     wait_until(lambda: counts(client, RESULTS)["done"] == 0, 30, message="the result removed by its TTL")
     client.close()
+
+
+def test_dramatiq_get_result_blocks_in_xresult_and_reads_results_kept_across_a_restart(
+        ezra_factory, queue, python, workers, tmp_path):
+    """The Results middleware on ezra.dramatiq.EzraBackend, a real `dramatiq` worker: before the
+    tasks run get_result() is ResultMissing, and get_result(block=True) waits in XRESULT BLOCK (a
+    blocked client beside the worker's read); then the values, the failure as ResultFailure, and
+    after a kill -9 and restart of the server the same results without blocking."""
+    server = ezra_factory(data_dir=tmp_path / "data")
+    client = server.client()
+    configure(client, queue, "PAUSED", "1")
+    env = app_env(server, queue, RESULTS="1")
+    worker = workers.start([python, "-m", "dramatiq", "dramatiq_app", "--processes", "1", "--threads", "1"], env)
+    wait_until(lambda: worker.alive() and blocked(client) >= 1, 90, message=f"the consumer's read ({worker.log})")
+    messages = produce(python, "dramatiq_app", "send_squares([3, 4, -1])", env)["messages"]
+    missing = produce(python, "dramatiq_app", f"results({messages!r}, block=False)", env)["results"]
+    assert [text.split(":")[0] for text in missing] == ["ResultMissing"] * 3
+    waiter = call(python, "dramatiq_app", f"results({messages!r})", env)
+    wait_until(lambda: blocked(client) == 2, 60, message="get_result(block=True) blocked in XRESULT")
+    configure(client, queue, "PAUSED", "0")
+    expected = [9, 16, "ResultFailure: actor raised ValueError: no square of -1"]
+    assert reply(waiter)["results"] == expected
+    assert counts(client, "dramatiq-results")["done"] == 3
+    worker.kill()
+    client.close()
+
+    server.stop(__import__("signal").SIGKILL)
+    again = ezra_factory(data_dir=tmp_path / "data")
+    env = app_env(again, queue, RESULTS="1")
+    assert produce(python, "dramatiq_app", f"results({messages!r}, block=False)", env)["results"] == expected

@@ -99,16 +99,18 @@ class ResultSlots:
                                     "IDMP-MAXSIZE", MAX_IDMP_SIZE)
         self.configured = True
 
-    def slot(self, key: str) -> bytes:
-        """The id of `key`'s slot, made (available, read by nobody) if it is not there yet."""
+    def slot(self, key: str, ttl: float | None = None) -> bytes:
+        """The id of `key`'s slot, made (available, read by nobody) if it is not there yet, with
+        `ttl` seconds (default: the instance's) to live; an existing slot keeps its own."""
         self.configure()
         bucket = f"b{zlib.crc32(key.encode()) % BUCKETS}"
-        ttl = [] if self.ttl is None else ["TTL", self.ttl]
+        ttl = self.ttl if ttl is None else max(1, round(ttl))
+        ttl = [] if ttl is None else ["TTL", ttl]
         return self.client.execute_command("XADD", self.queue, "IDMP", bucket, key, *ttl, "*", "id", key)
 
-    def store(self, key: str, value: bytes) -> bool:
+    def store(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         """The final result: the slot done with `value`. False if it was done already (kept as it was)."""
-        slot = self.slot(key)
+        slot = self.slot(key, ttl)
         with self.client.pipeline(transaction=True) as pipe:
             pipe.xclaim(self.queue, GROUP, self.worker, 0, [slot], force=True, justid=True)
             pipe.execute_command("XACK", self.queue, GROUP, slot, "RESULT", value)
