@@ -151,3 +151,32 @@ def test_dramatiq_get_result_blocks_in_xresult_and_reads_results_kept_across_a_r
     again = ezra_factory(data_dir=tmp_path / "data")
     env = app_env(again, queue, RESULTS="1")
     assert produce(python, "dramatiq_app", f"results({messages!r}, block=False)", env)["results"] == expected
+
+
+def test_taskiq_results_are_read_from_ezra_blocking_and_across_a_restart(ezra_factory, queue, python, workers,
+                                                                         tmp_path):
+    """ezra.taskiq.EzraResultBackend with a real `taskiq worker`: before the tasks run
+    is_result_ready is False and wait() blocks in XRESULT BLOCK (a blocked client beside the
+    worker's read); then the values and the task's error; after a kill -9 and restart of the
+    server the same results through is_result_ready / get_result."""
+    server = ezra_factory(data_dir=tmp_path / "data")
+    client = server.client()
+    configure(client, queue, "PAUSED", "1")
+    env = app_env(server, queue, RESULTS="1")
+    worker = workers.start([python, "-m", "taskiq", "worker", "taskiq_app:broker", "--workers", "1"], env)
+    wait_until(lambda: worker.alive() and blocked(client) >= 1, 90, message=f"the worker's read ({worker.log})")
+    ids = produce(python, "taskiq_app", "send_squares([3, 4, -1])", env)["ids"]
+    assert produce(python, "taskiq_app", f"results({ids!r}, wait=False)", env)["results"] == ["not ready"] * 3
+    waiter = call(python, "taskiq_app", f"results({ids!r})", env)
+    wait_until(lambda: blocked(client) == 2, 60, message="wait() blocked in XRESULT")
+    configure(client, queue, "PAUSED", "0")
+    expected = [9, 16, "ValueError: no square of -1"]
+    assert reply(waiter)["results"] == expected
+    assert counts(client, "taskiq-results")["done"] == 3
+    worker.kill()
+    client.close()
+
+    server.stop(__import__("signal").SIGKILL)
+    again = ezra_factory(data_dir=tmp_path / "data")
+    env = app_env(again, queue, RESULTS="1")
+    assert produce(python, "taskiq_app", f"results({ids!r}, wait=False)", env)["results"] == expected
