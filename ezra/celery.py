@@ -5,11 +5,6 @@ with kombu, as importing that one does, and ezra:// as Celery's result backend
 (ezra/adapters/celery_results.py).
 """
 
-from importlib.util import find_spec
+from .adapters.celery import Channel, QoS, ResultBackend, Transport
 
-from .adapters.celery import Channel, QoS, Transport
-
-__all__ = ["Channel", "QoS", "Transport"]
-if find_spec("celery") is not None:  # kombu without Celery (a plain kombu consumer) has no results
-    from .adapters.celery_results import ResultBackend
-    __all__.append("ResultBackend")
+__all__ = ["Channel", "QoS", "ResultBackend", "Transport"]

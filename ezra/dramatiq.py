@@ -4,7 +4,6 @@ The broker is ezra/adapters/dramatiq.py; the Results middleware's backend, EzraB
 ezra/adapters/dramatiq_results.py.
 """
 
-from .adapters.dramatiq import EzraBroker, EzraConsumer, EzraMessage
-from .adapters.dramatiq_results import EzraBackend
+from .adapters.dramatiq import EzraBackend, EzraBroker, EzraConsumer, EzraMessage
 
 __all__ = ["EzraBackend", "EzraBroker", "EzraConsumer", "EzraMessage"]

@@ -4,7 +4,6 @@ The broker is ezra/adapters/taskiq.py; the result backend, EzraResultBackend, is
 ezra/adapters/taskiq_results.py.
 """
 
-from .adapters.taskiq import EzraStreamBroker
-from .adapters.taskiq_results import EzraResultBackend
+from .adapters.taskiq import EzraResultBackend, EzraStreamBroker
 
 __all__ = ["EzraResultBackend", "EzraStreamBroker"]
