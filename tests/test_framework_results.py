@@ -71,6 +71,12 @@ def test_celery_get_and_state_read_results_kept_in_ezra_across_a_restart(ezra_fa
     assert got == [["SUCCESS", 9], ["SUCCESS", 16], ["FAILURE", "ValueError: no square of -1"]]
 
 
+def waiting_progress(client) -> bytes | None:
+    """The progress of the one waiting slot of the results queue (None while it has none)."""
+    tasks = [dict(zip(flat[::2], flat[1::2])) for flat in client.execute_command("XINFO", "TASKS", RESULTS, "available")]
+    return tasks[0][b"progress"] if len(tasks) == 1 else None
+
+
 def test_celery_get_waits_in_xresult_block_and_state_shows_started(ezra_factory, queue, python, workers):
     """get() on a task not run yet (its queue paused) waits in one XRESULT BLOCK (a blocked client
     besides the worker's read), and returns once the worker stores the result; meanwhile .state is
@@ -86,7 +92,10 @@ def test_celery_get_waits_in_xresult_block_and_state_shows_started(ezra_factory,
     wait_until(lambda: blocked(client) == 2, 60, message="get() blocked in XRESULT beside the worker's read")
     assert produce(python, "celery_app", f"states_of([{task_id!r}])", env)["states"] == ["PENDING"]
     configure(client, queue, "PAUSED", "0")
-    wait_until(lambda: worker.lines("START"), 60, message=f"the task running ({worker.log})")
+    wait_until(lambda: b'"STARTED"' in (waiting_progress(client) or b""), 60,
+               message=f"the slot's progress to say STARTED ({worker.log})")
+    assert worker.lines("START") and not worker.lines("DONE"), "STARTED while the task runs"
+    # the task runs 3 s: .state read in a new process may come after it ended
     assert produce(python, "celery_app", f"states_of([{task_id!r}])", env)["states"] in (["STARTED"], ["SUCCESS"])
     assert reply(waiter)["results"] == [["SUCCESS", 25]]
     assert worker.lines("DONE") == [(5, worker.lines("DONE")[0][1])]
