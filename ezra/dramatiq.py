@@ -1,8 +1,9 @@
 """Dramatiq on EZRA, at the path users type: `from ezra.dramatiq import EzraBroker`.
 
-The broker is ezra/adapters/dramatiq.py.
+The broker is ezra/adapters/dramatiq.py; the Results middleware's backend, EzraBackend, is
+ezra/adapters/dramatiq_results.py.
 """
 
-from .adapters.dramatiq import EzraBroker, EzraConsumer, EzraMessage
+from .adapters.dramatiq import EzraBackend, EzraBroker, EzraConsumer, EzraMessage
 
-__all__ = ["EzraBroker", "EzraConsumer", "EzraMessage"]
+__all__ = ["EzraBackend", "EzraBroker", "EzraConsumer", "EzraMessage"]

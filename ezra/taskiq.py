@@ -1,8 +1,9 @@
 """taskiq on EZRA, at the path users type: `from ezra.taskiq import EzraStreamBroker`.
 
-The broker is ezra/adapters/taskiq.py.
+The broker is ezra/adapters/taskiq.py; the result backend, EzraResultBackend, is
+ezra/adapters/taskiq_results.py.
 """
 
-from .adapters.taskiq import EzraStreamBroker
+from .adapters.taskiq import EzraResultBackend, EzraStreamBroker
 
-__all__ = ["EzraStreamBroker"]
+__all__ = ["EzraResultBackend", "EzraStreamBroker"]

@@ -100,6 +100,12 @@ except ImportError:  # pragma: no cover - Celery is the point of this transport
     task_failure = None
 if task_failure is not None:
     task_failure.connect(FAILURES.failed, weak=False)
+    from celery.app.backends import BACKEND_ALIASES
+    from .celery_results import ResultBackend
+    # result_backend = "ezra://...": results in EZRA (ezra/adapters/celery_results.py)
+    BACKEND_ALIASES["ezra"] = BACKEND_ALIASES["ezras"] = "ezra.celery:ResultBackend"
+else:  # pragma: no cover - a plain kombu consumer has no result backend to offer
+    ResultBackend = None
 
 
 def eta_delay(message: dict, now: datetime | None = None) -> float:

@@ -43,6 +43,7 @@ from dramatiq.message import Message
 
 from .priorities import DEFAULT_PRIORITY, clamped
 from .leases import LeaseKeeper, visibility_timeout
+from .dramatiq_results import EzraBackend  # noqa: F401  (re-exported: ezra.dramatiq.EzraBackend)
 
 GROUP = "dramatiq"     # accepted and ignored by EZRA (one implicit group per queue)
 FIELD = b"message"     # the one field of a task: dramatiq's encoded message

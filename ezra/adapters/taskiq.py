@@ -31,6 +31,7 @@ from taskiq_redis import RedisStreamBroker
 
 from .priorities import PRIORITIES
 from .leases import pending_query, split_held
+from .taskiq_results import EzraResultBackend  # noqa: F401  (re-exported: ezra.taskiq.EzraResultBackend)
 
 logger = logging.getLogger("ezra.taskiq")  # the public module's name (ezra/taskiq.py), which users configure
 

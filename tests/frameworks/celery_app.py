@@ -3,7 +3,8 @@
 Environment: EZRA_PORT, QUEUE; PASSWORD (in the URL); TLS_CA (ezras://, verified with it); STYLE=setting (broker_transport, no
 import) or import (the default: `import ezra.celery`, broker="ezra://..."); ACKS_LATE=1
 (acks_late, task_reject_on_worker_lost, task_acks_on_failure_or_timeout=False); VT (the
-visibility_timeout transport option); SLOW (overrides the seconds of `work`, for a rerun).
+visibility_timeout transport option); SLOW (overrides the seconds of `work`, for a rerun);
+RESULTS=1 (result_backend: the same URL, results in EZRA; RESULT_EXPIRES: result_expires).
 """
 
 import json
@@ -26,6 +27,11 @@ else:
     app = Celery("celery_app", broker=url)
 
 app.conf.task_default_queue = QUEUE
+if os.environ.get("RESULTS") == "1":
+    app.conf.result_backend = url if os.environ.get("STYLE") != "setting" else "ezra.celery:ResultBackend+" + url
+    app.conf.task_track_started = True
+    if os.environ.get("RESULT_EXPIRES"):
+        app.conf.result_expires = int(os.environ["RESULT_EXPIRES"])
 if os.environ.get("TLS_CA"):
     app.conf.broker_use_ssl = {"ssl_ca_certs": os.environ["TLS_CA"], "ssl_cert_reqs": "required"}
 app.conf.broker_connection_retry_on_startup = True
@@ -85,3 +91,58 @@ def produce_priorities(priorities):
         except ValueError as exc:
             refused[i] = str(exc)
     report(pushed=len(priorities) - len(refused), refused=refused)
+
+
+@app.task
+def square(n, seconds=0.0):
+    line("START", n)
+    time.sleep(seconds)
+    if n < 0:
+        raise ValueError(f"no square of {n}")
+    line("DONE", n)
+    return n * n
+
+
+@app.task
+def total(numbers):
+    line("TOTAL", sum(numbers))
+    return sorted(numbers)
+
+
+def send_squares(numbers, seconds=0.0):
+    """square(n) for each: their Celery task ids."""
+    report(ids=[square.delay(n, seconds).id for n in numbers])
+
+
+def results(ids, timeout=60):
+    """AsyncResult(id).get() of each (blocking), with its state after: [state, value or error]."""
+    from celery.result import AsyncResult
+    out = []
+    for task_id in ids:
+        handle = AsyncResult(task_id, app=app)
+        try:
+            value = handle.get(timeout=timeout)
+        except Exception as exc:  # the task's own exception, re-raised by get()
+            value = f"{type(exc).__name__}: {exc}"
+        out.append([handle.state, value])
+    report(results=out)
+
+
+def states_of(ids):
+    from celery.result import AsyncResult
+    report(states=[AsyncResult(task_id, app=app).state for task_id in ids])
+
+
+def get_with_timeout(task_id, timeout):
+    from celery.result import AsyncResult
+    try:
+        AsyncResult(task_id, app=app).get(timeout=timeout)
+        report(outcome="got")
+    except Exception as exc:
+        report(outcome=type(exc).__name__)
+
+
+def chord_of(n):
+    from celery import chord
+    handle = chord(square.s(i) for i in range(n))(total.s())
+    report(chord=handle.get(timeout=90))

@@ -1,7 +1,7 @@
 """A Dramatiq app on ezra.dramatiq.EzraBroker: `dramatiq dramatiq_app`; produce*() push.
 
 Environment: EZRA_PORT, QUEUE (the actors' queue); PASSWORD (in the URL); SLOW (overrides
-the seconds of `work`, for a rerun).
+the seconds of `work`, for a rerun); RESULTS=1 (the Results middleware on ezra.dramatiq.EzraBackend).
 """
 
 import os
@@ -14,6 +14,10 @@ from ezra.dramatiq import EzraBroker
 
 password = os.environ.get("PASSWORD")
 dramatiq.set_broker(EzraBroker(url=f"redis://{':' + password + '@' if password else ''}127.0.0.1:{PORT}"))
+if os.environ.get("RESULTS") == "1":
+    from dramatiq.results import Results
+    from ezra.dramatiq import EzraBackend
+    dramatiq.get_broker().add_middleware(Results(backend=EzraBackend(url=f"redis://127.0.0.1:{PORT}")))
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)
@@ -78,3 +82,30 @@ def produce_failing(n):
     for i in range(n):
         always_fails.send(i)
     report(pushed=n)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, **({"store_results": True} if os.environ.get("RESULTS") == "1" else {}))
+def square(n, seconds=0.0):
+    line("START", n)
+    time.sleep(seconds)
+    if n < 0:
+        raise ValueError(f"no square of {n}")
+    line("DONE", n)
+    return n * n
+
+
+def send_squares(numbers, seconds=0.0):
+    """square(n) for each: the messages (as dicts), to read their results with."""
+    report(messages=[square.send(n, seconds).asdict() for n in numbers])
+
+
+def results(messages, block=True, timeout=60000):
+    """message.get_result() of each: the value, or the error's type and text."""
+    from dramatiq import Message
+    out = []
+    for fields in messages:
+        try:
+            out.append(Message(**fields).get_result(block=block, timeout=timeout))
+        except Exception as exc:  # ResultFailure, ResultMissing, ResultTimeout: reported
+            out.append(f"{type(exc).__name__}: {exc}")
+    report(results=out)

@@ -1,4 +1,6 @@
-"""taskiq on EzraStreamBroker: `taskiq worker taskiq_app:broker`; produce(n, seconds) pushes."""
+"""taskiq on EzraStreamBroker: `taskiq worker taskiq_app:broker`; produce(n, seconds) pushes.
+
+RESULTS=1: the broker's result backend is ezra.taskiq.EzraResultBackend."""
 
 import asyncio
 import os
@@ -10,6 +12,9 @@ from ezra.taskiq import EzraStreamBroker
 from common import URL, QUEUE, line, report
 
 broker = EzraStreamBroker(URL, queue_name=QUEUE)
+if os.environ.get("RESULTS") == "1":
+    from ezra.taskiq import EzraResultBackend
+    broker = broker.with_result_backend(EzraResultBackend(URL))
 
 
 @broker.task
@@ -47,3 +52,42 @@ def produce_priorities(priorities) -> None:
 
     asyncio.run(push())
     report(pushed=len(priorities) - len(refused), refused=refused)
+
+
+@broker.task
+async def square(n: int) -> int:
+    line("START", n)
+    if n < 0:
+        raise ValueError(f"no square of {n}")
+    line("DONE", n)
+    return n * n
+
+
+def send_squares(numbers) -> None:
+    """square(n) for each: the task ids."""
+    async def push():
+        await broker.startup()
+        ids = [(await square.kiq(n)).task_id for n in numbers]
+        await broker.shutdown()
+        return ids
+
+    report(ids=asyncio.run(push()))
+
+
+def results(ids, wait=True, timeout=60.0) -> None:
+    """Each task's result: wait() (XRESULT BLOCK) or, with wait=False, is_result_ready: the
+    return value, the error's text, or "not ready"."""
+    backend = broker.result_backend
+
+    async def read():
+        out = []
+        for task_id in ids:
+            if not wait and not await backend.is_result_ready(task_id):
+                out.append("not ready")
+                continue
+            result = await backend.wait(task_id, timeout) if wait else await backend.get_result(task_id)
+            out.append(f"{type(result.error).__name__}: {result.error}" if result.is_err else result.return_value)
+        await backend.shutdown()
+        return out
+
+    report(results=asyncio.run(read()))
