@@ -208,7 +208,9 @@ def test_a_delay_still_runs_once_released(r, queue):
     assert [t[b"state"] for t in tasks(r, queue)] == [b"delayed"]
 
 
-def test_waiting_tasks_are_counted_and_listed(r, queue):
+def test_waiting_tasks_are_counted_and_listed(ezra_factory, protocol):
+    """On a server of its own: INFO lists the first 100 queues by name, and a shared one has more."""
+    r, queue = ezra_factory().client(protocol), "jobs"
     a = push(r, queue + "-a")
     before = stream_info(r, queue + "-a")
     assert b"waiting" not in before  # no field while none waits: the reply as before
