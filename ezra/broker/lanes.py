@@ -41,6 +41,12 @@ PRIORITIES = 10  # 0 (served first) .. 9
 NO_PARTITION = None  # the lane of the tasks pushed without PARTITION: no limit
 
 
+def lane_of(priority, partition) -> tuple:
+    """(priority, partition key) of a task as stored (NULL: the default priority, no partition; a
+    key as TEXT or BLOB), as the lanes name its lane."""
+    return DEFAULT_PRIORITY if priority is None else priority, None if partition is None else name_bytes(partition)
+
+
 class Lane:
     """One partition's available tasks (or those without a partition) at one priority."""
 
@@ -112,7 +118,7 @@ class Lanes:
         lanes = cls(partition_limit)
         keyed: dict[tuple, list] = {}
         for (priority, partition), rowids in waiting.items():
-            key = (DEFAULT_PRIORITY if priority is None else priority, None if partition is None else name_bytes(partition))
+            key = lane_of(priority, partition)
             if key in keyed:  # NULL and 5, or a key stored as text and as BLOB: one lane, kept in order
                 rowids = sorted([*keyed[key], *rowids])
             keyed[key] = rowids

@@ -20,7 +20,7 @@ from ..storage import name_bytes
 from .available import AvailableOrder
 from .in_flight import ROWID
 from .dependencies import Dependencies
-from .lanes import Lanes
+from .lanes import Lanes, lane_of
 from .queues import MAX_QUEUE_NAME, NO_MARK, QueueState
 
 
@@ -76,8 +76,7 @@ class Transitions:
         if order is not None:  # not built yet: the build will read it from the file
             if queue.lanes_on:
                 priority, partition = self.db.placements.of(rowid) if placed is None else placed
-                order.add(rowid, lifecycle.DEFAULT_PRIORITY if priority is None else priority,
-                          None if partition is None else name_bytes(partition))
+                order.add(rowid, *lane_of(priority, partition))
             else:
                 order.add(rowid)
 
@@ -97,8 +96,7 @@ class Transitions:
         """Available tasks deleted (XDEL), (rowid, priority, partition_key) each as stored: out of the
         queue's order (a lanes queue's: each from its own lane)."""
         if queue.lanes_on:
-            queue.order.forget([(rowid, lifecycle.DEFAULT_PRIORITY if priority is None else priority,
-                                 None if partition is None else name_bytes(partition)) for rowid, priority, partition in rows])
+            queue.order.forget([(rowid, *lane_of(priority, partition)) for rowid, priority, partition in rows])
         else:
             queue.order.forget({row[0] for row in rows})
 
@@ -106,8 +104,7 @@ class Transitions:
         """XCLAIM FORCE leased an available task: a lanes queue counts it in its partition."""
         if queue.lanes_on and queue.order is not None:
             priority, partition = self.db.placements.of(rowid)
-            queue.order.leased_outside(rowid, lifecycle.DEFAULT_PRIORITY if priority is None else priority,
-                                       None if partition is None else name_bytes(partition))
+            queue.order.leased_outside(rowid, *lane_of(priority, partition))
 
     def lease_ended(self, queue: QueueState, rowid: int) -> tuple | None:
         """A task of a lanes queue left flight: its partition has room again (lanes.py). Its
