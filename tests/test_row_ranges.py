@@ -154,3 +154,32 @@ def test_tasks_written_by_hand_outside_their_queues_range_are_put_in_place_at_th
     assert r.xrange("new") == [(b"7-0", {b"n": b"new-hand"})]
     r.close()
     assert "tasks are out of place" in server.log()
+
+
+def probes_to_find(conn, rows, task_id) -> int:
+    """How many reads of the table lowest_row makes to place task_id."""
+    statements = []
+    conn.set_trace_callback(statements.append)
+    try:
+        lowest_row(conn, rows, task_id)
+    finally:
+        conn.set_trace_callback(None)
+    return len(statements)
+
+
+def test_ids_pushed_at_a_steady_rate_are_found_in_a_few_probes_and_uneven_ones_in_at_most_twice_halvings():
+    steady = [(1_000_000 + n // 10, n % 10) for n in range(100_000)]  # 10 pushes a millisecond
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(SCHEMA)
+    conn.executemany("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at) "
+                     "VALUES (?, 'q1', ?, ?, 'available', x'', 0, 0)",
+                     ((span(1)[0] + 5_000 + n, ms, seq) for n, (ms, seq) in enumerate(steady)))  # the first 5,000 purged
+    rng = random.Random(3)
+    # an XRESULT names a task just pushed, or any task; halving took 19 reads among these 100,000
+    for task_id in steady[-50:] + rng.sample(steady, 200):
+        assert probes_to_find(conn, span(1), task_id) <= 4, task_id
+    uneven = sorted({(int(1.0002 ** n) + n, 0) for n in range(60_000)})  # gaps growing without bound
+    conn = table_of({1: uneven})  # and deleted rows anywhere, some runs of 1,000
+    halving = (len(uneven) - 1).bit_length()
+    for task_id in rng.sample(uneven, 200):
+        assert probes_to_find(conn, span(1), task_id) <= 2 * halving + 2, task_id
