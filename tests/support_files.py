@@ -39,10 +39,19 @@ def schema_15_text() -> str:
     return old
 
 
+def schema_17_text() -> str:
+    """Schema 17 as EZRA wrote it: today's, with the index tasks_waiting (schema 18 dropped it)."""
+    start = SCHEMA.index("-- XADD AFTER's waiting tasks have no index")
+    end = SCHEMA.index("-- The reaper makes delayed tasks available", start)
+    return (SCHEMA[:start] + "-- XADD AFTER's waiting tasks, for start-up's counts.\n"
+            "CREATE INDEX IF NOT EXISTS tasks_waiting ON tasks (queue, id_ms, id_seq) WHERE state = 'waiting';\n"
+            + SCHEMA[end:])
+
+
 def schema_16_text() -> str:
-    """Schema 16 as EZRA wrote it: today's, without schema 17's (XADD AFTER): 'waiting' in the state
+    """Schema 16 as EZRA wrote it: schema 17's, without schema 17's (XADD AFTER): 'waiting' in the state
     CHECK, the index tasks_waiting, the table dependencies and its index."""
-    old = SCHEMA.replace(" OR state = 'dead' OR state = 'waiting'),", " OR state = 'dead'),")
+    old = schema_17_text().replace(" OR state = 'dead' OR state = 'waiting'),", " OR state = 'dead'),")
     assert "'waiting')," not in old
     start = old.index("-- XADD AFTER's waiting tasks, for start-up's counts")
     old = old[:start] + old[old.index("-- The reaper makes delayed tasks available", start):]

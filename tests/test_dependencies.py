@@ -355,6 +355,45 @@ def test_an_older_file_is_upgraded_and_its_tasks_can_be_waited_for(ezra_factory,
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+def test_waiting_tasks_are_counted_after_a_restart_and_after_schema_17s_index_is_dropped(ezra_factory):
+    """Start-up counts waiting tasks from the dependencies table (schema 18 has no index of them):
+    dependents that died with their dependency keep their edges and are not counted; after kill -9,
+    and from a schema-17 file, whose index tasks_waiting the step drops."""
+    server = ezra_factory()
+    client = server.client()
+    a, b = push(client, "deps"), push(client, "deps")
+    gone = push(client, "deps")
+    for _ in range(3):
+        push(client, "after", *after(("deps", a)))
+    push(client, "after", *after(("deps", a), ("deps", b)))
+    push(client, "other", *after(("deps", b)))
+    dies = push(client, "after", *after(("deps", gone)))
+    assert client.xdel("deps", gone) == 1  # its dependent dies, keeping its edge
+    assert [t[b"id"] for t in tasks(client, "after", "dead")] == [dies]
+    expected = {"after": 4, "other": 1}
+    assert {q: stream_info(client, q)[b"waiting"] for q in expected} == expected  # positive control
+
+    server.kill9()
+    server.start()
+    client = server.client()
+    assert {q: stream_info(client, q)[b"waiting"] for q in expected} == expected
+    assert b"waiting" not in stream_info(client, "deps")
+    server.stop()
+
+    with sqlite3.connect(server.data_dir / "ezra.db") as conn:  # as schema 17 left the file
+        conn.execute("CREATE INDEX tasks_waiting ON tasks (queue, id_ms, id_seq) WHERE state = 'waiting'")
+        conn.execute("PRAGMA user_version = 17")
+    server.start()
+    assert "from schema 17 to" in server.log()
+    client = server.client()
+    assert {q: stream_info(client, q)[b"waiting"] for q in expected} == expected
+    run(client, "deps")  # a: three released, one still waits for b
+    assert {q: stream_info(client, q)[b"waiting"] for q in expected} == {"after": 1, "other": 1}
+    server.stop()
+    with sqlite3.connect(server.data_dir / "ezra.db") as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_waiting'").fetchone()[0] == 0
+
+
 def test_the_dashboard_and_metrics_show_waiting_tasks_and_dependencies_both_ways(ezra_factory):
     from urllib.parse import quote
 

@@ -215,8 +215,8 @@ class Database:
                      available: dict[bytes, int] | None = None) -> list[tuple]:
         """(queue, state, count) for every queue; start-up and a rollback build the counters from it.
 
-        Delayed, dead and waiting tasks have a partial index each, already in queue order: counted there,
-        with no sort of the whole table. Tasks in flight are the broker's to count (`in_flight`:
+        Delayed and dead tasks have a partial index each, already in queue order: counted there,
+        with no sort of the whole table; waiting tasks are the dependencies table's (Dependencies.waiting_counts). Tasks in flight are the broker's to count (`in_flight`:
         {queue name: count}, broker/in_flight.py). Available and done tasks have no index
         (schemas 8 and 10: each would cost every push, claim or ack a B-tree write), nor has a
         queue's count of tasks (schema 14). After a clean stop and after a rolled-back batch,
@@ -228,7 +228,8 @@ class Database:
         """
         rows = self.conn.execute(" UNION ALL ".join(
             f"SELECT queue, '{state}', count(*) FROM tasks INDEXED BY tasks_{state} "
-            f"WHERE state = '{state}' GROUP BY queue" for state in (lifecycle.DELAYED, lifecycle.DEAD, lifecycle.WAITING))).fetchall()
+            f"WHERE state = '{state}' GROUP BY queue" for state in (lifecycle.DELAYED, lifecycle.DEAD))).fetchall()
+        rows += [(queue, lifecycle.WAITING, n) for queue, n in self.dependencies.waiting_counts()]
         rows += [(name_value(name), lifecycle.IN_FLIGHT, n) for name, n in (in_flight or {}).items() if n]
         if done is not None and available is not None:
             return rows + [(name_value(name), state, n) for state, counts in

@@ -119,6 +119,31 @@ class Dependencies:
             "ON t.rowid = d.dependent WHERE d.dependency = ? ORDER BY d.dependent LIMIT ?",
             (dependency, limit)).fetchall()
 
+    def waiting_counts(self) -> list[tuple]:
+        """(queue, count) of the waiting tasks of each queue that has some (start-up's counts). A task
+        with an edge left is waiting, or dead (it died with its dependency and keeps its edges), and a
+        waiting one has an edge: so the tasks of a queue's range among the dependents, less its dead ones
+        among them. No index of waiting tasks: its predicate on the state cost every push, claim and
+        ack 0.35 µs (schema 18 dropped tasks_waiting)."""
+        dead = dict(self.conn.execute(
+            "SELECT queue, count(*) FROM tasks INDEXED BY tasks_dead WHERE state = 'dead' AND EXISTS "
+            "(SELECT 1 FROM dependencies INDEXED BY dependencies_dependent WHERE dependent = tasks.rowid) "
+            "GROUP BY queue"))
+        counts, start = [], 0
+        while True:  # queue by queue, each its range of row ids (one GROUP BY would sort every edge)
+            row = self.conn.execute("SELECT dependent FROM dependencies INDEXED BY dependencies_dependent "
+                                    "WHERE dependent >= ? ORDER BY dependent LIMIT 1", (start,)).fetchone()
+            if row is None:
+                return counts
+            first, last = row_ranges.span(row[0] >> row_ranges.ROW_BITS)
+            queue, dependents = self.conn.execute(
+                "SELECT (SELECT name FROM queues WHERE number = ?), count(DISTINCT dependent) FROM dependencies "
+                "INDEXED BY dependencies_dependent WHERE dependent BETWEEN ? AND ?",
+                (row[0] >> row_ranges.ROW_BITS, first, last)).fetchone()
+            if queue is not None and dependents > dead.get(queue, 0):
+                counts.append((queue, dependents - dead.get(queue, 0)))
+            start = last + 1
+
     def row_of(self, queue: bytes, task_id: tuple) -> int | None:
         """A task's row id (the dashboard's and export's look-ups), or None."""
         return row_ranges.row_of(self.conn, self.span(queue), task_id)

@@ -280,6 +280,8 @@ def _migrate(conn, version: int, path: str) -> None:
             _migrate_to_v16_task_result_and_progress(conn)
         if version < 17:  # XADD AFTER: the waiting state, the dependencies table
             _migrate_to_v17_waiting_tasks(conn)
+        if version < 18:  # waiting tasks are counted from the dependencies table (Dependencies.waiting_counts)
+            conn.execute("DROP INDEX IF EXISTS tasks_waiting")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
@@ -384,10 +386,9 @@ def _unreadable_tasks_anew(conn) -> None:
     conn.execute("DROP TABLE unreadable_tasks_old")
 def _migrate_to_v17_waiting_tasks(conn) -> None:
     """XADD AFTER: the state CHECK admits 'waiting' (the table's text rewritten, as schema 7's step:
-    no row is copied, since every row stays valid), the partial index of waiting tasks (none yet: a
-    pass over the table, no write per row) and the dependencies table."""
+    no row is copied, since every row stays valid) and the dependencies table (schema 17's index
+    tasks_waiting, which schema 18 dropped, is not made)."""
     _rewrite_state_check(conn, STATE_CHECK_V15, 17)
-    conn.execute(SCHEMA_STATEMENTS["tasks_waiting"])
     conn.execute(SCHEMA_STATEMENTS["dependencies"])
     conn.execute(SCHEMA_STATEMENTS["dependencies_dependent"])
 

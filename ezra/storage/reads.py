@@ -42,12 +42,29 @@ def tasks_in_state(conn, span: tuple, queue: bytes, state: str, count: int, afte
         return conn.execute(
             f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid BETWEEN ? AND ? AND state = 'available' "
             "ORDER BY rowid LIMIT ?", (low, span[1], count)).fetchall()
+    if state == lifecycle.WAITING:
+        return _waiting(conn, row_ranges.lowest_row(conn, span, after, above=True), span[1], count)
     sql = f"SELECT {INSPECT_COLUMNS} FROM tasks INDEXED BY tasks_{state} WHERE queue = ? AND state = '{state}'"
     params: list = [name_value(queue)]
     if order.startswith("id_ms"):
         sql += " AND (id_ms, id_seq) > (?, ?)"
         params += after
     return conn.execute(f"{sql} ORDER BY {order} LIMIT ?", (*params, count)).fetchall()
+
+
+def _waiting(conn, low: int, high: int, count: int) -> list[tuple]:
+    """Up to `count` waiting tasks with row ids from `low` to `high`, in id order: the dependents of the
+    dependencies table (in row id order, no sort), waiting unless they died with a dependency (few)."""
+    dependents = conn.execute("SELECT DISTINCT dependent FROM dependencies INDEXED BY dependencies_dependent "
+                              "WHERE dependent BETWEEN ? AND ? ORDER BY dependent", (low, high))
+    rows = []
+    while len(rows) < count:
+        rowids = [row[0] for row in dependents.fetchmany(count - len(rows))]
+        if not rowids:
+            break
+        rows += conn.execute(f"SELECT {INSPECT_COLUMNS} FROM tasks WHERE rowid IN (SELECT value FROM json_each(?)) "
+                             "AND state = 'waiting' ORDER BY rowid", (row_list(rowids),)).fetchall()
+    return rows
 
 
 def tasks_by_rowid(conn, rowids: list[int]) -> list[tuple]:
