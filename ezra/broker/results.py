@@ -2,6 +2,7 @@
 watch XRESULT BLOCK keeps on a task until it ends.
 
     XRESULT q id [BLOCK ms]    outcome: (state, attempts, last failure, result, progress)
+    XRESULT q NAME n ...       named: the id of the task pushed with XADD ... NAME n, then as above
     XPROGRESS q id value       report_progress: kept on the task in flight, and its lease
                                renewed from now, as the owner's XCLAIM renews it (a heartbeat)
     XACK q g id RESULT value   Tasks.ack: the result is written by the ack, in its transaction
@@ -41,6 +42,17 @@ class Results:
         found = self.db.results.outcome(name, task_id)
         if found is None:
             raise errors.no_such_task(name, task_id)
+        return found
+
+    @transaction(durable=False)
+    def named(self, name: bytes, task_name: bytes) -> tuple:
+        """XRESULT NAME: the id of the queue's task named `task_name` (XADD NAME); an error if the
+        queue or the name is not there."""
+        if name not in self.queues:
+            raise errors.no_such_queue(name)
+        found = self.db.task_names.task(name, task_name)
+        if found is None:
+            raise errors.no_such_name(name, task_name)
         return found
 
     @transaction()
