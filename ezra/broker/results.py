@@ -1,7 +1,7 @@
 """A task as its producer sees it: XRESULT's look at its outcome, XPROGRESS's report, and the
 watch XRESULT BLOCK keeps on a task until it ends.
 
-    XRESULT q id [BLOCK ms]    outcome: (state, attempts, last failure, result, progress)
+    XRESULT q id [BLOCK ms]    outcome: (state, attempts, last failure, result, progress, name)
     XRESULT q NAME n ...       named: the id of the task pushed with XADD ... NAME n, then as above
     XPROGRESS q id value       report_progress: kept on the task in flight, and its lease
                                renewed from now, as the owner's XCLAIM renews it (a heartbeat)
@@ -35,7 +35,7 @@ class Results:
 
     @transaction(durable=False)
     def outcome(self, name: bytes, task_id: tuple) -> tuple:
-        """XRESULT: (state, attempts, failure JSON, result, progress) of one task; an error if the
+        """XRESULT: (state, attempts, failure JSON, result, progress, name) of one task; an error if the
         queue or the task is not there."""
         if name not in self.queues:
             raise errors.no_such_queue(name)

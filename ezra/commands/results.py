@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import errors, lifecycle
 from ..protocol import stream_ids
 from ..protocol.resp import OK
-from ..storage import decode_failure
+from ..storage import decode_failure, name_bytes
 from .args import block_timeout, broker_of, live_queue
 from .table import Block, Deferred, command
 
@@ -82,14 +82,18 @@ class OutcomeWait(Block):
 
 
 def outcome_reply(found: tuple) -> dict:
-    """XRESULT's map (a flat list of names and values in RESP2); states as XINFO TASKS' words."""
-    state, attempts, failure, result, progress = found
+    """XRESULT's map (a flat list of names and values in RESP2); states as XINFO TASKS' words. A task
+    pushed with XADD ... NAME has its `name` last (a task without one: the map as it was before names)."""
+    state, attempts, failure, result, progress, name = found
     failure = decode_failure(failure)
-    return {"state": state.replace("_", "-"),
-            "result": None if result is None else bytes(result),
-            "progress": None if progress is None else bytes(progress),
-            "attempts": attempts,
-            "failure-reason": None if failure is None else failure.get("reason")}
+    reply = {"state": state.replace("_", "-"),
+             "result": None if result is None else bytes(result),
+             "progress": None if progress is None else bytes(progress),
+             "attempts": attempts,
+             "failure-reason": None if failure is None else failure.get("reason")}
+    if name is not None:
+        reply["name"] = name_bytes(name)
+    return reply
 
 
 @command("XPROGRESS", 4)
