@@ -39,10 +39,28 @@ def schema_15_text() -> str:
     return old
 
 
+def schema_17_text() -> str:
+    """Schema 17 as EZRA wrote it: today's, without schema 18's (XADD NAME): tasks.name (in tasks,
+    unreadable_tasks and the view tasks_readable) and its index tasks_named."""
+    old = SCHEMA
+    for new_text, old_text in [
+            ("    progress      BLOB,\n    name          TEXT\n);", "    progress      BLOB\n);"),
+            ("partition_key, result, progress, name\nFROM tasks;", "partition_key, result, progress\nFROM tasks;"),
+            ("result, progress, name,  -- as tasks had them", "result, progress,  -- as tasks had them"),
+            ("    -- name: XADD NAME's (BLOB if not UTF-8), unique in its queue while the row exists (tasks_named);\n"
+             "    -- NULL: pushed without one (a plain push binds none). Schema 18 added it at the end.\n", "")]:
+        assert old.count(new_text) == 1, new_text
+        old = old.replace(new_text, old_text)
+    start = old.index("-- XADD NAME: at most one task per name and queue")
+    old = old[:start] + old[old.index("\n", old.index("CREATE UNIQUE INDEX IF NOT EXISTS tasks_named", start)) + 1:]
+    assert "tasks_named" not in old and " name          TEXT" not in old
+    return old
+
+
 def schema_16_text() -> str:
-    """Schema 16 as EZRA wrote it: today's, without schema 17's (XADD AFTER): 'waiting' in the state
+    """Schema 16 as EZRA wrote it: schema 17's, without schema 17's own (XADD AFTER): 'waiting' in the state
     CHECK, the index tasks_waiting, the table dependencies and its index."""
-    old = SCHEMA.replace(" OR state = 'dead' OR state = 'waiting'),", " OR state = 'dead'),")
+    old = schema_17_text().replace(" OR state = 'dead' OR state = 'waiting'),", " OR state = 'dead'),")
     assert "'waiting')," not in old
     start = old.index("-- XADD AFTER's waiting tasks, for start-up's counts")
     old = old[:start] + old[old.index("-- The reaper makes delayed tasks available", start):]
