@@ -49,7 +49,8 @@ def export_outcomes(source, redis: Client, queue: bytes, dry_run: bool, names_ke
                 if task_id > last_done:  # explicit ids: Redis has it from an earlier run
                     pipeline.add([b"HSET", results_key, format_id(task_id), result])  # before its entry
                     if name is not None:
-                        pipeline.add([b"HSET", names_key, format_id(task_id), name])                    pipeline.add([b"XADD", done_key, format_id(task_id), *fields], expected=format_id(task_id))
+                        pipeline.add([b"HSET", names_key, format_id(task_id), name])
+                    pipeline.add([b"XADD", done_key, format_id(task_id), *fields], expected=format_id(task_id))
         pipeline.flush()
     return counts
 
