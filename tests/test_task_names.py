@@ -316,3 +316,27 @@ def test_a_result_slot_is_found_by_name_after_idmp_s_window_is_gone(shared_serve
     assert tasks(client, queue, "done")[0][b"name"] == b"celery-uuid-1"
     reader.close()
     slots.close()
+
+
+def test_names_are_shown_by_ezra_ls_and_the_dashboards_task_page(ezra_factory):
+    import subprocess
+    import sys
+
+    from support_http import http
+    from support_servers import ROOT
+
+    server = ezra_factory("--http-port", "0")
+    r = server.client()
+    named, plain = push(r, "shown", "<order-1017>"), r.xadd("shown", {"n": "2"})
+    listing = subprocess.run([sys.executable, "-m", "ezra", "ls", "shown", "--port", str(server.port)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    assert " name " in listing.stdout.splitlines()[0] and "<order-1017>" in listing.stdout
+
+    def page(task_id) -> bytes:
+        status, _, body = http(f"{server.http_url}/task?queue=shown&id={task_id.decode()}")
+        assert status == 200
+        return body
+
+    assert b'<tr data-fact="name"><th>name</th><td><span class="name">&lt;order-1017&gt;</span>' in page(named)
+    assert b'<tr data-fact="name"><th>name</th><td><span class="name"><span class="muted">' in page(plain)
