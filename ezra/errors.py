@@ -309,6 +309,20 @@ def partition_key_too_long(size: int, limit: int) -> CommandError:
     return err(f"PARTITION key is {size} bytes long; at most {limit} bytes")
 
 
+# XADD NAME name (a task's own name in its queue, an EZRA extension), XRESULT queue NAME name.
+NAME_TWICE = _fixed("ERR NAME specified multiple times")
+NAME_EMPTY = _fixed("ERR NAME requires a non-empty name")
+
+
+def task_name_too_long(size: int, limit: int) -> CommandError:
+    return err(f"NAME is {size} bytes long; at most {limit} bytes")
+
+
+def no_such_name(queue: bytes, name: bytes) -> CommandError:
+    return err(f"no task named '{_text(name, 256)}' in queue '{_text(queue, 256)}' "
+               "(never pushed, or removed: retention, TTL, XTRIM, XDEL)")
+
+
 # Results and progress (EZRA's XACK ... RESULT, XRESULT, XPROGRESS).
 RESULT_SYNTAX = _fixed("ERR XACK with RESULT takes one id and one value: XACK queue group id RESULT value")
 RESULT_PUSH_CONFLICT = _fixed(

@@ -40,16 +40,30 @@ def schema_15_text() -> str:
 
 
 def schema_17_text() -> str:
-    """Schema 17 as EZRA wrote it: today's, with the index tasks_waiting (schema 18 dropped it)."""
-    start = SCHEMA.index("-- XADD AFTER's waiting tasks have no index")
-    end = SCHEMA.index("-- The reaper makes delayed tasks available", start)
-    return (SCHEMA[:start] + "-- XADD AFTER's waiting tasks, for start-up's counts.\n"
+    """Schema 17 as EZRA wrote it: today's, without schema 18's (XADD NAME): tasks.name (in tasks,
+    unreadable_tasks and the view tasks_readable) and its index tasks_named; with the index tasks_waiting
+    (schema 18 dropped it)."""
+    old = SCHEMA
+    for new_text, old_text in [
+            ("    progress      BLOB,\n    name          TEXT\n);", "    progress      BLOB\n);"),
+            ("partition_key, result, progress, name\nFROM tasks;", "partition_key, result, progress\nFROM tasks;"),
+            ("result, progress, name,  -- as tasks had them", "result, progress,  -- as tasks had them"),
+            ("    -- name: XADD NAME's (BLOB if not UTF-8), unique in its queue while the row exists (tasks_named);\n"
+             "    -- NULL: pushed without one (a plain push binds none). Schema 18 added it at the end.\n", "")]:
+        assert old.count(new_text) == 1, new_text
+        old = old.replace(new_text, old_text)
+    start = old.index("-- XADD NAME: at most one task per name and queue")
+    old = old[:start] + old[old.index("\n", old.index("CREATE UNIQUE INDEX IF NOT EXISTS tasks_named", start)) + 1:]
+    assert "tasks_named" not in old and " name          TEXT" not in old
+    start = old.index("-- XADD AFTER's waiting tasks have no index")
+    end = old.index("-- The reaper makes delayed tasks available", start)
+    return (old[:start] + "-- XADD AFTER's waiting tasks, for start-up's counts.\n"
             "CREATE INDEX IF NOT EXISTS tasks_waiting ON tasks (queue, id_ms, id_seq) WHERE state = 'waiting';\n"
-            + SCHEMA[end:])
+            + old[end:])
 
 
 def schema_16_text() -> str:
-    """Schema 16 as EZRA wrote it: schema 17's, without schema 17's (XADD AFTER): 'waiting' in the state
+    """Schema 16 as EZRA wrote it: schema 17's, without schema 17's own (XADD AFTER): 'waiting' in the state
     CHECK, the index tasks_waiting, the table dependencies and its index."""
     old = schema_17_text().replace(" OR state = 'dead' OR state = 'waiting'),", " OR state = 'dead'),")
     assert "'waiting')," not in old

@@ -115,6 +115,9 @@ MOVED = [
     (["XADD", "{q}", "ATTEMPTS", "x", "*", "f", "v"], "-ERR ATTEMPTS must be an integer from 0 to 2147483647"),
     (["XADD", "{q}", "UNIQUE", "k", "UNIQUE", "k", "*", "f", "v"], "-ERR UNIQUE specified multiple times"),
     (["XADD", "{q}", "UNIQUE", "k" * 300, "*", "f", "v"], "-ERR UNIQUE key is 300 bytes long; at most 256 bytes"),
+    (["XADD", "{q}", "NAME", "a", "NAME", "b", "*", "f", "v"], "-ERR NAME specified multiple times"),
+    (["XADD", "{q}", "NAME", "", "*", "f", "v"], "-ERR NAME requires a non-empty name"),
+    (["XADD", "{q}", "NAME", "n" * 300, "*", "f", "v"], "-ERR NAME is 300 bytes long; at most 256 bytes"),
     (["XADD", "{q}", "FAILURE", "[]", "*", "f", "v"],
      '-ERR FAILURE must be a JSON object {"cause": text, "reason": text or null, "worker": text or null, '
      '"at": ms or null}, as ezra export writes it'),

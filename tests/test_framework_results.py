@@ -45,8 +45,8 @@ def test_celery_get_and_state_read_results_kept_in_ezra_across_a_restart(ezra_fa
                                                                         tmp_path):
     """AsyncResult.get() and .state of 3 tasks (one raises) through result_backend = "ezra://...":
     the values, SUCCESS / FAILURE with the task's exception, PENDING for an id never sent; each
-    result is a done task of the results queue, kept with result_expires as its TTL and IDMP
-    window; after a kill -9 and restart of the server the same results are read again."""
+    result is a done task of the results queue, named by its Celery id (XADD NAME), kept with
+    result_expires as its TTL; after a kill -9 and restart of the server the same results are read again."""
     server = ezra_factory(data_dir=tmp_path / "data")
     client = server.client()
     env = app_env(server, queue, RESULTS="1", RESULT_EXPIRES="3600")
@@ -58,9 +58,9 @@ def test_celery_get_and_state_read_results_kept_in_ezra_across_a_restart(ezra_fa
     states = produce(python, "celery_app", f"states_of({ids + ['never-sent']!r})", env)["states"]
     assert states == ["SUCCESS", "SUCCESS", "FAILURE", "PENDING"]
     assert counts(client, RESULTS)["done"] == 3, "one done task per stored result"
-    info = client.execute_command("XINFO", "STREAM", RESULTS)
-    info = dict(zip(info[::2], info[1::2]))
-    assert int(info[b"idmp-duration"]) == 3600, info
+    done = [dict(zip(flat[::2], flat[1::2])) for flat in client.execute_command("XINFO", "TASKS", RESULTS, "done")]
+    assert sorted(task[b"name"].decode() for task in done) == sorted(ids)  # each slot named by its task's id
+    assert all(task[b"fields"][1] == task[b"name"] for task in done)
     worker.kill()
     client.close()
 

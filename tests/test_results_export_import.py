@@ -1,6 +1,7 @@
 """Results and progress across `ezra export` and `ezra import` (issue 49, item 1 and "Must hold"):
-a round trip EZRA -> Redis -> EZRA keeps every done task's result and every task's progress, from
-the port and from the data directory alike; Redis workers are not handed the done tasks."""
+a round trip EZRA -> Redis -> EZRA keeps every done task's result and every task's progress, and
+the tasks' names (XADD NAME), from the port and from the data directory alike; Redis workers are
+not handed the done tasks."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ def outcome(client, queue, task_id) -> dict:
 
 def fill(client, queue) -> dict:
     """t1 done with a result, t2 in flight with progress, t3 done without a result, t4 dead with
-    progress, t5 available: their ids."""
-    ids = {name: client.xadd(queue, {"n": name}) for name in ("t1", "t2", "t3", "t4", "t5")}
+    progress, t5 available: their ids. Each but t3 is named `name-<t>` (XADD NAME)."""
+    ids = {name: client.execute_command("XADD", queue, *([] if name == "t3" else ["NAME", f"name-{name}"]), "*",
+                                        "n", name) for name in ("t1", "t2", "t3", "t4", "t5")}
     client.xreadgroup("g", "w", {queue: ">"}, count=4)
     assert client.execute_command("XACK", queue, "g", ids["t1"], "RESULT", RESULT) == 1
     client.execute_command("XPROGRESS", queue, ids["t2"], "half")
@@ -35,15 +37,19 @@ def check_redis(red, queue, ids) -> None:
     assert red.xrange(f"{queue}::ezra-done") == [[ids["t1"], [b"n", b"t1"]]]
     assert [entry[0] for entry in red.xrange(queue)] == [ids["t2"], ids["t5"]]  # the done ones are not work
     assert [entry[0] for entry in red.xrange(f"{queue}::dead")] == [ids["t4"]]
+    assert red.hgetall(f"{queue}::ezra-names") == {ids[t]: f"name-{t}".encode() for t in ("t1", "t2", "t4", "t5")}
 
 
 def check_ezra(dst, queue, ids) -> None:
     assert outcome(dst, queue, ids["t1"]) == {"state": b"done", "result": RESULT, "progress": None, "attempts": 0,
-                                              "failure-reason": None}
+                                              "failure-reason": None, "name": b"name-t1"}
+    for t in ("t1", "t2", "t4", "t5"):  # each name found again, on its own task
+        assert dst.execute_command("XADD", queue, "NAME", f"name-{t}", "*", "n", "again") == ids[t]
     assert outcome(dst, queue, ids["t2"])["progress"] == b"half"
     assert outcome(dst, queue, ids["t2"])["state"] == b"available"
     assert outcome(dst, queue, ids["t4"]) | {"attempts": 0} == {
-        "state": b"dead", "result": None, "progress": b"stuck at 3", "attempts": 0, "failure-reason": b"poison"}
+        "state": b"dead", "result": None, "progress": b"stuck at 3", "attempts": 0, "failure-reason": b"poison",
+        "name": b"name-t4"}
     assert outcome(dst, queue, ids["t5"])["progress"] is None  # the control: nothing made up
     claimed = dst.xreadgroup("g", "w2", {queue: ">"}, count=10)
     assert [task_id for task_id, _ in claimed[0][1]] == [ids["t2"], ids["t5"]]  # the done task is not handed out

@@ -6,22 +6,23 @@ taskiq id), not by EZRA's stream id, and its worker stores a result apart from t
 task's message (Celery acks before running unless acks_late). So each result gets a task of its
 own in the results queue:
 
-    the slot's id        XADD <results> IDMP <bucket> <framework id> [TTL s] * id <framework id>
-                         (get-or-create: IDMP answers the first push's id for the same iid; the
-                         reader and the writer both call it, whoever comes first makes the slot,
-                         an available task that no worker reads)
+    the slot's id        XADD <results> NAME <framework id> [TTL s] * id <framework id>
+                         (get-or-create: a push whose name is taken answers that task's id; a
+                         blocking reader and the writer both call it, whoever comes first makes
+                         the slot, an available task that no worker reads)
     the final result     MULTI; XCLAIM <results> results <me> 0 <slot> FORCE JUSTID;
                          XACK <results> results <slot> RESULT <value>; EXEC
                          (one transaction: the slot is done with its value, or untouched)
     a passing state      MULTI; XCLAIM ... FORCE JUSTID; XPROGRESS <results> <slot> <value>;
                          XNACK <results> results SILENT IDS 1 <slot>; EXEC
                          (Celery's STARTED / RETRY: kept as the slot's progress, no attempt counted)
+    a look at it         XRESULT <results> NAME <framework id>: no slot yet answers an error
+                         (MISSING), and makes none
     waiting for it       XRESULT <results> <slot> BLOCK <ms>: woken by the commit of the XACK
 
-IDMP's window caps how long a framework id finds its slot: the queue's IDMP-DURATION (at most
-86400 s, Redis's own cap) and IDMP-MAXSIZE ids per producer (at most 10,000): the framework ids are
-spread over BUCKETS producers (2,560,000 results within the window). The slot's TTL, when given,
-removes it and its result after that time.
+A framework id finds its slot for as long as the slot's row exists, however long and however many
+results: the name goes with the row, when the slot's TTL (when given) or the queue's retention
+removes it and its result.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import socket
 import os
 import time
 import uuid
-import zlib
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -39,9 +39,6 @@ import redis
 logger = logging.getLogger("ezra.results")
 
 GROUP = "results"           # accepted and ignored by EZRA (one implicit group per queue)
-BUCKETS = 256               # IDMP producers the ids are spread over
-MAX_IDMP_SIZE = 10000       # IDMP-MAXSIZE's cap
-MAX_IDMP_DURATION = 86400   # IDMP-DURATION's cap (s)
 MAX_PROGRESS = 8 * 1024     # XPROGRESS's cap
 BLOCK_CHUNK = 30.0          # one XRESULT BLOCK waits at most this (the socket's timeout is bounded)
 READ_MARGIN = 10.0          # the socket timeout is the block plus this
@@ -83,30 +80,17 @@ class ResultSlots:
         self.client, self.queue = client, queue
         self.ttl = None if not ttl or ttl <= 0 else max(1, round(ttl))
         self.worker = f"results-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.configured = False
 
     @classmethod
     def from_url(cls, url: str, queue: str, ttl: float | None = None, **params) -> "ResultSlots":
         return cls(redis.Redis(**dict(connection_params(url), **params)), queue, ttl)
 
-    def configure(self) -> None:
-        """The queue's IDMP window, once per process (XCFGSET keeps the remembered ids when the
-        limits are the same: only a change of them starts an empty map)."""
-        if self.configured:
-            return
-        duration = MAX_IDMP_DURATION if self.ttl is None else min(self.ttl, MAX_IDMP_DURATION)
-        self.client.execute_command("XCFGSET", self.queue, "IDMP-DURATION", duration,
-                                    "IDMP-MAXSIZE", MAX_IDMP_SIZE)
-        self.configured = True
-
     def slot(self, key: str, ttl: float | None = None) -> bytes:
         """The id of `key`'s slot, made (available, read by nobody) if it is not there yet, with
         `ttl` seconds (default: the instance's) to live; an existing slot keeps its own."""
-        self.configure()
-        bucket = f"b{zlib.crc32(key.encode()) % BUCKETS}"
         ttl = self.ttl if ttl is None else max(1, round(ttl))
         ttl = [] if ttl is None else ["TTL", ttl]
-        return self.client.execute_command("XADD", self.queue, "IDMP", bucket, key, *ttl, "*", "id", key)
+        return self.client.execute_command("XADD", self.queue, "NAME", key, *ttl, "*", "id", key)
 
     def store(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         """The final result: the slot done with `value`. False if it was done already (kept as it was)."""
@@ -137,26 +121,27 @@ class ResultSlots:
                 logger.info("the state of %r was not recorded: %s", key, exc)
 
     def outcome(self, key: str, block: bool = False, timeout: float | None = None) -> Outcome:
-        """The slot's outcome now, or with `block` once it ended or `timeout` seconds (None: for
-        ever) are up."""
-        slot = self.slot(key)
+        """The slot's outcome now (MISSING if there is none: the look makes no slot), or with `block`
+        once it ended or `timeout` seconds (None: for ever) are up (the wait makes the slot, so that
+        the store's ack wakes it)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        slot = self.slot(key) if block else None
         while True:
             wait = BLOCK_CHUNK if deadline is None else min(BLOCK_CHUNK, deadline - time.monotonic())
-            command = ["XRESULT", self.queue, slot]
+            command = ["XRESULT", self.queue, slot] if slot is not None else ["XRESULT", self.queue, "NAME", key]
             if block and wait > 0:
                 command += ["BLOCK", max(1, int(wait * 1000))]
             try:
                 reply = self.client.execute_command(*command)
             except redis.ResponseError as exc:
-                if "no such" in str(exc):  # removed by its TTL (or by hand): as if never stored
+                if "no such" in str(exc) or "no task named" in str(exc):  # none yet, or removed (TTL): as if never stored
                     return MISSING
                 raise
             fields = dict(zip(reply[::2], reply[1::2])) if isinstance(reply, list) else reply
             outcome = Outcome(fields[b"state"], fields.get(b"result"), fields.get(b"progress"),
                               fields.get(b"failure-reason"))
             # one BLOCK is at most BLOCK_CHUNK (the socket's timeout): wait again until the deadline
-            if outcome.ended or len(command) == 3 or (deadline is not None and time.monotonic() >= deadline):
+            if outcome.ended or command[-2] != "BLOCK" or (deadline is not None and time.monotonic() >= deadline):
                 return outcome
 
     def close(self) -> None:

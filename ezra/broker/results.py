@@ -1,7 +1,8 @@
 """A task as its producer sees it: XRESULT's look at its outcome, XPROGRESS's report, and the
 watch XRESULT BLOCK keeps on a task until it ends.
 
-    XRESULT q id [BLOCK ms]    outcome: (state, attempts, last failure, result, progress)
+    XRESULT q id [BLOCK ms]    outcome: (state, attempts, last failure, result, progress, name)
+    XRESULT q NAME n ...       named: the id of the task pushed with XADD ... NAME n, then as above
     XPROGRESS q id value       report_progress: kept on the task in flight, and its lease
                                renewed from now, as the owner's XCLAIM renews it (a heartbeat)
     XACK q g id RESULT value   Tasks.ack: the result is written by the ack, in its transaction
@@ -34,13 +35,24 @@ class Results:
 
     @transaction(durable=False)
     def outcome(self, name: bytes, task_id: tuple) -> tuple:
-        """XRESULT: (state, attempts, failure JSON, result, progress) of one task; an error if the
+        """XRESULT: (state, attempts, failure JSON, result, progress, name) of one task; an error if the
         queue or the task is not there."""
         if name not in self.queues:
             raise errors.no_such_queue(name)
         found = self.db.results.outcome(name, task_id)
         if found is None:
             raise errors.no_such_task(name, task_id)
+        return found
+
+    @transaction(durable=False)
+    def named(self, name: bytes, task_name: bytes) -> tuple:
+        """XRESULT NAME: the id of the queue's task named `task_name` (XADD NAME); an error if the
+        queue or the name is not there."""
+        if name not in self.queues:
+            raise errors.no_such_queue(name)
+        found = self.db.task_names.task(name, task_name)
+        if found is None:
+            raise errors.no_such_name(name, task_name)
         return found
 
     @transaction()

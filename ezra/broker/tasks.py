@@ -30,7 +30,8 @@ class Push:
     `priority` (PRIORITY, 0-9; None: lifecycle.DEFAULT_PRIORITY) and `partition` (PARTITION) are
     kept on the task, dead ones too. `progress` (PROGRESS) and `result` (RESULT: the task is pushed
     done, with it) bring a task's progress and result in from elsewhere (ezra import). `after` (AFTER):
-    [(queue, id text, id)] of the tasks it waits for (broker/dependencies.py)."""
+    [(queue, id text, id)] of the tasks it waits for (broker/dependencies.py). `name` (NAME): while a
+    task of the queue named so exists (any state), its id is the answer and nothing is stored."""
 
     fields: bytes
     requested_id: tuple | None = None
@@ -48,6 +49,7 @@ class Push:
     progress: bytes | None = None
     result: bytes | None = None
     after: list | None = None
+    name: bytes | None = None
 
 
 class Tasks:
@@ -176,8 +178,14 @@ class Tasks:
         return results
 
     def _push_with_options(self, name: bytes, push: Push):
-        """One XADD with options (Push): its id, or None (NOMKSTREAM and no queue)."""
+        """One XADD with options (Push): its id, or None (NOMKSTREAM and no queue). NAME is looked up
+        first: a name taken answers its task's id whatever the other options (nothing else is looked
+        up or stored: AFTER's tasks, IDMP, UNIQUE); a free one leaves the push as it was without it."""
         now = self.clock()
+        if push.name is not None and name in self.queues:
+            named = self.db.task_names.task(name, push.name)
+            if named is not None:
+                return stream_ids.format_id(named)
         waits = dead_dependency = None
         if push.after is not None:  # before anything is written: an unknown task refuses the push
             waits, dead_dependency = self.dependencies.plan(push.after)
@@ -210,7 +218,7 @@ class Tasks:
         elif waits:
             state = WAITING  # available_at kept: a DELAY still runs once it is released
         rowid = self.db.insert_task(name, task_id, push.fields, now, available_at, state, push.ttl_ms, push.attempts,
-                                    failure, unique, push.priority, push.partition)
+                                    failure, unique, push.priority, push.partition, push.name)
         if waits:
             self.dependencies.added(rowid, waits)
         if push.result is not None or push.progress is not None:  # ezra import's

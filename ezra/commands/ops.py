@@ -268,13 +268,14 @@ def task_reply(row, state: str) -> dict:
     if state == UNFINISHED:
         *row, state = row  # those rows carry their own state
     (ms, seq, fields, attempts, worker, created, available, deadline, delivered, finished, unique_key, failure,
-     priority, partition, progress, result_size) = row
+     priority, partition, progress, result_size, name) = row
     failure = decode_failure(failure) or {}
     return {"id": stream_ids.format_id((ms, seq)), "state": state, "attempts": attempts,
             "worker": None if worker is None else name_bytes(worker), "created-at": created,
             "available-at": available, "delivered-at": delivered, "deadline": deadline,
             "finished-at": finished, "fields": shown_fields(fields, (ms, seq)),
             "unique-key": None if unique_key is None else name_bytes(unique_key),
+            "name": None if name is None else name_bytes(name),  # XADD NAME's (None: none)
             # its last failure (EZRA's XNACK REASON...): all None if it never failed
             "failure-cause": failure.get("cause"), "failure-reason": failure.get("reason"),
             "failure-worker": failure.get("worker"), "failed-at": failure.get("at"),

@@ -99,6 +99,12 @@ def take_priority(args: list[bytes], i: int, priority):
     return digit[0] - 48, i + 2
 
 
+# NAME name: the task's own name in its queue, for as long as its row exists (tasks.name): a push
+# with a name taken answers that task's id (get-or-create). Bounded as a UNIQUE key.
+MAX_TASK_NAME = 256  # bytes
+take_name = key_option(errors.NAME_TWICE, errors.NAME_EMPTY, errors.task_name_too_long, MAX_TASK_NAME)
+
+
 # PARTITION key: the task's partition of the queue (tasks.partition_key).
 take_partition = key_option(errors.PARTITION_TWICE, errors.PARTITION_KEY_EMPTY, errors.partition_key_too_long,
                             lifecycle.MAX_PARTITION_KEY)
@@ -154,7 +160,7 @@ def push_progress(arg: bytes) -> bytes:
 TRIMMING = take_trimming("xadd")
 IDMP = Custom(take_idmp, need=3)
 # XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS, UNIQUE, FAILURE,
-# PRIORITY and PARTITION. IDMP, IDMPAUTO and EZRA's need one argument more than their values (the id):
+# PRIORITY, PARTITION, AFTER and NAME (any of them with NAME: broker/tasks.py says how they combine). IDMP, IDMPAUTO and EZRA's need one argument more than their values (the id):
 # without it the word is read as the id (`XADD q NOMKSTREAM DELAY 5`: an invalid id).
 PUSH_OPTIONS = Options(
     NOMKSTREAM=Flag(), MAXLEN=TRIMMING, MINID=TRIMMING, LIMIT=TRIMMING,
@@ -165,7 +171,7 @@ PUSH_OPTIONS = Options(
     PRIORITY=Custom(take_priority, need=2), PARTITION=Custom(take_partition, need=2),
     # ezra import's: a task's progress, and a done task with its result (XACK ... RESULT's, elsewhere)
     PROGRESS=Value(push_progress, need=2), RESULT=Value(bytes, need=2),
-    AFTER=Custom(take_after, need=4), unknown=STOP)
+    AFTER=Custom(take_after, need=4), NAME=Custom(take_name, need=2), unknown=STOP)
 
 
 # ---------------------------------------------------------------- XADD
@@ -174,7 +180,7 @@ PUSH_OPTIONS = Options(
 def xadd(session, args):
     """XADD queue [NOMKSTREAM] [MAXLEN|MINID ~ threshold [LIMIT n]] [IDMP producer iid | IDMPAUTO producer]
     [DELAY s] [TTL s] [ATTEMPTS n] [UNIQUE key] [FAILURE json] [PRIORITY p] [PARTITION key] [PROGRESS value]
-    [RESULT value] [AFTER n queue id ...] <* | id> field value ...
+    [RESULT value] [AFTER n queue id ...] [NAME name] <* | id> field value ...
     (on queue::dead: a dead task, as ezra import brings dead letters in)"""
     queue, pushes, _ = read_pushes(session, (args,), 0)
     return Deferred(session.state.broker.tasks.push(queue, pushes), ONLY)  # its id is the reply
@@ -259,7 +265,7 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
     # '*' where the options begin: none, and a new id, without the parser's loop
     options, i = (PUSH_OPTIONS.defaults, 2) if args[2] == b"*" else parse_options(args, 2, PUSH_OPTIONS)
     (nomkstream, trimming, _, idmp, delay_ms, ttl_ms, attempts, unique, failure, priority, partition, progress,
-     result, after) = options
+     result, after, name) = options
     requested_id = stream_ids.push_id(args[i]) if i < len(args) else None  # as Redis: a bad id first
     if trimming is not None:
         trimming.check()
@@ -289,7 +295,7 @@ def push_with_options(session, args: list[bytes], queue: bytes, dead: bool) -> P
     if idmp is not None:
         idmp = idempotency(idmp, requested_id, fields)
     return Push(stored(fields), requested_id, nomkstream, delay_ms, ttl_ms, idmp, attempts, dead, trim, unique, failure,
-                priority, partition, progress, result, after)
+                priority, partition, progress, result, after, name)
 
 
 def idempotency(idmp: tuple, requested_id: tuple | None, fields: list[bytes]) -> tuple:

@@ -3,6 +3,7 @@
 
     XRESULT queue id [BLOCK ms]   a map: state, result, progress, attempts, failure-reason;
                                   BLOCK waits until the task is done or dead (or the time is up)
+    XRESULT queue NAME name [BLOCK ms]   the same, for the task pushed with XADD ... NAME name
     XPROGRESS queue id value      OK: progress of a task in flight, and a heartbeat of its lease
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 from .. import errors, lifecycle
 from ..protocol import stream_ids
 from ..protocol.resp import OK
-from ..storage import decode_failure
+from ..storage import decode_failure, name_bytes
 from .args import block_timeout, broker_of, live_queue
 from .table import Block, Deferred, command
 
@@ -20,10 +21,17 @@ ENDED = (lifecycle.DONE, lifecycle.DEAD)  # what XRESULT BLOCK waits for
 
 @command("XRESULT", -3, blocks=True)
 def xresult(session, args):
-    """XRESULT queue id [BLOCK ms]: the task's state, result, progress, attempts and last failure's
-    reason; with BLOCK, once it is done or dead, or the time is up (BLOCK 0: for ever)."""
-    queue, task_id = live_queue(args[1]), stream_ids.parse_id(args[2])
-    results = broker_of(session).results
+    """XRESULT queue <id | NAME name> [BLOCK ms]: the task's state, result, progress, attempts and last
+    failure's reason; with BLOCK, once it is done or dead, or the time is up (BLOCK 0: for ever).
+    A name is read as the task's id once, here: the wait is the id's."""
+    queue, results = live_queue(args[1]), broker_of(session).results
+    if args[2].upper() == b"NAME":  # (an id is digits: never the word)
+        if len(args) not in (4, 6):
+            raise errors.SYNTAX
+        task_id = results.named(queue, args[3]).result  # in this turn's batch: its result is there at once
+        args = args[:2] + args[3:]
+    else:
+        task_id = stream_ids.parse_id(args[2])
     if len(args) == 3:
         return Deferred(results.outcome(queue, task_id), outcome_reply)
     if len(args) != 5 or args[3].upper() != b"BLOCK":
@@ -74,14 +82,18 @@ class OutcomeWait(Block):
 
 
 def outcome_reply(found: tuple) -> dict:
-    """XRESULT's map (a flat list of names and values in RESP2); states as XINFO TASKS' words."""
-    state, attempts, failure, result, progress = found
+    """XRESULT's map (a flat list of names and values in RESP2); states as XINFO TASKS' words. A task
+    pushed with XADD ... NAME has its `name` last (a task without one: the map as it was before names)."""
+    state, attempts, failure, result, progress, name = found
     failure = decode_failure(failure)
-    return {"state": state.replace("_", "-"),
-            "result": None if result is None else bytes(result),
-            "progress": None if progress is None else bytes(progress),
-            "attempts": attempts,
-            "failure-reason": None if failure is None else failure.get("reason")}
+    reply = {"state": state.replace("_", "-"),
+             "result": None if result is None else bytes(result),
+             "progress": None if progress is None else bytes(progress),
+             "attempts": attempts,
+             "failure-reason": None if failure is None else failure.get("reason")}
+    if name is not None:
+        reply["name"] = name_bytes(name)
+    return reply
 
 
 @command("XPROGRESS", 4)

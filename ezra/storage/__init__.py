@@ -10,7 +10,7 @@ snapshots.py (hot backup, the export's read-only snapshot, the import's in-use
 check: connections of their own, on a native thread or in a command-line
 program). schedules.py holds the schedules table's queries (XSCHEDULE), which the
 Database carries as `db.schedules`; unique_keys.py those of XADD UNIQUE
-(`db.unique_keys`); producers.py those of XADD IDMP (`db.producers`); results.py those of
+(`db.unique_keys`); task_names.py those of XADD NAME (`db.task_names`); producers.py those of XADD IDMP (`db.producers`); results.py those of
 XRESULT and XPROGRESS (`db.results`); acks.py the
 ack's statements, by row id (`db.ack`, `db.delete_acked`); wal_file.py the WAL file's own
 descriptor (fdatasync, size, zeros kept ahead; `db.wal`). row_ranges.py says where a queue's

@@ -29,6 +29,7 @@ from .producers import IdempotentProducers
 from .retention import Retention
 from .schedules import Schedules
 from .unique_keys import UniqueKeys
+from .task_names import TaskNames
 from .wal_file import WalFile
 from .placements import Placements
 from .results import Results
@@ -56,8 +57,8 @@ _SET_OUTCOME_WITH_FAILURE_SQL = (
 _INSERT_PLAIN_SQL = ("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, created_at, available_at, "
                      f"reserved) VALUES (?, ?, ?, ?, 'available', ?, ?, ?, {ROOM_SQL})")
 _INSERT_TASK_SQL = ("INSERT INTO tasks (rowid, queue, id_ms, id_seq, state, fields, attempts, created_at, "
-                    "available_at, finished_at, ttl_ms, failure, unique_key, priority, partition_key, reserved) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                    "available_at, finished_at, ttl_ms, failure, unique_key, priority, partition_key, reserved, name) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 # A push run's rows go in as statements of 64, 32, ... 1 rows (50 = 32 + 16 + 2): one INSERT of many
 # rows costs 1.56 µs a row against executemany's 2.65, which binds, steps and resets each (measured).
 INSERT_ROWS = 64
@@ -95,6 +96,7 @@ class Database:
         self.integrity = Integrity(conn)  # read-only once found corrupt
         self.schedules = Schedules(conn)  # XSCHEDULE's table (storage/schedules.py)
         self.unique_keys = UniqueKeys(conn)  # XADD UNIQUE (storage/unique_keys.py)
+        self.task_names = TaskNames(conn)  # XADD NAME (storage/task_names.py)
         self.producers = IdempotentProducers(conn)  # XADD IDMP (storage/producers.py)
         self.placements = Placements(conn, self.span)  # priorities and partitions (storage/placements.py)
         self.results = Results(conn, self.span)  # XRESULT, XPROGRESS (storage/results.py)
@@ -240,7 +242,7 @@ class Database:
         counts = list(rows)
         done_rows = "0" if done is not None else "sum(state = 'done')"  # given, or read from each row
         for queue, count, done_here in self.conn.execute(
-                f"SELECT name, count(*), {done_rows} FROM queues INDEXED BY queues_number "
+                f"SELECT queues.name, count(*), {done_rows} FROM queues INDEXED BY queues_number "
                 f"JOIN tasks ON {row_ranges.IN_QUEUE_RANGE} WHERE number IS NOT NULL GROUP BY number"):
             if done is not None:
                 done_here = done.get(name_bytes(queue), 0)
@@ -341,14 +343,15 @@ class Database:
     def insert_task(self, queue: bytes, task_id: tuple, fields: bytes | str, now: int,
                     available_at: int, state: str = lifecycle.AVAILABLE, ttl_ms: int | None = None,
                     attempts: int = 0, failure: dict | None = None, unique_key: bytes | None = None,
-                    priority: int | None = None, partition: bytes | None = None) -> int:
+                    priority: int | None = None, partition: bytes | None = None, name: bytes | None = None) -> int:
         """A pushed task with options: as insert_plain; `fields` as stored (task_fields.py: a push's RESP
         bytes, or a schedule's JSON text); `attempts`, `failure` and a dead `state` come from imports
         (XADD ATTEMPTS, FAILURE, XADD q::dead); `unique_key` from XADD UNIQUE (storage/unique_keys.py:
         the caller asked for the key's holder first); `priority` and `partition` from XADD PRIORITY
-        and PARTITION (NULL when not given: the default priority, no partition)."""
+        and PARTITION (NULL when not given: the default priority, no partition); `name` from XADD NAME
+        (storage/task_names.py: the caller asked whether the name is taken first)."""
         if (state == lifecycle.AVAILABLE and not attempts and ttl_ms is None and failure is None
-                and unique_key is None and priority is None and partition is None):
+                and unique_key is None and priority is None and partition is None and name is None):
             return self.insert_plain(queue, task_id, fields, now, available_at)
         rowid, high = self._new_rows(queue, 1)
         try:
@@ -356,11 +359,12 @@ class Database:
                 rowid, name_value(queue), task_id[0], task_id[1], state, fields, attempts, now, available_at,
                 now if state == lifecycle.DEAD else None, ttl_ms, encode_failure(failure),
                 None if unique_key is None else name_value(unique_key), priority,
-                None if partition is None else name_value(partition), claim_room(state)))
+                None if partition is None else name_value(partition), claim_room(state),
+                None if name is None else name_value(name)))
         except sqlite3.IntegrityError as exc:  # a row written by hand meanwhile? (or raises exc)
             self.hand_rows.make_way(queue, (rowid, rowid), exc, self._next_rows)
             return self.insert_task(queue, task_id, fields, now, available_at, state, ttl_ms, attempts, failure,
-                                    unique_key, priority, partition)
+                                    unique_key, priority, partition, name)
         self._next_rows[queue] = (rowid + 1, high)
         return rowid
 

@@ -39,7 +39,7 @@ LOGGED = 20  # rows set aside named one by one in the log; the rest counted
 # Columns copied to unreadable_tasks: every column of tasks but the row id.
 COLUMNS = ("queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, deadline, "
            "delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved, priority, partition_key, "
-           "result, progress")
+           "result, progress, name")
 
 # Rows that may be unreadable: fields in text (read in Python, as a reply would) or neither text nor a
 # BLOB; ids that are not integers; a priority or partition key XADD would refuse (commands/push.py).

@@ -280,7 +280,8 @@ def _migrate(conn, version: int, path: str) -> None:
             _migrate_to_v16_task_result_and_progress(conn)
         if version < 17:  # XADD AFTER: the waiting state, the dependencies table
             _migrate_to_v17_waiting_tasks(conn)
-        if version < 18:  # waiting tasks are counted from the dependencies table (Dependencies.waiting_counts)
+        if version < 18:  # XADD NAME: a column of tasks and its index; waiting tasks counted from the
+            _migrate_to_v18_task_names(conn)  # dependencies table (Dependencies.waiting_counts): no index
             conn.execute("DROP INDEX IF EXISTS tasks_waiting")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
@@ -377,13 +378,26 @@ def _unreadable_tasks_anew(conn) -> None:
     if not _has_table(conn, "unreadable_tasks"):
         return
     have = {row[1] for row in conn.execute("PRAGMA table_info(unreadable_tasks)")}
-    if {"result", "progress"} <= have:  # made by this schema already (a file rebuilt from schema.sql)
+    if "name" in have:  # the newest column: made by this schema already (a file rebuilt from schema.sql)
         return
     conn.execute("ALTER TABLE unreadable_tasks RENAME TO unreadable_tasks_old")
     conn.execute(SCHEMA_STATEMENTS["unreadable_tasks"])
     columns = ", ".join(row[1] for row in conn.execute("PRAGMA table_info(unreadable_tasks_old)"))
     conn.execute(f"INSERT INTO unreadable_tasks ({columns}) SELECT {columns} FROM unreadable_tasks_old")
     conn.execute("DROP TABLE unreadable_tasks_old")
+
+
+def _migrate_to_v18_task_names(conn) -> None:
+    """XADD NAME: tasks gain name, NULL in every existing row (SQLite adds a nullable column without
+    rewriting the table), and its partial unique index (empty: a pass over the table, no write per row);
+    the view shows it; unreadable_tasks is made anew with it, as schema 16's step does."""
+    _add_task_column(conn, "name", "TEXT")
+    _unreadable_tasks_anew(conn)
+    conn.execute("DROP VIEW IF EXISTS tasks_readable")
+    conn.execute(SCHEMA_STATEMENTS["tasks_readable"])
+    conn.execute(SCHEMA_STATEMENTS["tasks_named"])
+
+
 def _migrate_to_v17_waiting_tasks(conn) -> None:
     """XADD AFTER: the state CHECK admits 'waiting' (the table's text rewritten, as schema 7's step:
     no row is copied, since every row stays valid) and the dependencies table (schema 17's index

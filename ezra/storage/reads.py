@@ -20,7 +20,7 @@ DONE_LOOK_BACK = 10_000
 # What the dashboard and XINFO TASKS show of a task; `ezra export --data-dir` carries it. Of a
 # result (up to --max-task-size) its size only: a listing of 100 done tasks reads no result.
 INSPECT_COLUMNS = ("id_ms, id_seq, fields, attempts, worker, created_at, available_at, deadline, "
-                   "delivered_at, finished_at, unique_key, failure, priority, partition_key, progress, length(result)")
+                   "delivered_at, finished_at, unique_key, failure, priority, partition_key, progress, length(result), name")
 RESULT_SHOWN_BYTES = 2000  # of a task's result, on its dashboard page (task_by_id)
 # Each state's listing in an order that costs no sort of a million rows (tasks_in_state).
 INSPECT_ORDER = {lifecycle.AVAILABLE: "id_ms, id_seq", lifecycle.DEAD: "id_ms, id_seq",
@@ -142,7 +142,7 @@ def tasks_by_id(conn, queue: bytes, states: tuple, count: int, after: tuple) -> 
 
 
 def outcomes_after(conn, queue: bytes, count: int, after: tuple) -> list[tuple]:
-    """(id_ms, id_seq, state, fields, result, progress) of up to `count` tasks of the queue that have a
+    """(id_ms, id_seq, state, fields, result, progress, name) of up to `count` tasks of the queue that have a
     result or a progress, in id order after `after` (ezra export --data-dir: a walk of the queue's
     range of row ids, no index)."""
     span = row_ranges.queue_span(conn, queue)
@@ -150,7 +150,7 @@ def outcomes_after(conn, queue: bytes, count: int, after: tuple) -> list[tuple]:
         return []
     low = row_ranges.lowest_row(conn, span, after, above=True)
     return conn.execute(
-        "SELECT id_ms, id_seq, state, fields, result, progress FROM tasks WHERE rowid BETWEEN ? AND ? "
+        "SELECT id_ms, id_seq, state, fields, result, progress, name FROM tasks WHERE rowid BETWEEN ? AND ? "
         "AND (result IS NOT NULL OR progress IS NOT NULL) ORDER BY rowid LIMIT ?", (low, span[1], count)).fetchall()
 
 

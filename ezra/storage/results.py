@@ -10,7 +10,7 @@ from . import row_ranges
 # XPROGRESS: the value, and the lease renewed as an owner's XCLAIM renews it (a heartbeat).
 _PROGRESS_SQL = ("UPDATE tasks SET progress = ?, delivered_at = ?, deadline = ? "
                  "WHERE rowid = ? AND state = 'in_flight'")
-_OUTCOME_SQL = "SELECT state, attempts, failure, result, progress FROM tasks WHERE rowid = ?"
+_OUTCOME_SQL = "SELECT state, attempts, failure, result, progress, name FROM tasks WHERE rowid = ?"
 
 
 class Results:
@@ -21,7 +21,7 @@ class Results:
         self.span = span  # Database.span: a queue's range of row ids
 
     def outcome(self, queue: bytes, task_id: tuple) -> tuple | None:
-        """(state, attempts, failure JSON, result, progress) of one task, or None: no such task (never
+        """(state, attempts, failure JSON, result, progress, name) of one task, or None: no such task (never
         pushed, or removed: retention, TTL, XDEL...). A search of the queue's row ids."""
         rowid = row_ranges.row_of(self.conn, self.span(queue), task_id)
         return None if rowid is None else self.conn.execute(_OUTCOME_SQL, (rowid,)).fetchone()

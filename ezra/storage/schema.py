@@ -20,8 +20,8 @@ APPLICATION_ID = 0x455A5241  # "EZRA": marks the file as ours
 # 2: delayed state, per-task TTL, per-queue settings, idempotent producers; 3: paused;
 # 4: schedules (XSCHEDULE); 5: tasks.failure (why a task last failed, XNACK REASON);
 # 6: unique tasks (XADD UNIQUE: tasks.unique_key, index tasks_unique)
-SCHEMA_VERSION = 18  # 18: no tasks_waiting (counted from the dependencies table)
-# 17: XADD AFTER: the 'waiting' state, tasks_waiting, dependencies; 16: tasks.result
+SCHEMA_VERSION = 18  # 18: XADD NAME: tasks.name and its index tasks_named; no tasks_waiting (waiting
+# tasks counted from the dependencies table); 17: XADD AFTER: the 'waiting' state, tasks_waiting, dependencies; 16: tasks.result
 # (XACK ... RESULT) and tasks.progress (XPROGRESS), shown by tasks_readable;
 # 15: flow control: tasks.priority and tasks.partition_key (XADD PRIORITY,
 # PARTITION), shown by tasks_readable; queues.max_in_flight, rate_limit_count, rate_limit_seconds,

@@ -81,12 +81,15 @@ CREATE TABLE IF NOT EXISTS tasks (
     -- result: XACK ... RESULT's value, kept with the done task (bytes, at most --max-task-size);
     -- progress: XPROGRESS's last value for the task (at most 8 KB), kept across redeliveries.
     -- NULL: none given; a plain XACK writes neither. Schema 16 added both at the end.
+    -- name: XADD NAME's (BLOB if not UTF-8), unique in its queue while the row exists (tasks_named);
+    -- NULL: pushed without one (a plain push binds none). Schema 18 added it at the end.
     retained      INTEGER,
     reserved      BLOB,
     priority      INTEGER,
     partition_key TEXT,
     result        BLOB,
-    progress      BLOB
+    progress      BLOB,
+    name          TEXT
 );
 
 -- Few indexes on purpose: every index costs a page write per state change. Available tasks
@@ -115,6 +118,11 @@ CREATE INDEX IF NOT EXISTS tasks_ttl ON tasks (finished_at + ttl_ms)
 -- tasks pushed without a key are never in it.
 CREATE UNIQUE INDEX IF NOT EXISTS tasks_unique ON tasks (queue, unique_key)
     WHERE unique_key IS NOT NULL AND state IN ('available', 'delayed', 'in_flight');
+-- XADD NAME: at most one task per name and queue, in any state, for as long as its row exists (a
+-- push with a name taken answers that task's id: storage/task_names.py). The predicate names no
+-- `state`, so a claim's, an ack's or a nack's UPDATE writes nothing to it; the row's DELETE (TTL,
+-- retention, XTRIM, XDEL, XACKDEL) frees the name. Tasks pushed without a name are never in it.
+CREATE UNIQUE INDEX IF NOT EXISTS tasks_named ON tasks (queue, name) WHERE name IS NOT NULL;
 
 -- The tasks for people (the sqlite3 shell, a SQLite browser): each column of tasks, with the id as
 -- text (`1796319258949-0`) and the fields as a JSON array of text whichever form they are stored in, e.g.
@@ -134,7 +142,7 @@ SELECT queue, id_ms || '-' || id_seq AS id, id_ms, id_seq, state,
          SELECT json_group_array(CAST(value AS TEXT)) FROM (SELECT value FROM part WHERE n > 0 ORDER BY n))
        ELSE fields END AS fields,
        attempts, worker, created_at, available_at, deadline, delivered_at, finished_at, ttl_ms, unique_key, failure,
-       coalesce(priority, 5) AS priority, partition_key, result, progress
+       coalesce(priority, 5) AS priority, partition_key, result, progress, name
 FROM tasks;
 
 -- Tasks the start found unreadable (fields that are neither a JSON array of text nor a RESP array,
@@ -144,7 +152,7 @@ FROM tasks;
 CREATE TABLE IF NOT EXISTS unreadable_tasks (
     row           INTEGER,  -- its row id in tasks
     queue, id_ms, id_seq, state, fields, attempts, worker, created_at, available_at, deadline,
-    delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved, priority, partition_key, result, progress,  -- as tasks had them
+    delivered_at, finished_at, ttl_ms, unique_key, failure, retained, reserved, priority, partition_key, result, progress, name,  -- as tasks had them
     reason        TEXT    NOT NULL,  -- why it was set aside
     found_at      INTEGER NOT NULL   -- ms since the epoch
 );

@@ -19,6 +19,7 @@ from collections import Counter
 
 from ..adapters.client import Client, ReplyError
 from ..protocol.task_fields import listed
+from ..storage import name_bytes
 from .stream_copy import (PAGE, ZERO, CheckedPipeline, Task, format_id, pairs, shown, side_hash, stream_entries,
                           stream_facts)
 
@@ -30,15 +31,16 @@ DEAD_SUFFIX = b"::dead"
 
 # ---------------------------------------------------------------- export: EZRA -> Redis
 
-def export_outcomes(source, redis: Client, queue: bytes, dry_run: bool) -> Counter:
-    """Copy the queue's progress values and done tasks' results; counts of "progress" and "results"."""
+def export_outcomes(source, redis: Client, queue: bytes, dry_run: bool, names_key: bytes) -> Counter:
+    """Copy the queue's progress values and done tasks' results (and those tasks' names, XADD NAME's, to
+    `names_key`: move.py carries the other tasks'); counts of "progress" and "results"."""
     done_key, results_key, progress_key = queue + DONE_SUFFIX, queue + RESULTS_SUFFIX, queue + PROGRESS_SUFFIX
     last_done = stream_facts(redis, done_key)[1]
     for key in (results_key, progress_key):
         stream_facts(redis, key, kinds=(b"hash",))
     pipeline, counts = CheckedPipeline(None if dry_run else redis), Counter()
     for page in outcome_pages(source, queue):
-        for task_id, state, fields, result, progress in page:
+        for task_id, state, fields, result, progress, name in page:
             if progress is not None:
                 counts["progress"] += 1
                 pipeline.add([b"HSET", progress_key, format_id(task_id), progress])
@@ -46,13 +48,15 @@ def export_outcomes(source, redis: Client, queue: bytes, dry_run: bool) -> Count
                 counts["results"] += 1
                 if task_id > last_done:  # explicit ids: Redis has it from an earlier run
                     pipeline.add([b"HSET", results_key, format_id(task_id), result])  # before its entry
+                    if name is not None:
+                        pipeline.add([b"HSET", names_key, format_id(task_id), name])
                     pipeline.add([b"XADD", done_key, format_id(task_id), *fields], expected=format_id(task_id))
         pipeline.flush()
     return counts
 
 
 def outcome_pages(source, queue: bytes):
-    """Pages of (id, state, fields, result, progress) of the queue's tasks that have a result or a
+    """Pages of (id, state, fields, result, progress, name) of the queue's tasks that have a result or a
     progress: from the file (FileSource: one query a page), or through the port (PortSource:
     XRANGE of the queue and of its dead view, an XRESULT of each entry, pipelined)."""
     snapshot = getattr(source, "snapshot", None)
@@ -60,8 +64,8 @@ def outcome_pages(source, queue: bytes):
         after = ZERO
         while True:
             rows = snapshot.outcomes_after(queue, PAGE, after)
-            yield [((ms, seq), state, listed(fields), result, progress) for ms, seq, state, fields, result, progress
-                   in rows]
+            yield [((ms, seq), state, listed(fields), result, progress, None if name is None else name_bytes(name))
+                   for ms, seq, state, fields, result, progress, name in rows]
             if len(rows) < PAGE:
                 return
             after = rows[-1][:2]
@@ -87,21 +91,23 @@ def with_outcome(client: Client, queue: bytes, entries: list) -> list:
         outcome = pairs(reply)
         if outcome[b"result"] is not None or outcome[b"progress"] is not None:
             state = outcome[b"state"].decode().replace("-", "_")
-            found.append((task_id, state, fields, outcome[b"result"], outcome[b"progress"]))
+            found.append((task_id, state, fields, outcome[b"result"], outcome[b"progress"], outcome.get(b"name")))
     return found
 
 
 # ---------------------------------------------------------------- import: Redis -> EZRA
 
-def with_outcomes(redis: Client, queue: bytes, tasks, counts: Counter):
+def with_outcomes(redis: Client, queue: bytes, tasks, counts: Counter, names: dict | None = None):
     """The queue's tasks (move.redis_tasks, in id order) with their progress from q::ezra-progress, and
     the done tasks of q::ezra-done that have a result in q::ezra-results merged in by id (state
-    "result": pushed done, with it). `counts` gets "progress" and "results"."""
+    "result": pushed done, with it, and its name from `names`, q::ezra-names). `counts` gets "progress" and
+    "results"."""
     progress, results = (side_hash(redis, queue + suffix, bytes)
                          if stream_facts(redis, queue + suffix, kinds=(b"hash",))[0] == b"hash" else {}
                          for suffix in (PROGRESS_SUFFIX, RESULTS_SUFFIX))
     stream_facts(redis, queue + DONE_SUFFIX)
-    done = (Task(task_id, "result", 0, fields, result=results[task_id])
+    names = names or {}
+    done = (Task(task_id, "result", 0, fields, result=results[task_id], name=names.get(task_id))
             for task_id, fields in stream_entries(redis, queue + DONE_SUFFIX) if task_id in results)
     for task in heapq.merge(tasks, done, key=lambda task: task.id):
         if task.id in progress and task.state != "done":  # done in Redis: not copied

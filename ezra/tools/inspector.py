@@ -24,10 +24,10 @@ STATES = ("available", "delayed", "in_flight", "done", "dead")  # INFO's counts,
 # done tasks only when asked for; waiting ones (XADD AFTER) after the rest
 LISTED_BY_DEFAULT = ("in_flight", "available", "delayed", "dead", "waiting")
 FIELDS_WIDTH = 60
-KEY_WIDTH = 30  # characters of an XADD UNIQUE or PARTITION key shown by `ezra ls`
+KEY_WIDTH = 30  # characters of an XADD NAME, UNIQUE or PARTITION key shown by `ezra ls`
 # `ezra ls`'s columns shown only when a listed task's cell says something: what says something.
 OPTIONAL_COLUMNS = {"priority": lambda cell: cell not in ("", str(DEFAULT_PRIORITY)), "partition": bool,
-                    "unique key": bool, "progress": bool}
+                    "name": bool, "unique key": bool, "progress": bool}
 PROGRESS_WIDTH = 30  # characters of a task's progress (XPROGRESS) shown by `ezra ls`
 CLEAR_SCREEN = "\033[H\033[2J"
 
@@ -257,6 +257,7 @@ def ls_main(argv: list[str]) -> int:
                              shown(task[b"worker"]) if task[b"worker"] is not None else "",
                              task_age(task, now_ms), "" if priority is None else str(priority),
                              "" if partition is None else shown(partition, KEY_WIDTH),
+                             "" if task.get(b"name") is None else shown(task[b"name"], KEY_WIDTH),  # XADD NAME's
                              "" if key is None else shown(key, KEY_WIDTH),
                              text[:FIELDS_WIDTH - 1] + "…" if len(text) > FIELDS_WIDTH else text,
                              # XPROGRESS's: a server before it sends none
@@ -265,7 +266,7 @@ def ls_main(argv: list[str]) -> int:
     if not rows:
         print(f"no {' / '.join(states)} tasks in {printable(options.queue)}")
         return 0
-    headers = ["id", "state", "attempts", "worker", "when", "priority", "partition", "unique key", "fields",
+    headers = ["id", "state", "attempts", "worker", "when", "priority", "partition", "name", "unique key", "fields",
                "progress", "last failure"]
     # The priority, partition and key columns only when a listed task has one (a priority of its own)
     shown_columns = [column for column, header in enumerate(headers) if header not in OPTIONAL_COLUMNS

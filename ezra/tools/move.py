@@ -10,6 +10,7 @@ What maps to what (docs/guides/moving-to-redis.md, docs/usage.md):
     dead                           ->   entries of stream q::dead
     attempts > 0                   ->   hash q::ezra-attempts: id -> attempts (entries stay the user's)
     unique key (XADD UNIQUE)       ->   hash q::ezra-unique: id -> key (unfinished tasks: dead ones hold none)
+    name (XADD NAME)               ->   hash q::ezra-names: id -> name (any state; done ones with a result too)
     a last failure (XNACK REASON)  ->   hash q::ezra-failures: id -> its JSON {cause, reason, worker, at}
     priority (XADD PRIORITY)       ->   hash q::ezra-priorities: id -> 0-9 (tasks pushed without one: none)
     waiting (XADD AFTER)           ->   an entry of q; hash q::ezra-after: id -> [[queue, id], ...] (carried_dependencies.py)
@@ -23,7 +24,7 @@ What maps to what (docs/guides/moving-to-redis.md, docs/usage.md):
     after g's last-delivered id    ->   available (attempts from q::ezra-attempts, else 0;
                                         pushed with UNIQUE and its key from q::ezra-unique, if any;
                                         the last failure from q::ezra-failures, sent as XADD FAILURE;
-                                        PRIORITY and PARTITION from q::ezra-priorities, q::ezra-partitions)
+                                        PRIORITY, PARTITION, NAME from q::ezra-priorities, -partitions, -names)
     pending (XPENDING)             ->   available, attempts + its delivery count
     delivered and acked            ->   nothing: done in Redis
     stream q::dead                 ->   dead (XADD q::dead)
@@ -62,6 +63,7 @@ from .stream_copy import (PAGE, ZERO, CheckedPipeline, Ids, MoveError, Task, fai
 DEAD_SUFFIX = b"::dead"
 ATTEMPTS_SUFFIX = b"::ezra-attempts"
 UNIQUE_SUFFIX = b"::ezra-unique"
+NAMES_SUFFIX = b"::ezra-names"
 FAILURES_SUFFIX = b"::ezra-failures"
 PRIORITIES_SUFFIX = b"::ezra-priorities"
 PARTITIONS_SUFFIX = b"::ezra-partitions"
@@ -111,7 +113,7 @@ class PortSource:
             tasks = [pairs(flat) for flat in page]
             yield [Task(parse_id(t[b"id"]), t[b"state"].decode(), t[b"attempts"], t[b"fields"],
                         t.get(b"unique-key"), failure_json(t), own_priority(t.get(b"priority")), t.get(b"partition"),
-                        after=waits_for(t)) for t in tasks]
+                        after=waits_for(t), name=t.get(b"name")) for t in tasks]
             if len(page) < PAGE:
                 return
             after = tasks[-1][b"id"]
@@ -145,7 +147,8 @@ class FileSource:
                         None if row[10] is None else name_bytes(row[10]),
                         None if row[11] is None else row[11].encode(), row[12],
                         None if row[13] is None else name_bytes(row[13]),
-                        after=self.snapshot.waits_for(queue, row[:2]) if row[-1] == "waiting" else None) for row in rows]
+                        after=self.snapshot.waits_for(queue, row[:2]) if row[-1] == "waiting" else None,
+                        name=None if row[16] is None else name_bytes(row[16])) for row in rows]
             if len(rows) < PAGE:
                 return
             after = rows[-1][:2]
@@ -161,7 +164,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
     last = {False: stream_facts(redis, queue)[1], True: stream_facts(redis, dead_key)[1]}
     stream_facts(redis, attempts_key, kinds=(b"hash",))
     stream_facts(redis, queue + UNIQUE_SUFFIX, kinds=(b"hash",))
-    for suffix in (FAILURES_SUFFIX, PRIORITIES_SUFFIX, PARTITIONS_SUFFIX, SETTINGS_SUFFIX, AFTER_SUFFIX):
+    for suffix in (FAILURES_SUFFIX, PRIORITIES_SUFFIX, PARTITIONS_SUFFIX, SETTINGS_SUFFIX, AFTER_SUFFIX, NAMES_SUFFIX):
         stream_facts(redis, queue + suffix, kinds=(b"hash",))
     group = os.fsencode(options.group) if options.group else facts["group"]
     counts, expected = copy_to_redis(source, CheckedPipeline(None if options.dry_run else redis), queue, last,
@@ -174,7 +177,7 @@ def export_queue(source, redis: Client, queue: bytes, options) -> str | list:
         warn("export", queue, "EZRA knows no group name for it (workers never ran XGROUP CREATE), so "
                               "the group is 'default'; --group NAME gives it your workers' name")
     keep_settings(redis, queue, facts["settings"], options.dry_run)
-    outcomes = export_outcomes(source, redis, queue, options.dry_run)
+    outcomes = export_outcomes(source, redis, queue, options.dry_run, queue + NAMES_SUFFIX)
     if options.dry_run:
         return dry_row(queue, counts, group)
     if unfinished:
@@ -220,6 +223,8 @@ def copy_to_redis(source, pipeline: CheckedPipeline, queue: bytes, last: dict, p
                     pipeline.add([b"HSET", attempts_key, format_id(task.id), b"%d" % task.attempts])
                 if task.unique_key is not None and not dead:
                     pipeline.add([b"HSET", unique_key, format_id(task.id), task.unique_key])
+                if task.name is not None:
+                    pipeline.add([b"HSET", queue + NAMES_SUFFIX, format_id(task.id), task.name])
                 if task.failure is not None:
                     pipeline.add([b"HSET", failures_key, format_id(task.id), task.failure])
                 if task.priority is not None:
@@ -310,13 +315,14 @@ def priority_of(raw: bytes) -> int:
 
 def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, attempts: dict, keys: dict,
                 failures: dict | None = None, priorities: dict | None = None, partitions: dict | None = None,
-                afters: dict | None = None):
+                afters: dict | None = None, names: dict | None = None):
     """Every entry of q and q::dead in id order, as Tasks: available, pending, done or dead;
     live ones with their unique key (`keys`, from q::ezra-unique); each with its last failure
-    (`failures`, from q::ezra-failures), priority and partition (q::ezra-priorities, q::ezra-partitions);
+    (`failures`, from q::ezra-failures), priority, partition and name (q::ezra-priorities, -partitions, -names);
     new ones with what they wait for (`afters`, from q::ezra-after)."""
     delivered = parse_id(group[b"last-delivered-id"]) if group else ZERO
-    failures, priorities, partitions, afters = failures or {}, priorities or {}, partitions or {}, afters or {}
+    failures, priorities, partitions, afters, names = (given or {} for given in (failures, priorities, partitions,
+                                                                                 afters, names))
 
     def live():
         for stream_id, fields in stream_entries(redis, queue):
@@ -324,17 +330,18 @@ def redis_tasks(redis: Client, queue: bytes, group: dict | None, pending: dict, 
             placed = priorities.get(stream_id), partitions.get(stream_id)
             if stream_id > delivered:
                 yield Task(stream_id, "available", earlier, fields, keys.get(stream_id), failure, *placed,
-                           after=afters.get(stream_id))
+                           after=afters.get(stream_id), name=names.get(stream_id))
             elif stream_id in pending:
                 yield Task(stream_id, "pending", earlier + pending[stream_id], fields, keys.get(stream_id), failure,
-                           *placed)
+                           *placed, name=names.get(stream_id))
             else:
                 yield Task(stream_id, "done", earlier, fields, failure=failure)
 
     def dead():
         for stream_id, fields in stream_entries(redis, queue + DEAD_SUFFIX):
             yield Task(stream_id, "dead", attempts.get(stream_id, 0), fields, failure=failures.get(stream_id),
-                       priority=priorities.get(stream_id), partition=partitions.get(stream_id))
+                       priority=priorities.get(stream_id), partition=partitions.get(stream_id),
+                       name=names.get(stream_id))
 
     return one_id_space(heapq.merge(live(), dead(), key=lambda task: task.id))
 
@@ -390,10 +397,12 @@ def import_queue(redis: Client, ezra: Client, queue: bytes, options) -> str | li
     partitions = side_hash(redis, queue + PARTITIONS_SUFFIX, bytes) if has_partitions else {}
     has_after = stream_facts(redis, queue + AFTER_SUFFIX, kinds=(b"hash",))[0] == b"hash"
     afters = side_hash(redis, queue + AFTER_SUFFIX, after_of) if has_after else {}
+    names = side_hash(redis, queue + NAMES_SUFFIX, bytes) \
+        if stream_facts(redis, queue + NAMES_SUFFIX, kinds=(b"hash",))[0] == b"hash" else {}
     settings = restore_settings(redis, ezra, queue, options.dry_run)
     carried = Counter()  # results and progress values (carried_outcomes.py)
     tasks = with_outcomes(redis, queue, redis_tasks(redis, queue, group, pending, attempts, keys, failures,
-                                                    priorities, partitions, afters), carried)
+                                                    priorities, partitions, afters, names), carried, names)
     progress = Progress(f"import {shown(queue)}", redis.call("XLEN", queue) + redis.call("XLEN", dead_key))
     counts, expected = copy_to_ezra(tasks, CheckedPipeline(None if options.dry_run else ezra), queue,
                                     ezra_last_id(ezra, queue), progress)
@@ -460,6 +469,7 @@ def copy_to_ezra(tasks, pipeline: CheckedPipeline, queue: bytes, last: tuple, pr
             counts["partition"] += 1
             attempts += [b"PARTITION", task.partition]
         attempts += carried_options(task)
+        attempts += [] if task.name is None else [b"NAME", task.name]
         attempts += after_options(pipeline, task, counts)  # XADD AFTER, from q::ezra-after
         pipeline.add([b"XADD", dead_key if task.state == "dead" else queue, *attempts, *unique, format_id(task.id),
                     *task.fields], expected=format_id(task.id))

@@ -44,6 +44,7 @@ class Task(NamedTuple):
     progress: bytes | None = None  # XPROGRESS's last value (import: XADD PROGRESS; carried_outcomes.py)
     result: bytes | None = None  # a done task's result (import: XADD RESULT, a done task; carried_outcomes.py)
     after: list | None = None  # a waiting task's [(queue, id)] not done yet (XADD AFTER; None: none)
+    name: bytes | None = None  # XADD NAME's (any state; import: XADD NAME, from q::ezra-names)
 
 
 def parse_id(text: bytes) -> tuple:
@@ -96,7 +97,7 @@ def stream_facts(client: Client, key: bytes, kinds: tuple = (b"stream",)) -> tup
 
 
 def side_hash(redis: Client, key: bytes, value=int) -> dict:
-    """{id: value} from an export's q::ezra-attempts (int), q::ezra-unique (bytes) or other hash
+    """{id: value} from an export's q::ezra-attempts (int), q::ezra-unique, q::ezra-names (bytes) or other hash
     (HSCAN: never one huge reply)."""
     found, cursor = {}, b"0"
     while True:

@@ -37,6 +37,7 @@ PRIORITY = 12                  # tasks.priority in an INSPECT_COLUMNS row (NULL:
 PARTITION = 13                 # tasks.partition_key in an INSPECT_COLUMNS row
 PROGRESS = 14                  # tasks.progress (XPROGRESS) in an INSPECT_COLUMNS row
 RESULT_SIZE = 15               # the size of tasks.result (XACK ... RESULT) in an INSPECT_COLUMNS row
+NAME = 16                      # tasks.name (XADD NAME) in an INSPECT_COLUMNS row
 KEY_SHOWN = 80                 # characters of a task's XADD UNIQUE key shown in a table cell
 LISTED_STATES = (IN_FLIGHT, DEAD, AVAILABLE, DELAYED)
 STATIC_FILES = ("dashboard.css", "dashboard.js", "favicon.svg")

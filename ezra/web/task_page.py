@@ -15,11 +15,11 @@ from ..lifecycle import AVAILABLE, DEAD, DEFAULT_PRIORITY, DELAYED, MAX_REASON_B
 from ..storage import decode_failure, name_bytes
 from ..protocol.task_fields import shown as shown_fields
 from . import shown_name
-from .dashboard import (FAILURE, PARTITION, PRIORITY, PROGRESS, RESULT_SIZE, STATE_TITLES, UNIQUE_KEY, duration,
+from .dashboard import (FAILURE, NAME, PARTITION, PRIORITY, PROGRESS, RESULT_SIZE, STATE_TITLES, UNIQUE_KEY, duration,
                         form, header, page, queue_link, task_link, text)
 
-RESULT_CUT = 16                # the result's first bytes after INSPECT_COLUMNS (storage.reads.task_by_id)
-STATE = 17                     # then the state column
+RESULT_CUT = 17                # the result's first bytes after INSPECT_COLUMNS (storage.reads.task_by_id)
+STATE = 18                     # then the state column
 FIELDS_LISTED = 100            # fields shown on a task's page; XRANGE shows the rest
 VALUE_SHOWN = 2000             # characters of a field's value (or of its name, or the key) shown
 NAME_SHOWN_CHARS = 200         # characters of a field's name shown
@@ -72,6 +72,7 @@ def facts_table(row: tuple, now: int) -> str:
              ("worker", '<span class="muted">–</span>' if worker is None else text(worker))]
     facts += [(title, f'{time_cell(row[column], now)} <span class="muted">· {text(meaning)}</span>')
               for column, title, meaning in TIMES]
+    facts.append(("name", f'<span class="name">{shown_key(row[NAME])}</span>'))
     facts.append(("unique key", f'<span class="unique-key">{shown_key(row[UNIQUE_KEY])}</span>'))
     priority, default = (DEFAULT_PRIORITY, ' <span class="muted">· the default</span>') if row[PRIORITY] is None \
         else (row[PRIORITY], "")
@@ -82,7 +83,7 @@ def facts_table(row: tuple, now: int) -> str:
 
 
 def shown_key(key) -> str:
-    """A task's UNIQUE or PARTITION key (TEXT, or BLOB when not UTF-8), escaped; a dash for none."""
+    """A task's NAME, UNIQUE or PARTITION key (TEXT, or BLOB when not UTF-8), escaped; a dash for none."""
     if key is None:
         return '<span class="muted">–</span>'
     return shown_bytes(key.encode("utf-8", "surrogateescape") if isinstance(key, str) else bytes(key))
