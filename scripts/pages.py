@@ -63,7 +63,7 @@ INDEX_ANCHOR = "CREATE INDEX IF NOT EXISTS tasks_retained"  # added indexes go b
 PHASES = ("push", "claim", "ack")
 ROW_BITS = 40  # ezra/storage/row_ranges.py: queue number n's tasks have row ids from n << 40
 ROWID_COLUMN = "    rowid         INTEGER PRIMARY KEY,  -- storage/row_ranges.py; `rowid` in a query reads it\n"
-TABLE_END = "    progress      BLOB\n);"  # the last column of tasks in schema.sql
+TABLE_END = "    name          TEXT\n);"  # the last column of tasks in schema.sql
 
 
 class Variant:
