@@ -156,12 +156,12 @@ def test_tasks_written_by_hand_outside_their_queues_range_are_put_in_place_at_th
     assert "tasks are out of place" in server.log()
 
 
-def probes_to_find(conn, rows, task_id) -> int:
-    """How many reads of the table lowest_row makes to place task_id."""
+def probes_to_find(conn, rows, task_id, search=lowest_row) -> int:
+    """How many reads of the table lowest_row (or row_of) makes to place task_id."""
     statements = []
     conn.set_trace_callback(statements.append)
     try:
-        lowest_row(conn, rows, task_id)
+        search(conn, rows, task_id)
     finally:
         conn.set_trace_callback(None)
     return len(statements)
@@ -178,6 +178,7 @@ def test_ids_pushed_at_a_steady_rate_are_found_in_a_few_probes_and_uneven_ones_i
     # an XRESULT names a task just pushed, or any task; halving took 19 reads among these 100,000
     for task_id in steady[-50:] + rng.sample(steady, 200):
         assert probes_to_find(conn, span(1), task_id) <= 4, task_id
+        assert probes_to_find(conn, span(1), task_id, row_of) <= 3, task_id  # no read after the search
     uneven = sorted({(int(1.0002 ** n) + n, 0) for n in range(60_000)})  # gaps growing without bound
     conn = table_of({1: uneven})  # and deleted rows anywhere, some runs of 1,000
     halving = (len(uneven) - 1).bit_length()

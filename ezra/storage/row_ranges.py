@@ -59,17 +59,23 @@ def lowest_row(conn, rows: tuple[int, int], task_id: tuple, above: bool = False)
     XCLAIM and XDEL name a task that is there, found in 3 probes among a million where halving
     took 20. A probe that did not halve what is left is followed by a halving, so uneven ids cost
     at most twice the halving's probes."""
+    return _search(conn, rows, task_id, above)[0]
+
+
+def _search(conn, rows: tuple[int, int], task_id: tuple, above: bool) -> tuple[int, tuple | None]:
+    """lowest_row's search: (the split, the first (rowid, id_ms, id_seq) row at or after it, or None:
+    there is none, or the id is (0, 0), which no task has)."""
     if task_id <= (0, 0):
-        return rows[0]
+        return rows[0], None
     first = conn.execute(_FIRST, rows).fetchone()
     if first is None or _after(first, task_id, above):
-        return rows[0]
+        return rows[0], first
     last = conn.execute(_LAST, rows).fetchone()
     if not _after(last, task_id, above):
-        return last[0] + 1
-    # Every row up to `below` is before task_id; every row from `split` on is at or after it. Each
-    # end keeps the id of the row found there (a split at an empty row id: the next row's).
-    below, split, estimate = first, last, True
+        return last[0] + 1, None
+    # Every row up to `below` is before task_id; every row from `split` on is at or after it, the
+    # first of them `after`. `split` keeps the ids of the row found there (an empty row id: `after`'s).
+    below, split, after, estimate = first, last, last, True
     while split[0] - below[0] > 1:
         left = split[0] - below[0]
         middle = _estimated(below, split, task_id) if estimate else (below[0] + split[0]) // 2
@@ -78,15 +84,15 @@ def lowest_row(conn, rows: tuple[int, int], task_id: tuple, above: bool = False)
             split = (middle, split[1], split[2])
         elif (row[1], row[2]) == task_id:  # ids grow with row ids: the split is this row, or the next
             if not above:
-                return row[0]
+                return row[0], row
             later = conn.execute(_FIRST, (row[0] + 1, split[0] - 1)).fetchone()
-            return (split if later is None else later)[0]
+            return (split[0], after) if later is None else (later[0], later)
         elif _after(row, task_id, above):
-            split = row
+            split = after = row
         else:
             below = row
         estimate = not estimate or 2 * (split[0] - below[0]) <= left
-    return split[0]
+    return split[0], after
 
 
 def _estimated(below: tuple, split: tuple, task_id: tuple) -> int:
@@ -115,7 +121,6 @@ def rows_between(conn, rows: tuple[int, int], start: tuple, end: tuple) -> tuple
 
 def row_of(conn, rows: tuple[int, int], task_id: tuple) -> int | None:
     """The row id of one task of the range, or None: no such task."""
-    split = lowest_row(conn, rows, task_id)
-    row = conn.execute(_FIRST, (split, rows[1])).fetchone()
+    row = _search(conn, rows, task_id, False)[1]
     return row[0] if row is not None and (row[1], row[2]) == task_id else None
 
