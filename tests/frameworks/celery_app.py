@@ -5,6 +5,7 @@ import) or import (the default: `import ezra.celery`, broker="ezra://..."); ACKS
 (acks_late, task_reject_on_worker_lost, task_acks_on_failure_or_timeout=False); VT (the
 visibility_timeout transport option); SLOW (overrides the seconds of `work`, for a rerun);
 RESULTS=1 (result_backend: the same URL, results in EZRA; RESULT_EXPIRES: result_expires).
+BROKER_URL: another broker (redis://...), the results staying in EZRA with RESULTS=1.
 Each run of Celery's celery.chord_unlock prints "UNLOCK 0 <pid>".
 """
 
@@ -26,7 +27,7 @@ if os.environ.get("STYLE") == "setting":
     app.conf.broker_transport = "ezra.celery:Transport"
 else:
     import ezra.celery  # noqa: F401  registers ezra:// with kombu
-    app = Celery("celery_app", broker=url)
+    app = Celery("celery_app", broker=os.environ.get("BROKER_URL", url))
 
 app.conf.task_default_queue = QUEUE
 if os.environ.get("RESULTS") == "1":
