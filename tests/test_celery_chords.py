@@ -150,3 +150,30 @@ def test_with_another_broker_a_chord_keeps_celerys_retrying_unlock(ezra_factory,
     assert len(worker.lines("UNLOCK")) >= 2, "Celery's fallback: chord_unlock retried while the header ran"
     assert counts(client, RESULTS)["done"] == 11, "the results in EZRA: the header's 10 and the body's"
     client.close()
+
+
+def conf_of(broker: str, transport: str | None = None):
+    from types import SimpleNamespace
+    return SimpleNamespace(conf=SimpleNamespace(broker_write_url=None, broker_url=broker, broker_transport=transport))
+
+
+@pytest.mark.parametrize("broker, transport, results, uses_after", [
+    ("ezra://127.0.0.1:42002", None, "ezra://127.0.0.1:42002", True),
+    ("ezra://localhost", None, "ezra.celery:ResultBackend+ezra://127.0.0.1:42002", True),
+    ("ezras://:pw@host:7000", None, "ezras://:pw@host:7000", True),
+    ("redis://127.0.0.1:42002", "ezra.celery:Transport", "ezra://127.0.0.1:42002", True),
+    ("ezra://127.0.0.1:42002", None, "ezra://127.0.0.1:42003", False),
+    ("redis://127.0.0.1:42002", None, "ezra://127.0.0.1:42002", False),
+    ("ezra://a:1;ezra://b:1", None, "ezra://a:1", False),
+])
+def test_after_is_used_only_when_the_broker_is_the_results_ezra(broker, transport, results, uses_after):
+    from ezra.adapters.celery_chords import broker_is
+    assert broker_is(conf_of(broker, transport), results) is uses_after
+
+
+def test_the_after_property_becomes_xadd_after_and_leaves_the_message():
+    from ezra.adapters.celery_chords import AFTER_PROPERTY, after_option
+    message = {"properties": {"priority": 3, AFTER_PROPERTY: [["celery-results", "1-0"], ["celery-results", "2-0"]]}}
+    assert after_option(message) == ["AFTER", 2, "celery-results", "1-0", "celery-results", "2-0"]
+    assert message == {"properties": {"priority": 3}}, "the stored message does not carry it"
+    assert after_option(message) == [] and after_option({}) == []
