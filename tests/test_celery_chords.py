@@ -85,6 +85,23 @@ def test_a_failed_header_task_reaches_the_chords_error_path(ezra_factory, queue,
     client.close()
 
 
+def test_on_celerys_redis_backend_a_failed_header_fails_the_chord_alike_naming_the_task(
+        ezra_factory, redis_server_port, queue, python, workers):
+    """The same chord with Celery's Redis result backend (native chords, no unlock task): get()
+    raises the header's ValueError and the body is FAILURE with a ChordError, as on EZRA; Redis's
+    text also names the failed task ("Dependency <id> raised ...")."""
+    server = ezra_factory()
+    client = server.client()
+    env = app_env(server, queue, RESULTS="1", RESULT_URL=f"redis://127.0.0.1:{redis_server_port}/1")
+    worker = celery_worker(workers, python, env, client)
+    got = produce(python, "celery_app", "chord_of(0, 0.0, [1, 2, -1, 3])", env)
+    assert got["error"] == "ValueError: no square of -1" and got["state"] == "FAILURE", got
+    assert got["body"].startswith("ChordError: Dependency "), got
+    assert got["body"].endswith(" raised ValueError('no square of -1')"), got
+    assert worker.lines("TOTAL") == [] and worker.lines("UNLOCK") == []
+    client.close()
+
+
 def test_a_deleted_header_slot_kills_the_unlock_task_with_a_reason_naming_it(ezra_factory, queue, python,
                                                                             workers):
     """The header's queue paused: the unlock task waits on 3 slots (XINFO TASKS' waits-for); the
@@ -122,11 +139,13 @@ def test_a_kill_9_of_the_server_mid_chord_still_runs_the_body_once(ezra_factory,
     worker = celery_worker(workers, python, env, client)
     sent = produce(python, "celery_app", "send_chord(10, 0.5)", env)
     wait_until(lambda: len(worker.lines("DONE")) >= 3, 60, message="3 header tasks done")
+    [unlock] = tasks(client, queue, "waiting")
     assert worker.lines("TOTAL") == []
     server.kill9()
     server.args += ["--port", str(server.port)]
     server.start()
     client = server.client()
+    assert tasks(client, queue, "waiting") in ([unlock], []), "still waiting, or released by the last result"
     got = produce(python, "celery_app", f"results([{sent['body']!r}])", env)
     assert got == {"results": [["SUCCESS", [i * i for i in range(10)]]]}
     assert [n for n, _ in worker.lines("TOTAL")] == [sum(i * i for i in range(10))], "the body ran once"

@@ -5,7 +5,8 @@ import) or import (the default: `import ezra.celery`, broker="ezra://..."); ACKS
 (acks_late, task_reject_on_worker_lost, task_acks_on_failure_or_timeout=False); VT (the
 visibility_timeout transport option); SLOW (overrides the seconds of `work`, for a rerun);
 RESULTS=1 (result_backend: the same URL, results in EZRA; RESULT_EXPIRES: result_expires).
-BROKER_URL: another broker (redis://...), the results staying in EZRA with RESULTS=1.
+BROKER_URL: another broker (redis://...), the results staying in EZRA with RESULTS=1; RESULT_URL:
+another result backend (redis://...) with RESULTS=1.
 Each run of Celery's celery.chord_unlock prints "UNLOCK 0 <pid>".
 """
 
@@ -32,6 +33,7 @@ else:
 app.conf.task_default_queue = QUEUE
 if os.environ.get("RESULTS") == "1":
     app.conf.result_backend = url if os.environ.get("STYLE") != "setting" else "ezra.celery:ResultBackend+" + url
+    app.conf.result_backend = os.environ.get("RESULT_URL", app.conf.result_backend)
     app.conf.task_track_started = True
     if os.environ.get("RESULT_EXPIRES"):
         app.conf.result_expires = int(os.environ["RESULT_EXPIRES"])
