@@ -201,6 +201,29 @@ def test_noack_reads_and_xackdel_count_as_done(r, queue):
     assert claim(r, queue) == [d]
 
 
+def test_an_ack_with_a_result_releases_its_dependents(r, queue):
+    """XACK ... RESULT is an ack: alone, in MULTI/EXEC after XCLAIM FORCE (the result backends'
+    store), and in a pipeline's run of them, it releases the tasks waiting for the task acked."""
+    a, b, c = (push(r, queue + "-a") for _ in range(3))
+    waiting = [push(r, queue, *after((queue + "-a", task))) for task in (a, b)]
+    both = push(r, queue, *after((queue + "-a", b), (queue + "-a", c)))
+    claim(r, queue + "-a", 1)
+    assert r.execute_command("XACK", queue + "-a", "g", a, "RESULT", "ra") == 1
+    assert claim(r, queue) == [waiting[0]]
+    with r.pipeline(transaction=True) as pipe:
+        pipe.xclaim(queue + "-a", "g", "w", 0, [b], force=True, justid=True)
+        pipe.execute_command("XACK", queue + "-a", "g", b, "RESULT", "rb")
+        assert pipe.execute()[-1] == 1
+    assert claim(r, queue) == [waiting[1]]
+    assert [t[b"state"] for t in tasks(r, queue, "waiting")] == [b"waiting"]  # `both` waits for c still
+    claim(r, queue + "-a", 1)
+    with r.pipeline(transaction=False) as pipe:
+        pipe.execute_command("XACK", queue + "-a", "g", c, "RESULT", "rc")
+        pipe.execute_command("XACK", queue + "-a", "g", c, "RESULT", "again")
+        assert pipe.execute() == [1, 0]
+    assert claim(r, queue) == [both]
+
+
 def test_a_delay_still_runs_once_released(r, queue):
     a = push(r, queue + "-a")
     push(r, queue, "DELAY", 3600, *after((queue + "-a", a)))

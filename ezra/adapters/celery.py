@@ -11,6 +11,9 @@
                                PRIORITY from its `priority`, 0 first as kombu's Redis transport
                                reads it, clamped to 0-9 as kombu does; none given: no PRIORITY,
                                told apart from 0 by sent_without_priority below)
+    a chord's unlock task      XADD queue AFTER n <results queue> <slot> ... * payload ... (asked for by
+                               the result backend through a message property, after_option:
+                               ezra/adapters/celery_chords.py)
     the worker waiting         one XREADGROUP GROUP celery <worker> COUNT <what prefetch allows>
                                BLOCK <the drain timeout> STREAMS <its queues> > ...
     ack                        XACK
@@ -46,6 +49,7 @@ from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.utils.json import dumps, loads
 from kombu.utils.url import as_url
 
+from .celery_chords import after_option, ask_for_after
 from .priorities import clamped
 from .leases import LeaseKeeper, visibility_timeout
 
@@ -140,6 +144,7 @@ def sent_without_priority(properties=None, **_) -> None:
 
 if task_failure is not None:
     before_task_publish.connect(sent_without_priority, weak=False)
+    before_task_publish.connect(ask_for_after, weak=False)
 
 
 def priority_option(message: dict) -> list:
@@ -225,7 +230,7 @@ class Channel(virtual.Channel):
 
     def _put(self, queue, message, **kwargs):
         delay = eta_delay(message)
-        options = (["DELAY", repr(delay)] if delay else []) + priority_option(message)
+        options = (["DELAY", repr(delay)] if delay else []) + priority_option(message) + after_option(message)
         self.client.execute_command("XADD", queue, *options, "*", PAYLOAD, dumps(message))
 
     def _lookup(self, exchange, routing_key, default=None):

@@ -9,10 +9,12 @@ Each Celery task id has a slot, a task of the results queue (ezra/adapters/resul
                                                 progress -> its state; waiting -> PENDING; dead ->
                                                 FAILURE; no slot (expired) -> PENDING
     AsyncResult.get(timeout)                    XRESULT BLOCK: woken by the commit of the result
-    result_expires                              the slot's TTL (and the queue's IDMP window,
-                                                at most a day)
-    chords                                      Celery's chord_unlock task (a worker checks the
-                                                header's states, retrying each second)
+    result_expires                              the slot's TTL, from when its result is stored (the
+                                                slot is found by its name, XADD NAME, while it exists)
+    chords                                      Celery's chord_unlock task, pushed once with XADD
+                                                AFTER on the header's slots when the broker is this
+                                                EZRA (ezra/adapters/celery_chords.py); else Celery's
+                                                fallback (it checks the header, retrying each second)
 
 The results queue is `celery-results`, or result_backend_transport_options={"queue": ...}.
 """
@@ -24,6 +26,7 @@ from celery.backends.base import BaseBackend
 from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu.utils.encoding import bytes_to_str
 
+from .celery_chords import unlock_after
 from .result_slots import ResultSlots
 
 DEFAULT_QUEUE = "celery-results"
@@ -71,6 +74,14 @@ class ResultBackend(BaseBackend):
             return self.decode_result(outcome.progress)
         return {"task_id": task_id, "status": states.PENDING, "result": None, "traceback": None,
                 "children": [], "date_done": None}
+
+    def apply_chord(self, header_result_args, body, **kwargs):
+        """The chord's unlock task pushed once, waiting (XADD AFTER) for the header's results when
+        the broker is this EZRA; else Celery's fallback, the unlock task retrying each second."""
+        self.ensure_chords_allowed()
+        header_result = self.app.GroupResult(*header_result_args)
+        if not unlock_after(self, header_result, body, **kwargs):
+            self.fallback_chord_unlock(header_result, body, **kwargs)
 
     def wait_for(self, task_id, timeout=None, interval=0.5, no_ack=True, on_interval=None):
         """XRESULT BLOCK until the slot is done (no polling); TimeoutError after `timeout` s."""

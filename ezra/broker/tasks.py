@@ -312,13 +312,13 @@ class Tasks:
             result_of = dict(zip(reversed(results[0]), reversed(results[1])))
             now, retained = self.clock(), self.transitions.retained_mark(queue, retention)
             rows = [(now, retained, result_of[task_id], lease[ROWID]) for task_id, lease in held]
+            rowids = [row[3] for row in rows]
             if self.db.ack_with_results(rows) != len(rows):
-                raise errors.guard_failed("ack", [row[3] for row in rows], IN_FLIGHT)
-            queue.finished(held)
-            return
-        rowids = [held[0][1][ROWID]] if len(held) == 1 else [lease[ROWID] for _, lease in held]
-        if self.db.ack(rowids, self.clock(), self.transitions.retained_mark(queue, retention)) != len(rowids):
-            raise errors.guard_failed("ack", rowids, IN_FLIGHT)  # the leases said in flight
+                raise errors.guard_failed("ack", rowids, IN_FLIGHT)
+        else:
+            rowids = [held[0][1][ROWID]] if len(held) == 1 else [lease[ROWID] for _, lease in held]
+            if self.db.ack(rowids, self.clock(), self.transitions.retained_mark(queue, retention)) != len(rowids):
+                raise errors.guard_failed("ack", rowids, IN_FLIGHT)  # the leases said in flight
         queue.finished(held)
         if self.dependencies.any:  # tasks may wait for these (XADD AFTER): released in this transaction
             self.dependencies.finished(rowids, self.clock())

@@ -5,6 +5,9 @@ import) or import (the default: `import ezra.celery`, broker="ezra://..."); ACKS
 (acks_late, task_reject_on_worker_lost, task_acks_on_failure_or_timeout=False); VT (the
 visibility_timeout transport option); SLOW (overrides the seconds of `work`, for a rerun);
 RESULTS=1 (result_backend: the same URL, results in EZRA; RESULT_EXPIRES: result_expires).
+BROKER_URL: another broker (redis://...), the results staying in EZRA with RESULTS=1; RESULT_URL:
+another result backend (redis://...) with RESULTS=1.
+Each run of Celery's celery.chord_unlock prints "UNLOCK 0 <pid>".
 """
 
 import json
@@ -12,6 +15,7 @@ import os
 import time
 
 from celery import Celery
+from celery.signals import task_prerun
 
 from common import PORT, QUEUE, line, report
 
@@ -24,11 +28,12 @@ if os.environ.get("STYLE") == "setting":
     app.conf.broker_transport = "ezra.celery:Transport"
 else:
     import ezra.celery  # noqa: F401  registers ezra:// with kombu
-    app = Celery("celery_app", broker=url)
+    app = Celery("celery_app", broker=os.environ.get("BROKER_URL", url))
 
 app.conf.task_default_queue = QUEUE
 if os.environ.get("RESULTS") == "1":
     app.conf.result_backend = url if os.environ.get("STYLE") != "setting" else "ezra.celery:ResultBackend+" + url
+    app.conf.result_backend = os.environ.get("RESULT_URL", app.conf.result_backend)
     app.conf.task_track_started = True
     if os.environ.get("RESULT_EXPIRES"):
         app.conf.result_expires = int(os.environ["RESULT_EXPIRES"])
@@ -142,7 +147,32 @@ def get_with_timeout(task_id, timeout):
         report(outcome=type(exc).__name__)
 
 
-def chord_of(n):
+@task_prerun.connect
+def count_unlocks(sender=None, **_):
+    """One UNLOCK line per run of the chord's unlock task (each retry is a run)."""
+    if getattr(sender, "name", None) == "celery.chord_unlock":
+        line("UNLOCK", 0)
+
+
+def chord_of(n, last=0.0, numbers=None):
+    """chord(square(i) for i in range(n), or for each of `numbers`)(total), the last header task
+    taking `last` seconds: the body's result; or the error get() raises (a failed header's own,
+    re-raised as a parent's) with the body's state and result (Celery's ChordError)."""
     from celery import chord
-    handle = chord(square.s(i) for i in range(n))(total.s())
-    report(chord=handle.get(timeout=90))
+    numbers = list(range(n)) if numbers is None else numbers
+    header = [square.s(i, last if k == len(numbers) - 1 else 0.0) for k, i in enumerate(numbers)]
+    handle = chord(header)(total.s())
+    try:
+        report(chord=handle.get(timeout=90))
+    except Exception as exc:
+        handle.get(timeout=90, propagate=False)
+        report(error=f"{type(exc).__name__}: {exc}", state=handle.state,
+               body=f"{type(handle.result).__name__}: {handle.result}")
+
+
+def send_chord(n, seconds=0.0):
+    """chord(square(i, seconds) for i in range(n))(total), not waited for: the body's and the
+    header's Celery ids."""
+    from celery import chord
+    handle = chord(square.s(i, seconds) for i in range(n))(total.s())
+    report(body=handle.id, header=[result.id for result in handle.parent.results])
