@@ -160,8 +160,9 @@ def push_progress(arg: bytes) -> bytes:
 TRIMMING = take_trimming("xadd")
 IDMP = Custom(take_idmp, need=3)
 # XADD's options before the id: Redis's own, then EZRA's per-task DELAY, TTL, ATTEMPTS, UNIQUE, FAILURE,
-# PRIORITY, PARTITION, AFTER and NAME (any of them with NAME: broker/tasks.py says how they combine). IDMP, IDMPAUTO and EZRA's need one argument more than their values (the id):
-# without it the word is read as the id (`XADD q NOMKSTREAM DELAY 5`: an invalid id).
+# PRIORITY, PARTITION, AFTER and NAME (how the others combine with NAME: broker/tasks.py). IDMP,
+# IDMPAUTO and EZRA's need one argument more than their values (the id): without it the word is read
+# as the id (`XADD q NOMKSTREAM DELAY 5`: an invalid id).
 PUSH_OPTIONS = Options(
     NOMKSTREAM=Flag(), MAXLEN=TRIMMING, MINID=TRIMMING, LIMIT=TRIMMING,
     KEEPREF=REFERENCES, DELREF=REFERENCES, ACKED=REFERENCES,
