@@ -378,12 +378,16 @@ def test_an_older_file_is_upgraded_and_its_tasks_can_be_waited_for(ezra_factory,
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
-def test_waiting_tasks_are_counted_after_a_restart_and_after_schema_17s_index_is_dropped(ezra_factory):
+@pytest.mark.parametrize("dead_letters", [0, 20])
+def test_waiting_tasks_are_counted_after_a_restart_and_after_schema_17s_index_is_dropped(ezra_factory, dead_letters):
     """Start-up counts waiting tasks from the dependencies table (schema 18 has no index of them):
     dependents that died with their dependency keep their edges and are not counted; after kill -9,
-    and from a schema-17 file, whose index tasks_waiting the step drops."""
+    and from a schema-17 file, whose index tasks_waiting the step drops. The dead dependents are
+    found from the dependents, or from the dead tasks when those are fewer (dead_letters: more)."""
     server = ezra_factory()
     client = server.client()
+    for _ in range(dead_letters):
+        push(client, "letters::dead")
     a, b = push(client, "deps"), push(client, "deps")
     gone = push(client, "deps")
     for _ in range(3):

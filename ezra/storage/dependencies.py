@@ -125,24 +125,35 @@ class Dependencies:
         waiting one has an edge: so the tasks of a queue's range among the dependents, less its dead ones
         among them. No index of waiting tasks: its predicate on the state cost every push, claim and
         ack 0.35 µs (schema 18 dropped tasks_waiting)."""
-        dead = dict(self.conn.execute(
-            "SELECT queue, count(*) FROM tasks INDEXED BY tasks_dead WHERE state = 'dead' AND EXISTS "
-            "(SELECT 1 FROM dependencies INDEXED BY dependencies_dependent WHERE dependent = tasks.rowid) "
-            "GROUP BY queue"))
-        counts, start = [], 0
+        dependents, start = [], 0
         while True:  # queue by queue, each its range of row ids (one GROUP BY would sort every edge)
             row = self.conn.execute("SELECT dependent FROM dependencies INDEXED BY dependencies_dependent "
                                     "WHERE dependent >= ? ORDER BY dependent LIMIT 1", (start,)).fetchone()
             if row is None:
-                return counts
+                break
             first, last = row_ranges.span(row[0] >> row_ranges.ROW_BITS)
-            queue, dependents = self.conn.execute(
+            dependents.append(self.conn.execute(
                 "SELECT (SELECT name FROM queues WHERE number = ?), count(DISTINCT dependent) FROM dependencies "
                 "INDEXED BY dependencies_dependent WHERE dependent BETWEEN ? AND ?",
-                (row[0] >> row_ranges.ROW_BITS, first, last)).fetchone()
-            if queue is not None and dependents > dead.get(queue, 0):
-                counts.append((queue, dependents - dead.get(queue, 0)))
+                (row[0] >> row_ranges.ROW_BITS, first, last)).fetchone())
             start = last + 1
+        if not dependents:
+            return []
+        dead = dict(self.conn.execute(self._dead_dependents_sql(sum(n for _, n in dependents))))
+        return [(queue, n - dead.get(queue, 0)) for queue, n in dependents
+                if queue is not None and n > dead.get(queue, 0)]
+
+    def _dead_dependents_sql(self, dependents: int) -> str:
+        """(queue, count) of the dead tasks with an edge: from the side with fewer rows to look at (a
+        look-up each: 0.13 s a million), the dependents or the dead tasks (their index counted first)."""
+        dead = self.conn.execute("SELECT count(*) FROM tasks INDEXED BY tasks_dead WHERE state = 'dead'").fetchone()[0]
+        if dependents <= dead:
+            return ("SELECT tasks.queue, count(*) FROM (SELECT DISTINCT dependent FROM dependencies INDEXED BY "
+                    "dependencies_dependent) AS edges JOIN tasks ON tasks.rowid = edges.dependent "
+                    "WHERE tasks.state = 'dead' GROUP BY tasks.queue")
+        return ("SELECT queue, count(*) FROM tasks INDEXED BY tasks_dead WHERE state = 'dead' AND EXISTS "
+                "(SELECT 1 FROM dependencies INDEXED BY dependencies_dependent WHERE dependent = tasks.rowid) "
+                "GROUP BY queue")
 
     def row_of(self, queue: bytes, task_id: tuple) -> int | None:
         """A task's row id (the dashboard's and export's look-ups), or None."""
